@@ -1,0 +1,163 @@
+/*
+ * cllm kernels: the operators of GPT-2, LLaMA and BLOOM, each forward with
+ * its backward. All tensors are fp32, row-major and contiguous unless a
+ * stride argument says otherwise. Shapes are written in brackets.
+ *
+ * Conventions:
+ * - Outputs first, then inputs, then dimensions.
+ * - Backward functions ACCUMULATE (+=) into every gradient buffer they are
+ *   given, so a caller zeroes gradients once per step and residual/tied
+ *   paths add up naturally. A NULL gradient pointer means "not needed".
+ * - Kernels never allocate on the heap. Scratch, where needed, is passed in.
+ * - Parallelism is OpenMP over independent outer dimensions, with no float
+ *   atomics: a run with the same thread count is bit-for-bit repeatable.
+ * - Dimension names: B batch, T sequence, C channels, V vocabulary, NH query
+ *   heads, NKV key/value heads, HS head size, N = rows (usually B*T).
+ */
+#ifndef CLLM_KERNELS_H
+#define CLLM_KERNELS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cllm/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- matmul
+ * General fp32 GEMM on oneDNN:
+ *   C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C[M,N]
+ * op(A) = A stored [M,K] (trans_a=false) or A stored [K,M] (trans_a=true);
+ * op(B) = B stored [K,N] (trans_b=false) or B stored [N,K] (trans_b=true).
+ * beta is 0 (overwrite) or 1 (accumulate); other values are CLLM_ERR_ARG.
+ * oneDNN primitives are created once per shape and cached inside the module
+ * (thread-safe); cllm_matmul_cleanup() releases the cache. */
+cllm_status cllm_matmul(float *C, const float *A, const float *B, int M, int N, int K, bool trans_a,
+                        bool trans_b, float alpha, float beta);
+void cllm_matmul_cleanup(void);
+
+/* Linear layer. The weight is kept in the layout its HF file stores:
+ *   w_in_out=false: W[OUT,IN] (torch nn.Linear), out = inp @ W^T + b
+ *   w_in_out=true:  W[IN,OUT] (GPT-2 Conv1D),    out = inp @ W + b
+ * out[N,OUT], inp[N,IN], bias[OUT] or NULL. */
+cllm_status cllm_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
+                                int N, int IN, int OUT, bool w_in_out);
+/* dinp[N,IN] += dout @ W ; dweight += dout^T @ inp (in W's layout);
+ * dbias[OUT] += column sums of dout. Any gradient pointer may be NULL. */
+cllm_status cllm_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                 const float *inp, const float *weight, int N, int IN, int OUT,
+                                 bool w_in_out);
+
+/* ------------------------------------------------------------- embedding
+ * out[N,C] = wte[tokens[n]] (+ wpe[pos[n]] if wpe != NULL), where
+ * pos[n] = n % T (N = B*T rows, positions restart every T rows).
+ * Token ids must already be validated against V by the caller. */
+void cllm_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                            int N, int T, int C);
+/* dwte[V,C] += scattered dout rows; dwpe[T,C] += dout summed over the batch
+ * (dwpe may be NULL). Deterministic: no atomics. */
+void cllm_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                             int N, int T, int C, int V);
+
+/* ------------------------------------------------------------- layernorm
+ * out[N,C] = (x - mean) * rstd * weight + bias, statistics in fp32 with the
+ * biased variance, as torch.nn.LayerNorm. mean[N], rstd[N] are saved for
+ * backward. */
+void cllm_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                            const float *weight, const float *bias, int N, int C, float eps);
+void cllm_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, const float *mean,
+                             const float *rstd, int N, int C);
+
+/* --------------------------------------------------------------- rmsnorm
+ * out[N,C] = x * rstd * weight with rstd = 1/sqrt(mean(x^2) + eps), as HF's
+ * LlamaRMSNorm in fp32. rstd[N] saved for backward. */
+void cllm_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N,
+                          int C, float eps);
+void cllm_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                           const float *weight, const float *rstd, int N, int C);
+
+/* ------------------------------------------------------------------ rope
+ * Rotary embedding in HF's rotate-half convention, applied in place to
+ * x[B,T,nh,HS] viewed with a row stride: element (b,t,h,i) lives at
+ * x[(b*T+t)*row_stride + h*head_stride + i].
+ *   y = x * cos + rotate_half(x) * sin,  rotate_half([x1,x2]) = [-x2, x1]
+ * cos/sin tables are [T,HS/2] (the first half of HF's duplicated table):
+ *   cos[t,i] = cos(t * theta^(-2i/HS)). Build them with cllm_rope_tables().
+ * The backward applies the inverse rotation (same call with sign=-1). */
+void cllm_rope_tables(float *cos_t, float *sin_t, int T, int HS, float theta);
+void cllm_rope_apply(float *x, const float *cos_t, const float *sin_t, int B, int T, int nh, int HS,
+                     int row_stride, int head_stride, int sign);
+
+/* ------------------------------------------------------------- attention
+ * Causal scaled-dot-product attention with grouped-query heads and optional
+ * ALiBi, computed blockwise with an online softmax: no T x T matrix is ever
+ * stored. Query head h reads key/value head h / (NH/NKV).
+ *
+ * Layout: each of q, k, v, out is a view of a [B,T,...] activation described
+ * by a row stride (elements between consecutive tokens) and a head stride
+ * (elements between consecutive heads of one token); element i of head h at
+ * token (b,t) is at p[(b*T+t)*rs + h*hs + i]. This lets GPT-2's [Q|K|V]
+ * columns, BLOOM's per-head [q,k,v] and LLaMA's separate projections be read
+ * in place.
+ *
+ * scores(t,s) = scale * q_t.k_s + (alibi ? alibi[h] * (s - t) : 0), s <= t
+ * lse[B,NH,T] (log-sum-exp of each score row) is saved for backward. */
+typedef struct {
+    float *p;
+    int rs; /* row stride */
+    int hs; /* head stride */
+} cllm_view;
+typedef struct {
+    const float *p;
+    int rs;
+    int hs;
+} cllm_cview;
+
+void cllm_attention_forward(cllm_view out, float *lse, cllm_cview q, cllm_cview k, cllm_cview v,
+                            const float *alibi, int B, int T, int NH, int NKV, int HS, float scale);
+/* Accumulates into dq, dk, dv (views laid out like q, k, v). dk/dv of a
+ * shared key/value head receive the sum over its query heads. Recomputes
+ * probabilities blockwise from lse. */
+void cllm_attention_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cview dout,
+                             cllm_cview out, const float *lse, cllm_cview q, cllm_cview k,
+                             cllm_cview v, const float *alibi, int B, int T, int NH, int NKV,
+                             int HS, float scale);
+
+/* HF BLOOM's ALiBi slopes for any head count (including non-powers of two):
+ * slopes[NH]. */
+void cllm_alibi_slopes(float *slopes, int NH);
+
+/* ------------------------------------------------------------ activations
+ * GELU, tanh approximation (torch gelu(approximate="tanh"), HF "gelu_new"
+ * / BLOOM's bloom_gelu). out[N] = gelu(inp); dinp[N] += dout * gelu'(inp). */
+void cllm_gelu_forward(float *out, const float *inp, long N);
+void cllm_gelu_backward(float *dinp, const float *dout, const float *inp, long N);
+
+/* SwiGLU: out[N] = silu(gate) * up. Backward accumulates dgate, dup. */
+void cllm_swiglu_forward(float *out, const float *gate, const float *up, long N);
+void cllm_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                          const float *up, long N);
+
+/* out[N] = a + b (out may alias a or b). */
+void cllm_add(float *out, const float *a, const float *b, long N);
+
+/* -------------------------------------------------------- cross-entropy
+ * Fused softmax + cross-entropy over logits[N,V], working in place so no
+ * separate probability tensor exists:
+ *   losses[n] = logsumexp(logits[n]) - logits[n, target[n]]   (0 if ignored)
+ *   logits[n] is overwritten by dscale * (softmax(logits[n]) - onehot)
+ *   (rows with target -100 are overwritten by zeros).
+ * Targets other than -100 must be in [0, V) (validated by the caller).
+ * Returns the number of counted (non-ignored) rows. */
+long cllm_xent_forward_backward(float *losses, float *logits, const int32_t *targets, int N, int V,
+                                float dscale);
+/* Forward only (evaluation): losses[n] as above, logits untouched. */
+long cllm_xent_forward(float *losses, const float *logits, const int32_t *targets, int N, int V);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs every Debian package cllm needs to build, test and benchmark.
+# Idempotent: packages already present are left alone. Runs as root or through sudo.
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake pkg-config git
+  libdnnl-dev          # matmul (fp32, bf16) with AVX-512 / AVX512-BF16 detection
+  libjansson-dev       # JSON with line/column errors
+  libpcre2-dev         # regexes inside tokenizer.json
+  libmicrohttpd-dev    # HTTP server
+  libopenmpi-dev openmpi-bin   # MPI
+  python3-torch python3-numpy  # PyTorch references in tests and benchmarks (/usr/bin/python3)
+)
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+    echo "install-deps.sh: not root and no sudo; install these packages: ${PKGS[*]}" >&2; exit 1
+  fi
+fi
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps.sh: all packages present"
+  exit 0
+fi
+echo "install-deps.sh: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,86 @@
+/*
+ * Aligned allocation, overflow-checked size arithmetic, strict number
+ * parsing and a monotonic clock.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "cllm/core.h"
+
+#include <errno.h>
+#include <math.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void *cllm_alloc(size_t bytes, const char *what) {
+    /* aligned_alloc needs a multiple of the alignment; round up */
+    size_t rounded;
+    if (!cllm_size_add(bytes ? bytes : 1, 63, &rounded)) {
+        CLLM_FAIL(CLLM_ERR_NOMEM, "size overflow allocating %s", what ? what : "buffer");
+        return NULL;
+    }
+    rounded &= ~(size_t)63;
+    void *p = aligned_alloc(64, rounded);
+    if (!p)
+        CLLM_FAIL(CLLM_ERR_NOMEM, "cannot allocate %zu bytes for %s", bytes, what ? what : "buffer");
+    return p;
+}
+
+void *cllm_calloc(size_t n, size_t size, const char *what) {
+    size_t bytes;
+    if (!cllm_size_mul(n, size, &bytes)) {
+        CLLM_FAIL(CLLM_ERR_NOMEM, "size overflow allocating %zu x %zu bytes for %s", n, size,
+                  what ? what : "buffer");
+        return NULL;
+    }
+    void *p = cllm_alloc(bytes, what);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+void cllm_free(void *p) { free(p); }
+
+bool cllm_size_mul(size_t a, size_t b, size_t *out) {
+    if (a != 0 && b > SIZE_MAX / a) return false;
+    *out = a * b;
+    return true;
+}
+
+bool cllm_size_add(size_t a, size_t b, size_t *out) {
+    if (b > SIZE_MAX - a) return false;
+    *out = a + b;
+    return true;
+}
+
+bool cllm_parse_i64(const char *s, int64_t *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end != '\0' || end == s) return false;
+    *out = (int64_t)v;
+    return true;
+}
+
+bool cllm_parse_int(const char *s, int *out) {
+    int64_t v;
+    if (!cllm_parse_i64(s, &v) || v < INT_MIN || v > INT_MAX) return false;
+    *out = (int)v;
+    return true;
+}
+
+bool cllm_parse_f64(const char *s, double *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end != '\0' || end == s || !isfinite(v)) return false;
+    *out = v;
+    return true;
+}
+
+double cllm_time_sec(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
