@@ -1,3 +1,52 @@
-/* placeholder until the command table lands */
+/*
+ * cllm: the command-line front end. A table maps each subcommand to its
+ * function and one line of help; `cllm <cmd> --help` lists the command's
+ * flags with their defaults.
+ */
 #include <stdio.h>
-int main(void) { return 0; }
+#include <string.h>
+
+#include "cllm/core.h"
+#include "commands.h"
+
+typedef struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} command;
+
+static const command commands[] = {
+    {"init", cmd_init, "write a randomly initialised HF model folder (gpt2, llama, bloom)"},
+    {"train", cmd_train, "train a model on pre-tokenized JSONL data"},
+    {"eval", cmd_eval, "report loss and perplexity of a model on data"},
+    {"grad", cmd_grad, "compute loss and parameter gradients for one batch (debugging, tests)"},
+    {"tokenize", cmd_tokenize, "encode text to token ids with an HF tokenizer.json"},
+    {"detokenize", cmd_detokenize, "decode token ids to text"},
+};
+
+int tool_fail(const char *cmd) {
+    fprintf(stderr, "cllm %s: %s\n", cmd, cllm_last_error());
+    return 1;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: cllm <command> [flags]    (cllm <command> --help for its flags)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(argv[1], commands[i].name) == 0) return commands[i].fn(argc - 2, argv + 2);
+    fprintf(stderr, "cllm: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,17 @@
+/* cllm tokenize / detokenize: not written yet. */
+#include "cllm/core.h"
+#include "commands.h"
+
+int cmd_tokenize(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "not available yet");
+    return tool_fail("tokenize");
+}
+
+int cmd_detokenize(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "not available yet");
+    return tool_fail("detokenize");
+}
