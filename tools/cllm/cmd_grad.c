@@ -1,10 +1,88 @@
-/* cllm grad: not written yet. */
-#include "cllm/core.h"
+/*
+ * cllm grad: loss and parameter gradients of the first B samples of a data
+ * file (file order), for checking the model against a reference. Prints
+ * {"loss": mean, "tokens": counted} and writes every gradient as F32 under
+ * its parameter's HF name (a tied head's gradient is part of the
+ * embedding's).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "args.h"
+#include "batch.h"
+#include "cllm/data.h"
+#include "cllm/io.h"
+#include "cllm/model.h"
 #include "commands.h"
 
 int cmd_grad(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "not available yet");
-    return tool_fail("grad");
+    const char *model_dir, *data_path, *out;
+    int B, T;
+    arg_spec specs[] = {
+        {"model", ARG_STR, &model_dir, NULL, true, "HF model folder"},
+        {"data", ARG_STR, &data_path, NULL, true, "pre-tokenized JSONL"},
+        {"seq-len", ARG_INT, &T, "128", false, "tokens per row"},
+        {"batch-size", ARG_INT, &B, "8", false, "rows (the first B samples)"},
+        {"out", ARG_STR, &out, NULL, true, "safetensors file to write the gradients to"},
+    };
+    int rc = args_parse("grad", "Computes loss and parameter gradients for one batch.", argc, argv, specs,
+                        ARGS_COUNT(specs));
+    if (rc) return rc == 1 ? 0 : rc;
+    cllm_model *m = NULL;
+    cllm_dataset *d = NULL;
+    tool_batch b = {0};
+    size_t *idx = NULL;
+    cllm_st_entry *e = NULL;
+    if (cllm_model_load(&m, model_dir)) return tool_fail("grad");
+    if ((rc = tool_check_shape("grad", m, B, T))) goto done;
+    if (cllm_dataset_load_jsonl(&d, data_path, cllm_model_get_config(m)->vocab_size) ||
+        cllm_model_prepare(m, B, T, true)) {
+        rc = tool_fail("grad");
+        goto done;
+    }
+    int rows = cllm_dataset_count(d) < (size_t)B ? (int)cllm_dataset_count(d) : B;
+    idx = malloc((size_t)B * sizeof *idx);
+    if (!idx || tool_batch_init(&b, B, T)) {
+        fprintf(stderr, "cllm grad: out of memory\n");
+        rc = 1;
+        goto done;
+    }
+    for (int r = 0; r < rows; r++) idx[r] = (size_t)r;
+    long counted = tool_batch_fill(&b, d, idx, rows, 0);
+    if (counted == 0) {
+        fprintf(stderr, "cllm grad: the batch has no target tokens\n");
+        rc = 1;
+        goto done;
+    }
+    double sum;
+    long k;
+    cllm_model_zero_grads(m);
+    if (cllm_model_forward_backward(m, b.tokens, b.targets, rows, T, true, 1.0f / (float)counted, &sum, &k)) {
+        rc = tool_fail("grad");
+        goto done;
+    }
+    int nt = cllm_model_n_tensors(m);
+    e = calloc((size_t)nt, sizeof *e);
+    if (!e) {
+        rc = 1;
+        goto done;
+    }
+    for (int i = 0; i < nt; i++) {
+        const cllm_tensor_info *t = cllm_model_tensor(m, i);
+        e[i] = (cllm_st_entry){.name = t->name, .dtype = CLLM_F32, .ndim = t->ndim,
+                               .shape = {t->shape[0], t->shape[1]}, .data = cllm_model_grads(m) + t->offset};
+    }
+    if (cllm_st_save(out, e, nt)) {
+        rc = tool_fail("grad");
+        goto done;
+    }
+    printf("{\"loss\": %.9g, \"tokens\": %ld}\n", sum / (double)k, k);
+done:
+    free(e);
+    free(idx);
+    tool_batch_free(&b);
+    cllm_dataset_free(d);
+    cllm_model_free(m);
+    args_free(specs, ARGS_COUNT(specs));
+    return rc;
 }

@@ -1,0 +1,157 @@
+/*
+ * cllm model: HuggingFace causal language models (GPT-2, LLaMA, BLOOM) in C.
+ *
+ * A model is its config (parsed from HF config.json), a table of named
+ * tensors with HF names and shapes, and one flat fp32 buffer holding every
+ * parameter; gradients live in a second flat buffer with the same layout, so
+ * an optimizer is one loop over n_params floats and a data-parallel gradient
+ * reduction is one call. Weights keep the layout their HF file uses (GPT-2's
+ * Conv1D [in,out], nn.Linear [out,in]), so loading and saving are copies.
+ *
+ * Loss semantics are those of HF causal LMs: labels are aligned with
+ * input_ids, position t predicts label t+1, label -100 is ignored, and the
+ * loss is the mean over all counted targets. Callers pass `targets` already
+ * shifted (targets[b,t] = labels[b,t+1], -100 at t = T-1); see
+ * cllm_model_make_targets().
+ *
+ * Not thread-safe: one model object is used by one thread at a time (the
+ * kernels it calls run multi-threaded with OpenMP).
+ */
+#ifndef CLLM_MODEL_H
+#define CLLM_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cllm/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { CLLM_ARCH_GPT2 = 0, CLLM_ARCH_LLAMA, CLLM_ARCH_BLOOM, CLLM_ARCH_COUNT } cllm_arch;
+
+/* "gpt2", "llama", "bloom"; CLLM_ARCH_COUNT and NULL for anything else. */
+const char *cllm_arch_name(cllm_arch a);
+cllm_arch cllm_arch_from_name(const char *name);
+
+typedef struct {
+    cllm_arch arch;
+    int vocab_size;
+    int n_ctx;     /* max positions (gpt2 n_positions, llama max_position_embeddings; bloom: 0 = no limit) */
+    int n_embd;    /* C: hidden size */
+    int n_layer;
+    int n_head;    /* query heads */
+    int n_kv_head; /* key/value heads (GQA); = n_head for gpt2/bloom */
+    int head_dim;  /* HS */
+    int n_inner;   /* FFN hidden size */
+    float norm_eps;
+    float rope_theta;
+    bool attn_bias; /* llama attention_bias (gpt2/bloom always have biases) */
+    bool mlp_bias;  /* llama mlp_bias */
+    bool tie_embeddings;
+    int bos_token_id, eos_token_id, pad_token_id; /* -1 when absent */
+} cllm_model_config;
+
+/* One named parameter tensor: a view into the flat buffers at `offset`. */
+typedef struct {
+    char name[96];    /* HF name, e.g. "model.layers.0.self_attn.q_proj.weight" */
+    int ndim;
+    int64_t shape[2];
+    size_t offset;    /* in floats from the start of params/grads */
+    size_t numel;
+    bool no_decay;    /* biases and norm weights: skipped by weight decay by default */
+} cllm_tensor_info;
+
+typedef struct cllm_model cllm_model;
+
+/* ---- construction ---- */
+
+/* Parses an HF config.json (already loaded as a jansson object) into cfg;
+ * `path` only names the file in messages. Unknown model_type, a missing or
+ * mistyped key, or inconsistent sizes (hidden size not divisible by heads,
+ * heads not divisible by kv heads...) fail with a message naming the key. */
+struct json_t;
+cllm_status cllm_model_config_from_json(cllm_model_config *cfg, const struct json_t *j,
+                                        const char *path);
+
+/* Loads an HF folder (config.json + model.safetensors or a sharded index).
+ * Accepts names with or without GPT-2's "transformer." prefix, ignores
+ * attn.bias / attn.masked_bias / rotary_emb.inv_freq buffers, and a
+ * lm_head.weight duplicate when the head is tied. A missing tensor, an
+ * unexpected one, or a wrong shape is an error naming it. */
+cllm_status cllm_model_load(cllm_model **out, const char *dir);
+
+/* Builds a randomly initialised model from an HF config object (copied; it
+ * is what cllm_model_save writes back as config.json). Init follows the HF
+ * conventions of each family: normal(0, initializer_range) weights, zero
+ * biases, unit norm weights, GPT-2's scaled residual projections. */
+cllm_status cllm_model_init_random(cllm_model **out, const struct json_t *config, uint64_t seed);
+
+/* Writes config.json and safetensors (F32) into `dir`, creating it if needed;
+ * shards when the total exceeds max_shard_bytes (0 = one file). Files are
+ * written atomically; the output is a pure function of the model. */
+cllm_status cllm_model_save(const cllm_model *m, const char *dir, size_t max_shard_bytes);
+
+void cllm_model_free(cllm_model *m); /* NULL is a no-op */
+
+/* ---- introspection ---- */
+const cllm_model_config *cllm_model_get_config(const cllm_model *m);
+int cllm_model_n_tensors(const cllm_model *m);
+const cllm_tensor_info *cllm_model_tensor(const cllm_model *m, int i);
+const cllm_tensor_info *cllm_model_find_tensor(const cllm_model *m, const char *name);
+size_t cllm_model_n_params(const cllm_model *m); /* parameters (sum of numel) */
+/* Floats in the params and grads buffers (tensors are 64-byte aligned inside
+ * them, so this is slightly more than n_params; the gaps stay zero). */
+size_t cllm_model_buffer_len(const cllm_model *m);
+float *cllm_model_params(cllm_model *m);
+/* NULL until cllm_model_prepare() has allocated training buffers. */
+float *cllm_model_grads(cllm_model *m);
+
+/* ---- running ---- */
+
+/* Allocates activation buffers for batches of up to B x T tokens (and the
+ * gradient buffer when `train` is set). Reallocates only when the shape grows.
+ * T must not exceed n_ctx (when the model has a limit). */
+cllm_status cllm_model_prepare(cllm_model *m, int B, int T, bool train);
+
+/* Builds shifted targets from labels: targets[b,t] = labels[b,t+1] for
+ * t < T-1, -100 at t = T-1. Returns the number of counted targets. */
+long cllm_model_make_targets(int32_t *targets, const int32_t *labels, int B, int T);
+
+/* Checks every id of tokens[n] (and of targets, where not -100) against the
+ * vocabulary; the message names the first bad position. */
+cllm_status cllm_model_check_ids(const cllm_model *m, const int32_t *tokens, const int32_t *targets,
+                                 size_t n);
+
+/* Forward pass with loss: returns in *loss_sum the sum of per-target losses
+ * and in *n_counted the number of counted targets. When `backward` is set,
+ * also runs the backward pass and ACCUMULATES grad_scale * d(loss_sum)/dparam
+ * into the gradient buffer (callers zero it per optimizer step with
+ * cllm_model_zero_grads; for a mean loss pass grad_scale = 1/total counted).
+ * tokens and targets are [B,T]; ids must be valid (cllm_model_check_ids). */
+cllm_status cllm_model_forward_backward(cllm_model *m, const int32_t *tokens,
+                                        const int32_t *targets, int B, int T, bool backward,
+                                        float grad_scale, double *loss_sum, long *n_counted);
+void cllm_model_zero_grads(cllm_model *m);
+
+/* Logits of the last position of each row, for generation: logits[B,V]. */
+cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int B, int T,
+                                      float *logits);
+
+/* FLOPs of one training step (forward + backward) on B x T tokens, counting
+ * matmuls and attention (2 FLOPs per multiply-add, backward = 2x forward). */
+double cllm_model_train_flops(const cllm_model *m, int B, int T);
+
+/* ---- presets for `cllm init` ---- */
+/* Fills `config` (a new JSON object the caller json_decref()s) with the HF
+ * config.json of a named preset of an architecture: "tiny" (for tests),
+ * "gpt2-124M", "llama-100M", "bloom-560m"... Unknown names fail listing the
+ * known ones. */
+cllm_status cllm_model_preset(struct json_t **config, cllm_arch arch, const char *preset);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Builds cllm and runs the whole test suite twice: a Release build with
+# warnings as errors, then an AddressSanitizer + UndefinedBehaviorSanitizer
+# build running the suite again (tests labelled "nosan" are left out: they
+# exercise only other programs, such as the tokenizer oracle). Exits non-zero
+# on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${JOBS:-$(nproc)}
+export OMP_WAIT_POLICY=PASSIVE
+
+echo "== release build"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCLLM_WERROR=ON >/dev/null
+cmake --build build -j"$JOBS"
+ctest --test-dir build --output-on-failure -j"$JOBS" ${CTEST_ARGS:-}
+
+echo "== sanitizer build (ASan + UBSan)"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLLM_SANITIZE=ON -DCLLM_WERROR=ON >/dev/null
+cmake --build build-asan -j"$JOBS"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j"$JOBS" -LE nosan ${CTEST_ARGS:-}

@@ -1,0 +1,281 @@
+/*
+ * HF config.json -> cllm_model_config for gpt2, llama and bloom, and the
+ * presets `cllm init` starts from.
+ *
+ * The dimension keys each family cannot do without are required; keys that
+ * HF's config classes give defaults keep those defaults. Settings that change
+ * the math in ways cllm does not implement (rope_scaling, post-LayerNorm
+ * residuals in BLOOM, non-tanh GELU in GPT-2...) are refused by name rather
+ * than silently ignored.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+
+#include "cllm/json.h"
+#include "cllm/model.h"
+
+static const char *arch_names[CLLM_ARCH_COUNT] = {"gpt2", "llama", "bloom"};
+
+const char *cllm_arch_name(cllm_arch a) { return (a >= 0 && a < CLLM_ARCH_COUNT) ? arch_names[a] : NULL; }
+
+cllm_arch cllm_arch_from_name(const char *name) {
+    for (int i = 0; i < CLLM_ARCH_COUNT; i++)
+        if (name && strcmp(name, arch_names[i]) == 0) return (cllm_arch)i;
+    return CLLM_ARCH_COUNT;
+}
+
+/* Reads a required positive int key into *out (int range). */
+static cllm_status req_pos(const json_t *j, const char *key, int *out, const char *path) {
+    int64_t v;
+    cllm_status st = cllm_json_get_int(j, key, &v, path);
+    if (st) return st;
+    if (v <= 0 || v > (1 << 30))
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: key '%s' must be a positive integer, got %lld", path, key,
+                         (long long)v);
+    *out = (int)v;
+    return CLLM_OK;
+}
+
+/* Optional positive int key; a JSON null keeps the default. */
+static cllm_status opt_pos(const json_t *j, const char *key, int *out, const char *path) {
+    const json_t *v = json_object_get(j, key);
+    if (!v || json_is_null(v)) return CLLM_OK;
+    return req_pos(j, key, out, path);
+}
+
+static cllm_status opt_token_id(const json_t *j, const char *key, int *out, const char *path) {
+    const json_t *v = json_object_get(j, key);
+    *out = -1;
+    if (!v || json_is_null(v)) return CLLM_OK;
+    if (json_is_array(v)) v = json_array_get(v, 0); /* eos_token_id may be a list */
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: key '%s' must be a token id", path, key);
+    *out = (int)json_integer_value(v);
+    return CLLM_OK;
+}
+
+static cllm_status opt_float(const json_t *j, const char *key, float *out, const char *path) {
+    double d = *out;
+    cllm_status st = cllm_json_get_num_opt(j, key, &d, path);
+    if (st) return st;
+    if (!(d > 0) || !isfinite(d))
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: key '%s' must be a positive number", path, key);
+    *out = (float)d;
+    return CLLM_OK;
+}
+
+/* Fails if `key` is present and is not one of the accepted values. */
+static cllm_status expect_str(const json_t *j, const char *key, const char *const *ok, const char *path) {
+    const char *s = NULL;
+    cllm_status st = cllm_json_get_str_opt(j, key, &s, path);
+    if (st || !s) return st;
+    for (; *ok; ok++)
+        if (strcmp(s, *ok) == 0) return CLLM_OK;
+    return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: %s = \"%s\" is not supported", path, key, s);
+}
+
+static cllm_status expect_false(const json_t *j, const char *key, const char *path) {
+    bool b = false;
+    cllm_status st = cllm_json_get_bool_opt(j, key, &b, path);
+    if (st) return st;
+    if (b) return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: %s = true is not supported", path, key);
+    return CLLM_OK;
+}
+
+static cllm_status parse_gpt2(cllm_model_config *c, const json_t *j, const char *path) {
+    static const char *const acts[] = {"gelu_new", "gelu_pytorch_tanh", NULL};
+    cllm_status st;
+    if ((st = req_pos(j, "vocab_size", &c->vocab_size, path)) || (st = req_pos(j, "n_positions", &c->n_ctx, path)) ||
+        (st = req_pos(j, "n_embd", &c->n_embd, path)) || (st = req_pos(j, "n_layer", &c->n_layer, path)) ||
+        (st = req_pos(j, "n_head", &c->n_head, path)))
+        return st;
+    c->n_inner = 4 * c->n_embd;
+    c->norm_eps = 1e-5f;
+    c->tie_embeddings = true;
+    if ((st = opt_pos(j, "n_inner", &c->n_inner, path)) || (st = opt_float(j, "layer_norm_epsilon", &c->norm_eps, path)) ||
+        (st = expect_str(j, "activation_function", acts, path)) ||
+        (st = expect_false(j, "scale_attn_by_inverse_layer_idx", path)) ||
+        (st = expect_false(j, "reorder_and_upcast_attn", path)))
+        return st;
+    bool scale = true;
+    if ((st = cllm_json_get_bool_opt(j, "scale_attn_weights", &scale, path))) return st;
+    if (!scale) return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: scale_attn_weights = false is not supported", path);
+    if ((st = cllm_json_get_bool_opt(j, "tie_word_embeddings", &c->tie_embeddings, path))) return st;
+    if (!c->tie_embeddings)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: gpt2 with tie_word_embeddings = false is not supported", path);
+    c->attn_bias = c->mlp_bias = true;
+    c->n_kv_head = c->n_head;
+    if (c->n_embd % c->n_head)
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: n_embd (%d) is not divisible by n_head (%d)", path, c->n_embd,
+                         c->n_head);
+    c->head_dim = c->n_embd / c->n_head;
+    return CLLM_OK;
+}
+
+static cllm_status parse_llama(cllm_model_config *c, const json_t *j, const char *path) {
+    static const char *const acts[] = {"silu", "swish", NULL};
+    cllm_status st;
+    if ((st = req_pos(j, "vocab_size", &c->vocab_size, path)) || (st = req_pos(j, "hidden_size", &c->n_embd, path)) ||
+        (st = req_pos(j, "intermediate_size", &c->n_inner, path)) ||
+        (st = req_pos(j, "num_hidden_layers", &c->n_layer, path)) ||
+        (st = req_pos(j, "num_attention_heads", &c->n_head, path)))
+        return st;
+    c->n_kv_head = c->n_head;
+    c->n_ctx = 2048;
+    c->norm_eps = 1e-6f;
+    c->rope_theta = 10000.0f;
+    if (c->n_embd % c->n_head)
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: hidden_size (%d) is not divisible by num_attention_heads (%d)",
+                         path, c->n_embd, c->n_head);
+    c->head_dim = c->n_embd / c->n_head;
+    if ((st = opt_pos(j, "num_key_value_heads", &c->n_kv_head, path)) ||
+        (st = opt_pos(j, "max_position_embeddings", &c->n_ctx, path)) || (st = opt_pos(j, "head_dim", &c->head_dim, path)) ||
+        (st = opt_float(j, "rms_norm_eps", &c->norm_eps, path)) || (st = opt_float(j, "rope_theta", &c->rope_theta, path)) ||
+        (st = cllm_json_get_bool_opt(j, "attention_bias", &c->attn_bias, path)) ||
+        (st = cllm_json_get_bool_opt(j, "mlp_bias", &c->mlp_bias, path)) ||
+        (st = cllm_json_get_bool_opt(j, "tie_word_embeddings", &c->tie_embeddings, path)) ||
+        (st = expect_str(j, "hidden_act", acts, path)))
+        return st;
+    const json_t *rs = json_object_get(j, "rope_scaling");
+    if (rs && !json_is_null(rs))
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: rope_scaling is not supported (remove it or set it to null)", path);
+    if (c->n_head % c->n_kv_head)
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: num_attention_heads (%d) is not divisible by num_key_value_heads (%d)",
+                         path, c->n_head, c->n_kv_head);
+    if (c->head_dim % 2)
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: head_dim (%d) must be even for rotary embeddings", path, c->head_dim);
+    return CLLM_OK;
+}
+
+static cllm_status parse_bloom(cllm_model_config *c, const json_t *j, const char *path) {
+    cllm_status st;
+    const char *hidden_key = json_object_get(j, "hidden_size") ? "hidden_size" : "n_embed";
+    const char *layer_key = json_object_get(j, "n_layer") ? "n_layer" : "num_hidden_layers";
+    const char *head_key = json_object_get(j, "n_head") ? "n_head" : "num_attention_heads";
+    if ((st = req_pos(j, "vocab_size", &c->vocab_size, path)) || (st = req_pos(j, hidden_key, &c->n_embd, path)) ||
+        (st = req_pos(j, layer_key, &c->n_layer, path)) || (st = req_pos(j, head_key, &c->n_head, path)))
+        return st;
+    c->norm_eps = 1e-5f;
+    c->tie_embeddings = true;
+    if ((st = opt_float(j, "layer_norm_epsilon", &c->norm_eps, path)) ||
+        (st = expect_false(j, "apply_residual_connection_post_layernorm", path)) ||
+        (st = cllm_json_get_bool_opt(j, "tie_word_embeddings", &c->tie_embeddings, path)))
+        return st;
+    if (!c->tie_embeddings)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: bloom with tie_word_embeddings = false is not supported", path);
+    if (c->n_embd % c->n_head)
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: hidden_size (%d) is not divisible by n_head (%d)", path, c->n_embd,
+                         c->n_head);
+    c->n_kv_head = c->n_head;
+    c->head_dim = c->n_embd / c->n_head;
+    c->n_inner = 4 * c->n_embd;
+    c->n_ctx = 0; /* ALiBi: no learned positions */
+    c->attn_bias = c->mlp_bias = true;
+    return CLLM_OK;
+}
+
+cllm_status cllm_model_config_from_json(cllm_model_config *cfg, const json_t *j, const char *path) {
+    memset(cfg, 0, sizeof *cfg);
+    if (!json_is_object(j)) return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: config is not a JSON object", path);
+    const char *mt = NULL;
+    cllm_status st = cllm_json_get_str(j, "model_type", &mt, path);
+    if (st) return st;
+    cfg->arch = cllm_arch_from_name(mt);
+    switch (cfg->arch) {
+    case CLLM_ARCH_GPT2: st = parse_gpt2(cfg, j, path); break;
+    case CLLM_ARCH_LLAMA: st = parse_llama(cfg, j, path); break;
+    case CLLM_ARCH_BLOOM: st = parse_bloom(cfg, j, path); break;
+    default:
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: unknown model_type \"%s\" (supported: gpt2, llama, bloom)", path,
+                         mt);
+    }
+    if (st) return st;
+    if (cfg->head_dim > 256)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: head size %d exceeds the supported maximum of 256", path,
+                         cfg->head_dim);
+    if ((st = opt_token_id(j, "bos_token_id", &cfg->bos_token_id, path)) ||
+        (st = opt_token_id(j, "eos_token_id", &cfg->eos_token_id, path)) ||
+        (st = opt_token_id(j, "pad_token_id", &cfg->pad_token_id, path)))
+        return st;
+    return CLLM_OK;
+}
+
+/* ------------------------------------------------------------ presets */
+
+typedef struct {
+    cllm_arch arch;
+    const char *name;
+    const char *json;
+} preset;
+
+/* Shapes of public models where the name says so; "tiny" ones are for tests
+ * and the built-in demo. */
+static const preset presets[] = {
+    {CLLM_ARCH_GPT2, "tiny",
+     "{\"vocab_size\":512,\"n_positions\":256,\"n_embd\":64,\"n_layer\":2,\"n_head\":4}"},
+    {CLLM_ARCH_GPT2, "gpt2-124M",
+     "{\"vocab_size\":50257,\"n_positions\":1024,\"n_embd\":768,\"n_layer\":12,\"n_head\":12,"
+     "\"bos_token_id\":50256,\"eos_token_id\":50256}"},
+    {CLLM_ARCH_GPT2, "gpt2-355M",
+     "{\"vocab_size\":50257,\"n_positions\":1024,\"n_embd\":1024,\"n_layer\":24,\"n_head\":16,"
+     "\"bos_token_id\":50256,\"eos_token_id\":50256}"},
+    {CLLM_ARCH_LLAMA, "tiny",
+     "{\"vocab_size\":512,\"hidden_size\":64,\"intermediate_size\":172,\"num_hidden_layers\":2,"
+     "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"max_position_embeddings\":256}"},
+    {CLLM_ARCH_LLAMA, "small",
+     "{\"vocab_size\":2048,\"hidden_size\":256,\"intermediate_size\":688,\"num_hidden_layers\":4,"
+     "\"num_attention_heads\":8,\"num_key_value_heads\":4,\"max_position_embeddings\":1024}"},
+    {CLLM_ARCH_LLAMA, "llama-100M",
+     "{\"vocab_size\":32000,\"hidden_size\":768,\"intermediate_size\":2048,\"num_hidden_layers\":12,"
+     "\"num_attention_heads\":12,\"num_key_value_heads\":4,\"max_position_embeddings\":2048}"},
+    {CLLM_ARCH_BLOOM, "tiny", "{\"vocab_size\":512,\"hidden_size\":64,\"n_layer\":2,\"n_head\":4}"},
+    {CLLM_ARCH_BLOOM, "bloom-560m", "{\"vocab_size\":250880,\"hidden_size\":1024,\"n_layer\":24,\"n_head\":16}"},
+};
+
+/* Keys every preset of a family gets, so written configs are complete HF
+ * configs that transformers loads as is. */
+static const char *family_defaults(cllm_arch a) {
+    switch (a) {
+    case CLLM_ARCH_GPT2:
+        return "{\"architectures\":[\"GPT2LMHeadModel\"],\"model_type\":\"gpt2\",\"n_inner\":null,"
+               "\"activation_function\":\"gelu_new\",\"layer_norm_epsilon\":1e-05,\"initializer_range\":0.02,"
+               "\"resid_pdrop\":0.0,\"embd_pdrop\":0.0,\"attn_pdrop\":0.0,\"scale_attn_weights\":true,"
+               "\"tie_word_embeddings\":true,\"bos_token_id\":0,\"eos_token_id\":0,\"torch_dtype\":\"float32\"}";
+    case CLLM_ARCH_LLAMA:
+        return "{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"llama\",\"hidden_act\":\"silu\","
+               "\"rms_norm_eps\":1e-06,\"rope_theta\":10000.0,\"rope_scaling\":null,\"attention_bias\":false,"
+               "\"mlp_bias\":false,\"tie_word_embeddings\":false,\"initializer_range\":0.02,"
+               "\"attention_dropout\":0.0,\"bos_token_id\":1,\"eos_token_id\":2,\"torch_dtype\":\"float32\"}";
+    case CLLM_ARCH_BLOOM:
+        return "{\"architectures\":[\"BloomForCausalLM\"],\"model_type\":\"bloom\",\"layer_norm_epsilon\":1e-05,"
+               "\"initializer_range\":0.02,\"apply_residual_connection_post_layernorm\":false,"
+               "\"hidden_dropout\":0.0,\"attention_dropout\":0.0,\"tie_word_embeddings\":true,"
+               "\"bos_token_id\":1,\"eos_token_id\":2,\"pad_token_id\":3,\"torch_dtype\":\"float32\"}";
+    default: return "{}";
+    }
+}
+
+cllm_status cllm_model_preset(json_t **config, cllm_arch arch, const char *name) {
+    *config = NULL;
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        if (presets[i].arch != arch || strcmp(presets[i].name, name) != 0) continue;
+        json_t *base = json_loads(family_defaults(arch), 0, NULL);
+        json_t *shape = json_loads(presets[i].json, 0, NULL);
+        if (!base || !shape || json_object_update(base, shape)) {
+            json_decref(base);
+            json_decref(shape);
+            return CLLM_FAIL(CLLM_ERR_INTERNAL, "cannot build preset %s", name);
+        }
+        json_decref(shape);
+        *config = base;
+        return CLLM_OK;
+    }
+    char known[512] = "";
+    size_t len = 0;
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (presets[i].arch == arch && len + strlen(presets[i].name) + 3 < sizeof known)
+            len += (size_t)snprintf(known + len, sizeof known - len, "%s%s", len ? ", " : "", presets[i].name);
+    return CLLM_FAIL(CLLM_ERR_ARG, "unknown preset '%s' for %s (known: %s)", name,
+                     cllm_arch_name(arch) ? cllm_arch_name(arch) : "?", known);
+}

@@ -1,0 +1,355 @@
+/*
+ * Model objects: loading an HF folder into the flat parameter buffer, random
+ * initialisation, saving, and allocating the activation buffers used by the
+ * forward and backward passes (run.c).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cllm/io.h"
+#include "cllm/json.h"
+#include "cllm/kernels.h"
+#include "model_impl.h"
+
+static cllm_status model_from_config(cllm_model **out, const json_t *config, const char *path) {
+    *out = NULL;
+    cllm_model *m = calloc(1, sizeof *m);
+    if (!m) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    cllm_status st = cllm_model_config_from_json(&m->cfg, config, path);
+    if (st) goto fail;
+    m->config_json = json_deep_copy(config);
+    if (!m->config_json) {
+        st = CLLM_FAIL(CLLM_ERR_NOMEM, "cannot copy config");
+        goto fail;
+    }
+    if ((st = model_build_layout(m))) goto fail;
+    m->params = cllm_calloc(m->n_params, sizeof(float), "model parameters");
+    if (!m->params) {
+        st = CLLM_ERR_NOMEM;
+        goto fail;
+    }
+    *out = m;
+    return CLLM_OK;
+fail:
+    cllm_model_free(m);
+    return st;
+}
+
+void cllm_model_free(cllm_model *m) {
+    if (!m) return;
+    json_decref(m->config_json);
+    free(m->tensors);
+    free(m->lslot);
+    cllm_free(m->params);
+    cllm_free(m->grads);
+    cllm_free(m->acts);
+    free(m->layers);
+    free(m);
+}
+
+/* ------------------------------------------------------------ loading */
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* Buffers that HF files may carry but that are not parameters. */
+static bool ignored_buffer(const cllm_model *m, const char *name) {
+    if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")) return m->cfg.arch == CLLM_ARCH_GPT2;
+    if (ends_with(name, "rotary_emb.inv_freq")) return true;
+    if (strcmp(name, "lm_head.weight") == 0) return m->cfg.tie_embeddings;
+    return false;
+}
+
+/* Maps a file's tensor name to our tensor index: exact, or with the family's
+ * prefix ("transformer." / "model.") that some exports leave out. */
+static int find_index(const cllm_model *m, const char *name) {
+    const cllm_tensor_info *t = cllm_model_find_tensor(m, name);
+    if (!t) {
+        char buf[160];
+        const char *prefix = m->cfg.arch == CLLM_ARCH_LLAMA ? "model." : "transformer.";
+        snprintf(buf, sizeof buf, "%s%s", prefix, name);
+        t = cllm_model_find_tensor(m, buf);
+    }
+    return t ? (int)(t - m->tensors) : -1;
+}
+
+cllm_status cllm_model_load(cllm_model **out, const char *dir) {
+    *out = NULL;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *config = NULL;
+    cllm_model *m = NULL;
+    cllm_st_set *set = NULL;
+    bool *seen = NULL;
+    cllm_status st = cllm_json_load_file(&config, path);
+    if (st) return st;
+    if ((st = model_from_config(&m, config, path))) goto done;
+    if ((st = cllm_st_set_open(&set, dir))) goto done;
+    seen = calloc((size_t)m->n_tensors, sizeof *seen);
+    if (!seen) {
+        st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < cllm_st_set_count(set); i++) {
+        const cllm_st_tensor *t = cllm_st_set_at(set, i);
+        int idx = find_index(m, t->name);
+        if (idx < 0) {
+            if (ignored_buffer(m, t->name)) continue;
+            st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: unexpected tensor '%s' for a %s model", t->file, t->name,
+                           cllm_arch_name(m->cfg.arch));
+            goto done;
+        }
+        const cllm_tensor_info *ti = &m->tensors[idx];
+        bool shape_ok = t->ndim == ti->ndim && t->shape[0] == ti->shape[0] && (ti->ndim == 1 || t->shape[1] == ti->shape[1]);
+        if (!shape_ok) {
+            char got[128] = "", want[64];
+            size_t len = 0;
+            for (int d = 0; d < t->ndim && len < sizeof got - 24; d++)
+                len += (size_t)snprintf(got + len, sizeof got - len, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+            if (ti->ndim == 1)
+                snprintf(want, sizeof want, "%lld", (long long)ti->shape[0]);
+            else
+                snprintf(want, sizeof want, "%lld, %lld", (long long)ti->shape[0], (long long)ti->shape[1]);
+            st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: tensor '%s' has shape [%s], the config needs [%s]", t->file, t->name, got,
+                           want);
+            goto done;
+        }
+        if (seen[idx]) {
+            st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: tensor '%s' appears twice", t->file, ti->name);
+            goto done;
+        }
+        if ((st = cllm_st_read_f32(t, m->params + ti->offset, (int64_t)ti->numel))) goto done;
+        seen[idx] = true;
+    }
+    for (int i = 0; i < m->n_tensors; i++)
+        if (!seen[i]) {
+            st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: missing tensor '%s'", dir, m->tensors[i].name);
+            goto done;
+        }
+done:
+    free(seen);
+    cllm_st_set_close(set);
+    json_decref(config);
+    if (st) {
+        cllm_model_free(m);
+        return st;
+    }
+    *out = m;
+    return CLLM_OK;
+}
+
+/* ------------------------------------------------------------ init */
+
+cllm_status cllm_model_init_random(cllm_model **out, const json_t *config, uint64_t seed) {
+    cllm_status st = model_from_config(out, config, "config");
+    if (st) return st;
+    cllm_model *m = *out;
+    double std = 0.02;
+    cllm_json_get_num_opt(config, "initializer_range", &std, "config");
+    cllm_rng rng;
+    cllm_rng_seed(&rng, seed);
+    for (int i = 0; i < m->n_tensors; i++) {
+        const cllm_tensor_info *t = &m->tensors[i];
+        float *p = m->params + t->offset;
+        if (t->ndim == 1) {
+            /* norm weights start at 1, biases at 0 */
+            float v = (ends_with(t->name, ".weight")) ? 1.0f : 0.0f;
+            for (size_t k = 0; k < t->numel; k++) p[k] = v;
+            continue;
+        }
+        double s = std;
+        /* GPT-2 scales the residual projections by 1/sqrt(2 * n_layer) */
+        if (m->cfg.arch == CLLM_ARCH_GPT2 && ends_with(t->name, "c_proj.weight")) s /= sqrt(2.0 * m->cfg.n_layer);
+        for (size_t k = 0; k < t->numel; k++) p[k] = (float)(s * cllm_rng_normal(&rng));
+    }
+    return CLLM_OK;
+}
+
+/* ------------------------------------------------------------ saving */
+
+static cllm_status make_dir(const char *dir) {
+    char buf[4096];
+    size_t n = strlen(dir);
+    if (n == 0 || n >= sizeof buf) return CLLM_FAIL(CLLM_ERR_ARG, "bad output folder name");
+    memcpy(buf, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] != '/' && buf[i] != '\0') continue;
+        char c = buf[i];
+        buf[i] = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return CLLM_FAIL(CLLM_ERR_IO, "cannot create folder %s: %s", buf, strerror(errno));
+        buf[i] = c;
+    }
+    return CLLM_OK;
+}
+
+cllm_status cllm_model_save(const cllm_model *m, const char *dir, size_t max_shard_bytes) {
+    cllm_status st = make_dir(dir);
+    if (st) return st;
+    cllm_st_entry *e = calloc((size_t)m->n_tensors, sizeof *e);
+    if (!e) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < m->n_tensors; i++) {
+        const cllm_tensor_info *t = &m->tensors[i];
+        e[i].name = t->name;
+        e[i].dtype = CLLM_F32;
+        e[i].ndim = t->ndim;
+        e[i].shape[0] = t->shape[0];
+        e[i].shape[1] = t->shape[1];
+        e[i].data = m->params + t->offset;
+    }
+    st = cllm_st_save_dir(dir, e, m->n_tensors, max_shard_bytes);
+    free(e);
+    if (st) return st;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    return cllm_json_save_file(m->config_json, path);
+}
+
+/* ------------------------------------------------------------ accessors */
+
+const cllm_model_config *cllm_model_get_config(const cllm_model *m) { return &m->cfg; }
+int cllm_model_n_tensors(const cllm_model *m) { return m->n_tensors; }
+const cllm_tensor_info *cllm_model_tensor(const cllm_model *m, int i) {
+    return (i >= 0 && i < m->n_tensors) ? &m->tensors[i] : NULL;
+}
+const cllm_tensor_info *cllm_model_find_tensor(const cllm_model *m, const char *name) {
+    for (int i = 0; i < m->n_tensors; i++)
+        if (strcmp(m->tensors[i].name, name) == 0) return &m->tensors[i];
+    return NULL;
+}
+size_t cllm_model_n_params(const cllm_model *m) {
+    size_t n = 0;
+    for (int i = 0; i < m->n_tensors; i++) n += m->tensors[i].numel;
+    return n;
+}
+size_t cllm_model_buffer_len(const cllm_model *m) { return m->n_params; }
+float *cllm_model_params(cllm_model *m) { return m->params; }
+float *cllm_model_grads(cllm_model *m) { return m->grads; }
+
+void cllm_model_zero_grads(cllm_model *m) {
+    if (m->grads) memset(m->grads, 0, m->n_params * sizeof(float));
+}
+
+/* ------------------------------------------------------------ buffers */
+
+/* Carves consecutive 64-byte-aligned regions out of one allocation. Called
+ * twice: once with base == NULL to measure, once to assign. */
+typedef struct {
+    float *base;
+    size_t used;
+} carver;
+
+static float *carve(carver *cv, size_t n) {
+    float *p = cv->base ? cv->base + cv->used : NULL;
+    cv->used += (n + 15) & ~(size_t)15;
+    return p;
+}
+
+static void assign_acts(cllm_model *m, carver *cv, int B, int T, bool train) {
+    const cllm_model_config *c = &m->cfg;
+    size_t N = (size_t)B * T, C = (size_t)c->n_embd, F = (size_t)c->n_inner;
+    size_t QKV = (size_t)model_qkv_width(c), Q = (size_t)c->n_head * c->head_dim;
+    for (int l = 0; l < c->n_layer; l++) {
+        layer_acts *a = &m->layers[l];
+        a->x = carve(cv, N * C);
+        a->ln1 = carve(cv, N * C);
+        a->ln1_mean = carve(cv, N);
+        a->ln1_rstd = carve(cv, N);
+        a->qkv = carve(cv, N * QKV);
+        a->atty = carve(cv, N * Q);
+        a->lse = carve(cv, (size_t)B * c->n_head * T);
+        a->x1 = carve(cv, N * C);
+        a->ln2 = carve(cv, N * C);
+        a->ln2_mean = carve(cv, N);
+        a->ln2_rstd = carve(cv, N);
+        a->fc = carve(cv, N * F);
+        a->up = c->arch == CLLM_ARCH_LLAMA ? carve(cv, N * F) : NULL;
+        a->act = carve(cv, N * F);
+    }
+    m->x_out = carve(cv, N * C);
+    m->lnf = carve(cv, N * C);
+    m->lnf_mean = carve(cv, N);
+    m->lnf_rstd = carve(cv, N);
+    if (c->arch == CLLM_ARCH_BLOOM) {
+        m->emb = carve(cv, N * C);
+        m->emb_mean = carve(cv, N);
+        m->emb_rstd = carve(cv, N);
+    } else {
+        m->emb = NULL;
+    }
+    m->logits = carve(cv, (size_t)model_logit_chunk(c, (int)N) * c->vocab_size);
+    m->losses = carve(cv, N);
+    m->rope_cos = carve(cv, (size_t)T * (c->head_dim / 2));
+    m->rope_sin = carve(cv, (size_t)T * (c->head_dim / 2));
+    m->alibi = carve(cv, (size_t)c->n_head);
+    if (train) {
+        m->dx = carve(cv, N * C);
+        m->dln = carve(cv, N * C);
+        m->dlnf = carve(cv, N * C);
+        m->dqkv = carve(cv, N * QKV);
+        m->datty = carve(cv, N * Q);
+        m->dfc = carve(cv, N * F);
+        m->dup = carve(cv, N * F);
+        m->dact = carve(cv, N * F);
+    }
+}
+
+cllm_status cllm_model_prepare(cllm_model *m, int B, int T, bool train) {
+    const cllm_model_config *c = &m->cfg;
+    if (B <= 0 || T <= 0) return CLLM_FAIL(CLLM_ERR_ARG, "batch size and sequence length must be positive");
+    if (c->n_ctx > 0 && T > c->n_ctx)
+        return CLLM_FAIL(CLLM_ERR_ARG, "sequence length %d exceeds the model's maximum of %d positions", T, c->n_ctx);
+    if ((size_t)B * (size_t)T > (size_t)1 << 28) return CLLM_FAIL(CLLM_ERR_ARG, "batch of %d x %d tokens is too large", B, T);
+    if (train && !m->grads) {
+        m->grads = cllm_calloc(m->n_params, sizeof(float), "gradients");
+        if (!m->grads) return CLLM_ERR_NOMEM;
+    }
+    if (m->acts && B <= m->act_B && T <= m->act_T && (!train || m->has_backward)) return CLLM_OK;
+    if (!m->layers) {
+        m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
+        if (!m->layers) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    }
+    carver cv = {NULL, 0};
+    assign_acts(m, &cv, B, T, train);
+    cllm_free(m->acts);
+    m->acts = cllm_alloc(cv.used * sizeof(float), "activations");
+    if (!m->acts) return CLLM_ERR_NOMEM;
+    m->acts_floats = cv.used;
+    cv.base = m->acts;
+    cv.used = 0;
+    assign_acts(m, &cv, B, T, train);
+    m->act_B = B;
+    m->act_T = T;
+    m->has_backward = train;
+    if (c->arch == CLLM_ARCH_LLAMA) cllm_rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, c->rope_theta);
+    if (c->arch == CLLM_ARCH_BLOOM) cllm_alibi_slopes(m->alibi, c->n_head);
+    return CLLM_OK;
+}
+
+long cllm_model_make_targets(int32_t *targets, const int32_t *labels, int B, int T) {
+    long n = 0;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            int32_t y = t + 1 < T ? labels[(size_t)b * T + t + 1] : -100;
+            targets[(size_t)b * T + t] = y;
+            n += y != -100;
+        }
+    return n;
+}
+
+cllm_status cllm_model_check_ids(const cllm_model *m, const int32_t *tokens, const int32_t *targets, size_t n) {
+    int V = m->cfg.vocab_size;
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return CLLM_FAIL(CLLM_ERR_ARG, "token id %d at position %zu is outside the vocabulary [0, %d)", tokens[i], i, V);
+        if (targets && targets[i] != -100 && (targets[i] < 0 || targets[i] >= V))
+            return CLLM_FAIL(CLLM_ERR_ARG, "label %d at position %zu is outside the vocabulary [0, %d)", targets[i], i, V);
+    }
+    return CLLM_OK;
+}

@@ -1,0 +1,92 @@
+/*
+ * Private model internals shared by layout.c, model.c and run.c: the
+ * per-layer parameter slots of the architecture table, and the activation
+ * buffers of a prepared model.
+ */
+#ifndef CLLM_MODEL_IMPL_H
+#define CLLM_MODEL_IMPL_H
+
+#include <jansson.h>
+
+#include "cllm/model.h"
+
+/* Parameter slots of one transformer block. Each family fills the ones it
+ * has; the others stay -1. "fc" is GPT-2's c_fc, BLOOM's dense_h_to_4h and
+ * LLaMA's gate_proj; "down" is c_proj / dense_4h_to_h / down_proj. QKV is the
+ * fused projection of GPT-2 and BLOOM; Q, K, V are LLaMA's separate ones. */
+enum {
+    L_LN1_W, L_LN1_B, L_QKV_W, L_QKV_B, L_Q_W, L_Q_B, L_K_W, L_K_B, L_V_W, L_V_B,
+    L_O_W, L_O_B, L_LN2_W, L_LN2_B, L_FC_W, L_FC_B, L_UP_W, L_UP_B, L_DOWN_W, L_DOWN_B,
+    L_NSLOTS
+};
+/* Slots outside the blocks. G_HEAD is -1 when the head is tied to G_WTE. */
+enum { G_WTE, G_WPE, G_EMB_LN_W, G_EMB_LN_B, G_LNF_W, G_LNF_B, G_HEAD, G_NSLOTS };
+
+/* Activations of one block, saved by the forward pass for the backward. */
+typedef struct {
+    float *x;        /* [N,C] block input (residual stream) */
+    float *ln1;      /* [N,C] */
+    float *ln1_mean, *ln1_rstd; /* [N] (mean unused by RMSNorm) */
+    float *qkv;      /* [N,QKV]: fused layout, or q|k|v regions for llama */
+    float *atty;     /* [N,NH*HS] attention output */
+    float *lse;      /* [B,NH,T] */
+    float *x1;       /* [N,C] residual after attention */
+    float *ln2;      /* [N,C] */
+    float *ln2_mean, *ln2_rstd;
+    float *fc;       /* [N,F] pre-activation (GELU input / gate) */
+    float *up;       /* [N,F] llama up projection */
+    float *act;      /* [N,F] activation output */
+} layer_acts;
+
+struct cllm_model {
+    cllm_model_config cfg;
+    json_t *config_json; /* written back as config.json */
+
+    cllm_tensor_info *tensors;
+    int n_tensors;
+    int (*lslot)[L_NSLOTS]; /* [n_layer][L_NSLOTS] tensor index or -1 */
+    int gslot[G_NSLOTS];
+
+    float *params;
+    float *grads;
+    size_t n_params;
+
+    /* activations, all carved from one buffer */
+    int act_B, act_T;
+    float *acts;
+    size_t acts_floats;
+    layer_acts *layers;
+    float *x_out;             /* [N,C] output of the last block */
+    float *lnf, *lnf_mean, *lnf_rstd;
+    float *emb;               /* [N,C] BLOOM: embedding before word_embeddings_layernorm */
+    float *emb_mean, *emb_rstd;
+    float *logits;            /* [chunk,V] */
+    float *losses;            /* [N] */
+    float *rope_cos, *rope_sin; /* [T,HS/2] */
+    float *alibi;             /* [NH] */
+    /* backward scratch */
+    float *dx, *dln, *dqkv, *datty, *dfc, *dup, *dact, *dlnf;
+    bool has_backward;
+    int32_t *pos_tokens;      /* [N] scratch */
+};
+
+/* Builds m->tensors, slots and n_params from m->cfg (layout.c). */
+cllm_status model_build_layout(cllm_model *m);
+
+/* Width of the fused/stacked QKV activation of one token. */
+int model_qkv_width(const cllm_model_config *c);
+
+/* Rows of logits computed at once by the fused head + cross-entropy: enough
+ * for an efficient matmul, small enough that [rows, V] stays a few MB. */
+static inline int model_logit_chunk(const cllm_model_config *c, int N) {
+    int rows = (int)((4u << 20) / (unsigned)c->vocab_size);
+    if (rows < 32) rows = 32;
+    return rows < N ? rows : N;
+}
+
+static inline float *model_param(cllm_model *m, int idx) { return idx < 0 ? NULL : m->params + m->tensors[idx].offset; }
+static inline float *model_grad(cllm_model *m, int idx) {
+    return (idx < 0 || !m->grads) ? NULL : m->grads + m->tensors[idx].offset;
+}
+
+#endif

@@ -1,0 +1,284 @@
+/*
+ * Forward and backward passes of the three families over the flat buffers.
+ *
+ * One block, with N = B*T rows, C channels, F FFN width:
+ *   gpt2:  h = x + proj(attn(LN1(x)));        y = h + down(gelu(fc(LN2(h))))
+ *   bloom: same, with ALiBi instead of positions and a LayerNorm after the
+ *          word embeddings
+ *   llama: h = x + o(attn(rope(q), rope(k), v)(RMS1(x)));
+ *          y = h + down(silu(gate(RMS2(h))) * up(RMS2(h)))
+ * The head and the cross-entropy are fused and processed in row chunks: the
+ * logits of a chunk are computed, turned into their gradient in place, and
+ * pushed back through the head before the next chunk, so the full [N,V]
+ * logits never exist. Backward mirrors forward, accumulating parameter
+ * gradients (the kernels add into them) and reusing a few scratch buffers.
+ * Activation recomputation is left to the trainer's checkpointing layer.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cllm/kernels.h"
+#include "model_impl.h"
+
+#define TRY(x)                         \
+    do {                               \
+        cllm_status st_ = (x);         \
+        if (st_ != CLLM_OK) return st_; \
+    } while (0)
+
+/* Strided views of q, k, v inside a block's QKV activation (or gradient). */
+typedef struct {
+    cllm_view q, k, v;
+} qkv_views;
+
+static qkv_views make_views(const cllm_model_config *c, float *qkv, size_t N) {
+    qkv_views r;
+    int C = c->n_embd, HS = c->head_dim;
+    int Q = c->n_head * HS, K = c->n_kv_head * HS;
+    switch (c->arch) {
+    case CLLM_ARCH_GPT2: /* [N, Q|K|V] column blocks */
+        r.q = (cllm_view){qkv, 3 * C, HS};
+        r.k = (cllm_view){qkv + C, 3 * C, HS};
+        r.v = (cllm_view){qkv + 2 * C, 3 * C, HS};
+        break;
+    case CLLM_ARCH_BLOOM: /* [N, NH, 3, HS] */
+        r.q = (cllm_view){qkv, 3 * C, 3 * HS};
+        r.k = (cllm_view){qkv + HS, 3 * C, 3 * HS};
+        r.v = (cllm_view){qkv + 2 * HS, 3 * C, 3 * HS};
+        break;
+    default: /* llama: three contiguous regions [N,Q], [N,K], [N,K] */
+        r.q = (cllm_view){qkv, Q, HS};
+        r.k = (cllm_view){qkv + N * (size_t)Q, K, HS};
+        r.v = (cllm_view){qkv + N * (size_t)(Q + K), K, HS};
+        break;
+    }
+    return r;
+}
+
+static cllm_cview cv(cllm_view v) { return (cllm_cview){v.p, v.rs, v.hs}; }
+
+static void norm_forward(const cllm_model *m, float *out, float *mean, float *rstd, const float *inp, const float *w,
+                         const float *b, int N) {
+    const cllm_model_config *c = &m->cfg;
+    if (c->arch == CLLM_ARCH_LLAMA)
+        cllm_rmsnorm_forward(out, rstd, inp, w, N, c->n_embd, c->norm_eps);
+    else
+        cllm_layernorm_forward(out, mean, rstd, inp, w, b, N, c->n_embd, c->norm_eps);
+}
+
+static void norm_backward(const cllm_model *m, float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                          const float *w, const float *mean, const float *rstd, int N) {
+    const cllm_model_config *c = &m->cfg;
+    if (c->arch == CLLM_ARCH_LLAMA)
+        cllm_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, c->n_embd);
+    else
+        cllm_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, c->n_embd);
+}
+
+static void embed_forward(cllm_model *m, const int32_t *tokens, int B, int T) {
+    const cllm_model_config *c = &m->cfg;
+    int N = B * T;
+    float *x0 = m->layers[0].x;
+    switch (c->arch) {
+    case CLLM_ARCH_GPT2:
+        cllm_embedding_forward(x0, tokens, model_param(m, m->gslot[G_WTE]), model_param(m, m->gslot[G_WPE]), N, T,
+                               c->n_embd);
+        break;
+    case CLLM_ARCH_LLAMA:
+        cllm_embedding_forward(x0, tokens, model_param(m, m->gslot[G_WTE]), NULL, N, T, c->n_embd);
+        break;
+    default:
+        cllm_embedding_forward(m->emb, tokens, model_param(m, m->gslot[G_WTE]), NULL, N, T, c->n_embd);
+        cllm_layernorm_forward(x0, m->emb_mean, m->emb_rstd, m->emb, model_param(m, m->gslot[G_EMB_LN_W]),
+                               model_param(m, m->gslot[G_EMB_LN_B]), N, c->n_embd, c->norm_eps);
+        break;
+    }
+}
+
+static cllm_status block_forward(cllm_model *m, int l, int B, int T) {
+    const cllm_model_config *c = &m->cfg;
+    const int *s = m->lslot[l];
+    layer_acts *a = &m->layers[l];
+    float *y = l + 1 < c->n_layer ? m->layers[l + 1].x : m->x_out;
+    int N = B * T, C = c->n_embd, F = c->n_inner, HS = c->head_dim;
+    int Q = c->n_head * HS, K = c->n_kv_head * HS;
+    bool in_out = c->arch == CLLM_ARCH_GPT2; /* Conv1D weights */
+    float *P[L_NSLOTS];
+    for (int i = 0; i < L_NSLOTS; i++) P[i] = model_param(m, s[i]);
+
+    norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, a->x, P[L_LN1_W], P[L_LN1_B], N);
+    qkv_views v = make_views(c, a->qkv, (size_t)N);
+    if (c->arch == CLLM_ARCH_LLAMA) {
+        TRY(cllm_linear_forward(v.q.p, a->ln1, P[L_Q_W], P[L_Q_B], N, C, Q, false));
+        TRY(cllm_linear_forward(v.k.p, a->ln1, P[L_K_W], P[L_K_B], N, C, K, false));
+        TRY(cllm_linear_forward(v.v.p, a->ln1, P[L_V_W], P[L_V_B], N, C, K, false));
+        cllm_rope_apply(v.q.p, m->rope_cos, m->rope_sin, B, T, c->n_head, HS, Q, HS, 1);
+        cllm_rope_apply(v.k.p, m->rope_cos, m->rope_sin, B, T, c->n_kv_head, HS, K, HS, 1);
+    } else {
+        TRY(cllm_linear_forward(a->qkv, a->ln1, P[L_QKV_W], P[L_QKV_B], N, C, 3 * C, in_out));
+    }
+    const float *alibi = c->arch == CLLM_ARCH_BLOOM ? m->alibi : NULL;
+    cllm_attention_forward((cllm_view){a->atty, Q, HS}, a->lse, cv(v.q), cv(v.k), cv(v.v), alibi, B, T, c->n_head,
+                           c->n_kv_head, HS, 1.0f / sqrtf((float)HS));
+    TRY(cllm_linear_forward(a->x1, a->atty, P[L_O_W], P[L_O_B], N, Q, C, in_out));
+    cllm_add(a->x1, a->x1, a->x, (long)N * C);
+
+    norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->x1, P[L_LN2_W], P[L_LN2_B], N);
+    TRY(cllm_linear_forward(a->fc, a->ln2, P[L_FC_W], P[L_FC_B], N, C, F, in_out));
+    if (c->arch == CLLM_ARCH_LLAMA) {
+        TRY(cllm_linear_forward(a->up, a->ln2, P[L_UP_W], P[L_UP_B], N, C, F, false));
+        cllm_swiglu_forward(a->act, a->fc, a->up, (long)N * F);
+    } else {
+        cllm_gelu_forward(a->act, a->fc, (long)N * F);
+    }
+    TRY(cllm_linear_forward(y, a->act, P[L_DOWN_W], P[L_DOWN_B], N, F, C, in_out));
+    cllm_add(y, y, a->x1, (long)N * C);
+    return CLLM_OK;
+}
+
+/* dx holds dL/d(block output) on entry and dL/d(block input) on return. */
+static cllm_status block_backward(cllm_model *m, int l, int B, int T) {
+    const cllm_model_config *c = &m->cfg;
+    const int *s = m->lslot[l];
+    layer_acts *a = &m->layers[l];
+    int N = B * T, C = c->n_embd, F = c->n_inner, HS = c->head_dim;
+    int Q = c->n_head * HS, K = c->n_kv_head * HS;
+    size_t NC = (size_t)N * C, NF = (size_t)N * F;
+    bool in_out = c->arch == CLLM_ARCH_GPT2;
+    float *P[L_NSLOTS], *G[L_NSLOTS];
+    for (int i = 0; i < L_NSLOTS; i++) {
+        P[i] = model_param(m, s[i]);
+        G[i] = model_grad(m, s[i]);
+    }
+
+    /* MLP: y = h + down(act(fc(LN2(h)))) */
+    memset(m->dact, 0, NF * sizeof(float));
+    TRY(cllm_linear_backward(m->dact, G[L_DOWN_W], G[L_DOWN_B], m->dx, a->act, P[L_DOWN_W], N, F, C, in_out));
+    memset(m->dfc, 0, NF * sizeof(float));
+    memset(m->dln, 0, NC * sizeof(float));
+    if (c->arch == CLLM_ARCH_LLAMA) {
+        memset(m->dup, 0, NF * sizeof(float));
+        cllm_swiglu_backward(m->dfc, m->dup, m->dact, a->fc, a->up, (long)NF);
+        TRY(cllm_linear_backward(m->dln, G[L_UP_W], G[L_UP_B], m->dup, a->ln2, P[L_UP_W], N, C, F, false));
+    } else {
+        cllm_gelu_backward(m->dfc, m->dact, a->fc, (long)NF);
+    }
+    TRY(cllm_linear_backward(m->dln, G[L_FC_W], G[L_FC_B], m->dfc, a->ln2, P[L_FC_W], N, C, F, in_out));
+    norm_backward(m, m->dx, G[L_LN2_W], G[L_LN2_B], m->dln, a->x1, P[L_LN2_W], a->ln2_mean, a->ln2_rstd, N);
+
+    /* attention: h = x + o(attn(qkv(LN1(x)))) */
+    memset(m->datty, 0, (size_t)N * Q * sizeof(float));
+    TRY(cllm_linear_backward(m->datty, G[L_O_W], G[L_O_B], m->dx, a->atty, P[L_O_W], N, Q, C, in_out));
+    memset(m->dqkv, 0, (size_t)N * model_qkv_width(c) * sizeof(float));
+    qkv_views v = make_views(c, a->qkv, (size_t)N), dv = make_views(c, m->dqkv, (size_t)N);
+    const float *alibi = c->arch == CLLM_ARCH_BLOOM ? m->alibi : NULL;
+    cllm_attention_backward(dv.q, dv.k, dv.v, (cllm_cview){m->datty, Q, HS}, (cllm_cview){a->atty, Q, HS}, a->lse,
+                            cv(v.q), cv(v.k), cv(v.v), alibi, B, T, c->n_head, c->n_kv_head, HS,
+                            1.0f / sqrtf((float)HS));
+    memset(m->dln, 0, NC * sizeof(float));
+    if (c->arch == CLLM_ARCH_LLAMA) {
+        /* undo the rotation: the gradient of a rotation is its inverse */
+        cllm_rope_apply(dv.q.p, m->rope_cos, m->rope_sin, B, T, c->n_head, HS, Q, HS, -1);
+        cllm_rope_apply(dv.k.p, m->rope_cos, m->rope_sin, B, T, c->n_kv_head, HS, K, HS, -1);
+        TRY(cllm_linear_backward(m->dln, G[L_Q_W], G[L_Q_B], dv.q.p, a->ln1, P[L_Q_W], N, C, Q, false));
+        TRY(cllm_linear_backward(m->dln, G[L_K_W], G[L_K_B], dv.k.p, a->ln1, P[L_K_W], N, C, K, false));
+        TRY(cllm_linear_backward(m->dln, G[L_V_W], G[L_V_B], dv.v.p, a->ln1, P[L_V_W], N, C, K, false));
+    } else {
+        TRY(cllm_linear_backward(m->dln, G[L_QKV_W], G[L_QKV_B], m->dqkv, a->ln1, P[L_QKV_W], N, C, 3 * C, in_out));
+    }
+    norm_backward(m, m->dx, G[L_LN1_W], G[L_LN1_B], m->dln, a->x, P[L_LN1_W], a->ln1_mean, a->ln1_rstd, N);
+    return CLLM_OK;
+}
+
+static void embed_backward(cllm_model *m, const int32_t *tokens, int B, int T) {
+    const cllm_model_config *c = &m->cfg;
+    int N = B * T, C = c->n_embd;
+    float *dwte = model_grad(m, m->gslot[G_WTE]);
+    if (c->arch == CLLM_ARCH_BLOOM) {
+        memset(m->dln, 0, (size_t)N * C * sizeof(float));
+        cllm_layernorm_backward(m->dln, model_grad(m, m->gslot[G_EMB_LN_W]), model_grad(m, m->gslot[G_EMB_LN_B]), m->dx,
+                                m->emb, model_param(m, m->gslot[G_EMB_LN_W]), m->emb_mean, m->emb_rstd, N, C);
+        cllm_embedding_backward(dwte, NULL, m->dln, tokens, N, T, C, c->vocab_size);
+    } else {
+        cllm_embedding_backward(dwte, model_grad(m, m->gslot[G_WPE]), m->dx, tokens, N, T, C, c->vocab_size);
+    }
+}
+
+static int head_slot(const cllm_model *m) { return m->gslot[G_HEAD] >= 0 ? m->gslot[G_HEAD] : m->gslot[G_WTE]; }
+
+static cllm_status check_prepared(const cllm_model *m, int B, int T, bool backward) {
+    if (!m->acts || B > m->act_B || T > m->act_T)
+        return CLLM_FAIL(CLLM_ERR_ARG, "model prepared for %d x %d tokens, called with %d x %d (call cllm_model_prepare)",
+                         m->act_B, m->act_T, B, T);
+    if (backward && !m->has_backward)
+        return CLLM_FAIL(CLLM_ERR_ARG, "model not prepared for training (cllm_model_prepare with train = true)");
+    return CLLM_OK;
+}
+
+cllm_status cllm_model_forward_backward(cllm_model *m, const int32_t *tokens, const int32_t *targets, int B, int T,
+                                        bool backward, float grad_scale, double *loss_sum, long *n_counted) {
+    TRY(check_prepared(m, B, T, backward));
+    const cllm_model_config *c = &m->cfg;
+    int N = B * T, C = c->n_embd, V = c->vocab_size;
+    embed_forward(m, tokens, B, T);
+    for (int l = 0; l < c->n_layer; l++) TRY(block_forward(m, l, B, T));
+    norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, model_param(m, m->gslot[G_LNF_W]),
+                 model_param(m, m->gslot[G_LNF_B]), N);
+
+    /* fused head + cross-entropy, chunk by chunk */
+    int hs = head_slot(m);
+    const float *W = model_param(m, hs);
+    float *dW = backward ? model_grad(m, hs) : NULL;
+    int chunk = model_logit_chunk(c, N);
+    if (backward) memset(m->dlnf, 0, (size_t)N * C * sizeof(float));
+    double total = 0;
+    long count = 0;
+    for (int r0 = 0; r0 < N; r0 += chunk) {
+        int rows = N - r0 < chunk ? N - r0 : chunk;
+        const float *h = m->lnf + (size_t)r0 * C;
+        TRY(cllm_linear_forward(m->logits, h, W, NULL, rows, C, V, false));
+        if (backward) {
+            long k = cllm_xent_forward_backward(m->losses + r0, m->logits, targets + r0, rows, V, grad_scale);
+            count += k;
+            if (k) TRY(cllm_linear_backward(m->dlnf + (size_t)r0 * C, dW, NULL, m->logits, h, W, rows, C, V, false));
+        } else {
+            count += cllm_xent_forward(m->losses + r0, m->logits, targets + r0, rows, V);
+        }
+        for (int i = 0; i < rows; i++) total += m->losses[r0 + i];
+    }
+    *loss_sum = total;
+    *n_counted = count;
+    if (!backward) return CLLM_OK;
+
+    memset(m->dx, 0, (size_t)N * C * sizeof(float));
+    norm_backward(m, m->dx, model_grad(m, m->gslot[G_LNF_W]), model_grad(m, m->gslot[G_LNF_B]), m->dlnf, m->x_out,
+                  model_param(m, m->gslot[G_LNF_W]), m->lnf_mean, m->lnf_rstd, N);
+    for (int l = c->n_layer - 1; l >= 0; l--) TRY(block_backward(m, l, B, T));
+    embed_backward(m, tokens, B, T);
+    return CLLM_OK;
+}
+
+cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int B, int T, float *logits) {
+    TRY(check_prepared(m, B, T, false));
+    const cllm_model_config *c = &m->cfg;
+    int N = B * T, C = c->n_embd, V = c->vocab_size;
+    embed_forward(m, tokens, B, T);
+    for (int l = 0; l < c->n_layer; l++) TRY(block_forward(m, l, B, T));
+    norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, model_param(m, m->gslot[G_LNF_W]),
+                 model_param(m, m->gslot[G_LNF_B]), N);
+    const float *W = model_param(m, head_slot(m));
+    for (int b = 0; b < B; b++)
+        TRY(cllm_linear_forward(logits + (size_t)b * V, m->lnf + ((size_t)b * T + T - 1) * C, W, NULL, 1, C, V, false));
+    return CLLM_OK;
+}
+
+double cllm_model_train_flops(const cllm_model *m, int B, int T) {
+    const cllm_model_config *c = &m->cfg;
+    double C = c->n_embd, F = c->n_inner, Q = (double)c->n_head * c->head_dim;
+    double per_layer = C * model_qkv_width(c) + Q * C + C * F * (c->arch == CLLM_ARCH_LLAMA ? 3 : 2);
+    double matmul_params = per_layer * c->n_layer + C * c->vocab_size;
+    double N = (double)B * T;
+    /* causal attention: q.k and p.v over (T+1)/2 keys on average */
+    double attn = 2.0 * 2.0 * N * ((T + 1) / 2.0) * Q * c->n_layer;
+    return 3.0 * (2.0 * N * matmul_params + attn);
+}

@@ -1,0 +1,172 @@
+/*
+ * SGD, Adam, AdamW and Lion over flat buffers, following torch.optim's
+ * single-tensor (for-loop) implementations operation by operation, in fp32,
+ * so results match PyTorch to rounding.
+ */
+#include <ctype.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cllm/optim.h"
+
+struct cllm_optimizer {
+    cllm_optim_params p;
+    size_t n;
+    long step;
+    float *s0; /* SGD momentum buffer, Adam exp_avg, Lion exp_avg */
+    float *s1; /* Adam exp_avg_sq */
+};
+
+static const char *names[CLLM_OPT_COUNT] = {"sgd", "adam", "adamw", "lion"};
+
+cllm_opt_type cllm_opt_from_name(const char *name) {
+    for (int t = 0; t < CLLM_OPT_COUNT; t++) {
+        const char *a = name, *b = names[t];
+        while (*a && *b && tolower((unsigned char)*a) == *b) a++, b++;
+        if (!*a && !*b) return (cllm_opt_type)t;
+    }
+    return CLLM_OPT_COUNT;
+}
+
+const char *cllm_opt_name(cllm_opt_type t) { return t < CLLM_OPT_COUNT ? names[t] : "?"; }
+
+cllm_optim_params cllm_optim_defaults(cllm_opt_type t) {
+    cllm_optim_params p = {.type = t, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+    if (t == CLLM_OPT_ADAMW) p.weight_decay = 1e-2f;
+    if (t == CLLM_OPT_LION) {
+        p.lr = 1e-4f;
+        p.beta2 = 0.99f;
+    }
+    return p;
+}
+
+cllm_status cllm_optim_init(cllm_optimizer **out, const cllm_optim_params *p, size_t n) {
+    *out = NULL;
+    if (p->type >= CLLM_OPT_COUNT) return CLLM_FAIL(CLLM_ERR_ARG, "unknown optimizer type");
+    if (p->type == CLLM_OPT_SGD && p->nesterov && (p->momentum <= 0 || p->dampening != 0))
+        return CLLM_FAIL(CLLM_ERR_ARG, "nesterov momentum requires a momentum and zero dampening");
+    cllm_optimizer *o = calloc(1, sizeof *o);
+    if (!o) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    o->p = *p;
+    o->n = n;
+    bool need0 = p->type != CLLM_OPT_SGD || p->momentum != 0;
+    bool need1 = p->type == CLLM_OPT_ADAM || p->type == CLLM_OPT_ADAMW;
+    if ((need0 && !(o->s0 = cllm_calloc(n, sizeof(float), "optimizer state"))) ||
+        (need1 && !(o->s1 = cllm_calloc(n, sizeof(float), "optimizer state")))) {
+        cllm_optim_free(o);
+        return CLLM_ERR_NOMEM;
+    }
+    *out = o;
+    return CLLM_OK;
+}
+
+void cllm_optim_free(cllm_optimizer *o) {
+    if (!o) return;
+    cllm_free(o->s0);
+    cllm_free(o->s1);
+    free(o);
+}
+
+long cllm_optim_step_count(const cllm_optimizer *o) { return o->step; }
+float *cllm_optim_state(cllm_optimizer *o, int which) { return which == 0 ? o->s0 : which == 1 ? o->s1 : NULL; }
+
+/* torch.optim.SGD: d_p = g + wd*p; buf = d_p (first step) or
+ * momentum*buf + (1-dampening)*d_p; d_p = d_p + momentum*buf (nesterov) or
+ * buf; p -= lr*d_p. */
+static void sgd_range(cllm_optimizer *o, float *p, const float *g, size_t b, size_t e, float lr, float wd) {
+    const float mom = o->p.momentum, damp = 1.0f - o->p.dampening;
+    const bool first = o->step == 1, nesterov = o->p.nesterov;
+    float *buf = o->s0;
+#pragma omp parallel for schedule(static)
+    for (size_t i = b; i < e; i++) {
+        float d = g[i];
+        if (wd != 0) d += wd * p[i];
+        if (mom != 0) {
+            buf[i] = first ? d : mom * buf[i] + damp * d;
+            d = nesterov ? d + mom * buf[i] : buf[i];
+        }
+        p[i] -= lr * d;
+    }
+}
+
+/* torch.optim.Adam / AdamW:
+ *   AdamW: p *= 1 - lr*wd        Adam: g += wd*p
+ *   m = beta1*m + (1-beta1)*g;  v = beta2*v + (1-beta2)*g*g
+ *   p -= (lr / (1-beta1^t)) * m / (sqrt(v) / sqrt(1-beta2^t) + eps) */
+static void adam_range(cllm_optimizer *o, float *p, const float *g, size_t b, size_t e, float lr, float wd,
+                       bool decoupled) {
+    const float b1 = o->p.beta1, b2 = o->p.beta2, eps = o->p.eps;
+    /* scalars in double, rounded once to float, as torch computes them in
+     * Python before handing them to the fp32 kernels */
+    const double bc1 = 1.0 - pow((double)b1, (double)o->step), bc2 = 1.0 - pow((double)b2, (double)o->step);
+    const float step_size = (float)((double)lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    const float decay = (float)(1.0 - (double)lr * wd);
+    float *m = o->s0, *v = o->s1;
+#pragma omp parallel for schedule(static)
+    for (size_t i = b; i < e; i++) {
+        float gi = g[i];
+        if (wd != 0) {
+            if (decoupled)
+                p[i] *= decay;
+            else
+                gi += wd * p[i];
+        }
+        m[i] = b1 * m[i] + (1.0f - b1) * gi;
+        v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+        float denom = sqrtf(v[i]) / bc2_sqrt + eps;
+        p[i] -= step_size * (m[i] / denom);
+    }
+}
+
+/* Lion: c = beta1*m + (1-beta1)*g; p = p*(1 - lr*wd) - lr*sign(c);
+ * m = beta2*m + (1-beta2)*g. */
+static void lion_range(cllm_optimizer *o, float *p, const float *g, size_t b, size_t e, float lr, float wd) {
+    const float b1 = o->p.beta1, b2 = o->p.beta2;
+    const float decay = (float)(1.0 - (double)lr * wd);
+    float *m = o->s0;
+#pragma omp parallel for schedule(static)
+    for (size_t i = b; i < e; i++) {
+        float c = b1 * m[i] + (1.0f - b1) * g[i];
+        float s = (float)((c > 0) - (c < 0));
+        if (wd != 0) p[i] *= decay;
+        p[i] -= lr * s;
+        m[i] = b2 * m[i] + (1.0f - b2) * g[i];
+    }
+}
+
+void cllm_optim_step(cllm_optimizer *o, float *params, const float *grads, const cllm_param_range *ranges,
+                     int n_ranges, float lr) {
+    o->step++;
+    for (int r = 0; r < n_ranges; r++) {
+        size_t b = ranges[r].begin, e = ranges[r].end < o->n ? ranges[r].end : o->n;
+        float wd = ranges[r].decay ? o->p.weight_decay : 0.0f;
+        switch (o->p.type) {
+        case CLLM_OPT_SGD: sgd_range(o, params, grads, b, e, lr, wd); break;
+        case CLLM_OPT_ADAM: adam_range(o, params, grads, b, e, lr, wd, false); break;
+        case CLLM_OPT_ADAMW: adam_range(o, params, grads, b, e, lr, wd, true); break;
+        case CLLM_OPT_LION: lion_range(o, params, grads, b, e, lr, wd); break;
+        default: break;
+        }
+    }
+}
+
+double cllm_grad_norm(const float *grads, size_t n) {
+    double s = 0;
+#pragma omp parallel for reduction(+ : s) schedule(static)
+    for (size_t i = 0; i < n; i++) s += (double)grads[i] * grads[i];
+    return sqrt(s);
+}
+
+double cllm_grad_clip(float *grads, size_t n, double max_norm) {
+    double norm = cllm_grad_norm(grads, n);
+    if (max_norm > 0) {
+        double coef = max_norm / (norm + 1e-6);
+        if (coef < 1.0) {
+            float c = (float)coef;
+#pragma omp parallel for schedule(static)
+            for (size_t i = 0; i < n; i++) grads[i] *= c;
+        }
+    }
+    return norm;
+}
