@@ -29,12 +29,15 @@ const char *cllm_opt_name(cllm_opt_type t);
 
 typedef struct {
     cllm_opt_type type;
-    float lr;
-    float beta1, beta2;   /* Adam/AdamW/Lion betas */
-    float eps;            /* Adam/AdamW */
-    float weight_decay;
-    float momentum;       /* SGD */
-    float dampening;      /* SGD */
+    /* Hyper-parameters are doubles, as Python floats are in torch.optim:
+     * derived coefficients (1 - beta1, bias corrections...) are computed in
+     * double and rounded once to fp32, which keeps results bit-close. */
+    double lr;
+    double beta1, beta2;  /* Adam/AdamW/Lion betas */
+    double eps;           /* Adam/AdamW */
+    double weight_decay;
+    double momentum;      /* SGD */
+    double dampening;     /* SGD */
     bool nesterov;        /* SGD */
 } cllm_optim_params;
 
@@ -56,7 +59,7 @@ void cllm_optim_free(cllm_optimizer *o);
  * value for this step; p->lr is only the default). Ranges not covered by
  * `ranges` are not updated. Increments the step count. */
 void cllm_optim_step(cllm_optimizer *o, float *params, const float *grads, const cllm_param_range *ranges,
-                     int n_ranges, float lr);
+                     int n_ranges, double lr);
 long cllm_optim_step_count(const cllm_optimizer *o);
 /* State buffers for checkpoints: state(o, 0) / state(o, 1) are the first and
  * second moment (or momentum) buffers, NULL where the optimizer has none. */

@@ -32,11 +32,11 @@ cllm_opt_type cllm_opt_from_name(const char *name) {
 const char *cllm_opt_name(cllm_opt_type t) { return t < CLLM_OPT_COUNT ? names[t] : "?"; }
 
 cllm_optim_params cllm_optim_defaults(cllm_opt_type t) {
-    cllm_optim_params p = {.type = t, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
-    if (t == CLLM_OPT_ADAMW) p.weight_decay = 1e-2f;
+    cllm_optim_params p = {.type = t, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+    if (t == CLLM_OPT_ADAMW) p.weight_decay = 1e-2;
     if (t == CLLM_OPT_LION) {
-        p.lr = 1e-4f;
-        p.beta2 = 0.99f;
+        p.lr = 1e-4;
+        p.beta2 = 0.99;
     }
     return p;
 }
@@ -74,8 +74,9 @@ float *cllm_optim_state(cllm_optimizer *o, int which) { return which == 0 ? o->s
 /* torch.optim.SGD: d_p = g + wd*p; buf = d_p (first step) or
  * momentum*buf + (1-dampening)*d_p; d_p = d_p + momentum*buf (nesterov) or
  * buf; p -= lr*d_p. */
-static void sgd_range(cllm_optimizer *o, float *p, const float *g, size_t b, size_t e, float lr, float wd) {
-    const float mom = o->p.momentum, damp = 1.0f - o->p.dampening;
+static void sgd_range(cllm_optimizer *o, float *p, const float *g, size_t b, size_t e, double lr_d, double wd_d) {
+    const float mom = (float)o->p.momentum, damp = (float)(1.0 - o->p.dampening);
+    const float lr = (float)lr_d, wd = (float)wd_d;
     const bool first = o->step == 1, nesterov = o->p.nesterov;
     float *buf = o->s0;
 #pragma omp parallel for schedule(static)
@@ -94,14 +95,16 @@ static void sgd_range(cllm_optimizer *o, float *p, const float *g, size_t b, siz
  *   AdamW: p *= 1 - lr*wd        Adam: g += wd*p
  *   m = beta1*m + (1-beta1)*g;  v = beta2*v + (1-beta2)*g*g
  *   p -= (lr / (1-beta1^t)) * m / (sqrt(v) / sqrt(1-beta2^t) + eps) */
-static void adam_range(cllm_optimizer *o, float *p, const float *g, size_t b, size_t e, float lr, float wd,
+static void adam_range(cllm_optimizer *o, float *p, const float *g, size_t b, size_t e, double lr, double wd_d,
                        bool decoupled) {
-    const float b1 = o->p.beta1, b2 = o->p.beta2, eps = o->p.eps;
     /* scalars in double, rounded once to float, as torch computes them in
      * Python before handing them to the fp32 kernels */
-    const double bc1 = 1.0 - pow((double)b1, (double)o->step), bc2 = 1.0 - pow((double)b2, (double)o->step);
-    const float step_size = (float)((double)lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-    const float decay = (float)(1.0 - (double)lr * wd);
+    const double b1d = o->p.beta1, b2d = o->p.beta2;
+    const float b1 = (float)b1d, b2 = (float)b2d, omb1 = (float)(1.0 - b1d), omb2 = (float)(1.0 - b2d);
+    const float eps = (float)o->p.eps, wd = (float)wd_d;
+    const double bc1 = 1.0 - pow(b1d, (double)o->step), bc2 = 1.0 - pow(b2d, (double)o->step);
+    const float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    const float decay = (float)(1.0 - lr * wd_d);
     float *m = o->s0, *v = o->s1;
 #pragma omp parallel for schedule(static)
     for (size_t i = b; i < e; i++) {
@@ -112,8 +115,8 @@ static void adam_range(cllm_optimizer *o, float *p, const float *g, size_t b, si
             else
                 gi += wd * p[i];
         }
-        m[i] = b1 * m[i] + (1.0f - b1) * gi;
-        v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = b1 * m[i] + omb1 * gi;
+        v[i] = b2 * v[i] + omb2 * (gi * gi);
         float denom = sqrtf(v[i]) / bc2_sqrt + eps;
         p[i] -= step_size * (m[i] / denom);
     }
@@ -121,26 +124,27 @@ static void adam_range(cllm_optimizer *o, float *p, const float *g, size_t b, si
 
 /* Lion: c = beta1*m + (1-beta1)*g; p = p*(1 - lr*wd) - lr*sign(c);
  * m = beta2*m + (1-beta2)*g. */
-static void lion_range(cllm_optimizer *o, float *p, const float *g, size_t b, size_t e, float lr, float wd) {
-    const float b1 = o->p.beta1, b2 = o->p.beta2;
-    const float decay = (float)(1.0 - (double)lr * wd);
+static void lion_range(cllm_optimizer *o, float *p, const float *g, size_t b, size_t e, double lr_d, double wd) {
+    const float b1 = (float)o->p.beta1, b2 = (float)o->p.beta2;
+    const float omb1 = (float)(1.0 - o->p.beta1), omb2 = (float)(1.0 - o->p.beta2);
+    const float decay = (float)(1.0 - lr_d * wd), lr = (float)lr_d;
     float *m = o->s0;
 #pragma omp parallel for schedule(static)
     for (size_t i = b; i < e; i++) {
-        float c = b1 * m[i] + (1.0f - b1) * g[i];
+        float c = b1 * m[i] + omb1 * g[i];
         float s = (float)((c > 0) - (c < 0));
         if (wd != 0) p[i] *= decay;
         p[i] -= lr * s;
-        m[i] = b2 * m[i] + (1.0f - b2) * g[i];
+        m[i] = b2 * m[i] + omb2 * g[i];
     }
 }
 
 void cllm_optim_step(cllm_optimizer *o, float *params, const float *grads, const cllm_param_range *ranges,
-                     int n_ranges, float lr) {
+                     int n_ranges, double lr) {
     o->step++;
     for (int r = 0; r < n_ranges; r++) {
         size_t b = ranges[r].begin, e = ranges[r].end < o->n ? ranges[r].end : o->n;
-        float wd = ranges[r].decay ? o->p.weight_decay : 0.0f;
+        double wd = ranges[r].decay ? o->p.weight_decay : 0.0;
         switch (o->p.type) {
         case CLLM_OPT_SGD: sgd_range(o, params, grads, b, e, lr, wd); break;
         case CLLM_OPT_ADAM: adam_range(o, params, grads, b, e, lr, wd, false); break;

@@ -143,8 +143,8 @@ int cmd_train(int argc, char **argv) {
         goto done;
     }
     cllm_optim_params op = cllm_optim_defaults(ot);
-    op.lr = (float)lr;
-    op.weight_decay = (float)wd;
+    op.lr = lr;
+    op.weight_decay = wd;
     int nt = cllm_model_n_tensors(m);
     ranges = calloc((size_t)nt, sizeof *ranges);
     idx = malloc((size_t)B * sizeof *idx);
@@ -187,7 +187,7 @@ int cmd_train(int argc, char **argv) {
             rc = 1;
             goto done;
         }
-        if (k) cllm_optim_step(opt, cllm_model_params(m), cllm_model_grads(m), ranges, nt, (float)lr);
+        if (k) cllm_optim_step(opt, cllm_model_params(m), cllm_model_grads(m), ranges, nt, lr);
         double dt = cllm_time_sec() - t0;
         double tps = (double)B * T / dt;
         if (text_appendf(&metrics,
