@@ -560,7 +560,9 @@ static void test_hostile(void) {
         cllm_st_file *g = NULL;
         cllm_status st = cllm_st_open(&g, p);
         if (st != CLLM_ERR_FORMAT) wrong++;
-        const char *want = cut < 8 ? "too short" : cut < full - 32 ? "exceeds the file size" : "exceed the file's data size";
+        const char *want = cut < 8            ? "too short"
+                           : cut < full - 32 ? "exceeds the file size"
+                                             : "exceed the file's data size";
         if (!strstr(cllm_last_error(), want)) {
             wrong++;
             fprintf(stderr, "cut %zu: %s\n", cut, cllm_last_error());
@@ -624,7 +626,8 @@ static void test_mutations(void) {
                 size_t pos = 8 + cllm_rng_below(&r, len - 8);
                 for (size_t tries = 0; tries < len && !(img[pos] >= '0' && img[pos] <= '9'); tries++)
                     pos = 8 + (pos + 1 - 8) % (len - 8);
-                if (img[pos] >= '0' && img[pos] <= '9') img[pos] = (unsigned char)('0' + cllm_rng_below(&r, 10));
+                if (img[pos] >= '0' && img[pos] <= '9')
+                    img[pos] = (unsigned char)('0' + cllm_rng_below(&r, 10));
             }
         } else if (kind == 2) { /* truncate */
             n = cllm_rng_below(&r, len);
@@ -691,7 +694,8 @@ static void test_json(void) {
     const char *s = NULL;
     CHECK(cllm_json_get_int(j, "n", &i, "c.json") == CLLM_OK && i == 12, "int");
     CHECK(cllm_json_get_int(j, "big", &i, "c.json") == CLLM_OK && i == 100000, "1e5 as int");
-    CHECK(cllm_json_get_int(j, "half", &i, "c.json") == CLLM_ERR_FORMAT && strstr(cllm_last_error(), "'half'"),
+    CHECK(cllm_json_get_int(j, "half", &i, "c.json") == CLLM_ERR_FORMAT &&
+              strstr(cllm_last_error(), "'half'"),
           "0.5 as int: %s", cllm_last_error());
     CHECK(cllm_json_get_int(j, "s", &i, "c.json") == CLLM_ERR_FORMAT && strstr(cllm_last_error(), "'s'") &&
               strstr(cllm_last_error(), "c.json") && strstr(cllm_last_error(), "a string"),
@@ -714,7 +718,8 @@ static void test_json(void) {
     CHECK(cllm_json_get_bool_opt(j, "n", &b, "c.json") == CLLM_ERR_FORMAT && strstr(cllm_last_error(), "'n'"),
           "int as bool");
     CHECK(cllm_json_get_str(j, "s", &s, "c.json") == CLLM_OK && strcmp(s, "txt") == 0, "str");
-    CHECK(cllm_json_get_str(j, "arr", &s, "c.json") == CLLM_ERR_FORMAT && strstr(cllm_last_error(), "an array"),
+    CHECK(cllm_json_get_str(j, "arr", &s, "c.json") == CLLM_ERR_FORMAT &&
+              strstr(cllm_last_error(), "an array"),
           "array as str: %s", cllm_last_error());
     CHECK(cllm_json_get_str(j, "nul", &s, "c.json") == CLLM_ERR_FORMAT, "null as str");
     s = "keep";
