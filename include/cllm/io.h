@@ -4,9 +4,10 @@
  * errors, and atomic file writes.
  *
  * Reading never trusts the file: the header length is capped, every offset,
- * dtype and shape is checked against the file size, overlapping or
- * out-of-order data ranges are rejected, and a truncated or hostile file is a
- * CLLM_ERR_FORMAT naming the file and the tensor, never a crash.
+ * dtype and shape is checked against the file size, overlapping data ranges
+ * are rejected (ranges may come in any order and leave gaps), and a truncated
+ * or hostile file is a CLLM_ERR_FORMAT naming the file and the tensor, never
+ * a crash.
  * The on-disk layout is documented in docs/formats/safetensors.md.
  */
 #ifndef CLLM_IO_H
@@ -52,7 +53,11 @@ const char *cllm_st_metadata(const cllm_st_file *f, const char *key);
 /* ---------------------------------------- a model folder (1..n files) */
 /* A folder holding either model.safetensors or model.safetensors.index.json
  * with its shards (every shard named by the index must exist and hold the
- * tensors the index says; a tensor listed twice is an error). */
+ * tensors the index says; a tensor listed twice is an error). The index wins
+ * when both exist. Shard names must be plain file names inside the folder.
+ * cllm_st_set_at() order: weight_map order for an index, else header order.
+ * A folder holding neither file is CLLM_ERR_IO; an inconsistent index
+ * (missing shard or tensor) is CLLM_ERR_FORMAT. */
 typedef struct cllm_st_set cllm_st_set;
 cllm_status cllm_st_set_open(cllm_st_set **out, const char *dir);
 void cllm_st_set_close(cllm_st_set *s);
@@ -61,8 +66,9 @@ const cllm_st_tensor *cllm_st_set_at(const cllm_st_set *s, int i);
 const cllm_st_tensor *cllm_st_set_find(const cllm_st_set *s, const char *name);
 
 /* Converts a tensor (F32, F16 or BF16) to fp32 into dst[numel]. Fails with a
- * message naming the tensor if the dtype is not a float type or n differs
- * from numel. */
+ * message naming the tensor: CLLM_ERR_UNSUPPORTED if the dtype is not a float
+ * type, CLLM_ERR_ARG if n differs from numel. Large tensors convert with
+ * OpenMP threads. */
 cllm_status cllm_st_read_f32(const cllm_st_tensor *t, float *dst, int64_t n);
 
 /* ------------------------------------------------------------ writing */

@@ -1,0 +1,49 @@
+/*
+ * Private helpers shared by the io sources: a buffered atomic file writer
+ * (temp file in the target's folder, fsync, rename, fsync of the folder),
+ * errno text, and the safetensors dtype spellings.
+ * Not part of the public API; nothing outside src/io includes this.
+ */
+#ifndef CLLM_IO_IMPL_H
+#define CLLM_IO_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "cllm/core.h"
+
+/* An open temporary file that becomes `path` on commit. Small writes are
+ * gathered in `buf`; writes of at least the buffer size go straight to the
+ * file so large tensors are never copied. */
+typedef struct {
+    int fd;
+    char *path; /* final name (owned copy) */
+    char *tmp;  /* "<path>.tmp.<pid>" */
+    unsigned char *buf;
+    size_t len, cap;
+} cllm_io_atomic;
+
+/* Creates the temp file. On failure nothing is left behind. */
+cllm_status cllm_io_atomic_begin(cllm_io_atomic *a, const char *path);
+cllm_status cllm_io_atomic_write(cllm_io_atomic *a, const void *data, size_t n);
+/* Flushes, fsyncs, renames over the final name and fsyncs the folder. The
+ * writer is released whether or not this succeeds (on failure the temp file
+ * is removed). */
+cllm_status cllm_io_atomic_commit(cllm_io_atomic *a);
+/* Drops the temp file and releases the writer; safe after a failed write. */
+void cllm_io_atomic_abort(cllm_io_atomic *a);
+
+/* fsync()s the folder holding `path` so a rename or unlink in it is durable. */
+cllm_status cllm_io_fsync_parent(const char *path);
+
+/* Thread-safe strerror into buf. Returns buf. */
+const char *cllm_io_errstr(int err, char *buf, size_t cap);
+
+/* "F32" -> CLLM_F32 etc. (exact, case-sensitive spelling). */
+bool cllm_io_dtype_parse(const char *s, cllm_dtype *out);
+
+/* Joins dir + "/" + name into a malloc'd string (NULL on overflow/ENOMEM,
+ * with an error recorded). */
+char *cllm_io_join(const char *dir, const char *name);
+
+#endif

@@ -1,0 +1,1 @@
+cllm_add_c_test(test_io LABELS io)
