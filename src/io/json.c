@@ -10,6 +10,7 @@
 #include "cllm/io.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -150,11 +151,33 @@ cllm_status cllm_json_get_str_opt(const json_t *obj, const char *key, const char
     return get_str(obj, key, out, path, false, __func__);
 }
 
+/* True if every real in j prints exactly with 15 significant digits, so the
+ * file can show 1e-06 instead of 9.9999999999999995e-07 without changing a
+ * value; otherwise the writer keeps 17 digits. */
+static bool reals_fit_15(const json_t *j) {
+    if (json_is_real(j)) {
+        char buf[64];
+        double v = json_real_value(j);
+        snprintf(buf, sizeof buf, "%.15g", v);
+        return strtod(buf, NULL) == v;
+    }
+    if (json_is_object(j)) {
+        const char *k;
+        const json_t *v;
+        json_object_foreach((json_t *)j, k, v) if (!reals_fit_15(v)) return false;
+    }
+    if (json_is_array(j))
+        for (size_t i = 0; i < json_array_size(j); i++)
+            if (!reals_fit_15(json_array_get(j, i))) return false;
+    return true;
+}
+
 cllm_status cllm_json_save_file(const json_t *j, const char *path) {
     if (!j || !path) return CLLM_FAIL(CLLM_ERR_ARG, "NULL argument");
     /* JSON_PRESERVE_ORDER is the default since jansson 2.8 but costs nothing
      * to state; older versions would otherwise write keys in hash order. */
-    char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    size_t prec = reals_fit_15(j) ? 15 : 17;
+    char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(prec));
     if (!text) return CLLM_FAIL(CLLM_ERR_NOMEM, "cannot serialise JSON for '%s'", path);
     size_t n = strlen(text);
     cllm_status st;
