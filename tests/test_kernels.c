@@ -257,7 +257,7 @@ static void *load(const char *cs, const char *key, size_t n) {
     return p;
 }
 
-#define MAXT 12
+#define MAXT 24
 /* The tensors of one case, freed together. */
 typedef struct {
     void *p[MAXT];
@@ -265,7 +265,11 @@ typedef struct {
 } tensors;
 
 static void *take(tensors *ts, void *p) {
-    if (ts->n < MAXT) ts->p[ts->n++] = p;
+    if (ts->n == MAXT) {
+        fprintf(stderr, "test_kernels: more than %d tensors in one case\n", MAXT);
+        exit(2);
+    }
+    ts->p[ts->n++] = p;
     return p;
 }
 static float *ld(tensors *ts, const char *cs, const char *key, size_t n) {
