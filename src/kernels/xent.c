@@ -3,7 +3,9 @@
  * buffer becomes the gradient, so the [N,V] probability tensor (the largest
  * activation of a small model) never exists.
  *
- * Per row: max, then sum of exp(x - max) in double; the loss is
+ * Per row: max, then sum of exp(x - max) (exp from exp_impl.h, summed in
+ * fp32 within blocks of 512 and in double across blocks, so the pass
+ * vectorises and the sum stays accurate for a 50k vocabulary); the loss is
  * max + log(sum) - x[target]. In the fused variant exp(x - max) is written
  * over the logits on the way and rescaled in a last pass. Rows are
  * independent and parallel; the counted-row total is an integer reduction.
@@ -12,6 +14,7 @@
  * caller checks targets against V once, at the data boundary).
  */
 #include "cllm/kernels.h"
+#include "exp_impl.h"
 
 #include <math.h>
 #include <string.h>
@@ -23,6 +26,38 @@ static float row_max(const float *x, int V) {
 #pragma omp simd reduction(max : m)
     for (int v = 0; v < V; v++) m = x[v] > m ? x[v] : m;
     return m;
+}
+
+enum { SUM_BLOCK = 512 };
+
+/* Returns sum_v exp(x[v] - m) and replaces x[v] by exp(x[v] - m). */
+static double sum_exp_store(float *x, int V, float m) {
+    double s = 0.0;
+    for (int v0 = 0; v0 < V; v0 += SUM_BLOCK) {
+        int v1 = V - v0 < SUM_BLOCK ? V : v0 + SUM_BLOCK;
+        float bs = 0.0f;
+#pragma omp simd reduction(+ : bs)
+        for (int v = v0; v < v1; v++) {
+            float e = exp_simd(x[v] - m);
+            x[v] = e;
+            bs += e;
+        }
+        s += bs;
+    }
+    return s;
+}
+
+/* Returns sum_v exp(x[v] - m); x is not modified. */
+static double sum_exp(const float *x, int V, float m) {
+    double s = 0.0;
+    for (int v0 = 0; v0 < V; v0 += SUM_BLOCK) {
+        int v1 = V - v0 < SUM_BLOCK ? V : v0 + SUM_BLOCK;
+        float bs = 0.0f;
+#pragma omp simd reduction(+ : bs)
+        for (int v = v0; v < v1; v++) bs += exp_simd(x[v] - m);
+        s += bs;
+    }
+    return s;
 }
 
 /* losses[N]: logsumexp(logits[n]) - logits[n, target[n]], 0 for ignored rows.
@@ -42,12 +77,7 @@ long cllm_xent_forward_backward(float *losses, float *logits, const int32_t *tar
         }
         counted++;
         float m = row_max(x, V), xt = x[tgt];
-        double s = 0.0;
-        for (int v = 0; v < V; v++) {
-            float e = expf(x[v] - m);
-            x[v] = e;
-            s += e;
-        }
+        double s = sum_exp_store(x, V, m);
         losses[n] = (float)((double)m + log(s) - (double)xt);
         float scale = (float)((double)dscale / s);
 #pragma omp simd
@@ -70,8 +100,7 @@ long cllm_xent_forward(float *losses, const float *logits, const int32_t *target
         }
         counted++;
         float m = row_max(x, V);
-        double s = 0.0;
-        for (int v = 0; v < V; v++) s += expf(x[v] - m);
+        double s = sum_exp(x, V, m);
         losses[n] = (float)((double)m + log(s) - (double)x[tgt]);
     }
     return counted;

@@ -194,9 +194,10 @@ def gen_rope():
 
 
 def gen_pointwise():
-    for i, N in enumerate([7, 1001, 4096 + 3]):
+    # the large-scale case reaches the clamps of the kernels' exp
+    for i, (N, scale) in enumerate([(7, 3.0), (1001, 3.0), (4096 + 3, 3.0), (257, 40.0)]):
         name = f"gelu{i}"
-        inp = f32(N, scale=3.0)
+        inp = f32(N, scale=scale)
         x = leaf(inp)
         out = F.gelu(x, approximate="tanh")
         dout = f32(N)
@@ -206,7 +207,7 @@ def gen_pointwise():
             save(name, k, v)
 
         name = f"swiglu{i}"
-        gate, up = f32(N, scale=3.0), f32(N)
+        gate, up = f32(N, scale=scale), f32(N)
         g, u = leaf(gate), leaf(up)
         out = F.silu(g) * u
         dout = f32(N)
@@ -224,7 +225,8 @@ def gen_pointwise():
 
 
 def gen_xent():
-    for i, (N, V, scale) in enumerate([(7, 101, 3.0), (40, 1000, 5.0), (3, 2, 1.0)]):
+    for i, (N, V, scale) in enumerate([(7, 101, 3.0), (40, 1000, 5.0), (3, 2, 1.0),
+                                                 (4, 50257, 4.0), (5, 300, 60.0)]):
         name = f"xent{i}"
         logits = f32(N, V, scale=scale)
         tgt = torch.randint(0, V, (N,), dtype=torch.int64)
