@@ -1,0 +1,262 @@
+/*
+ * fp32 GEMM on oneDNN: C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C.
+ *
+ * Transposes are expressed as memory-descriptor strides, so no operand is
+ * ever copied: A stored [M,K] has strides {K,1}, A stored [K,M] read as
+ * [M,K] has strides {1,M}; likewise for B. alpha is a common output scale
+ * and beta=1 is a sum post-op (dst = alpha*A@B + 1*dst), both fixed when the
+ * primitive is created, so they are part of the cache key.
+ *
+ * Creating a oneDNN primitive costs far more than running a small GEMM, so
+ * each (M,N,K,trans_a,trans_b,alpha,beta) gets one primitive, built on first
+ * use and kept in a fixed table together with its three memory objects.
+ * When the table is full the least recently used entry is replaced. One
+ * mutex guards the table, the lazily created engine and stream, and the
+ * execution itself (the memory objects of an entry are re-pointed at the
+ * caller's buffers on every call). Serialising calls costs nothing in
+ * practice: oneDNN already spreads each GEMM over all OpenMP threads.
+ *
+ * Left out: beta other than 0 or 1 (unused by the models), batched GEMM,
+ * other data types, and cllm_linear_* bias fusion into the primitive (the
+ * bias add is a cheap separate pass and keeps the cache key small).
+ */
+#include "cllm/kernels.h"
+
+#include <dnnl.h>
+#include <dnnl_debug.h>
+#include <pthread.h>
+#include <string.h>
+
+#define CACHE_SLOTS 64
+
+typedef struct {
+    int M, N, K;
+    bool trans_a, trans_b;
+    uint32_t alpha_bits; /* alpha compared bitwise: exact key */
+    bool beta_one;
+    unsigned long last_use; /* 0 = empty slot */
+    dnnl_primitive_t prim;
+    dnnl_memory_t mem_a, mem_b, mem_c;
+} gemm_entry;
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static dnnl_engine_t g_engine;
+static dnnl_stream_t g_stream;
+static gemm_entry g_cache[CACHE_SLOTS];
+static unsigned long g_clock;
+
+static cllm_status dnnl_check(dnnl_status_t s, const char *what) {
+    if (s == dnnl_success) return CLLM_OK;
+    return cllm_fail(CLLM_ERR_INTERNAL, "cllm_matmul", "oneDNN %s failed: %s", what,
+                     dnnl_status2str(s));
+}
+
+static void entry_free(gemm_entry *e) {
+    if (e->prim) dnnl_primitive_destroy(e->prim);
+    if (e->mem_a) dnnl_memory_destroy(e->mem_a);
+    if (e->mem_b) dnnl_memory_destroy(e->mem_b);
+    if (e->mem_c) dnnl_memory_destroy(e->mem_c);
+    memset(e, 0, sizeof *e);
+}
+
+/* 2-D fp32 memory descriptor of logical shape [rows, cols]; stored
+ * transposed (as [cols, rows] row-major) when `transposed`. */
+static dnnl_status_t md_2d(dnnl_memory_desc_t *md, int rows, int cols, bool transposed) {
+    dnnl_dims_t dims = {rows, cols};
+    dnnl_dims_t strides;
+    strides[0] = transposed ? 1 : cols;
+    strides[1] = transposed ? rows : 1;
+    return dnnl_memory_desc_init_by_strides(md, 2, dims, dnnl_f32, strides);
+}
+
+/* Builds the primitive and memory objects of `e` (key fields already set).
+ * On failure e is left empty. Called with g_lock held. */
+static cllm_status entry_build(gemm_entry *e, float alpha) {
+    dnnl_memory_desc_t md_a, md_b, md_c;
+    dnnl_matmul_desc_t desc;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t post = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    cllm_status st;
+
+    st = dnnl_check(md_2d(&md_a, e->M, e->K, e->trans_a), "memory_desc (A)");
+    if (!st) st = dnnl_check(md_2d(&md_b, e->K, e->N, e->trans_b), "memory_desc (B)");
+    if (!st) st = dnnl_check(md_2d(&md_c, e->M, e->N, false), "memory_desc (C)");
+    if (!st) st = dnnl_check(dnnl_matmul_desc_init(&desc, &md_a, &md_b, NULL, &md_c), "matmul_desc");
+    if (!st) st = dnnl_check(dnnl_primitive_attr_create(&attr), "attr_create");
+    if (st) goto undo_attr;
+    if (alpha != 1.0f) {
+        st = dnnl_check(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha), "output scales");
+        if (st) goto undo_attr;
+    }
+    if (e->beta_one) {
+        st = dnnl_check(dnnl_post_ops_create(&post), "post_ops_create");
+        if (!st) st = dnnl_check(dnnl_post_ops_append_sum(post, 1.0f), "sum post-op");
+        if (!st) st = dnnl_check(dnnl_primitive_attr_set_post_ops(attr, post), "set post-ops");
+        if (st) goto undo_post;
+    }
+    st = dnnl_check(dnnl_primitive_desc_create(&pd, &desc, attr, g_engine, NULL),
+                    "primitive_desc_create");
+    if (!st) st = dnnl_check(dnnl_primitive_create(&e->prim, pd), "primitive_create");
+    if (!st) st = dnnl_check(dnnl_memory_create(&e->mem_a, &md_a, g_engine, DNNL_MEMORY_NONE), "memory (A)");
+    if (!st) st = dnnl_check(dnnl_memory_create(&e->mem_b, &md_b, g_engine, DNNL_MEMORY_NONE), "memory (B)");
+    if (!st) st = dnnl_check(dnnl_memory_create(&e->mem_c, &md_c, g_engine, DNNL_MEMORY_NONE), "memory (C)");
+    if (pd) dnnl_primitive_desc_destroy(pd);
+undo_post:
+    if (post) dnnl_post_ops_destroy(post);
+undo_attr:
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (st) {
+        cllm_fail_context(st, "GEMM M=%d N=%d K=%d", e->M, e->N, e->K);
+        entry_free(e);
+    }
+    return st;
+}
+
+/* Returns the cached entry for the key, building it (and evicting the least
+ * recently used slot if the table is full) when missing. g_lock held. */
+static cllm_status cache_get(gemm_entry **out, int M, int N, int K, bool trans_a, bool trans_b,
+                             float alpha, bool beta_one) {
+    uint32_t alpha_bits;
+    memcpy(&alpha_bits, &alpha, sizeof alpha_bits);
+    gemm_entry *victim = &g_cache[0];
+    for (int i = 0; i < CACHE_SLOTS; i++) {
+        gemm_entry *e = &g_cache[i];
+        if (e->last_use && e->M == M && e->N == N && e->K == K && e->trans_a == trans_a &&
+            e->trans_b == trans_b && e->alpha_bits == alpha_bits && e->beta_one == beta_one) {
+            e->last_use = ++g_clock;
+            *out = e;
+            return CLLM_OK;
+        }
+        if (e->last_use < victim->last_use) victim = e;
+    }
+    entry_free(victim);
+    victim->M = M;
+    victim->N = N;
+    victim->K = K;
+    victim->trans_a = trans_a;
+    victim->trans_b = trans_b;
+    victim->alpha_bits = alpha_bits;
+    victim->beta_one = beta_one;
+    cllm_status st = entry_build(victim, alpha);
+    if (st) return st;
+    victim->last_use = ++g_clock;
+    *out = victim;
+    return CLLM_OK;
+}
+
+/* Engine and stream on first use; g_lock held. */
+static cllm_status engine_init(void) {
+    if (g_stream) return CLLM_OK;
+    cllm_status st = dnnl_check(dnnl_engine_create(&g_engine, dnnl_cpu, 0), "engine_create");
+    if (!st) st = dnnl_check(dnnl_stream_create(&g_stream, g_engine, dnnl_stream_default_flags),
+                             "stream_create");
+    if (st && g_engine) {
+        dnnl_engine_destroy(g_engine);
+        g_engine = NULL;
+    }
+    return st;
+}
+
+/* Shapes: C[M,N]; A[M,K] or [K,M] (trans_a); B[K,N] or [N,K] (trans_b).
+ * Returns CLLM_ERR_ARG for negative sizes, NULL operands or beta not in
+ * {0,1}; CLLM_ERR_INTERNAL if oneDNN fails. Thread-safe (calls serialise). */
+cllm_status cllm_matmul(float *C, const float *A, const float *B, int M, int N, int K, bool trans_a,
+                        bool trans_b, float alpha, float beta) {
+    if (M < 0 || N < 0 || K < 0)
+        return CLLM_FAIL(CLLM_ERR_ARG, "negative size M=%d N=%d K=%d", M, N, K);
+    if (beta != 0.0f && beta != 1.0f)
+        return CLLM_FAIL(CLLM_ERR_ARG, "beta must be 0 or 1, got %g", (double)beta);
+    if (M == 0 || N == 0) return CLLM_OK;
+    if (!C || (K > 0 && (!A || !B))) return CLLM_FAIL(CLLM_ERR_ARG, "NULL operand");
+    if (K == 0) { /* empty sum: C = beta * C */
+        if (beta == 0.0f) memset(C, 0, (size_t)M * (size_t)N * sizeof *C);
+        return CLLM_OK;
+    }
+
+    pthread_mutex_lock(&g_lock);
+    gemm_entry *e = NULL;
+    cllm_status st = engine_init();
+    if (!st) st = cache_get(&e, M, N, K, trans_a, trans_b, alpha, beta == 1.0f);
+    if (!st) {
+        /* oneDNN takes non-const handles; it only reads A and B. */
+        st = dnnl_check(dnnl_memory_set_data_handle(e->mem_a, (void *)(uintptr_t)A), "set handle (A)");
+        if (!st) st = dnnl_check(dnnl_memory_set_data_handle(e->mem_b, (void *)(uintptr_t)B), "set handle (B)");
+        if (!st) st = dnnl_check(dnnl_memory_set_data_handle(e->mem_c, C), "set handle (C)");
+    }
+    if (!st) {
+        dnnl_exec_arg_t args[3] = {
+            {DNNL_ARG_SRC, e->mem_a}, {DNNL_ARG_WEIGHTS, e->mem_b}, {DNNL_ARG_DST, e->mem_c}};
+        st = dnnl_check(dnnl_primitive_execute(e->prim, g_stream, 3, args), "execute");
+        if (!st) st = dnnl_check(dnnl_stream_wait(g_stream), "stream_wait");
+    }
+    pthread_mutex_unlock(&g_lock);
+    return st;
+}
+
+/* Frees every cached primitive, the stream and the engine. Safe to call at
+ * any time (the next cllm_matmul rebuilds what it needs) and more than once. */
+void cllm_matmul_cleanup(void) {
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < CACHE_SLOTS; i++) entry_free(&g_cache[i]);
+    if (g_stream) dnnl_stream_destroy(g_stream);
+    if (g_engine) dnnl_engine_destroy(g_engine);
+    g_stream = NULL;
+    g_engine = NULL;
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* ---------------------------------------------------------------- linear
+ * w_in_out=false: W[OUT,IN], out[N,OUT] = inp[N,IN] @ W^T + b
+ * w_in_out=true:  W[IN,OUT], out[N,OUT] = inp[N,IN] @ W   + b
+ * The transpose is a flag to cllm_matmul, so both layouts cost the same. */
+cllm_status cllm_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
+                                int N, int IN, int OUT, bool w_in_out) {
+    cllm_status st = cllm_matmul(out, inp, weight, N, OUT, IN, false, !w_in_out, 1.0f, 0.0f);
+    if (st || !bias) return st;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *o = out + (size_t)n * OUT;
+#pragma omp simd
+        for (int j = 0; j < OUT; j++) o[j] += bias[j];
+    }
+    return CLLM_OK;
+}
+
+/* dbias[OUT] += sum_n dout[n,:]. Parallel over column blocks, serial over
+ * rows, so the summation order (and the result) does not depend on the
+ * thread count; partial sums in double. */
+static void bias_backward(float *dbias, const float *dout, int N, int OUT) {
+    enum { BLK = 64 };
+    int nblk = (OUT + BLK - 1) / BLK;
+#pragma omp parallel for schedule(static)
+    for (int blk = 0; blk < nblk; blk++) {
+        int j0 = blk * BLK, nj = OUT - j0 < BLK ? OUT - j0 : BLK;
+        double acc[BLK] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * OUT + j0;
+#pragma omp simd
+            for (int j = 0; j < nj; j++) acc[j] += d[j];
+        }
+        for (int j = 0; j < nj; j++) dbias[j0 + j] += (float)acc[j];
+    }
+}
+
+/* dinp[N,IN]   += dout[N,OUT] @ W          (W as [OUT,IN])
+ * dweight      += dout^T @ inp  -> [OUT,IN] (w_in_out=false)
+ *              += inp^T @ dout  -> [IN,OUT] (w_in_out=true)
+ * dbias[OUT]   += column sums of dout. */
+cllm_status cllm_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                 const float *inp, const float *weight, int N, int IN, int OUT,
+                                 bool w_in_out) {
+    cllm_status st = CLLM_OK;
+    if (dinp) st = cllm_matmul(dinp, dout, weight, N, IN, OUT, false, w_in_out, 1.0f, 1.0f);
+    if (!st && dweight) {
+        if (w_in_out)
+            st = cllm_matmul(dweight, inp, dout, IN, OUT, N, true, false, 1.0f, 1.0f);
+        else
+            st = cllm_matmul(dweight, dout, inp, OUT, IN, N, true, false, 1.0f, 1.0f);
+    }
+    if (!st && dbias) bias_backward(dbias, dout, N, OUT);
+    return st;
+}
