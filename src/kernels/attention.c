@@ -24,6 +24,14 @@
  * row has exactly one writer. A task's arithmetic does not depend on which
  * thread runs it, so results are identical for any thread count.
  *
+ * Tiles: a query-block task transposes its queries once into Qt [HS,BQ] and
+ * computes scores transposed, St[j,i] = k_j . q_i, one key row at a time
+ * (y[0:BQ] += k_j[d] * Qt[d,0:BQ]); the softmax then runs down columns,
+ * i.e. vectorised across the BQ queries. The dk/dv task does the mirror
+ * image with its key block transposed once into Kt [HS,BK]. Every product
+ * is a sequence of contiguous multiply-adds (rows_axpy), because -O2
+ * without -ffast-math vectorises no float reduction.
+ *
  * Left out: non-causal and padding masks, dropout, sliding windows, KV
  * caches for incremental decoding (queries and keys always cover the same T
  * positions), and half-precision inputs.
@@ -31,14 +39,15 @@
 #include <assert.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "cllm/kernels.h"
 
 /* Tile sizes: a query block of BQ rows meets a key block of BK columns.
  * 32 x 32 keeps the wasted upper half of the diagonal tiles small at T=256
- * and leaves every scratch tile (at most BK x CLLM_ATTN_MAX_HS floats, 32 KB)
- * resident in L1/L2. */
+ * and every scratch tile (at most 32 x CLLM_ATTN_MAX_HS floats, 32 KB) in
+ * L1/L2. */
 enum { BQ = 32, BK = 32, HSMAX = CLLM_ATTN_MAX_HS };
 
 /* Fused multiply-add where the hardware has it (one rounding, twice the
@@ -53,9 +62,40 @@ static inline ptrdiff_t row_off(int b, int T, int t, int rs, int h, int hs) {
     return ((ptrdiff_t)b * T + t) * rs + (ptrdiff_t)h * hs;
 }
 
+/* exp(x) in straight-line float arithmetic so a loop of it vectorises
+ * (glibc's expf is an opaque call). x = n ln2 + r with |r| <= ln2/2 (ln2 in
+ * two parts, Cody-Waite), e^r by its degree-7 Taylor polynomial (truncation
+ * 7e-9 relative), times 2^n built in the exponent bits. Measured over every
+ * float in [-87, 3]: at most 0.94 ulp from exp. Returns 0 below -87 (where
+ * exp < 2^-125: a softmax term that small is zero next to the row max's 1),
+ * 0 for -inf, NaN for NaN. Inputs above 88 are clamped (never happens here:
+ * arguments are scores minus their row max or lse, so <= 0 up to rounding). */
+static inline float exp_tile(float x) {
+    const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float xc = x > -88.0f ? x : -88.0f;
+    xc = xc < 88.0f ? xc : 88.0f;
+    const float kf = MADD(xc, log2e, shifter) - shifter;
+    float r = MADD(kf, -ln2_hi, xc);
+    r = MADD(kf, -ln2_lo, r);
+    float p = 1.0f / 5040;
+    p = MADD(p, r, 1.0f / 720);
+    p = MADD(p, r, 1.0f / 120);
+    p = MADD(p, r, 1.0f / 24);
+    p = MADD(p, r, 1.0f / 6);
+    p = MADD(p, r, 0.5f);
+    p = MADD(p, r, 1.0f);
+    p = MADD(p, r, 1.0f);
+    const uint32_t bits = (uint32_t)((int32_t)kf + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    const float y = p * two_n;
+    return x >= -87.0f ? y : (x < -87.0f ? 0.0f : x);
+}
+
 /* y[0:n] += sum_{k<m} w[k*ws] * x[k*xs + 0:n].
  * The one inner product of this file: every matrix product below is a series
- * of these, with y a contiguous row so the d-loop vectorises; four terms are
+ * of these, with y a contiguous row so the n-loop vectorises; four terms are
  * folded per pass so y is loaded and stored once per four FMAs. */
 static inline void rows_axpy(float *restrict y, int n, const float *restrict w, ptrdiff_t ws,
                              const float *restrict x, ptrdiff_t xs, int m) {
@@ -68,7 +108,8 @@ static inline void rows_axpy(float *restrict y, int n, const float *restrict w, 
         const float *restrict x2 = x1 + xs;
         const float *restrict x3 = x2 + xs;
 #pragma omp simd
-        for (int d = 0; d < n; d++) y[d] = MADD(w3, x3[d], MADD(w2, x2[d], MADD(w1, x1[d], MADD(w0, x0[d], y[d]))));
+        for (int d = 0; d < n; d++)
+            y[d] = MADD(w3, x3[d], MADD(w2, x2[d], MADD(w1, x1[d], MADD(w0, x0[d], y[d]))));
     }
     for (; k < m; k++) {
         const float wk = w[k * ws];
@@ -78,48 +119,33 @@ static inline void rows_axpy(float *restrict y, int n, const float *restrict w, 
     }
 }
 
-/* dst[i*HS + d] = row i of a view, i < n: a contiguous [n,HS] tile. */
-static void load_rows(float *restrict dst, cllm_cview x, int b, int T, int t0, int n, int h, int HS) {
-    for (int i = 0; i < n; i++)
-        memcpy(dst + (size_t)i * HS, x.p + row_off(b, T, t0 + i, x.rs, h, x.hs),
-               (size_t)HS * sizeof(float));
-}
-
-/* dst[d*BK + j] = element d of row s0+j, j < n; columns n..BK-1 zeroed.
- * The transposed [HS,BK] tile makes q.k_s for all s one rows_axpy. */
-static void load_cols(float *restrict dst, cllm_cview x, int b, int T, int s0, int n, int h, int HS) {
+/* dst[d*W + j] = element d of row t0+j of head h, j < n; columns n..W-1
+ * zeroed. W is BQ or BK. */
+static void load_transposed(float *restrict dst, int W, cllm_cview x, int b, int T, int t0, int n,
+                            int h, int HS) {
     for (int j = 0; j < n; j++) {
-        const float *src = x.p + row_off(b, T, s0 + j, x.rs, h, x.hs);
-        for (int d = 0; d < HS; d++) dst[d * BK + j] = src[d];
+        const float *src = x.p + row_off(b, T, t0 + j, x.rs, h, x.hs);
+        for (int d = 0; d < HS; d++) dst[d * W + j] = src[d];
     }
-    if (n < BK)
-        for (int d = 0; d < HS; d++) memset(dst + d * BK + n, 0, (size_t)(BK - n) * sizeof(float));
+    if (n < W)
+        for (int d = 0; d < HS; d++) memset(dst + d * W + n, 0, (size_t)(W - n) * sizeof(float));
 }
 
-/* S[i,0:BK] = A[i,:] @ Bt for i < n: A [n,HS] contiguous, Bt [HS,BK]. */
-static void tile_scores(float *restrict S, const float *restrict A, const float *restrict Bt, int n,
-                        int HS) {
-    for (int i = 0; i < n; i++) {
-        float *restrict srow = S + i * BK;
-        memset(srow, 0, BK * sizeof(float));
-        rows_axpy(srow, BK, A + (size_t)i * HS, 1, Bt, BK, HS);
+/* St[j,0:BQ] = x_{s0+j} . Qt[:,0:BQ] for j < nk: rows of a view (keys or
+ * values of head g) against a transposed query-side tile. */
+static void scores_t(float *restrict St, cllm_cview x, int b, int T, int s0, int nk, int g,
+                     const float *restrict Qt, int HS) {
+    for (int j = 0; j < nk; j++) {
+        float *restrict y = St + j * BQ;
+        memset(y, 0, BQ * sizeof(float));
+        rows_axpy(y, BQ, x.p + row_off(b, T, s0 + j, x.rs, g, x.hs), 1, Qt, BQ, HS);
     }
 }
 
-/* Probabilities of one tile from the saved lse: P[i,j] = exp(S - lse) for
- * key s0+j <= query t0+i and j < nk, 0 elsewhere. S holds raw q.k on entry. */
-static void tile_probs(float *restrict S, const float *restrict lse_rows, int t0, int nq, int s0,
-                       int nk, float scale, float slope) {
-    for (int i = 0; i < nq; i++) {
-        float *restrict srow = S + i * BK;
-        const int t = t0 + i;
-        int jmax = t - s0 + 1;
-        if (jmax > nk) jmax = nk;
-        if (jmax < 0) jmax = 0;
-        const float l = lse_rows[i];
-        for (int j = 0; j < jmax; j++) srow[j] = expf(MADD(scale, srow[j], slope * (float)(s0 + j - t)) - l);
-        for (int j = jmax; j < BK; j++) srow[j] = 0.0f;
-    }
+/* How many keys of a block starting at s0 (nk of them) query t may see. */
+static inline int keys_visible(int t, int s0, int nk) {
+    const int n = t - s0 + 1;
+    return n < 0 ? 0 : n > nk ? nk : n;
 }
 
 void cllm_attention_forward(cllm_view out, float *lse, cllm_cview q, cllm_cview k, cllm_cview v,
@@ -140,50 +166,60 @@ void cllm_attention_forward(cllm_view out, float *lse, cllm_cview q, cllm_cview 
         const int nq = T - t0 < BQ ? T - t0 : BQ;
         const float slope = alibi ? alibi[h] : 0.0f;
 
-        float Qs[BQ * HSMAX];  /* [nq,HS] queries */
-        float Kt[HSMAX * BK];  /* [HS,BK] keys, transposed */
-        float S[BQ * BK];      /* [nq,BK] scores, then probabilities */
+        float Qt[HSMAX * BQ];  /* [HS,BQ] queries, transposed */
+        float St[BK * BQ];     /* [BK,BQ] scores, then probabilities, transposed */
         float acc[BQ * HSMAX]; /* [nq,HS] unnormalised output */
-        float m[BQ], l[BQ];    /* running row max and sum of exp(S - m) */
+        float m[BQ], l[BQ];    /* running max of each score row, sum of exp(S - m) */
+        float mx[BQ], corr[BQ];
 
-        load_rows(Qs, q, b, T, t0, nq, h, HS);
+        load_transposed(Qt, BQ, q, b, T, t0, nq, h, HS);
         memset(acc, 0, (size_t)nq * HS * sizeof(float));
-        for (int i = 0; i < nq; i++) {
+        for (int i = 0; i < BQ; i++) {
             m[i] = -INFINITY;
             l[i] = 0.0f;
         }
 
+        /* Key block 0 comes first, so every row (padding rows i >= nq too)
+         * has a finite max after it and m - mx below is never inf - inf. */
         for (int s0 = 0; s0 < t0 + nq; s0 += BK) {
             const int nk = t0 + nq - s0 < BK ? t0 + nq - s0 : BK;
-            load_cols(Kt, k, b, T, s0, nk, g, HS);
-            tile_scores(S, Qs, Kt, nq, HS);
+            scores_t(St, k, b, T, s0, nk, g, Qt, HS);
+            for (int i = 0; i < BQ; i++) mx[i] = m[i];
+            for (int j = 0; j < nk; j++) {
+                float *restrict sj = St + j * BQ;
+                const int s = s0 + j;
+#pragma omp simd
+                for (int i = 0; i < BQ; i++) {
+                    const int t = t0 + i;
+                    const float x = MADD(scale, sj[i], slope * (float)(s - t));
+                    sj[i] = s <= t ? x : -INFINITY;
+                    mx[i] = sj[i] > mx[i] ? sj[i] : mx[i];
+                }
+            }
+            /* Rescale what was summed under the old max. */
+#pragma omp simd
+            for (int i = 0; i < BQ; i++) {
+                corr[i] = exp_tile(m[i] - mx[i]);
+                l[i] *= corr[i];
+                m[i] = mx[i];
+            }
+            for (int j = 0; j < nk; j++) {
+                float *restrict sj = St + j * BQ;
+#pragma omp simd
+                for (int i = 0; i < BQ; i++) {
+                    sj[i] = exp_tile(sj[i] - mx[i]);
+                    l[i] += sj[i];
+                }
+            }
             const float *vs = v.p + row_off(b, T, s0, v.rs, g, v.hs);
             for (int i = 0; i < nq; i++) {
-                float *restrict srow = S + i * BK;
-                const int t = t0 + i;
-                int jmax = t - s0 + 1;
-                if (jmax > nk) jmax = nk;
-                if (jmax <= 0) continue;
-                float mx = m[i];
-                for (int j = 0; j < jmax; j++) {
-                    srow[j] = MADD(scale, srow[j], slope * (float)(s0 + j - t));
-                    mx = fmaxf(mx, srow[j]);
-                }
-                /* Rescale what was summed under the old max. */
-                const float corr = expf(m[i] - mx);
-                float sum = 0.0f;
-                for (int j = 0; j < jmax; j++) {
-                    srow[j] = expf(srow[j] - mx);
-                    sum += srow[j];
-                }
-                l[i] = l[i] * corr + sum;
-                m[i] = mx;
                 float *restrict arow = acc + (size_t)i * HS;
-                if (corr != 1.0f) {
+                if (corr[i] != 1.0f) {
+                    const float c = corr[i];
 #pragma omp simd
-                    for (int d = 0; d < HS; d++) arow[d] *= corr;
+                    for (int d = 0; d < HS; d++) arow[d] *= c;
                 }
-                rows_axpy(arow, HS, srow, 1, vs, v.rs, jmax);
+                rows_axpy(arow, HS, St + i, BQ, vs, v.rs, keys_visible(t0 + i, s0, nk));
             }
         }
 
@@ -198,27 +234,19 @@ void cllm_attention_forward(cllm_view out, float *lse, cllm_cview q, cllm_cview 
     }
 }
 
-/* D[i] = dout_t . out_t for the rows of a query block. */
-static void row_dots(float *restrict D, const float *restrict dOs, cllm_cview out, int b, int T,
-                     int t0, int nq, int h, int HS) {
-    for (int i = 0; i < nq; i++) {
-        const float *restrict o = out.p + row_off(b, T, t0 + i, out.rs, h, out.hs);
-        const float *restrict dO = dOs + (size_t)i * HS;
+/* D_t = dout_t . out_t for the nq rows of a query block starting at t0
+ * (D[i] = 0 for i >= nq). */
+static void row_dots(float *restrict D, cllm_cview dout, cllm_cview out, int b, int T, int t0,
+                     int nq, int h, int HS) {
+    for (int i = 0; i < BQ; i++) {
         float sum = 0.0f;
+        if (i < nq) {
+            const float *restrict o = out.p + row_off(b, T, t0 + i, out.rs, h, out.hs);
+            const float *restrict dO = dout.p + row_off(b, T, t0 + i, dout.rs, h, dout.hs);
 #pragma omp simd reduction(+ : sum)
-        for (int d = 0; d < HS; d++) sum = MADD(dO[d], o[d], sum);
+            for (int d = 0; d < HS; d++) sum = MADD(dO[d], o[d], sum);
+        }
         D[i] = sum;
-    }
-}
-
-/* In place: P becomes dS = P * (dP - D) on the valid part of the tile. */
-static void tile_dscores(float *restrict P, const float *restrict dP, const float *restrict D, int nq) {
-    for (int i = 0; i < nq; i++) {
-        float *restrict prow = P + i * BK;
-        const float *restrict dprow = dP + i * BK;
-        const float Di = D[i];
-#pragma omp simd
-        for (int j = 0; j < BK; j++) prow[j] = prow[j] * (dprow[j] - Di);
     }
 }
 
@@ -237,7 +265,8 @@ void cllm_attention_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cvie
     {
         /* Pass 1: dk, dv of one key block of one kv head, summed over every
          * query row at or after the block, of every query head in the group.
-         * Key blocks near the start see the most queries: run them first. */
+         * Tiles here are [query, key]: P[i*BK + j]. Key blocks near the
+         * start see the most queries: they come first. */
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < nkv_task; task++) {
             const int kb = (int)(task % nkb);
@@ -246,14 +275,13 @@ void cllm_attention_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cvie
             const int s0 = kb * BK;
             const int nk = T - s0 < BK ? T - s0 : BK;
 
-            float Kt[HSMAX * BK], Vt[HSMAX * BK]; /* [HS,BK] transposed keys, values */
-            float Qs[BQ * HSMAX], dOs[BQ * HSMAX]; /* [nq,HS] */
-            float P[BQ * BK], dP[BQ * BK];         /* [nq,BK] */
+            float Kt[HSMAX * BK], Vt[HSMAX * BK];   /* [HS,BK] keys, values, transposed */
+            float P[BQ * BK], dP[BQ * BK];          /* [BQ,BK] */
             float dKs[BK * HSMAX], dVs[BK * HSMAX]; /* [nk,HS] sums for this block */
             float D[BQ];
 
-            load_cols(Kt, k, b, T, s0, nk, g, HS);
-            load_cols(Vt, v, b, T, s0, nk, g, HS);
+            load_transposed(Kt, BK, k, b, T, s0, nk, g, HS);
+            load_transposed(Vt, BK, v, b, T, s0, nk, g, HS);
             memset(dKs, 0, (size_t)nk * HS * sizeof(float));
             memset(dVs, 0, (size_t)nk * HS * sizeof(float));
 
@@ -262,18 +290,36 @@ void cllm_attention_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cvie
                 const float *lse_h = lse + ((size_t)b * NH + h) * T;
                 for (int t0 = (s0 / BQ) * BQ; t0 < T; t0 += BQ) {
                     const int nq = T - t0 < BQ ? T - t0 : BQ;
-                    load_rows(Qs, q, b, T, t0, nq, h, HS);
-                    load_rows(dOs, dout, b, T, t0, nq, h, HS);
-                    row_dots(D, dOs, out, b, T, t0, nq, h, HS);
-                    tile_scores(P, Qs, Kt, nq, HS);
-                    tile_probs(P, lse_h + t0, t0, nq, s0, nk, scale, slope);
-                    tile_scores(dP, dOs, Vt, nq, HS);
-                    /* dv_s += sum_i P[i,s] dout_i, before P turns into dS. */
-                    for (int j = 0; j < nk; j++)
-                        rows_axpy(dVs + (size_t)j * HS, HS, P + j, BK, dOs, HS, nq);
-                    tile_dscores(P, dP, D, nq);
-                    for (int j = 0; j < nk; j++)
-                        rows_axpy(dKs + (size_t)j * HS, HS, P + j, BK, Qs, HS, nq);
+                    row_dots(D, dout, out, b, T, t0, nq, h, HS);
+                    for (int i = 0; i < nq; i++) {
+                        const int t = t0 + i;
+                        const float *qi = q.p + row_off(b, T, t, q.rs, h, q.hs);
+                        const float *doi = dout.p + row_off(b, T, t, dout.rs, h, dout.hs);
+                        float *restrict pi = P + i * BK;
+                        float *restrict dpi = dP + i * BK;
+                        memset(pi, 0, BK * sizeof(float));
+                        memset(dpi, 0, BK * sizeof(float));
+                        rows_axpy(pi, BK, qi, 1, Kt, BK, HS);
+                        rows_axpy(dpi, BK, doi, 1, Vt, BK, HS);
+                        /* P = exp(S - lse) where visible; dP becomes dS. */
+                        const float lt = lse_h[t], Dt = D[i];
+                        const int vis = keys_visible(t, s0, nk);
+#pragma omp simd
+                        for (int j = 0; j < BK; j++) {
+                            const float x = MADD(scale, pi[j], slope * (float)(s0 + j - t)) - lt;
+                            const float p = j < vis ? exp_tile(x) : 0.0f;
+                            pi[j] = p;
+                            dpi[j] = p * (dpi[j] - Dt);
+                        }
+                    }
+                    /* dv_s += sum_t P[t,s] dout_t ; dk_s += sum_t dS[t,s] q_t
+                     * (scale applied once at the end). */
+                    const float *dos = dout.p + row_off(b, T, t0, dout.rs, h, dout.hs);
+                    const float *qs = q.p + row_off(b, T, t0, q.rs, h, q.hs);
+                    for (int j = 0; j < nk; j++) {
+                        rows_axpy(dVs + (size_t)j * HS, HS, P + j, BK, dos, dout.rs, nq);
+                        rows_axpy(dKs + (size_t)j * HS, HS, dP + j, BK, qs, q.rs, nq);
+                    }
                 }
             }
 
@@ -290,9 +336,10 @@ void cllm_attention_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cvie
             }
         }
 
-        /* Pass 2: dq of one query block of one query head (the implicit
-         * barrier above keeps the two passes apart when dq, dk and dv are
-         * columns of one fused buffer). */
+        /* Pass 2: dq of one query block of one query head, with transposed
+         * [key, query] tiles as in the forward. The implicit barrier above
+         * keeps the passes apart when dq, dk and dv are columns of one
+         * fused buffer. */
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < nq_task; task++) {
             const int qb = nqb - 1 - (int)(task % nqb);
@@ -304,27 +351,39 @@ void cllm_attention_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cvie
             const float slope = alibi ? alibi[h] : 0.0f;
             const float *lse_h = lse + ((size_t)b * NH + h) * T;
 
-            float Kt[HSMAX * BK], Vt[HSMAX * BK];
-            float Qs[BQ * HSMAX], dOs[BQ * HSMAX], dQs[BQ * HSMAX];
-            float P[BQ * BK], dP[BQ * BK];
-            float D[BQ];
+            float Qt[HSMAX * BQ], dOt[HSMAX * BQ]; /* [HS,BQ] transposed */
+            float Pt[BK * BQ], dPt[BK * BQ];       /* [BK,BQ] */
+            float dQs[BQ * HSMAX];                 /* [nq,HS] */
+            float D[BQ], lt[BQ];
 
-            load_rows(Qs, q, b, T, t0, nq, h, HS);
-            load_rows(dOs, dout, b, T, t0, nq, h, HS);
-            row_dots(D, dOs, out, b, T, t0, nq, h, HS);
+            load_transposed(Qt, BQ, q, b, T, t0, nq, h, HS);
+            load_transposed(dOt, BQ, dout, b, T, t0, nq, h, HS);
+            row_dots(D, dout, out, b, T, t0, nq, h, HS);
+            for (int i = 0; i < BQ; i++) lt[i] = i < nq ? lse_h[t0 + i] : 0.0f;
             memset(dQs, 0, (size_t)nq * HS * sizeof(float));
 
             for (int s0 = 0; s0 < t0 + nq; s0 += BK) {
                 const int nk = t0 + nq - s0 < BK ? t0 + nq - s0 : BK;
-                load_cols(Kt, k, b, T, s0, nk, g, HS);
-                load_cols(Vt, v, b, T, s0, nk, g, HS);
-                tile_scores(P, Qs, Kt, nq, HS);
-                tile_probs(P, lse_h + t0, t0, nq, s0, nk, scale, slope);
-                tile_scores(dP, dOs, Vt, nq, HS);
-                tile_dscores(P, dP, D, nq);
+                scores_t(Pt, k, b, T, s0, nk, g, Qt, HS);
+                scores_t(dPt, v, b, T, s0, nk, g, dOt, HS);
+                /* P = exp(S - lse) where visible; dP becomes dS. */
+                for (int j = 0; j < nk; j++) {
+                    float *restrict pj = Pt + j * BQ;
+                    float *restrict dpj = dPt + j * BQ;
+                    const int s = s0 + j;
+#pragma omp simd
+                    for (int i = 0; i < BQ; i++) {
+                        const int t = t0 + i;
+                        const float x = MADD(scale, pj[i], slope * (float)(s - t)) - lt[i];
+                        const float p = s <= t && i < nq ? exp_tile(x) : 0.0f;
+                        dpj[i] = p * (dpj[i] - D[i]);
+                    }
+                }
+                /* dq_t += sum_s dS[t,s] k_s (scale applied at the end). */
                 const float *ks = k.p + row_off(b, T, s0, k.rs, g, k.hs);
                 for (int i = 0; i < nq; i++)
-                    rows_axpy(dQs + (size_t)i * HS, HS, P + i * BK, 1, ks, k.rs, nk);
+                    rows_axpy(dQs + (size_t)i * HS, HS, dPt + i, BQ, ks, k.rs,
+                              keys_visible(t0 + i, s0, nk));
             }
 
             for (int i = 0; i < nq; i++) {
