@@ -29,8 +29,8 @@
  * (y[0:BQ] += k_j[d] * Qt[d,0:BQ]); the softmax then runs down columns,
  * i.e. vectorised across the BQ queries. The dk/dv task does the mirror
  * image with its key block transposed once into Kt [HS,BK]. Every product
- * is a sequence of contiguous multiply-adds (rows_axpy), because -O2
- * without -ffast-math vectorises no float reduction.
+ * is a sequence of contiguous multiply-adds (rows_axpy, two output rows at a
+ * time), because -O2 without -ffast-math vectorises no float reduction.
  *
  * Left out: non-causal and padding masks, dropout, sliding windows, KV
  * caches for incremental decoding (queries and keys always cover the same T
@@ -93,29 +93,83 @@ static inline float exp_tile(float x) {
     return x >= -87.0f ? y : (x < -87.0f ? 0.0f : x);
 }
 
-/* y[0:n] += sum_{k<m} w[k*ws] * x[k*xs + 0:n].
- * The one inner product of this file: every matrix product below is a series
- * of these, with y a contiguous row so the n-loop vectorises; four terms are
- * folded per pass so y is loaded and stored once per four FMAs. */
-static inline void rows_axpy(float *restrict y, int n, const float *restrict w, ptrdiff_t ws,
-                             const float *restrict x, ptrdiff_t xs, int m) {
-    int k = 0;
-    for (; k + 4 <= m; k += 4) {
-        const float w0 = w[k * ws], w1 = w[(k + 1) * ws], w2 = w[(k + 2) * ws],
-                    w3 = w[(k + 3) * ws];
-        const float *restrict x0 = x + k * xs;
-        const float *restrict x1 = x0 + xs;
-        const float *restrict x2 = x1 + xs;
-        const float *restrict x3 = x2 + xs;
-#pragma omp simd
-        for (int d = 0; d < n; d++)
-            y[d] = MADD(w3, x3[d], MADD(w2, x2[d], MADD(w1, x1[d], MADD(w0, x0[d], y[d]))));
+/* y[0:32] += sum_{k<m} w[k*ws] * x[k*xs + 0:32], and the same for a second
+ * row y1 with weights w1 sharing the x rows. The 32 (or 64) running sums are
+ * a local array under full unrolling, which GCC keeps in vector registers
+ * for the whole k loop: y is loaded and stored once, and the two rows give 8
+ * independent FMA chains (enough to cover FMA latency) per x load. */
+enum { CHUNK = 32 };
+
+static inline void axpy_chunk(float *restrict y, const float *restrict w, ptrdiff_t ws,
+                              const float *restrict x, ptrdiff_t xs, int m) {
+    float a[CHUNK];
+#pragma GCC unroll 32
+    for (int d = 0; d < CHUNK; d++) a[d] = y[d];
+    for (int k = 0; k < m; k++) {
+        const float wk = w[k * ws];
+        const float *restrict xk = x + k * xs;
+#pragma GCC unroll 32
+        for (int d = 0; d < CHUNK; d++) a[d] = MADD(wk, xk[d], a[d]);
     }
-    for (; k < m; k++) {
+#pragma GCC unroll 32
+    for (int d = 0; d < CHUNK; d++) y[d] = a[d];
+}
+
+static inline void axpy_chunk2(float *restrict y0, float *restrict y1, const float *restrict w0,
+                               const float *restrict w1, ptrdiff_t ws, const float *restrict x,
+                               ptrdiff_t xs, int m) {
+    float a[CHUNK], c[CHUNK];
+#pragma GCC unroll 32
+    for (int d = 0; d < CHUNK; d++) {
+        a[d] = y0[d];
+        c[d] = y1[d];
+    }
+    for (int k = 0; k < m; k++) {
+        const float wa = w0[k * ws], wc = w1[k * ws];
+        const float *restrict xk = x + k * xs;
+#pragma GCC unroll 32
+        for (int d = 0; d < CHUNK; d++) {
+            a[d] = MADD(wa, xk[d], a[d]);
+            c[d] = MADD(wc, xk[d], c[d]);
+        }
+    }
+#pragma GCC unroll 32
+    for (int d = 0; d < CHUNK; d++) {
+        y0[d] = a[d];
+        y1[d] = c[d];
+    }
+}
+
+/* The tail of a row shorter than a chunk (HS = 80 leaves 16, HS = 7 all). */
+static inline void axpy_tail(float *restrict y, int n, const float *restrict w, ptrdiff_t ws,
+                             const float *restrict x, ptrdiff_t xs, int m) {
+    for (int k = 0; k < m; k++) {
         const float wk = w[k * ws];
         const float *restrict xk = x + k * xs;
 #pragma omp simd
         for (int d = 0; d < n; d++) y[d] = MADD(wk, xk[d], y[d]);
+    }
+}
+
+/* y[0:n] += sum_{k<m} w[k*ws] * x[k*xs + 0:n]: the one inner product of
+ * this file. Every matrix product below is a series of these, with y a
+ * contiguous row so the n direction vectorises. */
+static inline void rows_axpy(float *restrict y, int n, const float *restrict w, ptrdiff_t ws,
+                             const float *restrict x, ptrdiff_t xs, int m) {
+    int d = 0;
+    for (; d + CHUNK <= n; d += CHUNK) axpy_chunk(y + d, w, ws, x + d, xs, m);
+    if (d < n) axpy_tail(y + d, n - d, w, ws, x + d, xs, m);
+}
+
+/* rows_axpy for two rows y0, y1 (weights w0, w1) against the same x. */
+static inline void rows_axpy2(float *restrict y0, float *restrict y1, int n, const float *restrict w0,
+                              const float *restrict w1, ptrdiff_t ws, const float *restrict x,
+                              ptrdiff_t xs, int m) {
+    int d = 0;
+    for (; d + CHUNK <= n; d += CHUNK) axpy_chunk2(y0 + d, y1 + d, w0, w1, ws, x + d, xs, m);
+    if (d < n) {
+        axpy_tail(y0 + d, n - d, w0, ws, x + d, xs, m);
+        axpy_tail(y1 + d, n - d, w1, ws, x + d, xs, m);
     }
 }
 
@@ -135,11 +189,12 @@ static void load_transposed(float *restrict dst, int W, cllm_cview x, int b, int
  * values of head g) against a transposed query-side tile. */
 static void scores_t(float *restrict St, cllm_cview x, int b, int T, int s0, int nk, int g,
                      const float *restrict Qt, int HS) {
-    for (int j = 0; j < nk; j++) {
-        float *restrict y = St + j * BQ;
-        memset(y, 0, BQ * sizeof(float));
-        rows_axpy(y, BQ, x.p + row_off(b, T, s0 + j, x.rs, g, x.hs), 1, Qt, BQ, HS);
-    }
+    memset(St, 0, (size_t)nk * BQ * sizeof(float));
+    int j = 0;
+    for (; j + 1 < nk; j += 2)
+        rows_axpy2(St + j * BQ, St + (j + 1) * BQ, BQ, x.p + row_off(b, T, s0 + j, x.rs, g, x.hs),
+                   x.p + row_off(b, T, s0 + j + 1, x.rs, g, x.hs), 1, Qt, BQ, HS);
+    if (j < nk) rows_axpy(St + j * BQ, BQ, x.p + row_off(b, T, s0 + j, x.rs, g, x.hs), 1, Qt, BQ, HS);
 }
 
 /* How many keys of a block starting at s0 (nk of them) query t may see. */
@@ -192,8 +247,12 @@ void cllm_attention_forward(cllm_view out, float *lse, cllm_cview q, cllm_cview 
                 for (int i = 0; i < BQ; i++) {
                     const int t = t0 + i;
                     const float x = MADD(scale, sj[i], slope * (float)(s - t));
-                    sj[i] = s <= t ? x : -INFINITY;
-                    mx[i] = sj[i] > mx[i] ? sj[i] : mx[i];
+                    /* Masked by adding -inf: GCC will not if-convert a
+                     * select between x and -inf (it sinks x into a branch). */
+                    const float sv = x + (s <= t ? 0.0f : -INFINITY);
+                    const float mi = mx[i];
+                    sj[i] = sv;
+                    mx[i] = sv > mi ? sv : mi;
                 }
             }
             /* Rescale what was summed under the old max. */
@@ -211,7 +270,6 @@ void cllm_attention_forward(cllm_view out, float *lse, cllm_cview q, cllm_cview 
                     l[i] += sj[i];
                 }
             }
-            const float *vs = v.p + row_off(b, T, s0, v.rs, g, v.hs);
             for (int i = 0; i < nq; i++) {
                 float *restrict arow = acc + (size_t)i * HS;
                 if (corr[i] != 1.0f) {
@@ -219,8 +277,15 @@ void cllm_attention_forward(cllm_view out, float *lse, cllm_cview q, cllm_cview 
 #pragma omp simd
                     for (int d = 0; d < HS; d++) arow[d] *= c;
                 }
-                rows_axpy(arow, HS, St + i, BQ, vs, v.rs, keys_visible(t0 + i, s0, nk));
             }
+            /* acc_t += sum_s P[t,s] v_s, two query rows at a time; the pair
+             * runs over the keys the later row sees (P is 0 beyond). */
+            const float *vs = v.p + row_off(b, T, s0, v.rs, g, v.hs);
+            int i = 0;
+            for (; i + 1 < nq; i += 2)
+                rows_axpy2(acc + (size_t)i * HS, acc + (size_t)(i + 1) * HS, HS, St + i, St + i + 1,
+                           BQ, vs, v.rs, keys_visible(t0 + i + 1, s0, nk));
+            if (i < nq) rows_axpy(acc + (size_t)i * HS, HS, St + i, BQ, vs, v.rs, keys_visible(t0 + i, s0, nk));
         }
 
         for (int i = 0; i < nq; i++) {
@@ -291,34 +356,51 @@ void cllm_attention_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cvie
                 for (int t0 = (s0 / BQ) * BQ; t0 < T; t0 += BQ) {
                     const int nq = T - t0 < BQ ? T - t0 : BQ;
                     row_dots(D, dout, out, b, T, t0, nq, h, HS);
-                    for (int i = 0; i < nq; i++) {
+                    /* S = q Kt, dP = dout Vt, two query rows at a time. */
+                    const float *qs = q.p + row_off(b, T, t0, q.rs, h, q.hs);
+                    const float *dos = dout.p + row_off(b, T, t0, dout.rs, h, dout.hs);
+                    const ptrdiff_t qrs = q.rs, drs = dout.rs;
+                    memset(P, 0, (size_t)nq * BK * sizeof(float));
+                    memset(dP, 0, (size_t)nq * BK * sizeof(float));
+                    int i = 0;
+                    for (; i + 1 < nq; i += 2) {
+                        rows_axpy2(P + i * BK, P + (i + 1) * BK, BK, qs + i * qrs, qs + (i + 1) * qrs, 1,
+                                   Kt, BK, HS);
+                        rows_axpy2(dP + i * BK, dP + (i + 1) * BK, BK, dos + i * drs,
+                                   dos + (i + 1) * drs, 1, Vt, BK, HS);
+                    }
+                    if (i < nq) {
+                        rows_axpy(P + i * BK, BK, qs + i * qrs, 1, Kt, BK, HS);
+                        rows_axpy(dP + i * BK, BK, dos + i * drs, 1, Vt, BK, HS);
+                    }
+                    for (i = 0; i < nq; i++) {
                         const int t = t0 + i;
-                        const float *qi = q.p + row_off(b, T, t, q.rs, h, q.hs);
-                        const float *doi = dout.p + row_off(b, T, t, dout.rs, h, dout.hs);
                         float *restrict pi = P + i * BK;
                         float *restrict dpi = dP + i * BK;
-                        memset(pi, 0, BK * sizeof(float));
-                        memset(dpi, 0, BK * sizeof(float));
-                        rows_axpy(pi, BK, qi, 1, Kt, BK, HS);
-                        rows_axpy(dpi, BK, doi, 1, Vt, BK, HS);
                         /* P = exp(S - lse) where visible; dP becomes dS. */
                         const float lt = lse_h[t], Dt = D[i];
                         const int vis = keys_visible(t, s0, nk);
 #pragma omp simd
                         for (int j = 0; j < BK; j++) {
                             const float x = MADD(scale, pi[j], slope * (float)(s0 + j - t)) - lt;
-                            const float p = j < vis ? exp_tile(x) : 0.0f;
+                            const float e = exp_tile(x);
+                            const float p = j < vis ? e : 0.0f;
                             pi[j] = p;
                             dpi[j] = p * (dpi[j] - Dt);
                         }
                     }
                     /* dv_s += sum_t P[t,s] dout_t ; dk_s += sum_t dS[t,s] q_t
                      * (scale applied once at the end). */
-                    const float *dos = dout.p + row_off(b, T, t0, dout.rs, h, dout.hs);
-                    const float *qs = q.p + row_off(b, T, t0, q.rs, h, q.hs);
-                    for (int j = 0; j < nk; j++) {
-                        rows_axpy(dVs + (size_t)j * HS, HS, P + j, BK, dos, dout.rs, nq);
-                        rows_axpy(dKs + (size_t)j * HS, HS, dP + j, BK, qs, q.rs, nq);
+                    int j = 0;
+                    for (; j + 1 < nk; j += 2) {
+                        rows_axpy2(dVs + (size_t)j * HS, dVs + (size_t)(j + 1) * HS, HS, P + j, P + j + 1,
+                                   BK, dos, drs, nq);
+                        rows_axpy2(dKs + (size_t)j * HS, dKs + (size_t)(j + 1) * HS, HS, dP + j,
+                                   dP + j + 1, BK, qs, qrs, nq);
+                    }
+                    if (j < nk) {
+                        rows_axpy(dVs + (size_t)j * HS, HS, P + j, BK, dos, drs, nq);
+                        rows_axpy(dKs + (size_t)j * HS, HS, dP + j, BK, qs, qrs, nq);
                     }
                 }
             }
@@ -375,15 +457,19 @@ void cllm_attention_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cvie
                     for (int i = 0; i < BQ; i++) {
                         const int t = t0 + i;
                         const float x = MADD(scale, pj[i], slope * (float)(s - t)) - lt[i];
-                        const float p = s <= t && i < nq ? exp_tile(x) : 0.0f;
+                        const float e = exp_tile(x);
+                        const float p = (s <= t) & (i < nq) ? e : 0.0f;
                         dpj[i] = p * (dpj[i] - D[i]);
                     }
                 }
                 /* dq_t += sum_s dS[t,s] k_s (scale applied at the end). */
                 const float *ks = k.p + row_off(b, T, s0, k.rs, g, k.hs);
-                for (int i = 0; i < nq; i++)
-                    rows_axpy(dQs + (size_t)i * HS, HS, dPt + i, BQ, ks, k.rs,
-                              keys_visible(t0 + i, s0, nk));
+                int i = 0;
+                for (; i + 1 < nq; i += 2)
+                    rows_axpy2(dQs + (size_t)i * HS, dQs + (size_t)(i + 1) * HS, HS, dPt + i, dPt + i + 1,
+                               BQ, ks, k.rs, keys_visible(t0 + i + 1, s0, nk));
+                if (i < nq)
+                    rows_axpy(dQs + (size_t)i * HS, HS, dPt + i, BQ, ks, k.rs, keys_visible(t0 + i, s0, nk));
             }
 
             for (int i = 0; i < nq; i++) {
