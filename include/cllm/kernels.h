@@ -110,7 +110,7 @@ void cllm_rope_apply(float *x, const float *cos_t, const float *sin_t, int B, in
  * it where the model config is validated). Scratch tiles live on the stack,
  * about 8 * CLLM_ATTN_MAX_HS * 32 floats (~256 KB) per thread in backward.
  * Views must not overlap outputs with inputs; dq/dk/dv may share one fused
- * buffer (disjoint columns). Deterministic for a given thread count. */
+ * buffer (disjoint columns). Results are bit-identical for any thread count. */
 #define CLLM_ATTN_MAX_HS 256
 typedef struct {
     float *p;
