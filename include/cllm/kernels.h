@@ -104,7 +104,14 @@ void cllm_rope_apply(float *x, const float *cos_t, const float *sin_t, int B, in
  * in place.
  *
  * scores(t,s) = scale * q_t.k_s + (alibi ? alibi[h] * (s - t) : 0), s <= t
- * lse[B,NH,T] (log-sum-exp of each score row) is saved for backward. */
+ * lse[B,NH,T] (log-sum-exp of each score row) is saved for backward.
+ *
+ * HS must be at most CLLM_ATTN_MAX_HS (asserted, not reported: callers check
+ * it where the model config is validated). Scratch tiles live on the stack,
+ * about 8 * CLLM_ATTN_MAX_HS * 32 floats (~256 KB) per thread in backward.
+ * Views must not overlap outputs with inputs; dq/dk/dv may share one fused
+ * buffer (disjoint columns). Results are bit-identical for any thread count. */
+#define CLLM_ATTN_MAX_HS 256
 typedef struct {
     float *p;
     int rs; /* row stride */

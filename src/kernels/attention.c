@@ -1,0 +1,483 @@
+/*
+ * Causal multi-head attention, forward and backward, computed in tiles with
+ * an online softmax (the FlashAttention scheme on CPU): no T x T score or
+ * probability matrix is ever materialised, only BQ x BK tiles on the stack.
+ *
+ * Dimensions: B batch, T tokens, NH query heads, NKV key/value heads, HS
+ * head size; query head h reads key/value head g = h / (NH / NKV).
+ * q, k, v, out and their gradients are strided views (see cllm_view in
+ * kernels.h): row (b,t) of head h starts at p + (b*T+t)*rs + h*hs.
+ *
+ *   S[t,s] = scale * q_t . k_s + slope_h * (s - t)      (s <= t)
+ *   P[t,s] = exp(S[t,s] - lse_t),  lse_t = log sum_s exp(S[t,s])
+ *   out_t  = sum_s P[t,s] v_s
+ *
+ * Backward, with D_t = dout_t . out_t:
+ *   dP[t,s] = dout_t . v_s,   dS[t,s] = P[t,s] * (dP[t,s] - D_t)
+ *   dq_t += scale * sum_s dS[t,s] k_s
+ *   dk_s += scale * sum_t dS[t,s] q_t      (summed over the query heads of g)
+ *   dv_s += sum_t P[t,s] dout_t            (likewise)
+ *
+ * Work split, deterministic without atomics: the forward and the dq pass run
+ * one task per (b, h, query block); the dk/dv pass runs one task per (b, g,
+ * key block) and loops over the group's query heads itself, so every output
+ * row has exactly one writer. A task's arithmetic does not depend on which
+ * thread runs it, so results are identical for any thread count.
+ *
+ * Tiles: a query-block task transposes its queries once into Qt [HS,BQ] and
+ * computes scores transposed, St[j,i] = k_j . q_i, one key row at a time
+ * (y[0:BQ] += k_j[d] * Qt[d,0:BQ]); the softmax then runs down columns,
+ * i.e. vectorised across the BQ queries. The dk/dv task does the mirror
+ * image with its key block transposed once into Kt [HS,BK]. Every product
+ * is a sequence of contiguous multiply-adds (rows_axpy, two output rows at a
+ * time), because -O2 without -ffast-math vectorises no float reduction.
+ *
+ * Left out: non-causal and padding masks, dropout, sliding windows, KV
+ * caches for incremental decoding (queries and keys always cover the same T
+ * positions), and half-precision inputs.
+ */
+#include <assert.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cllm/kernels.h"
+
+/* Tile sizes: a query block of BQ rows meets a key block of BK columns.
+ * 32 x 32 keeps the wasted upper half of the diagonal tiles small at T=256
+ * and every scratch tile (at most 32 x CLLM_ATTN_MAX_HS floats, 32 KB) in
+ * L1/L2. */
+enum { BQ = 32, BK = 32, HSMAX = CLLM_ATTN_MAX_HS };
+
+/* Fused multiply-add where the hardware has it (one rounding, twice the
+ * throughput of mul+add, which -std=c11 will not contract on its own). */
+#ifdef FP_FAST_FMAF
+#define MADD(a, b, c) fmaf((a), (b), (c))
+#else
+#define MADD(a, b, c) ((a) * (b) + (c))
+#endif
+
+static inline ptrdiff_t row_off(int b, int T, int t, int rs, int h, int hs) {
+    return ((ptrdiff_t)b * T + t) * rs + (ptrdiff_t)h * hs;
+}
+
+/* exp(x) in straight-line float arithmetic so a loop of it vectorises
+ * (glibc's expf is an opaque call). x = n ln2 + r with |r| <= ln2/2 (ln2 in
+ * two parts, Cody-Waite), e^r by its degree-7 Taylor polynomial (truncation
+ * 7e-9 relative), times 2^n built in the exponent bits. Measured over every
+ * float in [-87, 3]: at most 0.94 ulp from exp. Returns 0 below -87 (where
+ * exp < 2^-125: a softmax term that small is zero next to the row max's 1),
+ * 0 for -inf, NaN for NaN. Inputs above 88 are clamped (never happens here:
+ * arguments are scores minus their row max or lse, so <= 0 up to rounding). */
+static inline float exp_tile(float x) {
+    const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float xc = x > -88.0f ? x : -88.0f;
+    xc = xc < 88.0f ? xc : 88.0f;
+    const float kf = MADD(xc, log2e, shifter) - shifter;
+    float r = MADD(kf, -ln2_hi, xc);
+    r = MADD(kf, -ln2_lo, r);
+    float p = 1.0f / 5040;
+    p = MADD(p, r, 1.0f / 720);
+    p = MADD(p, r, 1.0f / 120);
+    p = MADD(p, r, 1.0f / 24);
+    p = MADD(p, r, 1.0f / 6);
+    p = MADD(p, r, 0.5f);
+    p = MADD(p, r, 1.0f);
+    p = MADD(p, r, 1.0f);
+    const uint32_t bits = (uint32_t)((int32_t)kf + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    const float y = p * two_n;
+    return x >= -87.0f ? y : (x < -87.0f ? 0.0f : x);
+}
+
+/* y[0:32] += sum_{k<m} w[k*ws] * x[k*xs + 0:32], and the same for a second
+ * row y1 with weights w1 sharing the x rows. The 32 (or 64) running sums are
+ * a local array under full unrolling, which GCC keeps in vector registers
+ * for the whole k loop: y is loaded and stored once, and the two rows give 8
+ * independent FMA chains (enough to cover FMA latency) per x load. */
+enum { CHUNK = 32 };
+
+static inline void axpy_chunk(float *restrict y, const float *restrict w, ptrdiff_t ws,
+                              const float *restrict x, ptrdiff_t xs, int m) {
+    float a[CHUNK];
+#pragma GCC unroll 32
+    for (int d = 0; d < CHUNK; d++) a[d] = y[d];
+    for (int k = 0; k < m; k++) {
+        const float wk = w[k * ws];
+        const float *restrict xk = x + k * xs;
+#pragma GCC unroll 32
+        for (int d = 0; d < CHUNK; d++) a[d] = MADD(wk, xk[d], a[d]);
+    }
+#pragma GCC unroll 32
+    for (int d = 0; d < CHUNK; d++) y[d] = a[d];
+}
+
+static inline void axpy_chunk2(float *restrict y0, float *restrict y1, const float *restrict w0,
+                               const float *restrict w1, ptrdiff_t ws, const float *restrict x,
+                               ptrdiff_t xs, int m) {
+    float a[CHUNK], c[CHUNK];
+#pragma GCC unroll 32
+    for (int d = 0; d < CHUNK; d++) {
+        a[d] = y0[d];
+        c[d] = y1[d];
+    }
+    for (int k = 0; k < m; k++) {
+        const float wa = w0[k * ws], wc = w1[k * ws];
+        const float *restrict xk = x + k * xs;
+#pragma GCC unroll 32
+        for (int d = 0; d < CHUNK; d++) {
+            a[d] = MADD(wa, xk[d], a[d]);
+            c[d] = MADD(wc, xk[d], c[d]);
+        }
+    }
+#pragma GCC unroll 32
+    for (int d = 0; d < CHUNK; d++) {
+        y0[d] = a[d];
+        y1[d] = c[d];
+    }
+}
+
+/* The tail of a row shorter than a chunk (HS = 80 leaves 16, HS = 7 all). */
+static inline void axpy_tail(float *restrict y, int n, const float *restrict w, ptrdiff_t ws,
+                             const float *restrict x, ptrdiff_t xs, int m) {
+    for (int k = 0; k < m; k++) {
+        const float wk = w[k * ws];
+        const float *restrict xk = x + k * xs;
+#pragma omp simd
+        for (int d = 0; d < n; d++) y[d] = MADD(wk, xk[d], y[d]);
+    }
+}
+
+/* y[0:n] += sum_{k<m} w[k*ws] * x[k*xs + 0:n]: the one inner product of
+ * this file. Every matrix product below is a series of these, with y a
+ * contiguous row so the n direction vectorises. */
+static inline void rows_axpy(float *restrict y, int n, const float *restrict w, ptrdiff_t ws,
+                             const float *restrict x, ptrdiff_t xs, int m) {
+    int d = 0;
+    for (; d + CHUNK <= n; d += CHUNK) axpy_chunk(y + d, w, ws, x + d, xs, m);
+    if (d < n) axpy_tail(y + d, n - d, w, ws, x + d, xs, m);
+}
+
+/* rows_axpy for two rows y0, y1 (weights w0, w1) against the same x. */
+static inline void rows_axpy2(float *restrict y0, float *restrict y1, int n, const float *restrict w0,
+                              const float *restrict w1, ptrdiff_t ws, const float *restrict x,
+                              ptrdiff_t xs, int m) {
+    int d = 0;
+    for (; d + CHUNK <= n; d += CHUNK) axpy_chunk2(y0 + d, y1 + d, w0, w1, ws, x + d, xs, m);
+    if (d < n) {
+        axpy_tail(y0 + d, n - d, w0, ws, x + d, xs, m);
+        axpy_tail(y1 + d, n - d, w1, ws, x + d, xs, m);
+    }
+}
+
+/* dst[d*W + j] = element d of row t0+j of head h, j < n; columns n..W-1
+ * zeroed. W is BQ or BK. */
+static void load_transposed(float *restrict dst, int W, cllm_cview x, int b, int T, int t0, int n,
+                            int h, int HS) {
+    for (int j = 0; j < n; j++) {
+        const float *src = x.p + row_off(b, T, t0 + j, x.rs, h, x.hs);
+        for (int d = 0; d < HS; d++) dst[d * W + j] = src[d];
+    }
+    if (n < W)
+        for (int d = 0; d < HS; d++) memset(dst + d * W + n, 0, (size_t)(W - n) * sizeof(float));
+}
+
+/* St[j,0:BQ] = x_{s0+j} . Qt[:,0:BQ] for j < nk: rows of a view (keys or
+ * values of head g) against a transposed query-side tile. */
+static void scores_t(float *restrict St, cllm_cview x, int b, int T, int s0, int nk, int g,
+                     const float *restrict Qt, int HS) {
+    memset(St, 0, (size_t)nk * BQ * sizeof(float));
+    int j = 0;
+    for (; j + 1 < nk; j += 2)
+        rows_axpy2(St + j * BQ, St + (j + 1) * BQ, BQ, x.p + row_off(b, T, s0 + j, x.rs, g, x.hs),
+                   x.p + row_off(b, T, s0 + j + 1, x.rs, g, x.hs), 1, Qt, BQ, HS);
+    if (j < nk) rows_axpy(St + j * BQ, BQ, x.p + row_off(b, T, s0 + j, x.rs, g, x.hs), 1, Qt, BQ, HS);
+}
+
+/* How many keys of a block starting at s0 (nk of them) query t may see. */
+static inline int keys_visible(int t, int s0, int nk) {
+    const int n = t - s0 + 1;
+    return n < 0 ? 0 : n > nk ? nk : n;
+}
+
+void cllm_attention_forward(cllm_view out, float *lse, cllm_cview q, cllm_cview k, cllm_cview v,
+                            const float *alibi, int B, int T, int NH, int NKV, int HS, float scale) {
+    assert(HS > 0 && HS <= HSMAX && NKV > 0 && NH % NKV == 0);
+    const int group = NH / NKV;
+    const int nqb = (T + BQ - 1) / BQ;
+    const long ntask = (long)B * NH * nqb;
+
+    /* Largest tasks (last query blocks, most key blocks) first. */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long task = 0; task < ntask; task++) {
+        const int qb = nqb - 1 - (int)(task % nqb);
+        const int h = (int)((task / nqb) % NH);
+        const int b = (int)(task / ((long)nqb * NH));
+        const int g = h / group;
+        const int t0 = qb * BQ;
+        const int nq = T - t0 < BQ ? T - t0 : BQ;
+        const float slope = alibi ? alibi[h] : 0.0f;
+
+        float Qt[HSMAX * BQ];  /* [HS,BQ] queries, transposed */
+        float St[BK * BQ];     /* [BK,BQ] scores, then probabilities, transposed */
+        float acc[BQ * HSMAX]; /* [nq,HS] unnormalised output */
+        float m[BQ], l[BQ];    /* running max of each score row, sum of exp(S - m) */
+        float mx[BQ], corr[BQ];
+
+        load_transposed(Qt, BQ, q, b, T, t0, nq, h, HS);
+        memset(acc, 0, (size_t)nq * HS * sizeof(float));
+        for (int i = 0; i < BQ; i++) {
+            m[i] = -INFINITY;
+            l[i] = 0.0f;
+        }
+
+        /* Key block 0 comes first, so every row (padding rows i >= nq too)
+         * has a finite max after it and m - mx below is never inf - inf. */
+        for (int s0 = 0; s0 < t0 + nq; s0 += BK) {
+            const int nk = t0 + nq - s0 < BK ? t0 + nq - s0 : BK;
+            scores_t(St, k, b, T, s0, nk, g, Qt, HS);
+            for (int i = 0; i < BQ; i++) mx[i] = m[i];
+            for (int j = 0; j < nk; j++) {
+                float *restrict sj = St + j * BQ;
+                const int s = s0 + j;
+#pragma omp simd
+                for (int i = 0; i < BQ; i++) {
+                    const int t = t0 + i;
+                    const float x = MADD(scale, sj[i], slope * (float)(s - t));
+                    /* Masked by adding -inf: GCC will not if-convert a
+                     * select between x and -inf (it sinks x into a branch). */
+                    const float sv = x + (s <= t ? 0.0f : -INFINITY);
+                    const float mi = mx[i];
+                    sj[i] = sv;
+                    mx[i] = sv > mi ? sv : mi;
+                }
+            }
+            /* Rescale what was summed under the old max. */
+#pragma omp simd
+            for (int i = 0; i < BQ; i++) {
+                corr[i] = exp_tile(m[i] - mx[i]);
+                l[i] *= corr[i];
+                m[i] = mx[i];
+            }
+            for (int j = 0; j < nk; j++) {
+                float *restrict sj = St + j * BQ;
+#pragma omp simd
+                for (int i = 0; i < BQ; i++) {
+                    sj[i] = exp_tile(sj[i] - mx[i]);
+                    l[i] += sj[i];
+                }
+            }
+            for (int i = 0; i < nq; i++) {
+                float *restrict arow = acc + (size_t)i * HS;
+                if (corr[i] != 1.0f) {
+                    const float c = corr[i];
+#pragma omp simd
+                    for (int d = 0; d < HS; d++) arow[d] *= c;
+                }
+            }
+            /* acc_t += sum_s P[t,s] v_s, two query rows at a time; the pair
+             * runs over the keys the later row sees (P is 0 beyond). */
+            const float *vs = v.p + row_off(b, T, s0, v.rs, g, v.hs);
+            int i = 0;
+            for (; i + 1 < nq; i += 2)
+                rows_axpy2(acc + (size_t)i * HS, acc + (size_t)(i + 1) * HS, HS, St + i, St + i + 1,
+                           BQ, vs, v.rs, keys_visible(t0 + i + 1, s0, nk));
+            if (i < nq) rows_axpy(acc + (size_t)i * HS, HS, St + i, BQ, vs, v.rs, keys_visible(t0 + i, s0, nk));
+        }
+
+        for (int i = 0; i < nq; i++) {
+            const float inv = 1.0f / l[i];
+            float *restrict o = out.p + row_off(b, T, t0 + i, out.rs, h, out.hs);
+            const float *restrict arow = acc + (size_t)i * HS;
+#pragma omp simd
+            for (int d = 0; d < HS; d++) o[d] = arow[d] * inv;
+            lse[((size_t)b * NH + h) * T + t0 + i] = m[i] + logf(l[i]);
+        }
+    }
+}
+
+/* D_t = dout_t . out_t for the nq rows of a query block starting at t0
+ * (D[i] = 0 for i >= nq). */
+static void row_dots(float *restrict D, cllm_cview dout, cllm_cview out, int b, int T, int t0,
+                     int nq, int h, int HS) {
+    for (int i = 0; i < BQ; i++) {
+        float sum = 0.0f;
+        if (i < nq) {
+            const float *restrict o = out.p + row_off(b, T, t0 + i, out.rs, h, out.hs);
+            const float *restrict dO = dout.p + row_off(b, T, t0 + i, dout.rs, h, dout.hs);
+#pragma omp simd reduction(+ : sum)
+            for (int d = 0; d < HS; d++) sum = MADD(dO[d], o[d], sum);
+        }
+        D[i] = sum;
+    }
+}
+
+void cllm_attention_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cview dout,
+                             cllm_cview out, const float *lse, cllm_cview q, cllm_cview k,
+                             cllm_cview v, const float *alibi, int B, int T, int NH, int NKV,
+                             int HS, float scale) {
+    assert(HS > 0 && HS <= HSMAX && NKV > 0 && NH % NKV == 0);
+    const int group = NH / NKV;
+    const int nqb = (T + BQ - 1) / BQ;
+    const int nkb = (T + BK - 1) / BK;
+    const long nkv_task = (long)B * NKV * nkb;
+    const long nq_task = (long)B * NH * nqb;
+
+#pragma omp parallel
+    {
+        /* Pass 1: dk, dv of one key block of one kv head, summed over every
+         * query row at or after the block, of every query head in the group.
+         * Tiles here are [query, key]: P[i*BK + j]. Key blocks near the
+         * start see the most queries: they come first. */
+#pragma omp for schedule(dynamic, 1)
+        for (long task = 0; task < nkv_task; task++) {
+            const int kb = (int)(task % nkb);
+            const int g = (int)((task / nkb) % NKV);
+            const int b = (int)(task / ((long)nkb * NKV));
+            const int s0 = kb * BK;
+            const int nk = T - s0 < BK ? T - s0 : BK;
+
+            float Kt[HSMAX * BK], Vt[HSMAX * BK];   /* [HS,BK] keys, values, transposed */
+            float P[BQ * BK], dP[BQ * BK];          /* [BQ,BK] */
+            float dKs[BK * HSMAX], dVs[BK * HSMAX]; /* [nk,HS] sums for this block */
+            float D[BQ];
+
+            load_transposed(Kt, BK, k, b, T, s0, nk, g, HS);
+            load_transposed(Vt, BK, v, b, T, s0, nk, g, HS);
+            memset(dKs, 0, (size_t)nk * HS * sizeof(float));
+            memset(dVs, 0, (size_t)nk * HS * sizeof(float));
+
+            for (int h = g * group; h < (g + 1) * group; h++) {
+                const float slope = alibi ? alibi[h] : 0.0f;
+                const float *lse_h = lse + ((size_t)b * NH + h) * T;
+                for (int t0 = (s0 / BQ) * BQ; t0 < T; t0 += BQ) {
+                    const int nq = T - t0 < BQ ? T - t0 : BQ;
+                    row_dots(D, dout, out, b, T, t0, nq, h, HS);
+                    /* S = q Kt, dP = dout Vt, two query rows at a time. */
+                    const float *qs = q.p + row_off(b, T, t0, q.rs, h, q.hs);
+                    const float *dos = dout.p + row_off(b, T, t0, dout.rs, h, dout.hs);
+                    const ptrdiff_t qrs = q.rs, drs = dout.rs;
+                    memset(P, 0, (size_t)nq * BK * sizeof(float));
+                    memset(dP, 0, (size_t)nq * BK * sizeof(float));
+                    int i = 0;
+                    for (; i + 1 < nq; i += 2) {
+                        rows_axpy2(P + i * BK, P + (i + 1) * BK, BK, qs + i * qrs, qs + (i + 1) * qrs, 1,
+                                   Kt, BK, HS);
+                        rows_axpy2(dP + i * BK, dP + (i + 1) * BK, BK, dos + i * drs,
+                                   dos + (i + 1) * drs, 1, Vt, BK, HS);
+                    }
+                    if (i < nq) {
+                        rows_axpy(P + i * BK, BK, qs + i * qrs, 1, Kt, BK, HS);
+                        rows_axpy(dP + i * BK, BK, dos + i * drs, 1, Vt, BK, HS);
+                    }
+                    for (i = 0; i < nq; i++) {
+                        const int t = t0 + i;
+                        float *restrict pi = P + i * BK;
+                        float *restrict dpi = dP + i * BK;
+                        /* P = exp(S - lse) where visible; dP becomes dS. */
+                        const float lt = lse_h[t], Dt = D[i];
+                        const int vis = keys_visible(t, s0, nk);
+#pragma omp simd
+                        for (int j = 0; j < BK; j++) {
+                            const float x = MADD(scale, pi[j], slope * (float)(s0 + j - t)) - lt;
+                            const float e = exp_tile(x);
+                            const float p = j < vis ? e : 0.0f;
+                            pi[j] = p;
+                            dpi[j] = p * (dpi[j] - Dt);
+                        }
+                    }
+                    /* dv_s += sum_t P[t,s] dout_t ; dk_s += sum_t dS[t,s] q_t
+                     * (scale applied once at the end). */
+                    int j = 0;
+                    for (; j + 1 < nk; j += 2) {
+                        rows_axpy2(dVs + (size_t)j * HS, dVs + (size_t)(j + 1) * HS, HS, P + j, P + j + 1,
+                                   BK, dos, drs, nq);
+                        rows_axpy2(dKs + (size_t)j * HS, dKs + (size_t)(j + 1) * HS, HS, dP + j,
+                                   dP + j + 1, BK, qs, qrs, nq);
+                    }
+                    if (j < nk) {
+                        rows_axpy(dVs + (size_t)j * HS, HS, P + j, BK, dos, drs, nq);
+                        rows_axpy(dKs + (size_t)j * HS, HS, dP + j, BK, qs, qrs, nq);
+                    }
+                }
+            }
+
+            for (int j = 0; j < nk; j++) {
+                float *restrict dkr = dk.p + row_off(b, T, s0 + j, dk.rs, g, dk.hs);
+                float *restrict dvr = dv.p + row_off(b, T, s0 + j, dv.rs, g, dv.hs);
+                const float *restrict dks = dKs + (size_t)j * HS;
+                const float *restrict dvs = dVs + (size_t)j * HS;
+#pragma omp simd
+                for (int d = 0; d < HS; d++) {
+                    dkr[d] = MADD(scale, dks[d], dkr[d]);
+                    dvr[d] += dvs[d];
+                }
+            }
+        }
+
+        /* Pass 2: dq of one query block of one query head, with transposed
+         * [key, query] tiles as in the forward. The implicit barrier above
+         * keeps the passes apart when dq, dk and dv are columns of one
+         * fused buffer. */
+#pragma omp for schedule(dynamic, 1)
+        for (long task = 0; task < nq_task; task++) {
+            const int qb = nqb - 1 - (int)(task % nqb);
+            const int h = (int)((task / nqb) % NH);
+            const int b = (int)(task / ((long)nqb * NH));
+            const int g = h / group;
+            const int t0 = qb * BQ;
+            const int nq = T - t0 < BQ ? T - t0 : BQ;
+            const float slope = alibi ? alibi[h] : 0.0f;
+            const float *lse_h = lse + ((size_t)b * NH + h) * T;
+
+            float Qt[HSMAX * BQ], dOt[HSMAX * BQ]; /* [HS,BQ] transposed */
+            float Pt[BK * BQ], dPt[BK * BQ];       /* [BK,BQ] */
+            float dQs[BQ * HSMAX];                 /* [nq,HS] */
+            float D[BQ], lt[BQ];
+
+            load_transposed(Qt, BQ, q, b, T, t0, nq, h, HS);
+            load_transposed(dOt, BQ, dout, b, T, t0, nq, h, HS);
+            row_dots(D, dout, out, b, T, t0, nq, h, HS);
+            for (int i = 0; i < BQ; i++) lt[i] = i < nq ? lse_h[t0 + i] : 0.0f;
+            memset(dQs, 0, (size_t)nq * HS * sizeof(float));
+
+            for (int s0 = 0; s0 < t0 + nq; s0 += BK) {
+                const int nk = t0 + nq - s0 < BK ? t0 + nq - s0 : BK;
+                scores_t(Pt, k, b, T, s0, nk, g, Qt, HS);
+                scores_t(dPt, v, b, T, s0, nk, g, dOt, HS);
+                /* P = exp(S - lse) where visible; dP becomes dS. */
+                for (int j = 0; j < nk; j++) {
+                    float *restrict pj = Pt + j * BQ;
+                    float *restrict dpj = dPt + j * BQ;
+                    const int s = s0 + j;
+#pragma omp simd
+                    for (int i = 0; i < BQ; i++) {
+                        const int t = t0 + i;
+                        const float x = MADD(scale, pj[i], slope * (float)(s - t)) - lt[i];
+                        const float e = exp_tile(x);
+                        const float p = (s <= t) & (i < nq) ? e : 0.0f;
+                        dpj[i] = p * (dpj[i] - D[i]);
+                    }
+                }
+                /* dq_t += sum_s dS[t,s] k_s (scale applied at the end). */
+                const float *ks = k.p + row_off(b, T, s0, k.rs, g, k.hs);
+                int i = 0;
+                for (; i + 1 < nq; i += 2)
+                    rows_axpy2(dQs + (size_t)i * HS, dQs + (size_t)(i + 1) * HS, HS, dPt + i, dPt + i + 1,
+                               BQ, ks, k.rs, keys_visible(t0 + i + 1, s0, nk));
+                if (i < nq)
+                    rows_axpy(dQs + (size_t)i * HS, HS, dPt + i, BQ, ks, k.rs, keys_visible(t0 + i, s0, nk));
+            }
+
+            for (int i = 0; i < nq; i++) {
+                float *restrict dqr = dq.p + row_off(b, T, t0 + i, dq.rs, h, dq.hs);
+                const float *restrict dqs = dQs + (size_t)i * HS;
+#pragma omp simd
+                for (int d = 0; d < HS; d++) dqr[d] = MADD(scale, dqs[d], dqr[d]);
+            }
+        }
+    }
+}
