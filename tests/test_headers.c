@@ -1,0 +1,11 @@
+/* Every public header compiles on its own in strict C11 (this file is built
+ * with -std=c11 -pedantic and the project's warnings). */
+#include "cllm/core.h"
+#include "cllm/data.h"
+#include "cllm/io.h"
+#include "cllm/json.h"
+#include "cllm/kernels.h"
+#include "cllm/model.h"
+#include "cllm/optim.h"
+
+int main(void) { return cllm_dtype_size(CLLM_F32) == 4 ? 0 : 1; }
