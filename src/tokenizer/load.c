@@ -469,9 +469,8 @@ static cllm_status parse_model(const ctx *c, const json_t *root) {
     if (!tk_strmap_init(&tok->vocab, json_object_size(vocab) + 1024)) return NOMEM();
     json_object_foreach(vocab, key, val) {
         int32_t id;
-        char what[64];
-        snprintf(what, sizeof what, "model.vocab[\"%.32s\"]", key);
-        if ((st = get_id(c, val, what, &id))) return st;
+        if ((st = get_id(c, val, "model.vocab entry", &id)))
+            return cllm_fail_context(st, "token \"%.40s\"", key);
         if (!tk_strmap_put(&tok->vocab, key, strlen(key), id)) return NOMEM();
         if (id > max_id) max_id = id;
     }
@@ -603,9 +602,26 @@ static cllm_status load_json(json_t **out, const char *file, size_t flags, bool 
         if (optional && errno == ENOENT) return CLLM_OK;
         return CLLM_FAIL(CLLM_ERR_IO, "%s: %s", file, strerror(errno));
     }
-    json_error_t err;
-    *out = json_loadf(f, flags | JSON_ALLOW_NUL, &err);
+    /* read the whole file, then parse from memory: jansson's FILE reader
+     * goes through getc and is several times slower */
+    tk_str buf = {0};
+    char chunk[1 << 16];
+    size_t got;
+    bool ok = true;
+    while (ok && (got = fread(chunk, 1, sizeof chunk, f)) > 0) ok = tk_str_put(&buf, chunk, got);
+    bool rerr = ferror(f);
     fclose(f);
+    if (!ok) {
+        tk_str_free(&buf);
+        return CLLM_FAIL(CLLM_ERR_NOMEM, "%s: out of memory", file);
+    }
+    if (rerr) {
+        tk_str_free(&buf);
+        return CLLM_FAIL(CLLM_ERR_IO, "%s: read error", file);
+    }
+    json_error_t err;
+    *out = json_loadb(buf.p ? buf.p : "", buf.n, flags | JSON_ALLOW_NUL, &err);
+    tk_str_free(&buf);
     if (!*out) return CLLM_FAIL(CLLM_ERR_FORMAT, "%s:%d:%d: %s", file, err.line, err.column, err.text);
     if (!json_is_object(*out)) {
         json_decref(*out);
