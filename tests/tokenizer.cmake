@@ -17,3 +17,9 @@ cllm_add_py_test(tokenizer_oracle tokenizer_oracle.py LABELS tokenizer
                  ARGS --mode oracle --fixtures ${CLLM_FIXTURES}/hf --batch $<TARGET_FILE:tokenizer_batch>
                       --oracle-tools ${CLLM_FIXTURES}/../tools)
 set_tests_properties(tokenizer_oracle PROPERTIES TIMEOUT 300)
+
+# Throughput benchmark (not a test): tokenizer_bench <model dir> <text> [chunk] [repeats]
+add_executable(tokenizer_bench ${CMAKE_CURRENT_SOURCE_DIR}/tokenizer_bench.c)
+target_link_libraries(tokenizer_bench PRIVATE cllm)
+target_compile_options(tokenizer_bench PRIVATE ${CLLM_WARNINGS})
+target_compile_definitions(tokenizer_bench PRIVATE _POSIX_C_SOURCE=200809L)

@@ -14,7 +14,10 @@
  * Characters that are not in the vocabulary never merge; at the end they
  * become <0xNN> byte tokens (byte_fallback) or the unk token (consecutive
  * ones fused into one with fuse_unk), or are dropped if there is no unk.
- * Byte-level words up to TK_CACHE_KEY bytes are cached per work state.
+ * Words up to TK_CACHE_KEY bytes are cached per work state. A
+ * SentencePiece-style word is first cut before each U+2581 that follows
+ * another character when the vocabulary allows it (tok->cut, see load.c),
+ * which keeps the pieces short and cacheable and gives the same result.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -86,7 +89,7 @@ static bool push_pair(const cllm_tokenizer *tok, tk_work *w, size_t *hn, int32_t
     uint32_t rank;
     int32_t merged;
     if (!tk_pairmap_get(&tok->merges, a, b, &rank, &merged)) return true;
-    return heap_push(w, hn, (tk_heap_ent){((uint64_t)rank << 32) | (uint32_t)l, a, b});
+    return heap_push(w, hn, (tk_heap_ent){((uint64_t)rank << 32) | (uint32_t)l, a, b, merged});
 }
 
 /* Applies all merges to symbols 0..ns-1 (linked through prev/next). */
@@ -100,10 +103,7 @@ static bool merge_symbols(const cllm_tokenizer *tok, tk_work *w, size_t ns) {
         if (w->slen[l] == 0 || w->sym[l] != e.idl) continue;
         int32_t r = w->next[l];
         if (r < 0 || w->sym[r] != e.idr) continue;
-        uint32_t rank = 0;
-        int32_t merged = -1;
-        if (!tk_pairmap_get(&tok->merges, e.idl, e.idr, &rank, &merged)) continue;
-        w->sym[l] = merged;
+        w->sym[l] = e.merged;
         w->slen[l] += w->slen[r];
         w->slen[r] = 0;
         w->next[l] = w->next[r];
@@ -125,16 +125,10 @@ static int32_t whole_word_id(const cllm_tokenizer *tok, tk_work *w, const char *
     return tk_strmap_get(&tok->vocab, w->tmp.p, w->tmp.n);
 }
 
-cllm_status tk_bpe_word(const cllm_tokenizer *tok, tk_work *w, const char *s, size_t n, cllm_token_buf *out) {
-    if (n == 0) return CLLM_OK;
-    if (n >= UINT32_MAX) return CLLM_FAIL(CLLM_ERR_ARG, "a pre-token of %zu bytes is too long (limit 4 GiB)", n);
-    if (tok->ignore_merges) {
-        int32_t id = whole_word_id(tok, w, s, n);
-        if (id >= 0) return tk_buf_push(out, id) ? CLLM_OK : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
-    }
+static cllm_status bpe_piece(const cllm_tokenizer *tok, tk_work *w, const char *s, size_t n, cllm_token_buf *out) {
     tk_cache_slot *slot = NULL;
     uint64_t h = 0;
-    if (tok->byte_level && w->cache && n <= TK_CACHE_KEY) {
+    if (w->cache && n <= TK_CACHE_KEY) {
         h = tk_hash(s, n);
         slot = &w->cache[h & (TK_CACHE_SLOTS - 1)];
         if (slot->h == h && slot->klen == n && memcmp(slot->key, s, n) == 0) {
@@ -199,4 +193,33 @@ cllm_status tk_bpe_word(const cllm_tokenizer *tok, tk_work *w, const char *s, si
         memcpy(slot->ids, out->ids + start_n, slot->nid * sizeof(int32_t));
     }
     return CLLM_OK;
+}
+
+cllm_status tk_bpe_word(const cllm_tokenizer *tok, tk_work *w, const char *s, size_t n, cllm_token_buf *out) {
+    if (n == 0) return CLLM_OK;
+    if (n >= UINT32_MAX) return CLLM_FAIL(CLLM_ERR_ARG, "a pre-token of %zu bytes is too long (limit 4 GiB)", n);
+    if (tok->ignore_merges) {
+        int32_t id = whole_word_id(tok, w, s, n);
+        if (id >= 0) return tk_buf_push(out, id) ? CLLM_OK : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    }
+    size_t cl = tok->cut_len;
+    if (tok->byte_level || cl == 0) return bpe_piece(tok, w, s, n, out);
+    size_t a = 0;
+    for (size_t i = 1; i + cl <= n;) {
+        const char *c = memchr(s + i, (unsigned char)tok->cut[0], n - i);
+        if (!c) break;
+        size_t p = (size_t)(c - s);
+        if (p + cl > n) break;
+        if (memcmp(c, tok->cut, cl) != 0) {
+            i = p + 1;
+            continue;
+        }
+        if (p > a && !(p >= cl && memcmp(s + p - cl, tok->cut, cl) == 0)) {
+            cllm_status st = bpe_piece(tok, w, s + a, p - a, out);
+            if (st) return st;
+            a = p;
+        }
+        i = p + cl;
+    }
+    return bpe_piece(tok, w, s + a, n - a, out);
 }

@@ -503,6 +503,22 @@ static cllm_status parse_model(const ctx *c, const json_t *root) {
         size_t k = tk_utf8_put(name, tk_byte_to_cp((uint8_t)b));
         tok->byte_id[b] = tk_strmap_get(&tok->vocab, name, k);
     }
+    /* may SentencePiece-style words be cut before U+2581? Only if no token
+     * has it right after another character (then no merge crosses a cut) */
+    if (tk_strmap_get(&tok->vocab, "\xE2\x96\x81", 3) >= 0) {
+        bool safe = true;
+        for (size_t i = 0; i < tok->vocab.n && safe; i++) {
+            const tk_ent *e = &tok->vocab.ents[i];
+            const char *k = tok->vocab.keys.p + e->off;
+            for (size_t j = 1; j + 3 <= e->len && safe; j++)
+                if (memcmp(k + j, "\xE2\x96\x81", 3) == 0 && !(j >= 3 && memcmp(k + j - 3, "\xE2\x96\x81", 3) == 0))
+                    safe = false;
+        }
+        if (safe) {
+            memcpy(tok->cut, "\xE2\x96\x81", 3);
+            tok->cut_len = 3;
+        }
+    }
     if ((st = opt_str(c, m, "unk_token", "model", &s, &sl))) return st;
     tok->model_unk = s ? tk_strmap_get(&tok->vocab, s, sl) : -1;
 

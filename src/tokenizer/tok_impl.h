@@ -58,9 +58,12 @@ void tk_strmap_free(tk_strmap *m);
 
 /* ---- (id, id) -> (rank, merged id) ---- */
 typedef struct {
-    uint64_t *keys; /* UINT64_MAX = empty */
-    uint32_t *rank;
-    int32_t *merged;
+    uint64_t key; /* UINT64_MAX = empty */
+    uint32_t rank;
+    int32_t merged;
+} tk_pair_ent;
+typedef struct {
+    tk_pair_ent *e; /* one 16-byte entry per slot: one cache miss per probe */
     size_t mask, n;
 } tk_pairmap;
 bool tk_pairmap_init(tk_pairmap *m, size_t expect);
@@ -69,18 +72,22 @@ void tk_pairmap_put(tk_pairmap *m, int32_t a, int32_t b, uint32_t rank, int32_t 
 static inline uint64_t tk_pair_key(int32_t a, int32_t b) {
     return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
 }
-/* Returns true and the rank/merged id if (a, b) is a merge. */
+static inline size_t tk_pair_slot(uint64_t k, size_t mask) {
+    k *= 0x9E3779B97F4A7C15ull;
+    return (size_t)(k >> 32 ^ k) & mask;
+}
+/* Returns true and the rank/merged id if (a, b) is a merge (a, b >= 0). */
 static inline bool tk_pairmap_get(const tk_pairmap *m, int32_t a, int32_t b, uint32_t *rank, int32_t *merged) {
     uint64_t k = tk_pair_key(a, b);
-    size_t i = (size_t)((k * 0x9E3779B97F4A7C15ull) >> 20) & m->mask;
+    size_t i = tk_pair_slot(k, m->mask);
     for (;;) {
-        uint64_t e = m->keys[i];
-        if (e == k) {
-            *rank = m->rank[i];
-            *merged = m->merged[i];
+        const tk_pair_ent *e = &m->e[i];
+        if (e->key == k) {
+            *rank = e->rank;
+            *merged = e->merged;
             return true;
         }
-        if (e == UINT64_MAX) return false;
+        if (e->key == UINT64_MAX) return false;
         i = (i + 1) & m->mask;
     }
 }
@@ -185,9 +192,9 @@ typedef struct {
 } tk_added;
 
 /* ---- per-call state ---- */
-#define TK_CACHE_SLOTS 8192
-#define TK_CACHE_KEY 46
-#define TK_CACHE_IDS 15
+#define TK_CACHE_SLOTS 65536
+#define TK_CACHE_KEY 30
+#define TK_CACHE_IDS 6
 typedef struct {
     uint64_t h;
     uint8_t klen, nid;
@@ -197,7 +204,7 @@ typedef struct {
 
 typedef struct {
     uint64_t key; /* rank << 32 | left symbol index */
-    int32_t idl, idr;
+    int32_t idl, idr, merged;
 } tk_heap_ent;
 
 typedef struct {
@@ -219,7 +226,7 @@ struct tk_work {
     size_t sym_cap;
     tk_heap_ent *heap;
     size_t heap_cap;
-    tk_cache_slot *cache; /* TK_CACHE_SLOTS, byte-level words only */
+    tk_cache_slot *cache; /* TK_CACHE_SLOTS direct-mapped entries (4 MiB) */
 };
 
 #define TK_POOL 64
@@ -244,6 +251,11 @@ struct cllm_tokenizer {
     bool byte_level;       /* a ByteLevel pre-tokenizer maps bytes to symbols */
     int32_t byte_id[256];  /* byte-level: id of the one-char token for each byte */
     int32_t *cp_id;        /* code point < 0x10000 -> id of the one-char token, or -1 */
+    /* SentencePiece-style words may be cut before `cut` (e.g. U+2581) when
+     * it follows another character: no vocabulary token spans such a cut,
+     * so merges never cross it (checked at load; cut_len 0 = never cut) */
+    char cut[8];
+    size_t cut_len;
     /* added tokens */
     tk_added *added;
     size_t n_added;

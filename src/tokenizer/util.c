@@ -188,35 +188,26 @@ bool tk_pairmap_init(tk_pairmap *m, size_t expect) {
     memset(m, 0, sizeof *m);
     size_t slots = 64;
     while (slots < expect * 2) slots *= 2;
-    m->keys = malloc(slots * sizeof *m->keys);
-    m->rank = malloc(slots * sizeof *m->rank);
-    m->merged = malloc(slots * sizeof *m->merged);
-    if (!m->keys || !m->rank || !m->merged) {
-        tk_pairmap_free(m);
-        return false;
-    }
-    memset(m->keys, 0xFF, slots * sizeof *m->keys);
+    m->e = malloc(slots * sizeof *m->e);
+    if (!m->e) return false;
+    for (size_t i = 0; i < slots; i++) m->e[i].key = UINT64_MAX;
     m->mask = slots - 1;
     return true;
 }
 
 void tk_pairmap_put(tk_pairmap *m, int32_t a, int32_t b, uint32_t rank, int32_t merged) {
     uint64_t k = tk_pair_key(a, b);
-    size_t i = (size_t)((k * 0x9E3779B97F4A7C15ull) >> 20) & m->mask;
-    while (m->keys[i] != UINT64_MAX) {
-        if (m->keys[i] == k) return;
+    size_t i = tk_pair_slot(k, m->mask);
+    while (m->e[i].key != UINT64_MAX) {
+        if (m->e[i].key == k) return;
         i = (i + 1) & m->mask;
     }
-    m->keys[i] = k;
-    m->rank[i] = rank;
-    m->merged[i] = merged;
+    m->e[i] = (tk_pair_ent){k, rank, merged};
     m->n++;
 }
 
 void tk_pairmap_free(tk_pairmap *m) {
-    free(m->keys);
-    free(m->rank);
-    free(m->merged);
+    free(m->e);
     memset(m, 0, sizeof *m);
 }
 
