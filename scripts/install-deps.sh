@@ -20,6 +20,11 @@ if [ "$(id -u)" -ne 0 ]; then
   fi
 fi
 
+# Node.js and npm run the tokenizer oracle in the tests (HF's JavaScript
+# tokenizer). A machine that already has node and npm keeps its own.
+command -v node >/dev/null 2>&1 || PKGS+=(nodejs)
+command -v npm >/dev/null 2>&1 || PKGS+=(npm)
+
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
