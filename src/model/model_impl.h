@@ -76,11 +76,12 @@ cllm_status model_build_layout(cllm_model *m);
 /* Width of the fused/stacked QKV activation of one token. */
 int model_qkv_width(const cllm_model_config *c);
 
-/* Rows of logits computed at once by the fused head + cross-entropy: enough
- * for an efficient matmul, small enough that [rows, V] stays a few MB. */
+/* Rows of logits computed at once by the fused head + cross-entropy: a
+ * [rows, V] chunk of at most 64 MB, enough rows (>= 64) that the three head
+ * GEMMs stay efficient; a full [N, V] tensor never exists for large N. */
 static inline int model_logit_chunk(const cllm_model_config *c, int N) {
-    int rows = (int)((4u << 20) / (unsigned)c->vocab_size);
-    if (rows < 32) rows = 32;
+    int rows = (int)((16u << 20) / (unsigned)c->vocab_size);
+    if (rows < 64) rows = 64;
     return rows < N ? rows : N;
 }
 

@@ -77,17 +77,29 @@ float *cllm_optim_state(cllm_optimizer *o, int which) { return which == 0 ? o->s
 static void sgd_range(cllm_optimizer *o, float *p, const float *g, size_t b, size_t e, double lr_d, double wd_d) {
     const float mom = (float)o->p.momentum, damp = (float)(1.0 - o->p.dampening);
     const float lr = (float)lr_d, wd = (float)wd_d;
-    const bool first = o->step == 1, nesterov = o->p.nesterov;
     float *buf = o->s0;
-#pragma omp parallel for schedule(static)
-    for (size_t i = b; i < e; i++) {
-        float d = g[i];
-        if (wd != 0) d += wd * p[i];
-        if (mom != 0) {
-            buf[i] = first ? d : mom * buf[i] + damp * d;
-            d = nesterov ? d + mom * buf[i] : buf[i];
+    /* branch-free loops (one per case) so they vectorise; adding wd * p with
+     * wd = 0 is exact for finite parameters */
+    if (mom == 0) {
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = b; i < e; i++) p[i] -= lr * (g[i] + wd * p[i]);
+    } else if (o->step == 1) {
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = b; i < e; i++) {
+            float d = g[i] + wd * p[i];
+            buf[i] = d;
+            p[i] -= lr * (o->p.nesterov ? d + mom * d : d);
         }
-        p[i] -= lr * d;
+    } else {
+        const float nest = o->p.nesterov ? 1.0f : 0.0f;
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = b; i < e; i++) {
+            float d = g[i] + wd * p[i];
+            float bi = mom * buf[i] + damp * d;
+            buf[i] = bi;
+            /* nesterov: d + mom*buf; plain: buf */
+            p[i] -= lr * (nest != 0 ? d + mom * bi : bi);
+        }
     }
 }
 
@@ -104,21 +116,21 @@ static void adam_range(cllm_optimizer *o, float *p, const float *g, size_t b, si
     const float eps = (float)o->p.eps, wd = (float)wd_d;
     const double bc1 = 1.0 - pow(b1d, (double)o->step), bc2 = 1.0 - pow(b2d, (double)o->step);
     const float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-    const float decay = (float)(1.0 - lr * wd_d);
+    /* AdamW decays the weight (decay < 1), Adam adds wd * p to the gradient
+     * (l2 > 0); the unused one is the identity (1 or 0), so one branch-free
+     * loop serves both and vectorises */
+    const float decay = decoupled ? (float)(1.0 - lr * wd_d) : 1.0f;
+    const float l2 = decoupled ? 0.0f : wd;
     float *m = o->s0, *v = o->s1;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (size_t i = b; i < e; i++) {
-        float gi = g[i];
-        if (wd != 0) {
-            if (decoupled)
-                p[i] *= decay;
-            else
-                gi += wd * p[i];
-        }
-        m[i] = b1 * m[i] + omb1 * gi;
-        v[i] = b2 * v[i] + omb2 * (gi * gi);
-        float denom = sqrtf(v[i]) / bc2_sqrt + eps;
-        p[i] -= step_size * (m[i] / denom);
+        float gi = g[i] + l2 * p[i];
+        float pi = p[i] * decay;
+        float mi = b1 * m[i] + omb1 * gi;
+        float vi = b2 * v[i] + omb2 * (gi * gi);
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
     }
 }
 
@@ -129,12 +141,11 @@ static void lion_range(cllm_optimizer *o, float *p, const float *g, size_t b, si
     const float omb1 = (float)(1.0 - o->p.beta1), omb2 = (float)(1.0 - o->p.beta2);
     const float decay = (float)(1.0 - lr_d * wd), lr = (float)lr_d;
     float *m = o->s0;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (size_t i = b; i < e; i++) {
         float c = b1 * m[i] + omb1 * g[i];
         float s = (float)((c > 0) - (c < 0));
-        if (wd != 0) p[i] *= decay;
-        p[i] -= lr * s;
+        p[i] = p[i] * decay - lr * s;
         m[i] = b2 * m[i] + omb2 * g[i];
     }
 }
@@ -157,7 +168,7 @@ void cllm_optim_step(cllm_optimizer *o, float *params, const float *grads, const
 
 double cllm_grad_norm(const float *grads, size_t n) {
     double s = 0;
-#pragma omp parallel for reduction(+ : s) schedule(static)
+#pragma omp parallel for simd reduction(+ : s) schedule(static)
     for (size_t i = 0; i < n; i++) s += (double)grads[i] * grads[i];
     return sqrt(s);
 }
@@ -168,7 +179,7 @@ double cllm_grad_clip(float *grads, size_t n, double max_norm) {
         double coef = max_norm / (norm + 1e-6);
         if (coef < 1.0) {
             float c = (float)coef;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
             for (size_t i = 0; i < n; i++) grads[i] *= c;
         }
     }
