@@ -11,6 +11,7 @@ PKGS=(
   libmicrohttpd-dev    # HTTP server
   libopenmpi-dev openmpi-bin   # MPI
   python3-torch python3-numpy  # PyTorch references in tests and benchmarks (/usr/bin/python3)
+  libopenblas0-pthread         # the BLAS Debian's torch uses for fp32 matmuls (else the slow reference BLAS)
 )
 
 SUDO=""
