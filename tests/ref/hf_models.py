@@ -132,6 +132,25 @@ PRESETS = {
 }
 
 
+REQUIRED_KEYS = {
+    "gpt2": ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"),
+    "llama": ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads", "rms_norm_eps"),
+    "bloom": ("vocab_size", "hidden_size", "n_layer", "n_head"),
+}
+
+
+def validate_config(cfg):
+    t = cfg.get("model_type")
+    if t not in REQUIRED_KEYS:
+        raise ValueError("config.json: unknown model_type %r" % (t,))
+    for k in REQUIRED_KEYS[t]:
+        if k not in cfg:
+            raise ValueError("config.json: missing key %s" % k)
+    if t == "llama" and "num_key_value_heads" not in cfg:
+        cfg["num_key_value_heads"] = cfg["num_attention_heads"]  # HF default
+
+
 def make_config(arch, **overrides):
     if arch not in CONFIG_BUILDERS:
         raise ValueError("unknown arch %r" % arch)
@@ -470,12 +489,35 @@ def write_jsonl(path, samples):
             f.write(json.dumps(s) + "\n")
 
 
-def read_jsonl(path):
+def read_jsonl(path, vocab_size=None):
+    """Samples of a JSONL file. Errors name the line as PATH:LINE; with
+    vocab_size, token ids must lie in [0, vocab_size) (labels may be -100)."""
     out = []
     with open(path) as f:
-        for line in f:
-            if line.strip():
-                out.append(json.loads(line))
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = "%s:%d" % (path, lineno)
+            try:
+                s = json.loads(line)
+            except ValueError as e:
+                raise ValueError("%s: malformed JSON (%s)" % (where, e))
+            if not isinstance(s, dict) or not isinstance(s.get("input_ids"), list):
+                raise ValueError("%s: expected an object with an input_ids list" % where)
+            for key, allow_ignore in (("input_ids", False), ("labels", True)):
+                if key not in s:
+                    continue
+                for v in s[key]:
+                    if not isinstance(v, int) or isinstance(v, bool):
+                        raise ValueError("%s: %s holds a non-integer" % (where, key))
+                    if allow_ignore and v == IGNORE_INDEX:
+                        continue
+                    if v < 0 or (vocab_size is not None and v >= vocab_size):
+                        raise ValueError("%s: %s holds token id %d outside [0, %s)"
+                                         % (where, key, v, vocab_size))
+            if "labels" in s and len(s["labels"]) != len(s["input_ids"]):
+                raise ValueError("%s: labels and input_ids differ in length" % where)
+            out.append(s)
     return out
 
 
@@ -613,6 +655,7 @@ def load_hf_folder(dirpath, to_float32=True):
     sharded folder with model.safetensors.index.json."""
     with open(os.path.join(dirpath, "config.json")) as f:
         cfg = json.load(f, object_pairs_hook=OrderedDict)
+    validate_config(cfg)
     index = os.path.join(dirpath, "model.safetensors.index.json")
     tensors = OrderedDict()
     if os.path.exists(index):
@@ -776,6 +819,9 @@ def main(argv=None):
     t.add_argument("--seq-len", type=int, required=True)
     t.add_argument("--weight-decay", type=float, default=0.0)
     t.add_argument("--grad-clip", type=float, default=0.0)
+    t.add_argument("--no-shuffle", action="store_true",
+                   help="accepted for symmetry with cllm; sequential order is the only one here")
+    t.add_argument("--seed", type=int, default=1, help="accepted; unused (no randomness)")
     args = ap.parse_args(argv)
 
     if args.cmd == "init":
@@ -795,8 +841,12 @@ def main(argv=None):
         params = init_params(cfg, seed=args.seed, std=args.std)
         save_hf_folder(args.out, cfg, params, dtype=args.dtype, shards=args.shards)
         return 0
-    cfg, params = load_hf_folder(args.model)
-    samples = read_jsonl(args.data)
+    try:
+        cfg, params = load_hf_folder(args.model)
+        samples = read_jsonl(args.data, cfg["vocab_size"])
+    except (OSError, ValueError, KeyError) as e:
+        print("hf_models %s: %s" % (args.cmd, e), file=sys.stderr)
+        return 1
     if args.cmd == "grad":
         ids, labels = make_batch(samples[:args.batch_size], args.seq_len)
         loss, n, grads = reference_grads(cfg, params, ids, labels)

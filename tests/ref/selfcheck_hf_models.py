@@ -416,6 +416,23 @@ def check_cli(tmp):
     check("CLI init + grad", ok)
 
 
+def check_test_harness(tmp):
+    """Runs part of test_model_vs_torch.py with this module's CLI standing in
+    for the cllm binary: the harness must then pass (this checks the
+    harness, not cllm)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    fake = os.path.join(tmp, "fake-cllm")
+    with open(fake, "w") as f:
+        f.write('#!/bin/sh\nexec "%s" "%s" "$@"\n' % (sys.executable, os.path.join(here, "hf_models.py")))
+    os.chmod(fake, 0o755)
+    r = subprocess.run([sys.executable, os.path.join(here, "..", "test_model_vs_torch.py"),
+                        "--cllm", fake, "--only", "llama-gqa-"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
+    check("test_model_vs_torch.py passes with the reference as the binary (%s)" % last,
+          r.returncode == 0 and last.endswith(" 0 failed"), r.stdout[-2000:])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cllm")
@@ -435,6 +452,7 @@ def main():
         check_safetensors(tmp)
         check_train_loop()
         check_cli(tmp)
+        check_test_harness(tmp)
     print("%d passed, %d failed" % (PASSED, FAILED))
     return 1 if FAILED else 0
 
