@@ -1,0 +1,5 @@
+# End-to-end model tests against the PyTorch references in tests/ref/.
+# selfcheck_hf_models checks the references themselves (no cllm needed);
+# test_model_vs_torch runs `cllm grad` / `cllm train` on tiny models.
+cllm_add_py_test(selfcheck_hf_models ref/selfcheck_hf_models.py LABELS model)
+cllm_add_py_test(test_model_vs_torch test_model_vs_torch.py LABELS model)
