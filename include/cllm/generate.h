@@ -77,8 +77,8 @@ void cllm_kv_cache_free(cllm_kv_cache *kv);
  * Errors (nothing is changed): n < 1 or n > max_chunk, pos + n beyond the
  * cache (the message names the limit and whether it is the model's), and
  * token ids outside [0, V) (named with their position): CLLM_ERR_ARG.
- * CLLM_ERR_INTERNAL if a matmul fails, after which the cache should be
- * reset. */
+ * CLLM_ERR_INTERNAL if a matmul fails; the position is not advanced then
+ * either, so the call can be retried. */
 cllm_status cllm_kv_cache_forward(cllm_kv_cache *kv, const int32_t *tokens, int n, float *logits);
 
 /* Number of positions filled so far (the next token's position). */
