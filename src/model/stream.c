@@ -13,7 +13,8 @@
  * returned, and returns the rest up to the last complete character; a
  * trailing U+FFFD or truncated sequence is held back, because the next
  * token may complete it. When nothing is held back, the window collapses to
- * [newest token], so each push decodes only a few tokens.
+ * [newest token] (when that token's text alone is whole characters), so
+ * each push decodes only a few tokens.
  *
  * Left out: text that a later token rewrites before the hold-back point
  * (no decoder in tokenizer.h does that), skipping the anchor's own text
