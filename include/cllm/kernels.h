@@ -164,6 +164,22 @@ long cllm_xent_forward_backward(float *losses, float *logits, const int32_t *tar
 /* Forward only (evaluation): losses[n] as above, logits untouched. */
 long cllm_xent_forward(float *losses, const float *logits, const int32_t *targets, int N, int V);
 
+/* ------------------------------------------------- attention over a cache
+ * Causal attention of T new query rows per sequence against cached keys
+ * and values, for incremental decoding. Row t of sequence b sits at
+ * absolute position past + t and attends keys 0..past+t.
+ *   out, q: views over [B,T] rows as in cllm_attention_forward
+ *   kc, vc: [B,NKV,S,HS] cache (S = positions the cache holds); rows
+ *           0..past+T-1 of each (b, g) block must be filled, including the
+ *           new tokens' own keys and values
+ *   alibi:  [NH] slopes or NULL; the bias is slope * (s - (past + t))
+ * Requires 0 <= past, past + T <= S, HS <= CLLM_ATTN_MAX_HS, NH % NKV == 0
+ * (asserted). No scratch, no lse: inference only. Bit-identical for any
+ * thread count. */
+void cllm_attention_forward_cached(cllm_view out, cllm_cview q, const float *kc, const float *vc,
+                                   const float *alibi, int B, int T, int past, int S, int NH,
+                                   int NKV, int HS, float scale);
+
 #ifdef __cplusplus
 }
 #endif

@@ -19,6 +19,7 @@ static const command commands[] = {
     {"init", cmd_init, "write a randomly initialised HF model folder (gpt2, llama, bloom)"},
     {"train", cmd_train, "train a model on pre-tokenized JSONL data"},
     {"eval", cmd_eval, "report loss and perplexity of a model on data"},
+    {"generate", cmd_generate, "continue a prompt with a model (KV cache, sampling), streaming text"},
     {"grad", cmd_grad, "compute loss and parameter gradients for one batch (debugging, tests)"},
     {"tokenize", cmd_tokenize, "encode text to token ids with an HF tokenizer.json"},
     {"detokenize", cmd_detokenize, "decode token ids to text"},

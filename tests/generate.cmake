@@ -1,0 +1,15 @@
+# Generation (label: generate).
+#   test_generate        KV-cache forward vs the full forward for gpt2/llama/bloom
+#                        (GQA, MQA, non-power-of-two ALiBi), cached attention vs a
+#                        float64 reference, sampler distributions, streaming
+#                        detokenization (C, also run under ASan/UBSan)
+#   generate_torch       greedy continuations of tiny random models compared token
+#                        by token with a plain-PyTorch reference of each family
+#   generate_cli         the cllm generate command: streamed UTF-8 text, EOS,
+#                        context limit, error paths and exit codes
+cllm_add_c_test(test_generate LABELS generate ARGS ${CLLM_FIXTURES}/hf)
+cllm_add_py_test(generate_torch ref/generate_ref.py LABELS generate)
+cllm_add_py_test(generate_cli generate_cli.py LABELS generate cli ARGS --fixtures ${CLLM_FIXTURES}/hf)
+# Many tiny parallel regions: with spinning waits, a loaded machine turns
+# each barrier into a scheduler time slice.
+set_tests_properties(test_generate PROPERTIES ENVIRONMENT "OMP_WAIT_POLICY=PASSIVE")

@@ -1,0 +1,448 @@
+/*
+ * Generation tests: the KV-cache forward against the training forward for
+ * every family (logits of each incrementally computed position equal the
+ * last-position logits of a full forward over the same prefix), the cached
+ * attention kernel against a naive float64 reference, the sampler against
+ * independently computed distributions, and the streaming detokenizer on
+ * characters split across tokens.
+ * Usage: test_generate <fixtures/hf folder>
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "cllm/generate.h"
+#include "cllm/kernels.h"
+#include "cllm/model.h"
+#include "cllm/tokenizer.h"
+
+static cllm_model *make_model(cllm_arch arch, const char *extra_json, uint64_t seed) {
+    json_t *cfg = NULL;
+    cllm_model *m = NULL;
+    if (cllm_model_preset(&cfg, arch, "tiny")) return NULL;
+    json_t *extra = json_loads(extra_json, 0, NULL);
+    if (extra) json_object_update(cfg, extra);
+    json_decref(extra);
+    if (cllm_model_init_random(&m, cfg, seed)) fprintf(stderr, "init: %s\n", cllm_last_error());
+    json_decref(cfg);
+    return m;
+}
+
+/* max |a-b| / max |b| */
+static double max_rel(const float *a, const float *b, size_t n) {
+    double d = 0, mb = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        mb = fmax(mb, fabs((double)b[i]));
+    }
+    return d / mb;
+}
+
+/* Feeds B sequences of L random tokens: the first `first` tokens in one
+ * call, the rest of the prompt (up to `prompt`) in a second call, then one
+ * token per call; after every call the cache's logits must match the full
+ * forward over the same prefix. */
+static void check_cache(const char *name, cllm_arch arch, const char *extra, int B, int first, int prompt, int L) {
+    cllm_model *m = make_model(arch, extra, 11);
+    CHECK(m != NULL, "%s: model", name);
+    if (!m) return;
+    int V = cllm_model_get_config(m)->vocab_size;
+    int32_t *tok = malloc(sizeof(int32_t) * B * L), *part = malloc(sizeof(int32_t) * B * L);
+    float *ref = malloc(sizeof(float) * B * V), *got = malloc(sizeof(float) * B * V);
+    uint64_t x = 12345;
+    for (int i = 0; i < B * L; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        tok[i] = (int32_t)((x >> 33) % (uint64_t)V);
+    }
+    cllm_kv_cache *kv = NULL;
+    CHECK(cllm_model_prepare(m, B, L, false) == CLLM_OK, "%s: prepare: %s", name, cllm_last_error());
+    CHECK(cllm_kv_cache_init(&kv, m, B, L, prompt) == CLLM_OK, "%s: init: %s", name, cllm_last_error());
+    double worst = 0;
+    int calls = 0;
+    for (int pos = 0; kv && pos < L;) {
+        int n = pos == 0 ? first : pos < prompt ? prompt - pos : 1;
+        for (int b = 0; b < B; b++) memcpy(part + b * n, tok + b * L + pos, sizeof(int32_t) * n);
+        cllm_status st = cllm_kv_cache_forward(kv, part, n, got);
+        CHECK(st == CLLM_OK, "%s: forward at %d: %s", name, pos, cllm_last_error());
+        if (st) break;
+        pos += n;
+        /* full forward over rows [B, pos] */
+        for (int b = 0; b < B; b++) memcpy(part + b * pos, tok + b * L, sizeof(int32_t) * pos);
+        CHECK(cllm_model_forward_logits(m, part, B, pos, ref) == CLLM_OK, "%s: full forward", name);
+        double e = max_rel(got, ref, (size_t)B * V);
+        worst = fmax(worst, e);
+        CHECK(e <= 1e-5, "%s: logits after %d positions differ by %.3g (relative)", name, pos, e);
+        calls++;
+    }
+    CHECK(kv && cllm_kv_cache_pos(kv) == L, "%s: position %d after %d calls", name, kv ? cllm_kv_cache_pos(kv) : -1,
+          calls);
+    /* Rewinding and replaying the last token gives the same logits. */
+    if (kv) {
+        CHECK(cllm_kv_cache_rewind(kv, L - 1) == CLLM_OK, "%s: rewind", name);
+        for (int b = 0; b < B; b++) part[b] = tok[b * L + L - 1];
+        CHECK(cllm_kv_cache_forward(kv, part, 1, ref) == CLLM_OK && max_rel(ref, got, (size_t)B * V) == 0,
+              "%s: replay after rewind differs", name);
+        CHECK(cllm_kv_cache_rewind(kv, L + 1) == CLLM_ERR_ARG, "%s: rewind past the end", name);
+    }
+    printf("%-28s B=%d L=%2d  max relative logit error %.2e\n", name, B, L, worst);
+    fflush(stdout);
+    cllm_kv_cache_free(kv);
+    free(tok);
+    free(part);
+    free(ref);
+    free(got);
+    cllm_model_free(m);
+}
+
+static void test_cache_errors(void) {
+    cllm_model *m = make_model(CLLM_ARCH_GPT2, "{\"n_positions\": 16}", 3);
+    CHECK(m != NULL, "gpt2 model");
+    if (!m) return;
+    cllm_kv_cache *kv = NULL;
+    CHECK(cllm_kv_cache_init(&kv, m, 1, 17, 0) == CLLM_ERR_ARG && strstr(cllm_last_error(), "16") && !kv,
+          "cache beyond n_positions: %s", cllm_last_error());
+    CHECK(cllm_kv_cache_init(&kv, m, 1, 0, 4) == CLLM_OK && cllm_kv_cache_capacity(kv) == 16, "default capacity");
+    int32_t ids[16] = {0};
+    float *logits = malloc(sizeof(float) * 2 * 512); /* [B = 2, V] for the bloom cache below */
+    CHECK(cllm_kv_cache_forward(kv, ids, 5, logits) == CLLM_ERR_ARG, "chunk larger than max_chunk");
+    CHECK(cllm_kv_cache_forward(kv, ids, 0, logits) == CLLM_ERR_ARG, "empty chunk");
+    ids[2] = 512;
+    CHECK(cllm_kv_cache_forward(kv, ids, 3, logits) == CLLM_ERR_ARG && strstr(cllm_last_error(), "512"),
+          "id outside the vocabulary: %s", cllm_last_error());
+    ids[2] = -1;
+    CHECK(cllm_kv_cache_forward(kv, ids, 3, logits) == CLLM_ERR_ARG, "negative id");
+    CHECK(cllm_kv_cache_pos(kv) == 0, "failed calls do not advance");
+    ids[2] = 0;
+    for (int i = 0; i < 4; i++) CHECK(cllm_kv_cache_forward(kv, ids, 4, logits) == CLLM_OK, "fill %d", i);
+    CHECK(cllm_kv_cache_forward(kv, ids, 1, logits) == CLLM_ERR_ARG && strstr(cllm_last_error(), "16") &&
+              strstr(cllm_last_error(), "n_positions"),
+          "beyond the model limit: %s", cllm_last_error());
+    cllm_kv_cache_free(kv);
+    kv = NULL;
+    /* BLOOM has no limit: a cache can be sized freely, and its own size is
+     * the limit then. */
+    cllm_model *bl = make_model(CLLM_ARCH_BLOOM, "{}", 3);
+    CHECK(bl && cllm_kv_cache_init(&kv, bl, 2, 3, 0) == CLLM_OK, "bloom cache");
+    if (kv) {
+        CHECK(cllm_kv_cache_forward(kv, ids, 3, logits) == CLLM_OK, "bloom fill");
+        CHECK(cllm_kv_cache_forward(kv, ids, 1, logits) == CLLM_ERR_ARG && strstr(cllm_last_error(), "cache"),
+              "beyond the cache: %s", cllm_last_error());
+    }
+    cllm_kv_cache_free(kv);
+    cllm_kv_cache_free(NULL);
+    cllm_model_free(bl);
+    free(logits);
+    cllm_model_free(m);
+}
+
+/* cllm_attention_forward_cached against a float64 loop over the same cache. */
+static void test_attention_kernel(void) {
+    enum { B = 2, T = 3, PAST = 5, S = 10, NH = 6, NKV = 2, HS = 12 };
+    static float q[B * T * NH * HS], out[B * T * NH * HS], kc[B * NKV * S * HS], vc[B * NKV * S * HS];
+    float slopes[NH];
+    cllm_rng r;
+    cllm_rng_seed(&r, 5);
+    for (size_t i = 0; i < sizeof q / sizeof *q; i++) q[i] = cllm_rng_normal(&r);
+    for (size_t i = 0; i < sizeof kc / sizeof *kc; i++) kc[i] = cllm_rng_normal(&r), vc[i] = cllm_rng_normal(&r);
+    cllm_alibi_slopes(slopes, NH);
+    const float scale = 1.0f / sqrtf((float)HS);
+    for (int use_alibi = 0; use_alibi < 2; use_alibi++) {
+        cllm_attention_forward_cached((cllm_view){out, NH * HS, HS}, (cllm_cview){q, NH * HS, HS}, kc, vc,
+                                      use_alibi ? slopes : NULL, B, T, PAST, S, NH, NKV, HS, scale);
+        double worst = 0;
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < NH; h++) {
+                    int g = h / (NH / NKV), p = PAST + t;
+                    const float *qr = q + ((b * T + t) * NH + h) * HS;
+                    const float *kb = kc + ((size_t)(b * NKV + g) * S) * HS, *vb = vc + ((size_t)(b * NKV + g) * S) * HS;
+                    double sc[S], mx = -INFINITY, sum = 0;
+                    for (int s = 0; s <= p; s++) {
+                        double d = 0;
+                        for (int i = 0; i < HS; i++) d += (double)qr[i] * kb[s * HS + i];
+                        sc[s] = d * scale + (use_alibi ? (double)slopes[h] * (s - p) : 0);
+                        mx = fmax(mx, sc[s]);
+                    }
+                    for (int s = 0; s <= p; s++) sum += sc[s] = exp(sc[s] - mx);
+                    for (int i = 0; i < HS; i++) {
+                        double o = 0;
+                        for (int s = 0; s <= p; s++) o += sc[s] / sum * vb[s * HS + i];
+                        worst = fmax(worst, fabs(o - out[((b * T + t) * NH + h) * HS + i]));
+                    }
+                }
+        CHECK(worst < 1e-5, "cached attention (alibi %d) differs from the float64 reference by %g", use_alibi, worst);
+    }
+}
+
+/* ---------------------------------------------------------------- sampling */
+
+static void softmax_d(double *p, const double *l, int n) {
+    double mx = -INFINITY, s = 0;
+    for (int i = 0; i < n; i++) mx = fmax(mx, l[i]);
+    for (int i = 0; i < n; i++) s += p[i] = isinf(l[i]) ? 0 : exp(l[i] - mx);
+    for (int i = 0; i < n; i++) p[i] /= s;
+}
+
+static void expect_probs(const char *what, cllm_sample_params sp, const float *logits, int V, const int32_t *hist,
+                         size_t nh, const double *want) {
+    cllm_sampler *s = NULL;
+    float got[16];
+    CHECK(cllm_sampler_init(&s, V, sp, 1) == CLLM_OK, "%s: init: %s", what, cllm_last_error());
+    if (!s) return;
+    CHECK(cllm_sampler_probs(s, got, logits, hist, nh) == CLLM_OK, "%s: probs", what);
+    for (int i = 0; i < V; i++)
+        CHECK(fabs(got[i] - want[i]) < 1e-6, "%s: p[%d] = %.7f, expected %.7f", what, i, got[i], want[i]);
+    cllm_sampler_free(s);
+}
+
+static void test_sampler_probs(void) {
+    const float l6[6] = {1.0f, 3.0f, 2.0f, 3.0f, 0.5f, 2.0f};
+    double ld[6], want[6];
+    cllm_sample_params sp = cllm_sample_params_default();
+    for (int i = 0; i < 6; i++) ld[i] = l6[i];
+    softmax_d(want, ld, 6);
+    expect_probs("plain softmax", sp, l6, 6, NULL, 0, want);
+
+    sp.temperature = 0.5f;
+    for (int i = 0; i < 6; i++) ld[i] = l6[i] / 0.5;
+    softmax_d(want, ld, 6);
+    expect_probs("temperature 0.5", sp, l6, 6, NULL, 0, want);
+
+    /* top-k 3: the third largest is 2.0, and both 2.0s stay (ties kept). */
+    sp = cllm_sample_params_default();
+    sp.top_k = 3;
+    for (int i = 0; i < 6; i++) ld[i] = l6[i] >= 2.0f ? l6[i] : -INFINITY;
+    softmax_d(want, ld, 6);
+    expect_probs("top-k 3 with ties", sp, l6, 6, NULL, 0, want);
+    sp.top_k = 1;
+    for (int i = 0; i < 6; i++) ld[i] = l6[i] >= 3.0f ? l6[i] : -INFINITY;
+    softmax_d(want, ld, 6);
+    expect_probs("top-k 1 with a tie", sp, l6, 6, NULL, 0, want);
+
+    /* top-p over probabilities 0.5, 0.3, 0.15, 0.05 (ids shuffled). */
+    const double pr[4] = {0.15, 0.5, 0.05, 0.3};
+    float lp[4];
+    for (int i = 0; i < 4; i++) lp[i] = (float)log(pr[i]);
+    const struct {
+        float p;
+        double want[4];
+    } cases[] = {
+        {0.75f, {0, 0.5 / 0.8, 0, 0.3 / 0.8}},
+        {0.85f, {0.15 / 0.95, 0.5 / 0.95, 0, 0.3 / 0.95}},
+        {0.1f, {0, 1, 0, 0}},
+        {0.5f, {0, 1, 0, 0}},
+        {0.99f, {0.15, 0.5, 0.05, 0.3}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char what[32];
+        snprintf(what, sizeof what, "top-p %.2f", (double)cases[c].p);
+        sp = cllm_sample_params_default();
+        sp.top_p = cases[c].p;
+        expect_probs(what, sp, lp, 4, NULL, 0, cases[c].want);
+    }
+
+    /* Repetition penalty 2: seen positive logits halve, negative double,
+     * each distinct id once however often it was seen. */
+    const float lr[4] = {2.0f, -1.0f, 0.5f, 1.5f};
+    const int32_t hist[3] = {0, 1, 1};
+    sp = cllm_sample_params_default();
+    sp.repetition_penalty = 2.0f;
+    double lrd[4] = {1.0, -2.0, 0.5, 1.5};
+    softmax_d(want, lrd, 4);
+    expect_probs("repetition penalty", sp, lr, 4, hist, 3, want);
+    sp.greedy = true;
+    const double onehot[4] = {0, 0, 0, 1};
+    expect_probs("greedy after the penalty", sp, lr, 4, hist, 3, onehot);
+    sp = cllm_sample_params_default();
+    sp.temperature = 0.0f;
+    const double first[6] = {0, 1, 0, 0, 0, 0};
+    expect_probs("temperature 0 = greedy, lowest id on ties", sp, l6, 6, NULL, 0, first);
+}
+
+/* Empirical frequencies of many draws against the distribution computed
+ * here from scratch: temperature 0.7, then top-k 4, then top-p 0.8. */
+static void test_sampler_draws(void) {
+    enum { V = 8, DRAWS = 100000 };
+    const float l[V] = {0.2f, 1.5f, -0.3f, 1.1f, 0.9f, 2.0f, 0.0f, 1.4f};
+    double t[V], p[V];
+    for (int i = 0; i < V; i++) t[i] = l[i] / (double)0.7f;
+    /* top-4 keeps ids 5 (2.0), 1 (1.5), 7 (1.4), 3 (1.1) */
+    for (int i = 0; i < V; i++)
+        if (i != 5 && i != 1 && i != 7 && i != 3) t[i] = -INFINITY;
+    softmax_d(p, t, V);
+    /* top-p 0.8 in descending order 5, 1, 7, 3 (p = .457 .224 .194 .126) */
+    const int ord[4] = {5, 1, 7, 3};
+    double cum = 0;
+    int keep = 0;
+    while (keep < 4) {
+        cum += p[ord[keep++]];
+        if (cum >= (double)0.8f) break;
+    }
+    for (int i = keep; i < 4; i++) p[ord[i]] = 0;
+    for (int i = 0; i < V; i++) p[i] /= cum;
+    CHECK(keep == 3, "test setup: top-p should keep 3 tokens, keeps %d", keep);
+
+    cllm_sample_params sp = {false, 0.7f, 4, 0.8f, 1.0f};
+    cllm_sampler *s = NULL, *s2 = NULL, *s3 = NULL;
+    CHECK(cllm_sampler_init(&s, V, sp, 42) == CLLM_OK, "init");
+    CHECK(cllm_sampler_init(&s2, V, sp, 42) == CLLM_OK, "init");
+    CHECK(cllm_sampler_init(&s3, V, sp, 43) == CLLM_OK, "init");
+    if (!s || !s2 || !s3) return;
+    long count[V] = {0};
+    int same = 1, differ = 0;
+    for (int i = 0; i < DRAWS; i++) {
+        int32_t a = -1, b = -1, c = -1;
+        cllm_sampler_sample(s, &a, l, NULL, 0);
+        if (i < 1000) {
+            cllm_sampler_sample(s2, &b, l, NULL, 0);
+            cllm_sampler_sample(s3, &c, l, NULL, 0);
+            same &= a == b;
+            differ |= a != c;
+        }
+        if (a >= 0 && a < V) count[a]++;
+    }
+    CHECK(same, "same seed, same draws");
+    CHECK(differ, "different seeds, different draws");
+    for (int i = 0; i < V; i++) {
+        double f = (double)count[i] / DRAWS;
+        /* 0.01 is more than 6 standard errors at 1e5 draws */
+        CHECK(fabs(f - p[i]) < 0.01, "token %d drawn with frequency %.4f, expected %.4f", i, f, p[i]);
+        if (p[i] == 0) CHECK(count[i] == 0, "removed token %d was drawn %ld times", i, count[i]);
+    }
+    cllm_sampler_free(s);
+    cllm_sampler_free(s2);
+    cllm_sampler_free(s3);
+
+    /* greedy is deterministic and draws nothing */
+    cllm_sample_params g = cllm_sample_params_default();
+    g.greedy = true;
+    CHECK(cllm_sampler_init(&s, V, g, 1) == CLLM_OK, "greedy init");
+    for (int i = 0; s && i < 10; i++) {
+        int32_t a = -1;
+        CHECK(cllm_sampler_sample(s, &a, l, NULL, 0) == CLLM_OK && a == 5, "greedy picks 5, got %d", a);
+    }
+    const int32_t bad[1] = {V};
+    int32_t a;
+    CHECK(s && cllm_sampler_sample(s, &a, l, bad, 1) == CLLM_ERR_ARG, "history id outside the vocabulary");
+    cllm_sampler_free(s);
+    cllm_sampler_free(NULL);
+
+    const cllm_sample_params invalid[] = {
+        {false, -1.0f, 0, 1.0f, 1.0f}, {false, 1.0f, -2, 1.0f, 1.0f}, {false, 1.0f, 0, 0.0f, 1.0f},
+        {false, 1.0f, 0, 1.5f, 1.0f},  {false, 1.0f, 0, 1.0f, 0.0f},  {false, NAN, 0, 1.0f, 1.0f},
+    };
+    for (size_t i = 0; i < sizeof invalid / sizeof invalid[0]; i++) {
+        s = NULL;
+        CHECK(cllm_sampler_init(&s, V, invalid[i], 1) == CLLM_ERR_ARG && !s, "invalid params %zu accepted", i);
+    }
+}
+
+/* ------------------------------------------------------------- streaming */
+
+static bool valid_utf8(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        int need = u[i] < 0x80 ? 0 : (u[i] >> 5) == 6 ? 1 : (u[i] >> 4) == 14 ? 2 : (u[i] >> 3) == 30 ? 3 : -1;
+        if (need < 0 || i + (size_t)need >= n) return false;
+        for (int k = 1; k <= need; k++)
+            if ((u[i + k] & 0xC0) != 0x80) return false;
+        i += (size_t)need + 1;
+    }
+    return true;
+}
+
+static void check_stream(const char *dir, const char *context, const char *text) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s", dir);
+    cllm_tokenizer *tok = NULL;
+    if (cllm_tokenizer_load(&tok, path)) {
+        CHECK(0, "load %s: %s", path, cllm_last_error());
+        return;
+    }
+    cllm_token_buf ctx = {0}, gen = {0};
+    cllm_tokenizer_encode(tok, context, strlen(context), false, &ctx);
+    /* the continuation as the model would produce it: the ids of
+     * context+text after the context's */
+    char both[512];
+    snprintf(both, sizeof both, "%s%s", context, text);
+    cllm_tokenizer_encode(tok, both, strlen(both), false, &gen);
+    CHECK(gen.n > ctx.n && memcmp(gen.ids, ctx.ids, ctx.n * sizeof(int32_t)) == 0, "%s: context is a prefix", dir);
+    cllm_text_stream *ts = NULL;
+    CHECK(cllm_text_stream_init(&ts, tok, ctx.ids, ctx.n) == CLLM_OK, "stream init");
+    char out[1024];
+    size_t olen = 0;
+    int held = 0;
+    for (size_t i = ctx.n; ts && i < gen.n; i++) {
+        const char *s;
+        size_t n;
+        CHECK(cllm_text_stream_push(ts, gen.ids[i], &s, &n) == CLLM_OK, "push");
+        CHECK(valid_utf8(s, n), "%s: chunk %zu is not whole UTF-8 characters", dir, i);
+        held += n == 0;
+        if (olen + n < sizeof out) memcpy(out + olen, s, n), olen += n;
+    }
+    const char *s = "";
+    size_t n = 0;
+    CHECK(ts && cllm_text_stream_finish(ts, &s, &n) == CLLM_OK && n == 0, "%s: nothing left at the end", dir);
+    CHECK(olen == strlen(text) && memcmp(out, text, olen) == 0, "%s: streamed '%.*s', expected '%s'", dir, (int)olen,
+          out, text);
+    CHECK(held > 0, "%s: no token was held back (the test text should split a character)", dir);
+    /* an id the tokenizer does not know */
+    CHECK(ts && cllm_text_stream_push(ts, 1 << 30, &s, &n) == CLLM_ERR_ARG, "bad id");
+    cllm_text_stream_free(ts);
+    cllm_token_buf_free(&ctx);
+    cllm_token_buf_free(&gen);
+    cllm_tokenizer_free(tok);
+}
+
+static void test_stream_partial_end(const char *dir) {
+    cllm_tokenizer *tok = NULL;
+    if (cllm_tokenizer_load(&tok, dir)) return;
+    cllm_token_buf ids = {0};
+    const char *emoji = "\xF0\x9F\x99\x82"; /* U+1F642, more than one byte-level token */
+    cllm_tokenizer_encode(tok, emoji, 4, false, &ids);
+    cllm_text_stream *ts = NULL;
+    cllm_text_stream_init(&ts, tok, NULL, 0);
+    const char *s;
+    size_t n = 0;
+    CHECK(ids.n >= 2, "emoji splits into %zu tokens", ids.n);
+    if (ts && ids.n >= 2) {
+        cllm_text_stream_push(ts, ids.ids[0], &s, &n);
+        CHECK(n == 0, "first fragment held back");
+        CHECK(cllm_text_stream_finish(ts, &s, &n) == CLLM_OK && n == 3 && memcmp(s, "\xEF\xBF\xBD", 3) == 0,
+              "unfinished character flushed as U+FFFD (%zu bytes)", n);
+    }
+    cllm_text_stream_free(ts);
+    cllm_token_buf_free(&ids);
+    cllm_tokenizer_free(tok);
+}
+
+int main(int argc, char **argv) {
+    check_cache("gpt2", CLLM_ARCH_GPT2, "{\"initializer_range\": 0.2}", 2, 3, 5, 12);
+    check_cache("gpt2 B=1 single prefill", CLLM_ARCH_GPT2, "{\"initializer_range\": 0.2}", 1, 4, 4, 9);
+    check_cache("llama GQA 4/2", CLLM_ARCH_LLAMA, "{\"initializer_range\": 0.2}", 2, 3, 5, 12);
+    check_cache("llama MQA 6/1 hs 12 bias", CLLM_ARCH_LLAMA,
+                "{\"initializer_range\": 0.2, \"hidden_size\": 72, \"num_attention_heads\": 6, "
+                "\"num_key_value_heads\": 1, \"attention_bias\": true, \"rope_theta\": 500.0}",
+                1, 2, 6, 11);
+    check_cache("bloom", CLLM_ARCH_BLOOM, "{\"initializer_range\": 0.2}", 2, 3, 5, 12);
+    check_cache("bloom 6 heads (ALiBi non-pow2)", CLLM_ARCH_BLOOM,
+                "{\"initializer_range\": 0.2, \"hidden_size\": 48, \"n_head\": 6}", 2, 1, 4, 10);
+    test_cache_errors();
+    test_attention_kernel();
+    test_sampler_probs();
+    test_sampler_draws();
+    if (argc > 1) {
+        char gpt2[4096], llama[4096];
+        snprintf(gpt2, sizeof gpt2, "%s/gpt2", argv[1]);
+        snprintf(llama, sizeof llama, "%s/tinyllama-1.1b-chat-v1.0", argv[1]);
+        check_stream(gpt2, "Hello", " wörld — 日本語 \xF0\x9F\x99\x82 ok \xF0\x9F\x98\x80\xF0\x9F\x8E\x89!");
+        check_stream(llama, "Hello", " world 日本語 \xF0\x9F\x99\x82 \xE1\xBC\x80 ok");
+        test_stream_partial_end(gpt2);
+    } else {
+        fprintf(stderr, "no fixtures folder given: streaming tests skipped\n");
+    }
+    return check_summary();
+}

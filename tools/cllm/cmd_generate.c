@@ -1,0 +1,265 @@
+/*
+ * cllm generate: continue a prompt with a model, streaming the text to
+ * stdout as tokens are produced.
+ *
+ *   cllm generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [flags]
+ *
+ * The prompt is encoded with the tokenizer (tokenizer.json in --tokenizer,
+ * by default the model folder; BOS/EOS as its post-processor adds them), run
+ * through the model once to fill the key/value cache, then tokens are
+ * sampled one at a time until EOS (the config's eos_token_id or the
+ * tokenizer's), --max-new-tokens, or the model's position limit. Text is
+ * printed as soon as it forms whole UTF-8 characters. With --prompt-ids and
+ * no tokenizer, the generated ids are printed instead, separated by spaces.
+ * A summary (token counts, prefill and decode speed, why it stopped) goes to
+ * stderr. Exit codes: 0 ok, 1 failure, 2 usage.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "args.h"
+#include "cllm/core.h"
+#include "cllm/generate.h"
+#include "cllm/model.h"
+#include "cllm/tokenizer.h"
+#include "commands.h"
+
+/* Parses "1,2,3" (spaces allowed around commas) into a malloc'd array. */
+static int parse_id_list(const char *s, int32_t **ids, size_t *n) {
+    size_t cap = 1;
+    for (const char *p = s; *p; p++) cap += *p == ',';
+    *ids = malloc(cap * sizeof **ids);
+    *n = 0;
+    if (!*ids) return 1;
+    const char *p = s;
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        char buf[32];
+        while (len && (*p == ' ' || *p == '\t')) p++, len--;
+        while (len && (p[len - 1] == ' ' || p[len - 1] == '\t')) len--;
+        int v;
+        if (len == 0 || len >= sizeof buf) return 2;
+        memcpy(buf, p, len);
+        buf[len] = 0;
+        if (!cllm_parse_int(buf, &v)) return 2;
+        (*ids)[(*n)++] = v;
+        if (!end) break;
+        p = end + 1;
+        if (!*p) return 2; /* trailing comma */
+    }
+    return *n ? 0 : 2;
+}
+
+static bool file_exists(const char *dir, const char *name) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return access(path, F_OK) == 0;
+}
+
+static bool write_out(const char *s, size_t n) {
+    if (n && fwrite(s, 1, n, stdout) != n) return false;
+    return fflush(stdout) == 0;
+}
+
+int cmd_generate(int argc, char **argv) {
+    const char *model_dir, *tok_dir, *prompt, *prompt_ids, *output;
+    int max_new, top_k;
+    double temperature, top_p, rep;
+    long long seed;
+    bool greedy = false, ignore_eos = false;
+    arg_spec specs[] = {
+        {"model", ARG_STR, &model_dir, NULL, true, "HF model folder (config.json + safetensors)"},
+        {"prompt", ARG_STR, &prompt, NULL, false, "prompt text (encoded with the tokenizer)"},
+        {"prompt-ids", ARG_STR, &prompt_ids, NULL, false, "prompt as comma-separated token ids, e.g. \"1,2,3\""},
+        {"tokenizer", ARG_STR, &tok_dir, NULL, false, "folder with tokenizer.json (default: the model folder)"},
+        {"max-new-tokens", ARG_INT, &max_new, "64", false, "stop after this many generated tokens"},
+        {"temperature", ARG_F64, &temperature, "1.0", false, "divide logits by this; 0 = greedy"},
+        {"top-k", ARG_INT, &top_k, "0", false, "sample among the k most likely tokens; 0 = all"},
+        {"top-p", ARG_F64, &top_p, "1.0", false, "nucleus sampling: smallest set with probability >= p; 1 = off"},
+        {"repetition-penalty", ARG_F64, &rep, "1.0", false, "penalise tokens already seen (HF/CTRL); 1 = off"},
+        {"seed", ARG_I64, &seed, "0", false, "random seed for sampling"},
+        {"greedy", ARG_FLAG, &greedy, NULL, false, "always take the most likely token"},
+        {"ignore-eos", ARG_FLAG, &ignore_eos, NULL, false, "keep generating past EOS (benchmarks)"},
+        {"output", ARG_STR, &output, "auto", false, "text, ids, or auto (text when a tokenizer is available)"},
+    };
+    const char *summary = "Continue a prompt with a model, streaming text to stdout.";
+    int rc = args_parse("generate", summary, argc, argv, specs, ARGS_COUNT(specs));
+    args_free(specs, ARGS_COUNT(specs));
+    if (rc) return rc == 1 ? 0 : 2;
+
+    const char *usage_err = NULL;
+    if (!prompt == !prompt_ids) usage_err = "give exactly one of --prompt and --prompt-ids";
+    else if (max_new < 0) usage_err = "--max-new-tokens must be >= 0";
+    else if (!(temperature >= 0) || temperature > 1e30) usage_err = "--temperature must be >= 0 (0 = greedy)";
+    else if (top_k < 0) usage_err = "--top-k must be >= 0 (0 = off)";
+    else if (!(top_p > 0 && top_p <= 1)) usage_err = "--top-p must be in (0, 1]";
+    else if (!(rep > 0) || rep > 1e30) usage_err = "--repetition-penalty must be > 0 (1 = off)";
+    else if (strcmp(output, "auto") && strcmp(output, "text") && strcmp(output, "ids"))
+        usage_err = "--output must be text, ids or auto";
+    if (usage_err) {
+        fprintf(stderr, "cllm generate: %s (see cllm generate --help)\n", usage_err);
+        return 2;
+    }
+    int32_t *ids = NULL;
+    size_t n_prompt = 0;
+    if (prompt_ids) {
+        int prc = parse_id_list(prompt_ids, &ids, &n_prompt);
+        if (prc) {
+            free(ids);
+            fprintf(stderr, "cllm generate: --prompt-ids '%s': %s\n", prompt_ids,
+                    prc == 1 ? "out of memory" : "expected comma-separated integers such as \"1,2,3\"");
+            return prc == 1 ? 1 : 2;
+        }
+    }
+
+    cllm_model *m = NULL;
+    cllm_tokenizer *tok = NULL;
+    cllm_kv_cache *kv = NULL;
+    cllm_sampler *smp = NULL;
+    cllm_text_stream *ts = NULL;
+    cllm_token_buf enc = {0};
+    int32_t *hist = NULL;
+    float *logits = NULL;
+    rc = 1;
+    if (cllm_model_load(&m, model_dir)) goto fail;
+    const cllm_model_config *c = cllm_model_get_config(m);
+    const char *tdir = tok_dir ? tok_dir : model_dir;
+    bool want_tok = prompt || tok_dir || file_exists(tdir, "tokenizer.json");
+    if (want_tok && strcmp(output, "ids") == 0 && !prompt) want_tok = false;
+    if (want_tok && cllm_tokenizer_load(&tok, tdir)) {
+        if (prompt && !tok_dir)
+            cllm_fail_context(CLLM_ERR_IO, "no tokenizer for --prompt (put tokenizer.json in the model folder, pass "
+                                           "--tokenizer DIR, or use --prompt-ids)");
+        goto fail;
+    }
+    if (prompt) {
+        if (cllm_tokenizer_encode(tok, prompt, strlen(prompt), true, &enc)) goto fail;
+        ids = enc.ids;
+        n_prompt = enc.n;
+        enc.ids = NULL;
+        if (n_prompt == 0) {
+            int32_t bos = c->bos_token_id >= 0 ? c->bos_token_id : cllm_tokenizer_bos_id(tok);
+            if (bos < 0) {
+                CLLM_FAIL(CLLM_ERR_ARG, "the prompt is empty and the model has no BOS token to start from");
+                goto fail;
+            }
+            free(ids);
+            ids = malloc(sizeof *ids);
+            if (!ids) {
+                CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+                goto fail;
+            }
+            ids[0] = bos;
+            n_prompt = 1;
+        }
+    }
+    if (cllm_model_check_ids(m, ids, NULL, n_prompt)) {
+        cllm_fail_context(CLLM_ERR_ARG, "prompt");
+        goto fail;
+    }
+    bool text_out = tok && strcmp(output, "ids") != 0;
+    if (strcmp(output, "text") == 0 && !tok) {
+        CLLM_FAIL(CLLM_ERR_ARG, "--output text needs a tokenizer (tokenizer.json in %s)", tdir);
+        goto fail;
+    }
+
+    /* Positions: the prompt, then one per generated token but the last. */
+    long want = (long)n_prompt + (max_new > 0 ? max_new - 1 : 0);
+    int cap = want > (1 << 30) ? 1 << 30 : (int)want;
+    if (c->n_ctx > 0 && cap > c->n_ctx) {
+        if ((long)n_prompt > c->n_ctx) {
+            CLLM_FAIL(CLLM_ERR_ARG, "the prompt has %zu tokens; the model handles at most %d positions", n_prompt,
+                      c->n_ctx);
+            goto fail;
+        }
+        cap = c->n_ctx;
+    }
+    if (cllm_kv_cache_init(&kv, m, 1, cap, (int)n_prompt)) goto fail;
+    cllm_sample_params sp = {greedy, (float)temperature, top_k, (float)top_p, (float)rep};
+    if (cllm_sampler_init(&smp, c->vocab_size, sp, (uint64_t)seed)) goto fail;
+    if (text_out && cllm_text_stream_init(&ts, tok, ids, n_prompt)) goto fail;
+    hist = malloc(((size_t)n_prompt + (size_t)max_new) * sizeof *hist);
+    logits = malloc((size_t)c->vocab_size * sizeof *logits);
+    if (!hist || !logits) {
+        CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    memcpy(hist, ids, n_prompt * sizeof *hist);
+    int32_t eos1 = ignore_eos ? -1 : c->eos_token_id, eos2 = ignore_eos || !tok ? -1 : cllm_tokenizer_eos_id(tok);
+
+    double t0 = cllm_time_sec();
+    if (cllm_kv_cache_forward(kv, ids, (int)n_prompt, logits)) goto fail;
+    double t_prefill = cllm_time_sec() - t0, t1 = cllm_time_sec();
+    const char *why = "max-new-tokens";
+    int n_gen = 0, steps = 0;
+    size_t n_hist = n_prompt;
+    while (n_gen < max_new) {
+        int32_t id;
+        if (cllm_sampler_sample(smp, &id, logits, hist, n_hist)) goto fail;
+        if (id == eos1 || id == eos2) {
+            why = "eos";
+            break;
+        }
+        hist[n_hist++] = id;
+        n_gen++;
+        bool ok;
+        if (ts) {
+            const char *s;
+            size_t len;
+            if (cllm_text_stream_push(ts, id, &s, &len)) goto fail;
+            ok = write_out(s, len);
+        } else {
+            ok = printf(n_gen > 1 ? " %d" : "%d", id) > 0 && fflush(stdout) == 0;
+        }
+        if (!ok) {
+            CLLM_FAIL(CLLM_ERR_IO, "stdout: %s", strerror(errno));
+            goto fail;
+        }
+        if (n_gen == max_new) break;
+        if (cllm_kv_cache_pos(kv) == cllm_kv_cache_capacity(kv)) {
+            why = "context limit";
+            break;
+        }
+        if (cllm_kv_cache_forward(kv, &id, 1, logits)) goto fail;
+        steps++;
+    }
+    double t_decode = cllm_time_sec() - t1;
+    if (ts) {
+        const char *s;
+        size_t len;
+        if (cllm_text_stream_finish(ts, &s, &len)) goto fail;
+        if (!write_out(s, len)) {
+            CLLM_FAIL(CLLM_ERR_IO, "stdout: %s", strerror(errno));
+            goto fail;
+        }
+    }
+    if (!ts && n_gen) printf("\n");
+    fflush(stdout);
+    if (strcmp(why, "context limit") == 0)
+        fprintf(stderr, "\ncllm generate: stopped at the model's limit of %d positions\n", c->n_ctx);
+    fprintf(stderr,
+            "\ncllm generate: prompt %zu tokens in %.3f s (%.1f tok/s), generated %d tokens, decode %.3f s (%.1f "
+            "tok/s), stop: %s\n",
+            n_prompt, t_prefill, t_prefill > 0 ? (double)n_prompt / t_prefill : 0.0, n_gen, t_decode,
+            t_decode > 0 && steps ? steps / t_decode : 0.0, why);
+    rc = 0;
+    goto done;
+fail:
+    fflush(stdout);
+    tool_fail("generate");
+done:
+    free(logits);
+    free(hist);
+    free(ids);
+    cllm_token_buf_free(&enc);
+    cllm_text_stream_free(ts);
+    cllm_sampler_free(smp);
+    cllm_kv_cache_free(kv);
+    cllm_tokenizer_free(tok);
+    cllm_model_free(m);
+    return rc;
+}
