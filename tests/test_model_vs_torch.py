@@ -248,8 +248,8 @@ def test_train(cllm, tmp, tname, case, opt, lr, wd, clip):
     if not check("%s: exit 0" % tname, r.returncode == 0, "" if r.returncode == 0 else describe(r)):
         return
     # Reference: torch fp32, torch.optim.SGD / AdamW(betas (0.9, 0.999),
-    # eps 1e-8), clip_grad_norm_. Assumption for now: AdamW weight decay
-    # applies to all parameters (norms and biases too).
+    # eps 1e-8), clip_grad_norm_; AdamW weight decay on matrices and
+    # embeddings only (biases and norm weights are not decayed).
     ref, ref_losses = hm.reference_train(cfg, params, samples, opt, lr, steps, B, T,
                                          weight_decay=wd, grad_clip=clip, dtype=torch.float32)
     try:
@@ -275,11 +275,27 @@ def test_train(cllm, tmp, tname, case, opt, lr, wd, clip):
     check("%s: output config model_type" % tname, ocfg.get("model_type") == cfg["model_type"])
     worst, worst_name, bad = 0.0, "", []
     for n, t in ref.items():
-        e = rel_l2(got[n], t)
+        g = got[n]
+        if opt == "adamw" and cfg["model_type"] == "bloom" and n.endswith("query_key_value.bias"):
+            # The key bias adds q.b_k to every score of a query row, which
+            # softmax ignores: its true gradient is zero and the computed one
+            # is rounding noise, which Adam normalises into steps of up to
+            # lr per element in either implementation. Those entries are
+            # bounded by lr * steps; the query and value biases are compared
+            # like every other tensor.
+            hd = cfg["hidden_size"] // cfg["n_head"]
+            kmask = torch.zeros(t.shape[0], dtype=torch.bool)
+            for h in range(cfg["n_head"]):
+                kmask[h * 3 * hd + hd: h * 3 * hd + 2 * hd] = True
+            kdiff = float((g[kmask] - t[kmask]).abs().max())
+            check("%s: key bias (zero true gradient) within lr * steps" % tname,
+                  kdiff <= lr * steps, "max |diff| %.3g" % kdiff)
+            g, t = g[~kmask], t[~kmask]
+        e = rel_l2(g, t)
         if e > WEIGHT_RTOL:
             # Max elementwise change in units of lr: ~2 means an Adam update
             # with the opposite sign on some element (a near-zero gradient).
-            jump = float((got[n] - t).abs().max()) / lr
+            jump = float((g - t).abs().max()) / lr
             bad.append("%s rel %.1e (max |diff| = %.2f lr)" % (n, e, jump))
         if e > worst:
             worst, worst_name = e, n

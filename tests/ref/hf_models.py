@@ -714,9 +714,10 @@ def reference_train(cfg, params, samples, optimizer, lr, steps, batch_size, seq_
     """The minimal training loop cllm's `train --no-shuffle` is checked
     against. Returns (final params, per-step losses).
 
-    Assumptions (may change with the trainer): AdamW weight decay applies to
-    every parameter (norms and biases included); SGD is plain SGD (no
-    momentum, weight decay not applied); grad_clip <= 0 disables clipping,
+    AdamW weight decay applies to matrices and embeddings only: biases and
+    norm weights (the 1-D tensors) are not decayed, the usual convention of
+    HF's Trainer and of cllm; SGD is plain SGD (no momentum, weight decay
+    not applied); grad_clip <= 0 disables clipping,
     otherwise the global L2 norm over all parameters is clipped with
     torch.nn.utils.clip_grad_norm_."""
     leaves = OrderedDict((n, t.detach().to(dtype).clone().requires_grad_(True))
@@ -725,8 +726,11 @@ def reference_train(cfg, params, samples, optimizer, lr, steps, batch_size, seq_
     if optimizer == "sgd":
         opt = torch.optim.SGD(plist, lr=lr)
     elif optimizer == "adamw":
-        opt = torch.optim.AdamW(plist, lr=lr, betas=(0.9, 0.999), eps=1e-8,
-                                weight_decay=weight_decay)
+        decay = [t for t in plist if t.dim() >= 2]
+        no_decay = [t for t in plist if t.dim() < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                                 {"params": no_decay, "weight_decay": 0.0}],
+                                lr=lr, betas=(0.9, 0.999), eps=1e-8)
     else:
         raise ValueError("unknown optimizer %r" % optimizer)
     losses = []
