@@ -307,7 +307,7 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     train_record r;
     rec_begin(&r);
     rec_int(&r, "step", step);
-    rec_num(&r, "loss", finite ? loss : NAN);
+    rec_num(&r, "loss", loss);
     rec_num(&r, "lr", lr);
     rec_num(&r, "grad_norm", gnorm);
     rec_int(&r, "tokens", count);

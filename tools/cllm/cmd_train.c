@@ -21,6 +21,20 @@
 #include "cllm/train.h"
 #include "commands.h"
 
+/* Test hook: CLLM_TRAIN_POISON_STEPS="3,4" makes the gradients of those
+ * steps NaN, to exercise the non-finite path without a diverging run. */
+static bool poison_from_env(long step, void *ctx) {
+    const char *s = ctx;
+    while (s && *s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s) return false;
+        if (v == step) return true;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return false;
+}
+
 static void on_signal(int sig) {
     (void)sig;
     cllm_train_request_stop();
@@ -229,7 +243,8 @@ int cmd_train(int argc, char **argv) {
     }
     install_handlers();
     cllm_train_result res;
-    if (cllm_train_run(&cfg, NULL, &res)) {
+    cllm_train_hooks hooks = {poison_from_env, getenv("CLLM_TRAIN_POISON_STEPS")};
+    if (cllm_train_run(&cfg, hooks.ctx ? &hooks : NULL, &res)) {
         rc = tool_fail("train");
         goto done;
     }
