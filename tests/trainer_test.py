@@ -185,6 +185,12 @@ def case_config(env):
     check(os.path.exists(env.path("mini", "model.safetensors")), "final model")
     p = env.run("train", "--model", env.model, "--data", env.data, "--out", env.path("mini2"))
     check(p.returncode == 2, "minimal loop needs --steps")
+    cfg, p = print_config(env, {"train_batch_size": 4, "train_iters": 2}, "--lr", "0.02")
+    check(cfg and cfg["optimizer"]["type"] == "AdamW" and cfg["optimizer"]["params"]["lr"] == 0.02,
+          f"--lr alone keeps the default AdamW: {p.stderr}")
+    p = env.run("train", "--model", env.model, "--data", env.data, "--out", env.path("mini3"), "--steps", "2",
+                "--lr", "0.02", "--batch-size", "2", "--seq-len", "16", "--peak-gflops", "1")
+    check(p.returncode == 0 and "adamw" in p.stderr, f"minimal loop with --lr only: {p.stderr}")
 
 
 # DeepSpeed's formulas, transcribed from its documentation/source semantics;

@@ -142,6 +142,8 @@ static int apply_flags(json_t *j, const train_flags *f) {
     if (f->clip) rc = rc ? rc : set_num(j, "gradient_clipping", "grad-clip", f->clip);
     if (f->peak) rc = rc ? rc : set_num(j, "peak_gflops", "peak-gflops", f->peak);
     if (f->optimizer) rc = rc ? rc : set_optimizer(j, f->optimizer);
+    /* no optimizer anywhere: AdamW (the minimal loop's default) */
+    if (!json_object_get(json_object_get(j, "optimizer"), "type")) rc = rc ? rc : set_optimizer(j, "adamw");
     if (f->lr) rc = rc ? rc : set_num(sub_object(sub_object(j, "optimizer"), "params"), "lr", "lr", f->lr);
     if (f->wd)
         rc = rc ? rc : set_num(sub_object(sub_object(j, "optimizer"), "params"), "weight_decay", "weight-decay", f->wd);
@@ -149,7 +151,6 @@ static int apply_flags(json_t *j, const train_flags *f) {
     if (f->log) json_object_set_new(j, "log", json_string(f->log));
     if (f->no_shuffle) json_object_set_new(j, "shuffle", json_false());
     if (f->sync_save) json_object_set_new(j, "async_save", json_false());
-    if (!json_object_get(j, "optimizer")) rc = rc ? rc : set_optimizer(j, "adamw");
     return rc;
 }
 
