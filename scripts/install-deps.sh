@@ -11,6 +11,7 @@ PKGS=(
   libmicrohttpd-dev    # HTTP server
   libopenmpi-dev openmpi-bin   # MPI
   python3-torch python3-numpy  # PyTorch references in tests and benchmarks (/usr/bin/python3)
+  librsvg2-bin         # rsvg-convert: the trainer test renders the `cllm plot` SVG when present
 )
 
 SUDO=""
