@@ -98,6 +98,8 @@ void cllm_model_free(cllm_model *m); /* NULL is a no-op */
 
 /* ---- introspection ---- */
 const cllm_model_config *cllm_model_get_config(const cllm_model *m);
+/* The HF config object cllm_model_save writes as config.json (borrowed). */
+const struct json_t *cllm_model_config_json(const cllm_model *m);
 int cllm_model_n_tensors(const cllm_model *m);
 const cllm_tensor_info *cllm_model_tensor(const cllm_model *m, int i);
 const cllm_tensor_info *cllm_model_find_tensor(const cllm_model *m, const char *name);

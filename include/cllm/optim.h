@@ -61,6 +61,11 @@ void cllm_optim_free(cllm_optimizer *o);
 void cllm_optim_step(cllm_optimizer *o, float *params, const float *grads, const cllm_param_range *ranges,
                      int n_ranges, double lr);
 long cllm_optim_step_count(const cllm_optimizer *o);
+/* Sets the step count (restoring a checkpoint: bias corrections and SGD's
+ * first-step rule depend on it). */
+void cllm_optim_set_step_count(cllm_optimizer *o, long step);
+/* The parameters the optimizer was created with. */
+const cllm_optim_params *cllm_optim_get_params(const cllm_optimizer *o);
 /* State buffers for checkpoints: state(o, 0) / state(o, 1) are the first and
  * second moment (or momentum) buffers, NULL where the optimizer has none. */
 float *cllm_optim_state(cllm_optimizer *o, int which);

@@ -215,6 +215,7 @@ cllm_status cllm_model_save(const cllm_model *m, const char *dir, size_t max_sha
 
 const cllm_model_config *cllm_model_get_config(const cllm_model *m) { return &m->cfg; }
 int cllm_model_n_tensors(const cllm_model *m) { return m->n_tensors; }
+const json_t *cllm_model_config_json(const cllm_model *m) { return m->config_json; }
 const cllm_tensor_info *cllm_model_tensor(const cllm_model *m, int i) {
     return (i >= 0 && i < m->n_tensors) ? &m->tensors[i] : NULL;
 }

@@ -69,6 +69,8 @@ void cllm_optim_free(cllm_optimizer *o) {
 }
 
 long cllm_optim_step_count(const cllm_optimizer *o) { return o->step; }
+void cllm_optim_set_step_count(cllm_optimizer *o, long step) { o->step = step; }
+const cllm_optim_params *cllm_optim_get_params(const cllm_optimizer *o) { return &o->p; }
 float *cllm_optim_state(cllm_optimizer *o, int which) { return which == 0 ? o->s0 : which == 1 ? o->s1 : NULL; }
 
 /* torch.optim.SGD: d_p = g + wd*p; buf = d_p (first step) or

@@ -6,9 +6,11 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "args.h"
 #include "batch.h"
+#include "cllm/checkpoint.h"
 #include "cllm/data.h"
 #include "cllm/model.h"
 #include "commands.h"
@@ -17,7 +19,7 @@ int cmd_eval(int argc, char **argv) {
     const char *model_dir, *data_path;
     int B, T;
     arg_spec specs[] = {
-        {"model", ARG_STR, &model_dir, NULL, true, "HF model folder"},
+        {"model", ARG_STR, &model_dir, NULL, true, "HF model folder, checkpoint folder, or a training output folder (its latest checkpoint)"},
         {"data", ARG_STR, &data_path, NULL, true, "pre-tokenized JSONL ({\"input_ids\": [...], \"labels\": [...]})"},
         {"seq-len", ARG_INT, &T, "128", false, "tokens per row (longer samples are truncated, shorter padded)"},
         {"batch-size", ARG_INT, &B, "8", false, "rows per forward pass"},
@@ -29,7 +31,21 @@ int cmd_eval(int argc, char **argv) {
     cllm_dataset *d = NULL;
     tool_batch b = {0};
     size_t *idx = NULL;
-    if (cllm_model_load(&m, model_dir)) return tool_fail("eval");
+    /* a run folder (OUTPUT_DIR with a `latest` pointer and no model of its
+     * own yet) means its newest checkpoint; a checkpoint folder is an HF
+     * folder already */
+    char *ckpt = NULL, cfg_path[4096];
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", model_dir);
+    if (access(cfg_path, F_OK) != 0 && cllm_ckpt_find(model_dir, "auto", &ckpt) == CLLM_OK && ckpt) {
+        if (cllm_ckpt_verify(ckpt)) {
+            free(ckpt);
+            return tool_fail("eval");
+        }
+        model_dir = ckpt;
+    }
+    cllm_status lst = cllm_model_load(&m, model_dir);
+    free(ckpt);
+    if (lst) return tool_fail("eval");
     if ((rc = tool_check_shape("eval", m, B, T))) goto done;
     if (cllm_dataset_load_jsonl(&d, data_path, cllm_model_get_config(m)->vocab_size) ||
         cllm_model_prepare(m, B, T, false)) {

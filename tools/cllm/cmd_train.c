@@ -1,228 +1,263 @@
 /*
- * cllm train: the minimal training loop. Each step takes B samples (in file
- * order with --no-shuffle, else from a seeded per-epoch permutation), runs
- * forward and backward with the loss averaged over counted targets, clips
- * the global gradient norm, and applies the optimizer at a constant learning
- * rate. The model is written to --out as an HF folder at the end, with
- * metrics.jsonl (one JSON object per step). Nothing is written if the run
- * fails before the end.
+ * cllm train: the front end of the training engine (cllm/train.h).
+ *
+ * With --config FILE.json the run is described by a DeepSpeed-style config;
+ * without it, the flags alone describe a run (the original minimal loop:
+ * --model --data --out --steps, constant --lr, --batch-size samples per step).
+ * Either way the flags are merged into one JSON object (a flag overrides the
+ * file), which the engine parses, so --print-config shows exactly what would
+ * run. SIGINT/SIGTERM ask the engine to save a checkpoint and stop (exit 0);
+ * a second signal kills the process.
  */
-#include <math.h>
-#include <stdarg.h>
+#include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "args.h"
-#include "batch.h"
-#include "cllm/data.h"
-#include "cllm/io.h"
-#include "cllm/model.h"
+#include "cllm/json.h"
 #include "cllm/optim.h"
+#include "cllm/train.h"
 #include "commands.h"
 
-/* Sample order: sample g of the run (g = step*B + row) is perm[g % n] of
- * epoch g / n; each epoch's permutation is a Fisher-Yates shuffle seeded by
- * (seed, epoch), so any position can be recomputed from (seed, g). */
-typedef struct {
-    size_t n;
-    size_t *perm;
-    long epoch;
-    bool shuffle;
-    uint64_t seed;
-} sampler;
-
-static void sampler_epoch(sampler *s, long epoch) {
-    for (size_t i = 0; i < s->n; i++) s->perm[i] = i;
-    if (s->shuffle) {
-        cllm_rng r;
-        cllm_rng_seed(&r, s->seed * 0x9e3779b97f4a7c15ull + (uint64_t)epoch);
-        for (size_t i = s->n - 1; i > 0; i--) {
-            size_t j = (size_t)cllm_rng_below(&r, i + 1);
-            size_t t = s->perm[i];
-            s->perm[i] = s->perm[j];
-            s->perm[j] = t;
-        }
+/* Test hook: CLLM_TRAIN_POISON_STEPS="3,4" makes the gradients of those
+ * steps NaN, to exercise the non-finite path without a diverging run. */
+static bool poison_from_env(long step, void *ctx) {
+    const char *s = ctx;
+    while (s && *s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s) return false;
+        if (v == step) return true;
+        s = *end == ',' ? end + 1 : end;
     }
-    s->epoch = epoch;
+    return false;
 }
 
-static size_t sampler_get(sampler *s, size_t g) {
-    long epoch = (long)(g / s->n);
-    if (epoch != s->epoch) sampler_epoch(s, epoch);
-    return s->perm[g % s->n];
+static void on_signal(int sig) {
+    (void)sig;
+    cllm_train_request_stop();
 }
 
-/* Appends one formatted line to a growing text buffer. */
-typedef struct {
-    char *p;
-    size_t len, cap;
-} text_buf;
+static void install_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESETHAND; /* a second signal takes the default action */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
 
-static int text_appendf(text_buf *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int text_appendf(text_buf *t, const char *fmt, ...) {
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    if (n < 0) return -1;
-    if ((size_t)n >= sizeof line) n = (int)sizeof line - 1;
-    if (t->len + (size_t)n + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap * 2 : 4096;
-        while (cap < t->len + (size_t)n + 1) cap *= 2;
-        char *p = realloc(t->p, cap);
-        if (!p) return -1;
-        t->p = p;
-        t->cap = cap;
+/* The object at j[key], created if absent or not an object (a "data" string
+ * becomes {"train": string}). Borrowed. */
+static json_t *sub_object(json_t *j, const char *key) {
+    json_t *o = json_object_get(j, key);
+    if (json_is_object(o)) return o;
+    json_t *n = json_object();
+    if (json_is_string(o) && strcmp(key, "data") == 0) json_object_set(n, "train", o);
+    json_object_set_new(j, key, n);
+    return n;
+}
+
+static int set_int(json_t *obj, const char *key, const char *flag, const char *v) {
+    int64_t x;
+    if (!cllm_parse_i64(v, &x) || x < 0) {
+        fprintf(stderr, "cllm train: --%s: '%s' is not a non-negative integer\n", flag, v);
+        return 2;
     }
-    memcpy(t->p + t->len, line, (size_t)n);
-    t->len += (size_t)n;
-    t->p[t->len] = '\0';
+    json_object_set_new(obj, key, json_integer((json_int_t)x));
     return 0;
 }
 
-int cmd_train(int argc, char **argv) {
-    const char *model_dir, *data_path, *out, *opt_name, *shard;
-    int B, T, steps, log_every;
-    double lr, wd, clip;
-    long long seed;
-    bool no_shuffle;
-    arg_spec specs[] = {
-        {"model", ARG_STR, &model_dir, NULL, true, "HF model folder to start from"},
-        {"data", ARG_STR, &data_path, NULL, true, "pre-tokenized JSONL ({\"input_ids\": [...], \"labels\": [...]})"},
-        {"out", ARG_STR, &out, NULL, true, "output folder for the trained model and metrics.jsonl"},
-        {"optimizer", ARG_STR, &opt_name, "adamw", false, "sgd, adam, adamw or lion"},
-        {"lr", ARG_F64, &lr, "1e-3", false, "learning rate (constant)"},
-        {"steps", ARG_INT, &steps, NULL, true, "optimizer steps"},
-        {"batch-size", ARG_INT, &B, "8", false, "samples per step"},
-        {"seq-len", ARG_INT, &T, "128", false, "tokens per sample (longer truncated, shorter padded)"},
-        {"no-shuffle", ARG_FLAG, &no_shuffle, NULL, false, "take samples in file order (sample i -> step i/B, row i%B)"},
-        {"weight-decay", ARG_F64, &wd, "0", false, "weight decay (not applied to biases and norm weights)"},
-        {"grad-clip", ARG_F64, &clip, "0", false, "clip the global gradient L2 norm to this value (0 = off)"},
-        {"seed", ARG_I64, &seed, "42", false, "seed for data shuffling"},
-        {"log-every", ARG_INT, &log_every, "1", false, "print a progress line every N steps"},
-        {"max-shard-size", ARG_STR, &shard, "0", false, "shard the saved safetensors (e.g. 2GB); 0 = one file"},
-    };
-    int rc = args_parse("train", "Trains a model with a minimal loop (constant learning rate).", argc, argv, specs,
-                        ARGS_COUNT(specs));
-    if (rc) return rc == 1 ? 0 : rc;
-    cllm_model *m = NULL;
-    cllm_dataset *d = NULL;
-    cllm_optimizer *opt = NULL;
-    cllm_param_range *ranges = NULL;
-    tool_batch b = {0};
-    size_t *idx = NULL, max_shard = 0;
-    sampler smp = {0};
-    text_buf metrics = {0};
+static int set_num(json_t *obj, const char *key, const char *flag, const char *v) {
+    double x;
+    if (!cllm_parse_f64(v, &x) || !(x >= 0)) {
+        fprintf(stderr, "cllm train: --%s: '%s' is not a non-negative number\n", flag, v);
+        return 2;
+    }
+    json_object_set_new(obj, key, json_real(x));
+    return 0;
+}
 
-    cllm_opt_type ot = cllm_opt_from_name(opt_name);
-    if (ot == CLLM_OPT_COUNT) {
-        fprintf(stderr, "cllm train: --optimizer: unknown optimizer '%s' (sgd, adam, adamw, lion)\n", opt_name);
-        rc = 2;
-        goto done;
+typedef struct {
+    const char *config, *model, *data, *eval_data, *out, *steps, *batch, *micro, *accum, *seq_len, *save_interval,
+        *save_limit, *eval_interval, *eval_iters, *resume, *seed, *optimizer, *lr, *wd, *clip, *log_every, *shard,
+        *log, *peak;
+    bool no_shuffle, strict, print_config, sync_save;
+} train_flags;
+
+/* Sets optimizer.type from a cllm optimizer name: "adam" keeps torch Adam's
+ * L2-coupled decay (adam_w_mode false), "adamw" is decoupled. */
+static int set_optimizer(json_t *j, const char *name) {
+    cllm_opt_type t = cllm_opt_from_name(name);
+    if (t == CLLM_OPT_COUNT) {
+        fprintf(stderr, "cllm train: --optimizer: unknown optimizer '%s' (sgd, adam, adamw, lion)\n", name);
+        return 2;
     }
-    if (steps <= 0 || !(lr > 0) || wd < 0 || clip < 0 || log_every <= 0) {
-        fprintf(stderr, "cllm train: --steps and --lr must be positive, --weight-decay and --grad-clip non-negative\n");
-        rc = 2;
-        goto done;
+    static const char *const ds[] = {"SGD", "Adam", "AdamW", "Lion"};
+    json_t *o = sub_object(j, "optimizer");
+    json_t *p = sub_object(o, "params");
+    const char *old = json_string_value(json_object_get(o, "type"));
+    if (!old || cllm_opt_from_name(old) != t) {
+        /* parameters of another optimizer would not apply */
+        json_t *keep_lr = json_incref(json_object_get(p, "lr")), *keep_wd = json_incref(json_object_get(p, "weight_decay"));
+        json_object_clear(p);
+        if (keep_lr) json_object_set_new(p, "lr", keep_lr);
+        if (keep_wd) json_object_set_new(p, "weight_decay", keep_wd);
     }
-    if (cllm_parse_size(shard, &max_shard)) {
-        fprintf(stderr, "cllm train: --max-shard-size: %s\n", cllm_last_error());
-        rc = 2;
-        goto done;
+    json_object_set_new(o, "type", json_string(ds[t]));
+    if (t == CLLM_OPT_ADAM) json_object_set_new(p, "adam_w_mode", json_false());
+    return 0;
+}
+
+static int apply_flags(json_t *j, const train_flags *f) {
+    int rc = 0;
+    if (f->model) json_object_set_new(j, "model", json_string(f->model));
+    if (f->data) json_object_set_new(sub_object(j, "data"), "train", json_string(f->data));
+    if (f->eval_data) json_object_set_new(sub_object(j, "data"), "eval", json_string(f->eval_data));
+    if (f->out) json_object_set_new(j, "output_dir", json_string(f->out));
+    if (f->steps) {
+        rc = rc ? rc : set_int(j, "train_iters", "steps", f->steps);
+        json_object_del(j, "epochs");
     }
-    if (cllm_model_load(&m, model_dir)) {
-        rc = tool_fail("train");
-        goto done;
+    if (f->batch) {
+        /* --batch-size is the global batch: keep a micro batch size from the
+         * file and let the accumulation steps follow */
+        rc = rc ? rc : set_int(j, "train_batch_size", "batch-size", f->batch);
+        if (json_object_get(j, "train_micro_batch_size_per_gpu") && !f->accum)
+            json_object_del(j, "gradient_accumulation_steps");
     }
-    if ((rc = tool_check_shape("train", m, B, T))) goto done;
-    if (cllm_dataset_load_jsonl(&d, data_path, cllm_model_get_config(m)->vocab_size) ||
-        cllm_model_prepare(m, B, T, true)) {
-        rc = tool_fail("train");
-        goto done;
-    }
-    cllm_optim_params op = cllm_optim_defaults(ot);
-    op.lr = lr;
-    op.weight_decay = wd;
-    int nt = cllm_model_n_tensors(m);
-    ranges = calloc((size_t)nt, sizeof *ranges);
-    idx = malloc((size_t)B * sizeof *idx);
-    smp.n = cllm_dataset_count(d);
-    smp.perm = malloc(smp.n * sizeof *smp.perm);
-    smp.shuffle = !no_shuffle;
-    smp.seed = (uint64_t)seed;
-    if (!ranges || !idx || !smp.perm || tool_batch_init(&b, B, T) ||
-        cllm_optim_init(&opt, &op, cllm_model_buffer_len(m))) {
-        fprintf(stderr, "cllm train: out of memory\n");
-        rc = 1;
-        goto done;
-    }
-    for (int i = 0; i < nt; i++) {
-        const cllm_tensor_info *t = cllm_model_tensor(m, i);
-        ranges[i] = (cllm_param_range){t->offset, t->offset + t->numel, !t->no_decay};
-    }
-    sampler_epoch(&smp, 0);
-    double flops = cllm_model_train_flops(m, B, T);
-    fprintf(stderr, "cllm train: %zu parameters, %zu samples, %d steps of %d x %d tokens, %s lr %g\n",
-            cllm_model_n_params(m), smp.n, steps, B, T, cllm_opt_name(ot), lr);
-    double t_start = cllm_time_sec();
-    for (int step = 1; step <= steps; step++) {
-        double t0 = cllm_time_sec();
-        for (int r = 0; r < B; r++) idx[r] = sampler_get(&smp, (size_t)(step - 1) * (size_t)B + (size_t)r);
-        long counted = tool_batch_fill(&b, d, idx, B, 0);
-        cllm_model_zero_grads(m);
-        double sum = 0;
-        long k = 0;
-        if (counted > 0 &&
-            cllm_model_forward_backward(m, b.tokens, b.targets, B, T, true, 1.0f / (float)counted, &sum, &k)) {
+    if (f->micro) rc = rc ? rc : set_int(j, "train_micro_batch_size_per_gpu", "micro-batch-size", f->micro);
+    if (f->accum) rc = rc ? rc : set_int(j, "gradient_accumulation_steps", "grad-accum", f->accum);
+    if ((f->micro || f->accum) && !f->batch) json_object_del(j, "train_batch_size");
+    if (f->seq_len) rc = rc ? rc : set_int(sub_object(j, "data"), "seq_len", "seq-len", f->seq_len);
+    if (f->save_interval) rc = rc ? rc : set_int(j, "save_interval", "save-interval", f->save_interval);
+    if (f->save_limit) rc = rc ? rc : set_int(j, "save_total_limit", "save-total-limit", f->save_limit);
+    if (f->eval_interval) rc = rc ? rc : set_int(j, "eval_interval", "eval-interval", f->eval_interval);
+    if (f->eval_iters) rc = rc ? rc : set_int(j, "eval_iters", "eval-iters", f->eval_iters);
+    if (f->seed) rc = rc ? rc : set_int(j, "seed", "seed", f->seed);
+    if (f->log_every) rc = rc ? rc : set_int(j, "steps_per_print", "log-every", f->log_every);
+    if (f->clip) rc = rc ? rc : set_num(j, "gradient_clipping", "grad-clip", f->clip);
+    if (f->peak) rc = rc ? rc : set_num(j, "peak_gflops", "peak-gflops", f->peak);
+    if (f->optimizer) rc = rc ? rc : set_optimizer(j, f->optimizer);
+    /* no optimizer anywhere: AdamW (the minimal loop's default) */
+    if (!json_object_get(json_object_get(j, "optimizer"), "type")) rc = rc ? rc : set_optimizer(j, "adamw");
+    if (f->lr) rc = rc ? rc : set_num(sub_object(sub_object(j, "optimizer"), "params"), "lr", "lr", f->lr);
+    if (f->wd)
+        rc = rc ? rc : set_num(sub_object(sub_object(j, "optimizer"), "params"), "weight_decay", "weight-decay", f->wd);
+    if (f->shard) json_object_set_new(j, "max_shard_size", json_string(f->shard));
+    if (f->log) json_object_set_new(j, "log", json_string(f->log));
+    if (f->no_shuffle) json_object_set_new(j, "shuffle", json_false());
+    if (f->sync_save) json_object_set_new(j, "async_save", json_false());
+    return rc;
+}
+
+int cmd_train(int argc, char **argv) {
+    train_flags f;
+    memset(&f, 0, sizeof f);
+    arg_spec specs[] = {
+        {"config", ARG_STR, &f.config, NULL, false, "DeepSpeed-style JSON config (see docs/training.md); flags override it"},
+        {"model", ARG_STR, &f.model, NULL, false, "HF model folder to start from (config key: model)"},
+        {"data", ARG_STR, &f.data, NULL, false, "training data spec, e.g. pre-tokenized JSONL (data.train)"},
+        {"eval-data", ARG_STR, &f.eval_data, NULL, false, "evaluation data spec (data.eval)"},
+        {"out", ARG_STR, &f.out, NULL, false, "output folder: model, checkpoints, metrics.jsonl (output_dir)"},
+        {"steps", ARG_STR, &f.steps, NULL, false, "total optimizer steps of the run; a resumed run continues up to it (train_iters)"},
+        {"batch-size", ARG_STR, &f.batch, NULL, false, "samples per optimizer step (train_batch_size; default 8 without --config)"},
+        {"micro-batch-size", ARG_STR, &f.micro, NULL, false, "samples per forward/backward (train_micro_batch_size_per_gpu)"},
+        {"grad-accum", ARG_STR, &f.accum, NULL, false, "micro-batches per step (gradient_accumulation_steps)"},
+        {"seq-len", ARG_STR, &f.seq_len, NULL, false, "tokens per sample, longer truncated, shorter padded (data.seq_len; default 128)"},
+        {"optimizer", ARG_STR, &f.optimizer, NULL, false, "sgd, adam (L2 decay), adamw or lion (default adamw)"},
+        {"lr", ARG_STR, &f.lr, NULL, false, "learning rate (optimizer.params.lr; default 1e-3)"},
+        {"weight-decay", ARG_STR, &f.wd, NULL, false, "weight decay, not applied to biases and norm weights (default 0)"},
+        {"grad-clip", ARG_STR, &f.clip, NULL, false, "clip the global gradient L2 norm (gradient_clipping; 0 = off)"},
+        {"no-shuffle", ARG_FLAG, &f.no_shuffle, NULL, false, "take samples in file order (sample g -> step g/B, row g%B)"},
+        {"seed", ARG_STR, &f.seed, NULL, false, "seed for data shuffling (default 42)"},
+        {"save-interval", ARG_STR, &f.save_interval, NULL, false, "write OUT/checkpoint-STEP every N steps (0 = off)"},
+        {"save-total-limit", ARG_STR, &f.save_limit, NULL, false, "keep only the newest N checkpoints (0 = all)"},
+        {"eval-interval", ARG_STR, &f.eval_interval, NULL, false, "evaluate every N steps (0 = off)"},
+        {"eval-iters", ARG_STR, &f.eval_iters, NULL, false, "evaluation batches (0 = the whole eval set)"},
+        {"resume", ARG_STR, &f.resume, NULL, false, "auto (OUT/latest, if any) or a checkpoint folder"},
+        {"log-every", ARG_STR, &f.log_every, NULL, false, "print a line every N steps when not on a terminal (steps_per_print)"},
+        {"log", ARG_STR, &f.log, NULL, false, "auto, progress, plain or quiet (default auto: progress line on a terminal)"},
+        {"peak-gflops", ARG_STR, &f.peak, NULL, false, "matmul peak for MFU (default: env CLLM_PEAK_GFLOPS or measured)"},
+        {"max-shard-size", ARG_STR, &f.shard, NULL, false, "shard saved safetensors (e.g. 2GB); 0 = one file"},
+        {"sync-save", ARG_FLAG, &f.sync_save, NULL, false, "write checkpoints on the training thread (async_save false)"},
+        {"strict", ARG_FLAG, &f.strict, NULL, false, "unknown config keys are errors instead of warnings"},
+        {"print-config", ARG_FLAG, &f.print_config, NULL, false, "print the resolved config as JSON and exit"},
+    };
+    int rc = args_parse("train", "Trains a model (DeepSpeed-style config, checkpoints, resume, evaluation).", argc,
+                        argv, specs, ARGS_COUNT(specs));
+    if (rc) return rc == 1 ? 0 : rc;
+    cllm_train_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    json_t *j = NULL;
+    const char *where = f.config ? f.config : "command line";
+    if (f.config) {
+        if (cllm_json_load_file(&j, f.config)) {
             rc = tool_fail("train");
             goto done;
         }
-        double loss = k ? sum / (double)k : 0.0;
-        double gnorm = cllm_grad_clip(cllm_model_grads(m), cllm_model_buffer_len(m), clip);
-        if (!isfinite(loss) || !isfinite(gnorm)) {
-            fprintf(stderr, "cllm train: step %d: non-finite loss or gradient (loss %g, grad norm %g); stopping\n",
-                    step, loss, gnorm);
-            rc = 1;
+    } else {
+        /* the minimal loop: flags only, with its historical defaults */
+        if (!f.print_config && (!f.model || !f.data || !f.out || !f.steps)) {
+            fprintf(stderr, "cllm train: without --config, --model, --data, --out and --steps are required "
+                            "(see cllm train --help)\n");
+            rc = 2;
             goto done;
         }
-        if (k) cllm_optim_step(opt, cllm_model_params(m), cllm_model_grads(m), ranges, nt, lr);
-        double dt = cllm_time_sec() - t0;
-        double tps = (double)B * T / dt;
-        if (text_appendf(&metrics,
-                         "{\"step\": %d, \"loss\": %.9g, \"lr\": %g, \"grad_norm\": %.9g, \"tokens\": %ld, "
-                         "\"step_time\": %.6f, \"tokens_per_sec\": %.1f, \"gflops\": %.2f}\n",
-                         step, loss, lr, gnorm, k, dt, tps, flops / dt * 1e-9)) {
-            fprintf(stderr, "cllm train: out of memory\n");
-            rc = 1;
-            goto done;
-        }
-        if (step % log_every == 0 || step == steps)
-            fprintf(stderr, "step %5d/%d | loss %.4f | grad norm %.3f | %.0f tok/s | %.1f GFLOP/s\n", step, steps, loss,
-                    gnorm, tps, flops / dt * 1e-9);
+        j = json_pack("{sisisfsi}", "train_batch_size", 8, "steps_per_print", 1, "gradient_clipping", 0.0,
+                      "save_interval", 0);
+        json_object_set_new(sub_object(j, "data"), "seq_len", json_integer(128));
+        if (!f.batch && !f.micro && !f.accum) json_object_set_new(j, "train_micro_batch_size_per_gpu", json_integer(8));
     }
-    fprintf(stderr, "cllm train: %d steps in %.1f s\n", steps, cllm_time_sec() - t_start);
-    if (cllm_model_save(m, out, max_shard)) {
+    if ((rc = apply_flags(j, &f))) {
+        json_decref(j);
+        goto done;
+    }
+    cllm_status st = cllm_train_config_parse(&cfg, j, where, f.strict);
+    j = NULL; /* owned by cfg now */
+    if (st) {
+        rc = st == CLLM_ERR_ARG ? 2 : tool_fail("train");
+        if (rc == 2) fprintf(stderr, "cllm train: %s\n", cllm_last_error());
+        goto done;
+    }
+    cfg.resume = f.resume;
+    if (f.print_config) {
+        if (cllm_train_config_resolve(&cfg, 0)) {
+            fprintf(stderr, "cllm train: %s\n", cllm_last_error());
+            rc = 2;
+            goto done;
+        }
+        json_t *out = cllm_train_config_to_json(&cfg);
+        char *s = json_dumps(out, JSON_INDENT(2));
+        if (s) printf("%s\n", s);
+        free(s);
+        json_decref(out);
+        goto done;
+    }
+    if (!cfg.output_dir) {
+        fprintf(stderr, "cllm train: no output folder: set output_dir or --out\n");
+        rc = 2;
+        goto done;
+    }
+    install_handlers();
+    cllm_train_result res;
+    cllm_train_hooks hooks = {poison_from_env, getenv("CLLM_TRAIN_POISON_STEPS")};
+    if (cllm_train_run(&cfg, hooks.ctx ? &hooks : NULL, &res)) {
         rc = tool_fail("train");
         goto done;
     }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
-    if (cllm_write_file_atomic(path, metrics.p, metrics.len)) {
-        rc = tool_fail("train");
-        goto done;
+    if (cfg.log != CLLM_LOG_MODE_QUIET) {
+        fprintf(stderr, "cllm train: %s at step %ld (%ld skipped); %d checkpoint%s, training blocked %.3f s on saves",
+                res.stopped ? "stopped" : "done", res.last_step, res.skipped, res.n_saves, res.n_saves == 1 ? "" : "s",
+                res.save_seconds);
+        if (cfg.async_save && res.n_saves) fprintf(stderr, " (background writes %.3f s)", res.async_write_seconds);
+        fprintf(stderr, "\ncllm train: wrote %s\n", cfg.output_dir);
     }
-    fprintf(stderr, "cllm train: wrote %s\n", out);
 done:
-    free(metrics.p);
-    free(smp.perm);
-    free(idx);
-    free(ranges);
-    tool_batch_free(&b);
-    cllm_optim_free(opt);
-    cllm_dataset_free(d);
-    cllm_model_free(m);
+    cllm_train_config_free(&cfg);
     args_free(specs, ARGS_COUNT(specs));
     return rc;
 }

@@ -9,6 +9,7 @@
 int cmd_init(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_plot(int argc, char **argv);
 int cmd_grad(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

@@ -17,9 +17,10 @@ typedef struct {
 
 static const command commands[] = {
     {"init", cmd_init, "write a randomly initialised HF model folder (gpt2, llama, bloom)"},
-    {"train", cmd_train, "train a model on pre-tokenized JSONL data"},
-    {"eval", cmd_eval, "report loss and perplexity of a model on data"},
+    {"train", cmd_train, "train a model (DeepSpeed-style config, checkpoints, resume, eval)"},
+    {"eval", cmd_eval, "report loss and perplexity of a model (or checkpoint) on data"},
     {"generate", cmd_generate, "continue a prompt with a model (KV cache, sampling), streaming text"},
+    {"plot", cmd_plot, "draw loss and learning-rate curves of a training run as SVG"},
     {"grad", cmd_grad, "compute loss and parameter gradients for one batch (debugging, tests)"},
     {"tokenize", cmd_tokenize, "encode text to token ids with an HF tokenizer.json"},
     {"detokenize", cmd_detokenize, "decode token ids to text"},

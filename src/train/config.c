@@ -1,0 +1,562 @@
+/*
+ * Parsing a training config: DeepSpeed's keys with DeepSpeed's defaults and
+ * cllm's own keys (see cllm/train.h and docs/training.md). Every key is
+ * looked up by name in a table per object level, so an unknown key is
+ * reported by its dotted path ("optimizer.params.lrr"). DeepSpeed keys that
+ * have no meaning for a CPU fp32 run are accepted and listed at info level.
+ * The string "auto" (HF Trainer's placeholder) counts as "not given" for
+ * every key; cllm_train_config_resolve fills those values in.
+ * Not here: batch-size resolution and JSON output (config_resolve.c).
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cllm/io.h"
+#include "cllm/json.h"
+#include "cllm/train.h"
+
+/* ---------------------------------------------------------------- keys */
+
+static const char *const top_keys[] = {
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+    "optimizer", "scheduler", "fp16", "bf16", "zero_optimization", "steps_per_print", "wall_clock_breakdown",
+    "model_topo", "use_grad_ckpt",
+    /* cllm */
+    "model", "data", "train_iters", "epochs", "eval_interval", "eval_iters", "save_interval", "save_total_limit",
+    "output_dir", "seed", "log", "weight_decay_skip", "max_consecutive_skips", "shuffle", "peak_gflops",
+    "max_shard_size", "async_save", "save_final_checkpoint", NULL};
+
+/* DeepSpeed keys accepted without effect on a single-process CPU fp32 run. */
+static const char *const top_ignored[] = {
+    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "prescale_gradients",
+    "gradient_predivide_factor", "sparse_gradients", "communication_data_type", "amp", "activation_checkpointing",
+    "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "elasticity", "aio",
+    "checkpoint", "data_types", "pipeline", "dump_state", "memory_breakdown", "compression_training",
+    "data_efficiency", "curriculum_learning", "autotuning", "sparse_attention", "disable_allgather",
+    "seq_parallel_communication_data_type", "torch_autocast", NULL};
+
+static bool in_list(const char *const *list, const char *k) {
+    for (int i = 0; list && list[i]; i++)
+        if (strcmp(list[i], k) == 0) return true;
+    return false;
+}
+
+/* Reports keys of obj that are in neither list. */
+static cllm_status check_keys(const json_t *obj, const char *const *known, const char *const *ignored,
+                              const char *where, const char *path, bool strict) {
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)obj, k, v) {
+        if (in_list(known, k)) continue;
+        if (in_list(ignored, k)) {
+            cllm_log(CLLM_LOG_INFO, "%s: %s%s%s: accepted, no effect in cllm", path, where, *where ? "." : "", k);
+            continue;
+        }
+        if (strict)
+            return CLLM_FAIL(CLLM_ERR_ARG, "%s: unknown key '%s%s%s' (remove it, or drop --strict to only warn)", path,
+                             where, *where ? "." : "", k);
+        cllm_log(CLLM_LOG_WARN, "%s: unknown key '%s%s%s' ignored", path, where, *where ? "." : "", k);
+    }
+    return CLLM_OK;
+}
+
+/* ------------------------------------------------------------- getters */
+
+static bool is_auto(const json_t *v) { return json_is_string(v) && strcmp(json_string_value(v), "auto") == 0; }
+
+static cllm_status get_long(const json_t *obj, const char *key, long *out, long min, const char *where,
+                            const char *path) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v) || is_auto(v)) return CLLM_OK;
+    double x;
+    if (json_is_integer(v)) {
+        x = (double)json_integer_value(v);
+    } else if (json_is_real(v) && json_real_value(v) == (double)(long long)json_real_value(v)) {
+        x = json_real_value(v);
+    } else {
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s%s%s: expected an integer", path, where, *where ? "." : "", key);
+    }
+    if (x < (double)min || x > 9.2e18)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s%s%s: %.0f is out of range (minimum %ld)", path, where,
+                         *where ? "." : "", key, x, min);
+    *out = (long)x;
+    return CLLM_OK;
+}
+
+static cllm_status get_int(const json_t *obj, const char *key, int *out, long min, const char *where,
+                           const char *path) {
+    long x = *out;
+    cllm_status st = get_long(obj, key, &x, min, where, path);
+    if (st) return st;
+    if (x > 2147483647L)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s%s%s: %ld is too large", path, where, *where ? "." : "", key, x);
+    *out = (int)x;
+    return CLLM_OK;
+}
+
+static cllm_status get_num(const json_t *obj, const char *key, double *out, double min, const char *where,
+                           const char *path) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v) || is_auto(v)) return CLLM_OK;
+    if (!json_is_number(v))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s%s%s: expected a number", path, where, *where ? "." : "", key);
+    double x = json_number_value(v);
+    if (!(x >= min))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s%s%s: %g is out of range (minimum %g)", path, where,
+                         *where ? "." : "", key, x, min);
+    *out = x;
+    return CLLM_OK;
+}
+
+static cllm_status get_bool(const json_t *obj, const char *key, bool *out, const char *where, const char *path) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v) || is_auto(v)) return CLLM_OK;
+    if (!json_is_boolean(v))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s%s%s: expected true or false", path, where, *where ? "." : "", key);
+    *out = json_is_true(v);
+    return CLLM_OK;
+}
+
+static cllm_status get_str(const json_t *obj, const char *key, const char **out, const char *where,
+                           const char *path) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) return CLLM_OK;
+    if (!json_is_string(v))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s%s%s: expected a string", path, where, *where ? "." : "", key);
+    *out = json_string_value(v);
+    return CLLM_OK;
+}
+
+static cllm_status get_obj(const json_t *obj, const char *key, json_t **out, const char *path) {
+    json_t *v = json_object_get(obj, key);
+    *out = NULL;
+    if (!v || json_is_null(v)) return CLLM_OK;
+    if (!json_is_object(v)) return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s: expected an object", path, key);
+    *out = v;
+    return CLLM_OK;
+}
+
+#define TRY(x)                        \
+    do {                              \
+        cllm_status try_st_ = (x);    \
+        if (try_st_) return try_st_;  \
+    } while (0)
+
+/* ----------------------------------------------------------- optimizer */
+
+static cllm_status parse_optimizer(cllm_train_config *c, const json_t *o, const char *path, bool strict) {
+    static const char *const keys[] = {"type", "params", NULL};
+    TRY(check_keys(o, keys, NULL, "optimizer", path, strict));
+    const char *type = NULL;
+    TRY(get_str(o, "type", &type, "optimizer", path));
+    if (!type) return CLLM_FAIL(CLLM_ERR_ARG, "%s: optimizer.type: missing (Adam, AdamW, Lion or SGD)", path);
+    cllm_opt_type t = cllm_opt_from_name(type);
+    if (t == CLLM_OPT_COUNT)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: optimizer.type: unknown optimizer '%s' (Adam, AdamW, Lion or SGD)", path,
+                         type);
+    c->optimizer_name = type;
+    /* DeepSpeed's defaults (FusedAdam/CPUAdam, FusedLion, torch SGD): weight
+     * decay 0 for all; Lion betas (0.9, 0.999). */
+    cllm_optim_params p = cllm_optim_defaults(t);
+    p.weight_decay = 0.0;
+    if (t == CLLM_OPT_LION) {
+        p.lr = 1e-3;
+        p.beta2 = 0.999;
+    }
+    c->adam_w_mode = true;
+    json_t *params = NULL;
+    TRY(get_obj(o, "params", &params, path));
+    if (params) {
+        static const char *const adam_keys[] = {"lr", "betas", "eps", "weight_decay", "adam_w_mode",
+                                                "bias_correction", "amsgrad", NULL};
+        static const char *const adam_ign[] = {"torch_adam", "fused", "foreach", "capturable", "maximize",
+                                               "set_grad_none", NULL};
+        static const char *const lion_keys[] = {"lr", "betas", "weight_decay", NULL};
+        static const char *const lion_ign[] = {"use_triton", "set_grad_none", NULL};
+        static const char *const sgd_keys[] = {"lr", "momentum", "dampening", "weight_decay", "nesterov", NULL};
+        static const char *const sgd_ign[] = {"maximize", "foreach", "differentiable", NULL};
+        const char *const *known = t == CLLM_OPT_SGD ? sgd_keys : t == CLLM_OPT_LION ? lion_keys : adam_keys;
+        const char *const *ign = t == CLLM_OPT_SGD ? sgd_ign : t == CLLM_OPT_LION ? lion_ign : adam_ign;
+        TRY(check_keys(params, known, ign, "optimizer.params", path, strict));
+        const char *w = "optimizer.params";
+        TRY(get_num(params, "lr", &p.lr, 0.0, w, path));
+        TRY(get_num(params, "weight_decay", &p.weight_decay, 0.0, w, path));
+        if (t != CLLM_OPT_SGD) {
+            json_t *b = json_object_get(params, "betas");
+            if (b && !is_auto(b)) {
+                if (!json_is_array(b) || json_array_size(b) != 2 || !json_is_number(json_array_get(b, 0)) ||
+                    !json_is_number(json_array_get(b, 1)))
+                    return CLLM_FAIL(CLLM_ERR_ARG, "%s: optimizer.params.betas: expected [beta1, beta2]", path);
+                p.beta1 = json_number_value(json_array_get(b, 0));
+                p.beta2 = json_number_value(json_array_get(b, 1));
+                if (!(p.beta1 >= 0 && p.beta1 < 1 && p.beta2 >= 0 && p.beta2 < 1))
+                    return CLLM_FAIL(CLLM_ERR_ARG, "%s: optimizer.params.betas: each must be in [0, 1)", path);
+            }
+        }
+        if (t == CLLM_OPT_ADAM || t == CLLM_OPT_ADAMW) {
+            TRY(get_num(params, "eps", &p.eps, 0.0, w, path));
+            if (t == CLLM_OPT_ADAM) TRY(get_bool(params, "adam_w_mode", &c->adam_w_mode, w, path));
+            bool bias_correction = true, amsgrad = false;
+            TRY(get_bool(params, "bias_correction", &bias_correction, w, path));
+            TRY(get_bool(params, "amsgrad", &amsgrad, w, path));
+            if (!bias_correction || amsgrad)
+                return CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
+                                 "%s: optimizer.params: bias_correction=false and amsgrad=true are not supported", path);
+        }
+        if (t == CLLM_OPT_SGD) {
+            TRY(get_num(params, "momentum", &p.momentum, 0.0, w, path));
+            TRY(get_num(params, "dampening", &p.dampening, 0.0, w, path));
+            TRY(get_bool(params, "nesterov", &p.nesterov, w, path));
+            if (p.nesterov && (p.momentum <= 0 || p.dampening != 0))
+                return CLLM_FAIL(CLLM_ERR_ARG, "%s: optimizer.params: nesterov needs momentum > 0 and dampening 0", path);
+        }
+    }
+    /* DeepSpeed's "Adam" is AdamW unless adam_w_mode is false. */
+    if (t == CLLM_OPT_ADAM && c->adam_w_mode) t = CLLM_OPT_ADAMW;
+    if (t == CLLM_OPT_ADAMW && !c->adam_w_mode) t = CLLM_OPT_ADAM;
+    p.type = t;
+    c->optim = p;
+    return CLLM_OK;
+}
+
+/* ----------------------------------------------------------- scheduler */
+
+static cllm_status parse_scheduler(cllm_train_config *c, const json_t *o, const char *path, bool strict) {
+    static const char *const keys[] = {"type", "params", NULL};
+    TRY(check_keys(o, keys, NULL, "scheduler", path, strict));
+    const char *type = NULL;
+    TRY(get_str(o, "type", &type, "scheduler", path));
+    cllm_sched_type t = type ? cllm_sched_from_name(type) : CLLM_SCHED_CONSTANT;
+    if (t == CLLM_SCHED_COUNT)
+        return CLLM_FAIL(CLLM_ERR_ARG,
+                         "%s: scheduler.type: unknown scheduler '%s' (WarmupLR, WarmupDecayLR, WarmupCosineLR, "
+                         "OneCycle, constant, linear, cosine)",
+                         path, type);
+    cllm_sched_params s = cllm_sched_defaults(t);
+    json_t *p = NULL;
+    TRY(get_obj(o, "params", &p, path));
+    if (p) {
+        static const char *const warm_keys[] = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
+                                                "total_num_steps", NULL};
+        static const char *const cos_keys[] = {"total_num_steps", "warmup_min_ratio", "cos_min_ratio",
+                                               "warmup_num_steps", "warmup_type", NULL};
+        static const char *const cyc_keys[] = {
+            "cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size", "cycle_second_step_size",
+            "cycle_first_stair_count", "cycle_second_stair_count", "decay_step_size", "cycle_momentum",
+            "cycle_min_mom", "cycle_max_mom", "decay_mom_rate", NULL};
+        static const char *const hf_keys[] = {"warmup_num_steps", "total_num_steps", NULL};
+        static const char *const common_ign[] = {"last_batch_iteration", NULL};
+        const char *const *known = t == CLLM_SCHED_WARMUP_COSINE_LR ? cos_keys
+                                   : t == CLLM_SCHED_ONE_CYCLE      ? cyc_keys
+                                   : t == CLLM_SCHED_WARMUP_LR || t == CLLM_SCHED_WARMUP_DECAY_LR ? warm_keys
+                                                                                                 : hf_keys;
+        TRY(check_keys(p, known, common_ign, "scheduler.params", path, strict));
+        if (t == CLLM_SCHED_WARMUP_LR && json_object_get(p, "total_num_steps"))
+            cllm_log(CLLM_LOG_WARN, "%s: scheduler.params.total_num_steps has no effect for WarmupLR", path);
+        const char *w = "scheduler.params";
+        TRY(get_num(p, "warmup_min_lr", &s.warmup_min_lr, 0.0, w, path));
+        TRY(get_num(p, "warmup_max_lr", &s.warmup_max_lr, 0.0, w, path));
+        TRY(get_long(p, "warmup_num_steps", &s.warmup_num_steps, 0, w, path));
+        TRY(get_long(p, "total_num_steps", &s.total_num_steps, 0, w, path));
+        const char *wt = NULL;
+        TRY(get_str(p, "warmup_type", &wt, w, path));
+        if (wt) {
+            if (strcmp(wt, "linear") == 0)
+                s.warmup_linear = true;
+            else if (strcmp(wt, "log") == 0)
+                s.warmup_linear = false;
+            else
+                return CLLM_FAIL(CLLM_ERR_ARG, "%s: scheduler.params.warmup_type: '%s' (expected \"log\" or \"linear\")",
+                                 path, wt);
+        }
+        TRY(get_num(p, "warmup_min_ratio", &s.warmup_min_ratio, 0.0, w, path));
+        TRY(get_num(p, "cos_min_ratio", &s.cos_min_ratio, 0.0, w, path));
+        TRY(get_num(p, "cycle_min_lr", &s.cycle_min_lr, 0.0, w, path));
+        TRY(get_num(p, "cycle_max_lr", &s.cycle_max_lr, 0.0, w, path));
+        TRY(get_num(p, "decay_lr_rate", &s.decay_lr_rate, 0.0, w, path));
+        TRY(get_long(p, "cycle_first_step_size", &s.cycle_first_step_size, 1, w, path));
+        TRY(get_long(p, "cycle_second_step_size", &s.cycle_second_step_size, 1, w, path));
+        TRY(get_long(p, "cycle_first_stair_count", &s.cycle_first_stair_count, 0, w, path));
+        TRY(get_long(p, "cycle_second_stair_count", &s.cycle_second_stair_count, 0, w, path));
+        TRY(get_long(p, "decay_step_size", &s.decay_step_size, 0, w, path));
+        TRY(get_bool(p, "cycle_momentum", &s.cycle_momentum, w, path));
+        TRY(get_num(p, "cycle_min_mom", &s.cycle_min_mom, 0.0, w, path));
+        TRY(get_num(p, "cycle_max_mom", &s.cycle_max_mom, 0.0, w, path));
+        TRY(get_num(p, "decay_mom_rate", &s.decay_mom_rate, 0.0, w, path));
+    }
+    c->sched = s;
+    return CLLM_OK;
+}
+
+/* ------------------------------------------------- precision and ZeRO */
+
+static cllm_status parse_precision(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
+    json_t *fp16 = NULL, *bf16 = NULL;
+    TRY(get_obj(j, "fp16", &fp16, path));
+    TRY(get_obj(j, "bf16", &bf16, path));
+    if (fp16) {
+        static const char *const k[] = {"enabled", "auto_cast", "loss_scale", "initial_scale_power",
+                                        "loss_scale_window", "hysteresis", "consecutive_hysteresis",
+                                        "min_loss_scale", "fp16_master_weights_and_grads", NULL};
+        TRY(check_keys(fp16, k, NULL, "fp16", path, strict));
+        TRY(get_bool(fp16, "enabled", &c->fp16_enabled, "fp16", path));
+        TRY(get_num(fp16, "loss_scale", &c->fp16_loss_scale, 0.0, "fp16", path));
+        TRY(get_int(fp16, "initial_scale_power", &c->fp16_initial_scale_power, 0, "fp16", path));
+        TRY(get_int(fp16, "loss_scale_window", &c->fp16_loss_scale_window, 1, "fp16", path));
+        TRY(get_int(fp16, "hysteresis", &c->fp16_hysteresis, 1, "fp16", path));
+        TRY(get_num(fp16, "min_loss_scale", &c->fp16_min_loss_scale, 0.0, "fp16", path));
+    }
+    if (bf16) {
+        static const char *const k[] = {"enabled", "immediate_grad_update", "check_grad_overflow", NULL};
+        TRY(check_keys(bf16, k, NULL, "bf16", path, strict));
+        TRY(get_bool(bf16, "enabled", &c->bf16_enabled, "bf16", path));
+    }
+    if (c->fp16_enabled && c->bf16_enabled)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: fp16.enabled and bf16.enabled cannot both be true", path);
+    if (c->fp16_enabled || c->bf16_enabled)
+        cllm_log(CLLM_LOG_WARN, "%s: %s.enabled is stored, but training runs in fp32 on CPU", path,
+                 c->fp16_enabled ? "fp16" : "bf16");
+    return CLLM_OK;
+}
+
+static cllm_status parse_offload(const json_t *z, const char *key, const char **device, const char *path,
+                                 bool strict) {
+    json_t *o = NULL;
+    TRY(get_obj(z, key, &o, path));
+    if (!o) return CLLM_OK;
+    static const char *const k[] = {"device", "pin_memory", "nvme_path", "buffer_count", "buffer_size",
+                                    "max_in_cpu", "pipeline_read", "pipeline_write", "fast_init", "ratio", NULL};
+    char where[64];
+    snprintf(where, sizeof where, "zero_optimization.%s", key);
+    TRY(check_keys(o, k, NULL, where, path, strict));
+    TRY(get_str(o, "device", device, where, path));
+    if (*device && strcmp(*device, "cpu") != 0 && strcmp(*device, "none") != 0 && strcmp(*device, "nvme") != 0)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s.device: '%s' (expected cpu, nvme or none)", path, where, *device);
+    return CLLM_OK;
+}
+
+static cllm_status parse_zero(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
+    json_t *z = NULL;
+    TRY(get_obj(j, "zero_optimization", &z, path));
+    c->zero_optimization = z;
+    if (!z) return CLLM_OK;
+    static const char *const k[] = {
+        "stage", "offload_param", "offload_optimizer", "contiguous_gradients", "overlap_comm", "reduce_scatter",
+        "reduce_bucket_size", "allgather_partitions", "allgather_bucket_size", "round_robin_gradients",
+        "sub_group_size", "elastic_checkpoint", "load_from_fp32_weights", "cpu_offload", "cpu_offload_params",
+        "cpu_offload_use_pin_memory", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+        "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold", "stage3_gather_16bit_weights_on_model_save",
+        "stage3_gather_fp16_weights_on_model_save", "ignore_unused_parameters", "legacy_stage1",
+        "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients", "mics_shard_size",
+        "memory_efficient_linear", "use_multi_rank_bucket_allreduce", "model_persistence_threshold",
+        "max_live_parameters", "max_reuse_distance", "prefetch_bucket_size", "param_persistence_threshold", NULL};
+    TRY(check_keys(z, k, NULL, "zero_optimization", path, strict));
+    long stage = 0;
+    TRY(get_long(z, "stage", &stage, 0, "zero_optimization", path));
+    if (stage > 3) return CLLM_FAIL(CLLM_ERR_ARG, "%s: zero_optimization.stage: %ld (expected 0, 1, 2 or 3)", path, stage);
+    c->zero_stage = (int)stage;
+    TRY(parse_offload(z, "offload_optimizer", &c->zero_offload_optimizer, path, strict));
+    TRY(parse_offload(z, "offload_param", &c->zero_offload_param, path, strict));
+    return CLLM_OK;
+}
+
+/* model_topo (seed-003 pipeline configs): {"process_topology": {"axis":
+ * [...], "dims": [...]}, "parts": [...]}; checked for shape, stored. */
+static cllm_status parse_topo(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
+    json_t *t = NULL;
+    TRY(get_obj(j, "model_topo", &t, path));
+    c->model_topo = t;
+    if (!t) return CLLM_OK;
+    static const char *const k[] = {"process_topology", "parts", NULL};
+    TRY(check_keys(t, k, NULL, "model_topo", path, strict));
+    json_t *pt = json_object_get(t, "process_topology");
+    if (pt) {
+        json_t *axis = json_object_get(pt, "axis"), *dims = json_object_get(pt, "dims");
+        if (!json_is_object(pt) || !json_is_array(axis) || !json_is_array(dims) ||
+            json_array_size(axis) != json_array_size(dims))
+            return CLLM_FAIL(CLLM_ERR_ARG,
+                             "%s: model_topo.process_topology: expected {\"axis\": [names], \"dims\": [sizes]} of "
+                             "equal length",
+                             path);
+        size_t i;
+        json_t *v;
+        json_array_foreach(dims, i, v) {
+            if (!json_is_integer(v) || json_integer_value(v) < 1)
+                return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.process_topology.dims[%zu]: expected a positive integer",
+                                 path, i);
+            if (!json_is_string(json_array_get(axis, i)))
+                return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.process_topology.axis[%zu]: expected a string", path, i);
+            if (strcmp(json_string_value(json_array_get(axis, i)), "pipe") == 0 && json_integer_value(v) > 1)
+                cllm_log(CLLM_LOG_WARN, "%s: model_topo: pipeline parallelism is stored but not implemented; the "
+                         "model runs as one stage", path);
+        }
+    }
+    json_t *parts = json_object_get(t, "parts");
+    if (parts) {
+        size_t i;
+        json_t *v;
+        if (!json_is_array(parts)) return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.parts: expected an array", path);
+        json_array_foreach(parts, i, v) if (!json_is_integer(v) || json_integer_value(v) < 0) return CLLM_FAIL(
+            CLLM_ERR_ARG, "%s: model_topo.parts[%zu]: expected a non-negative integer", path, i);
+    }
+    return CLLM_OK;
+}
+
+/* --------------------------------------------------------- cllm keys */
+
+static cllm_status parse_model(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
+    json_t *m = json_object_get(j, "model");
+    if (!m || json_is_null(m)) return CLLM_OK;
+    if (json_is_string(m)) {
+        c->model_dir = json_string_value(m);
+        return CLLM_OK;
+    }
+    if (!json_is_object(m))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: model: expected an HF folder path or {\"arch\", \"preset\", \"set\", \"seed\"}",
+                         path);
+    static const char *const k[] = {"arch", "preset", "set", "seed", NULL};
+    TRY(check_keys(m, k, NULL, "model", path, strict));
+    const char *arch = NULL, *preset = NULL;
+    TRY(get_str(m, "arch", &arch, "model", path));
+    TRY(get_str(m, "preset", &preset, "model", path));
+    if (!arch || !preset) return CLLM_FAIL(CLLM_ERR_ARG, "%s: model: an init spec needs \"arch\" and \"preset\"", path);
+    json_t *set = json_object_get(m, "set");
+    if (set && !json_is_object(set)) return CLLM_FAIL(CLLM_ERR_ARG, "%s: model.set: expected an object", path);
+    long seed = 0;
+    TRY(get_long(m, "seed", &seed, 0, "model", path));
+    c->model_init = m;
+    return CLLM_OK;
+}
+
+static cllm_status parse_data(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
+    json_t *d = json_object_get(j, "data");
+    if (!d || json_is_null(d)) return CLLM_OK;
+    if (json_is_string(d)) {
+        c->data_train = json_string_value(d);
+        return CLLM_OK;
+    }
+    if (!json_is_object(d)) return CLLM_FAIL(CLLM_ERR_ARG, "%s: data: expected a spec string or an object", path);
+    static const char *const k[] = {"train", "eval", "tokenizer", "seq_len", "splits", NULL};
+    TRY(check_keys(d, k, NULL, "data", path, strict));
+    TRY(get_str(d, "train", &c->data_train, "data", path));
+    TRY(get_str(d, "eval", &c->data_eval, "data", path));
+    TRY(get_str(d, "tokenizer", &c->tokenizer, "data", path));
+    TRY(get_str(d, "splits", &c->splits, "data", path));
+    TRY(get_int(d, "seq_len", &c->seq_len, 2, "data", path));
+    return CLLM_OK;
+}
+
+static cllm_status parse_ours(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
+    TRY(parse_model(c, j, path, strict));
+    TRY(parse_data(c, j, path, strict));
+    TRY(get_long(j, "train_iters", &c->train_iters, 0, "", path));
+    TRY(get_num(j, "epochs", &c->epochs, 0.0, "", path));
+    TRY(get_long(j, "eval_interval", &c->eval_interval, 0, "", path));
+    TRY(get_long(j, "eval_iters", &c->eval_iters, 0, "", path));
+    TRY(get_long(j, "save_interval", &c->save_interval, 0, "", path));
+    TRY(get_long(j, "save_total_limit", &c->save_total_limit, 0, "", path));
+    TRY(get_str(j, "output_dir", &c->output_dir, "", path));
+    long seed = (long)c->seed;
+    TRY(get_long(j, "seed", &seed, 0, "", path));
+    c->seed = (uint64_t)seed;
+    TRY(get_bool(j, "shuffle", &c->shuffle, "", path));
+    TRY(get_int(j, "max_consecutive_skips", &c->max_consecutive_skips, 1, "", path));
+    TRY(get_num(j, "peak_gflops", &c->peak_gflops, 0.0, "", path));
+    TRY(get_bool(j, "async_save", &c->async_save, "", path));
+    TRY(get_bool(j, "save_final_checkpoint", &c->save_final_checkpoint, "", path));
+    const char *log = NULL;
+    TRY(get_str(j, "log", &log, "", path));
+    if (log) {
+        static const char *const modes[] = {"auto", "progress", "plain", "quiet"};
+        int i = 0;
+        while (i < 4 && strcmp(log, modes[i]) != 0) i++;
+        if (i == 4) return CLLM_FAIL(CLLM_ERR_ARG, "%s: log: '%s' (expected auto, progress, plain or quiet)", path, log);
+        c->log = (cllm_log_mode)i;
+    }
+    json_t *ms = json_object_get(j, "max_shard_size");
+    if (ms && !json_is_null(ms)) {
+        if (json_is_integer(ms) && json_integer_value(ms) >= 0) {
+            c->max_shard_bytes = (size_t)json_integer_value(ms);
+        } else if (!json_is_string(ms) || cllm_parse_size(json_string_value(ms), &c->max_shard_bytes)) {
+            return CLLM_FAIL(CLLM_ERR_ARG, "%s: max_shard_size: expected a size such as \"2GB\" or 0", path);
+        }
+    }
+    json_t *wds = json_object_get(j, "weight_decay_skip");
+    if (wds && !json_is_null(wds)) {
+        if (json_is_boolean(wds)) {
+            c->decay_skip_bias = c->decay_skip_norm = json_is_true(wds);
+        } else if (json_is_array(wds)) {
+            c->decay_skip_bias = c->decay_skip_norm = false;
+            size_t i;
+            json_t *v;
+            json_array_foreach(wds, i, v) {
+                const char *s = json_is_string(v) ? json_string_value(v) : "";
+                if (strcmp(s, "bias") == 0)
+                    c->decay_skip_bias = true;
+                else if (strcmp(s, "norm") == 0)
+                    c->decay_skip_norm = true;
+                else
+                    return CLLM_FAIL(CLLM_ERR_ARG, "%s: weight_decay_skip[%zu]: expected \"bias\" or \"norm\"", path, i);
+            }
+        } else {
+            return CLLM_FAIL(CLLM_ERR_ARG, "%s: weight_decay_skip: expected a boolean or a list of \"bias\", \"norm\"",
+                             path);
+        }
+    }
+    return CLLM_OK;
+}
+
+static void set_defaults(cllm_train_config *c) {
+    memset(c, 0, sizeof *c);
+    c->optim = cllm_optim_defaults(CLLM_OPT_ADAMW);
+    c->optim.weight_decay = 0.0;
+    c->optimizer_name = "AdamW";
+    c->adam_w_mode = true;
+    c->sched = cllm_sched_defaults(CLLM_SCHED_CONSTANT);
+    c->fp16_initial_scale_power = 16;
+    c->fp16_loss_scale_window = 1000;
+    c->fp16_hysteresis = 2;
+    c->fp16_min_loss_scale = 1.0;
+    c->steps_per_print = 10;
+    c->seq_len = 128;
+    c->eval_iters = 0;
+    c->seed = 42;
+    c->shuffle = true;
+    c->decay_skip_bias = c->decay_skip_norm = true;
+    c->max_consecutive_skips = 10;
+    c->async_save = true;
+    c->save_final_checkpoint = true;
+    c->dp_size = 1;
+}
+
+cllm_status cllm_train_config_parse(cllm_train_config *cfg, json_t *j, const char *path, bool strict) {
+    set_defaults(cfg);
+    cfg->json = j;
+    if (!json_is_object(j)) return CLLM_FAIL(CLLM_ERR_ARG, "%s: expected a JSON object at the top level", path);
+    TRY(check_keys(j, top_keys, top_ignored, "", path, strict));
+    TRY(get_long(j, "train_batch_size", &cfg->train_batch_size, 1, "", path));
+    TRY(get_long(j, "train_micro_batch_size_per_gpu", &cfg->train_micro_batch_size_per_gpu, 1, "", path));
+    TRY(get_long(j, "gradient_accumulation_steps", &cfg->gradient_accumulation_steps, 1, "", path));
+    TRY(get_num(j, "gradient_clipping", &cfg->gradient_clipping, 0.0, "", path));
+    TRY(get_long(j, "steps_per_print", &cfg->steps_per_print, 1, "", path));
+    TRY(get_bool(j, "wall_clock_breakdown", &cfg->wall_clock_breakdown, "", path));
+    TRY(get_bool(j, "use_grad_ckpt", &cfg->use_grad_ckpt, "", path));
+    json_t *o = NULL;
+    TRY(get_obj(j, "optimizer", &o, path));
+    if (o) TRY(parse_optimizer(cfg, o, path, strict));
+    TRY(get_obj(j, "scheduler", &o, path));
+    if (o) TRY(parse_scheduler(cfg, o, path, strict));
+    TRY(parse_precision(cfg, j, path, strict));
+    TRY(parse_zero(cfg, j, path, strict));
+    TRY(parse_topo(cfg, j, path, strict));
+    TRY(parse_ours(cfg, j, path, strict));
+    return CLLM_OK;
+}
+
+void cllm_train_config_free(cllm_train_config *cfg) {
+    if (!cfg) return;
+    json_decref(cfg->json);
+    cfg->json = NULL;
+}

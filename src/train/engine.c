@@ -1,0 +1,476 @@
+/*
+ * The training loop (see cllm/train.h): opening model and data, resuming,
+ * the step (local micro-batches -> gradient reduction hook -> clip ->
+ * optimizer on ranges of the flat buffer), evaluation, checkpoints, metrics
+ * and the progress display.
+ *
+ * The data position is one integer: sample g of the loader's stream for
+ * row i of rank r at a step that starts at position G0 is
+ * g = G0 + r * local_batch + i, and every step advances G0 by
+ * train_batch_size. A resumed run restores G0 and continues the same stream.
+ * Not here: config parsing (config*.c), file formats (checkpoint.c).
+ */
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cllm/checkpoint.h"
+#include "cllm/loader.h"
+#include "cllm/model.h"
+#include "train_impl.h"
+
+static volatile sig_atomic_t stop_requested;
+
+void cllm_train_request_stop(void) { stop_requested = 1; }
+
+typedef struct {
+    cllm_train_config *cfg;
+    const cllm_train_hooks *hooks;
+    cllm_model *m;
+    cllm_loader *train, *eval;
+    cllm_optimizer *opt;
+    cllm_param_range *ranges;
+    int n_ranges;
+    int32_t *tokens, *labels, *targets; /* [local, T] */
+    long local;                         /* rows per step on this rank */
+    train_saver *saver;
+    train_metrics metrics;
+    cllm_ckpt_state state;
+    double flops_per_step, peak_gflops;
+    bool progress; /* \r line on a terminal */
+    bool line_open;
+    long last_save_step, last_eval_step;
+    double save_wait_total, time_save_pending;
+    int n_saves;
+} trainer;
+
+/* ------------------------------------------------------------ set-up */
+
+static cllm_status open_model(trainer *tr, const char *resume_dir) {
+    cllm_train_config *c = tr->cfg;
+    if (resume_dir) return cllm_model_load(&tr->m, resume_dir);
+    if (c->model_dir) return cllm_model_load(&tr->m, c->model_dir);
+    if (!c->model_init)
+        return CLLM_FAIL(CLLM_ERR_ARG, "no model: set \"model\" (an HF folder or an init spec) or --model");
+    const char *arch = json_string_value(json_object_get(c->model_init, "arch"));
+    const char *preset = json_string_value(json_object_get(c->model_init, "preset"));
+    cllm_arch a = cllm_arch_from_name(arch);
+    if (a == CLLM_ARCH_COUNT) return CLLM_FAIL(CLLM_ERR_ARG, "model.arch: unknown architecture '%s' (gpt2, llama, bloom)", arch);
+    json_t *conf = NULL;
+    cllm_status st = cllm_model_preset(&conf, a, preset);
+    if (st) return st;
+    json_t *set = json_object_get(c->model_init, "set");
+    if (set) json_object_update(conf, set);
+    json_t *seed = json_object_get(c->model_init, "seed");
+    uint64_t s = seed && json_is_integer(seed) ? (uint64_t)json_integer_value(seed) : c->seed;
+    st = cllm_model_init_random(&tr->m, conf, s);
+    json_decref(conf);
+    return st;
+}
+
+static cllm_status open_data(trainer *tr) {
+    cllm_train_config *c = tr->cfg;
+    if (!c->data_train) return CLLM_FAIL(CLLM_ERR_ARG, "no training data: set data.train (or --data)");
+    cllm_loader_opts o = {.spec = c->data_train,
+                          .tokenizer = c->tokenizer,
+                          .seq_len = c->seq_len,
+                          .vocab_size = cllm_model_get_config(tr->m)->vocab_size,
+                          .shuffle = c->shuffle,
+                          .seed = c->seed,
+                          .split = c->splits ? "train" : NULL,
+                          .splits = c->splits};
+    cllm_status st = cllm_loader_open(&tr->train, &o);
+    if (st) return st;
+    if (c->data_eval || c->splits) {
+        o.spec = c->data_eval ? c->data_eval : c->data_train;
+        o.split = c->data_eval ? NULL : "valid";
+        o.shuffle = false;
+        if ((st = cllm_loader_open(&tr->eval, &o))) return cllm_fail_context(st, "eval data");
+    }
+    return CLLM_OK;
+}
+
+/* Weight-decay ranges: biases and norm weights are skipped by default
+ * (weight_decay_skip); everything else decays. */
+static cllm_status make_ranges(trainer *tr) {
+    int nt = cllm_model_n_tensors(tr->m);
+    tr->ranges = calloc((size_t)nt, sizeof *tr->ranges);
+    if (!tr->ranges) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < nt; i++) {
+        const cllm_tensor_info *t = cllm_model_tensor(tr->m, i);
+        size_t len = strlen(t->name);
+        bool is_bias = len >= 5 && strcmp(t->name + len - 5, ".bias") == 0;
+        bool skip = t->no_decay && (is_bias ? tr->cfg->decay_skip_bias : tr->cfg->decay_skip_norm);
+        tr->ranges[i] = (cllm_param_range){t->offset, t->offset + t->numel, !skip};
+    }
+    tr->n_ranges = nt;
+    return CLLM_OK;
+}
+
+static cllm_status resume_from(trainer *tr, const char *dir) {
+    cllm_status st = cllm_ckpt_read_state(dir, &tr->state);
+    if (st) return st;
+    if (strcmp(tr->state.optimizer, cllm_opt_name(tr->cfg->optim.type)) != 0)
+        return CLLM_FAIL(CLLM_ERR_ARG, "checkpoint %s was written by optimizer %s, the config asks for %s", dir,
+                         tr->state.optimizer, cllm_opt_name(tr->cfg->optim.type));
+    st = cllm_ckpt_read_optim(dir, cllm_optim_state(tr->opt, 0), cllm_optim_state(tr->opt, 1),
+                              cllm_model_buffer_len(tr->m));
+    if (st) return st;
+    cllm_optim_set_step_count(tr->opt, tr->state.optim_step);
+    uint64_t h = cllm_train_config_hash(tr->cfg);
+    if (h != tr->state.config_hash)
+        cllm_log(CLLM_LOG_WARN, "resume: the optimizer, schedule, batch or data settings differ from those of %s; "
+                 "continuing with the new ones", dir);
+    if (tr->state.data_seed != tr->cfg->seed)
+        cllm_log(CLLM_LOG_WARN, "resume: seed %llu differs from the checkpoint's %llu: the data order changes",
+                 (unsigned long long)tr->cfg->seed, (unsigned long long)tr->state.data_seed);
+    return CLLM_OK;
+}
+
+/* ----------------------------------------------------------- display */
+
+static void fmt_eta(char *buf, size_t cap, double sec) {
+    if (!(sec >= 0) || sec > 1e8) {
+        snprintf(buf, cap, "?");
+        return;
+    }
+    long s = (long)sec;
+    if (s >= 3600)
+        snprintf(buf, cap, "%ldh%02ldm", s / 3600, (s / 60) % 60);
+    else
+        snprintf(buf, cap, "%ldm%02lds", s / 60, s % 60);
+}
+
+static void end_line(trainer *tr) {
+    if (tr->line_open) fputc('\n', stderr);
+    tr->line_open = false;
+}
+
+static void show_step(trainer *tr, long step, double loss, double lr, double gnorm, double tps, double mfu,
+                      double avg_step) {
+    cllm_train_config *c = tr->cfg;
+    if (c->log == CLLM_LOG_MODE_QUIET) return;
+    char eta[32];
+    fmt_eta(eta, sizeof eta, avg_step * (double)(c->train_iters - step));
+    char mfu_s[32] = "";
+    if (mfu > 0) snprintf(mfu_s, sizeof mfu_s, " | MFU %.1f%%", mfu * 100);
+    if (tr->progress) {
+        fprintf(stderr, "\rstep %ld/%ld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s%s | ETA %s   ", step,
+                c->train_iters, loss, lr, gnorm, tps, mfu_s, eta);
+        fflush(stderr);
+        tr->line_open = true;
+    } else if (step % c->steps_per_print == 0 || step == c->train_iters) {
+        fprintf(stderr, "step %5ld/%ld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s%s | ETA %s\n", step,
+                c->train_iters, loss, lr, gnorm, tps, mfu_s, eta);
+    }
+}
+
+/* --------------------------------------------------------------- eval */
+
+static cllm_status run_eval(trainer *tr, long step) {
+    if (!tr->eval) return CLLM_OK;
+    double t0 = cllm_time_sec();
+    long B = tr->cfg->train_micro_batch_size_per_gpu;
+    int T = tr->cfg->seq_len;
+    uint64_t n = cllm_loader_size(tr->eval);
+    uint64_t batches = (n + (uint64_t)B - 1) / (uint64_t)B;
+    if (tr->cfg->eval_iters > 0 && (uint64_t)tr->cfg->eval_iters < batches) batches = (uint64_t)tr->cfg->eval_iters;
+    double total = 0;
+    long count = 0;
+    cllm_status st = CLLM_OK;
+    for (uint64_t bi = 0; bi < batches && !st; bi++) {
+        uint64_t first = bi * (uint64_t)B;
+        int rows = n - first < (uint64_t)B ? (int)(n - first) : (int)B;
+        for (int r = 0; r < rows && !st; r++)
+            st = cllm_loader_get(tr->eval, first + (uint64_t)r, tr->tokens + (size_t)r * T, tr->labels + (size_t)r * T,
+                                 NULL);
+        if (st) break;
+        cllm_model_make_targets(tr->targets, tr->labels, rows, T);
+        double sum = 0;
+        long k = 0;
+        st = cllm_model_forward_backward(tr->m, tr->tokens, tr->targets, rows, T, false, 0.0f, &sum, &k);
+        total += sum;
+        count += k;
+    }
+    if (st) return cllm_fail_context(st, "evaluation at step %ld", step);
+    double loss = count ? total / (double)count : NAN;
+    double dt = cllm_time_sec() - t0;
+    train_record r;
+    rec_begin(&r);
+    rec_int(&r, "step", step);
+    rec_num(&r, "eval_loss", loss);
+    rec_num(&r, "eval_ppl", exp(loss));
+    rec_int(&r, "eval_tokens", count);
+    rec_int(&r, "eval_batches", (long long)batches);
+    rec_num(&r, "eval_time", dt);
+    tr->last_eval_step = step;
+    if (tr->cfg->log != CLLM_LOG_MODE_QUIET) {
+        end_line(tr);
+        fprintf(stderr, "eval  %5ld | loss %.4f | ppl %.3f | %ld tokens | %.2f s\n", step, loss, exp(loss), count, dt);
+    }
+    return train_metrics_write(&tr->metrics, rec_end(&r));
+}
+
+/* --------------------------------------------------------------- save */
+
+static cllm_status save_checkpoint(trainer *tr, bool sync) {
+    cllm_train_config *c = tr->cfg;
+    if (!c->output_dir) return CLLM_OK;
+    tr->state.optim_step = cllm_optim_step_count(tr->opt);
+    double wait = 0;
+    cllm_status st = train_saver_save(tr->saver, c->output_dir, tr->m, cllm_model_params(tr->m),
+                                      cllm_optim_state(tr->opt, 0), cllm_optim_state(tr->opt, 1), &tr->state,
+                                      c->max_shard_bytes, c->save_total_limit, &wait);
+    if (!st && sync) st = train_saver_wait(tr->saver, &wait);
+    tr->save_wait_total += wait;
+    tr->time_save_pending += wait;
+    tr->last_save_step = tr->state.global_step;
+    tr->n_saves++;
+    return st;
+}
+
+/* --------------------------------------------------------------- step */
+
+/* Reads this rank's rows of the step starting at data position g0 and
+ * builds targets; returns the number of counted targets in *count. */
+static cllm_status load_rows(trainer *tr, uint64_t g0, long *count) {
+    int T = tr->cfg->seq_len;
+    uint64_t base = g0 + (uint64_t)tr->cfg->dp_rank * (uint64_t)tr->local;
+    for (long i = 0; i < tr->local; i++) {
+        cllm_status st = cllm_loader_get(tr->train, base + (uint64_t)i, tr->tokens + (size_t)i * T,
+                                         tr->labels + (size_t)i * T, NULL);
+        if (st) return st;
+    }
+    *count = cllm_model_make_targets(tr->targets, tr->labels, (int)tr->local, T);
+    return cllm_model_check_ids(tr->m, tr->tokens, tr->targets, (size_t)tr->local * (size_t)T);
+}
+
+/* The data-parallel reductions go here (sums over ranks); identity with
+ * one rank. */
+static void reduce_count(trainer *tr, long *count) { (void)tr, (void)count; }
+static void reduce_grads(trainer *tr, double *loss_sum) { (void)tr, (void)loss_sum; }
+
+static cllm_status train_step(trainer *tr, double *avg_step) {
+    cllm_train_config *c = tr->cfg;
+    const long step = tr->state.global_step + 1;
+    const int T = c->seq_len, mb = (int)c->train_micro_batch_size_per_gpu;
+    double t0 = cllm_time_sec();
+    long count = 0;
+    cllm_status st = load_rows(tr, tr->state.next_sample, &count);
+    if (st) return cllm_fail_context(st, "step %ld", step);
+    reduce_count(tr, &count);
+    double t1 = cllm_time_sec();
+    cllm_model_zero_grads(tr->m);
+    double loss_sum = 0;
+    if (count > 0) {
+        float scale = (float)(1.0 / (double)count);
+        for (long j = 0; j < c->gradient_accumulation_steps; j++) {
+            size_t off = (size_t)j * (size_t)mb * (size_t)T;
+            double s = 0;
+            long k = 0;
+            st = cllm_model_forward_backward(tr->m, tr->tokens + off, tr->targets + off, mb, T, true, scale, &s, &k);
+            if (st) return cllm_fail_context(st, "step %ld", step);
+            loss_sum += s;
+        }
+    }
+    float *grads = cllm_model_grads(tr->m);
+    size_t n = cllm_model_buffer_len(tr->m);
+    if (tr->hooks && tr->hooks->poison_grads && tr->hooks->poison_grads(step, tr->hooks->ctx)) grads[0] = NAN;
+    reduce_grads(tr, &loss_sum);
+    double t2 = cllm_time_sec();
+    double loss = count > 0 ? loss_sum / (double)count : 0.0;
+    double gnorm = cllm_grad_clip(grads, n, c->gradient_clipping);
+    bool finite = isfinite(loss) && isfinite(gnorm);
+    double lr = cllm_sched_lr(&c->sched, c->optim.lr, tr->state.sched_iter);
+    if (finite && count > 0) {
+        cllm_optim_step(tr->opt, cllm_model_params(tr->m), grads, tr->ranges, tr->n_ranges, lr);
+        tr->state.sched_iter++;
+        tr->state.consecutive_skips = 0;
+    } else if (!finite) {
+        tr->state.skipped_steps++;
+        tr->state.consecutive_skips++;
+    }
+    double t3 = cllm_time_sec();
+    tr->state.global_step = step;
+    tr->state.next_sample += (uint64_t)c->train_batch_size;
+    tr->state.tokens_seen += (double)count;
+    double dt = t3 - t0 + tr->time_save_pending;
+    tr->state.train_seconds += dt;
+    *avg_step = *avg_step > 0 ? 0.9 * *avg_step + 0.1 * dt : dt;
+    double tok = (double)tr->local * T * c->dp_size;
+    double gflops = tr->flops_per_step / dt * 1e-9;
+    double mfu = tr->peak_gflops > 0 ? gflops / tr->peak_gflops : 0;
+    train_record r;
+    rec_begin(&r);
+    rec_int(&r, "step", step);
+    rec_num(&r, "loss", loss);
+    rec_num(&r, "lr", lr);
+    rec_num(&r, "grad_norm", gnorm);
+    rec_int(&r, "tokens", count);
+    rec_num(&r, "step_time", dt);
+    rec_num(&r, "tokens_per_sec", tok / dt);
+    rec_num(&r, "gflops", gflops);
+    rec_num(&r, "mfu", mfu);
+    rec_num(&r, "time_data", t1 - t0);
+    rec_num(&r, "time_fwdbwd", t2 - t1);
+    rec_num(&r, "time_optim", t3 - t2);
+    rec_num(&r, "time_save", tr->time_save_pending);
+    rec_int(&r, "samples", (long long)tr->state.next_sample);
+    rec_num(&r, "epoch", (double)tr->state.next_sample / (double)cllm_loader_size(tr->train));
+    rec_num(&r, "tokens_seen", tr->state.tokens_seen);
+    if (!finite) rec_bool(&r, "skipped", true);
+    tr->time_save_pending = 0;
+    if ((st = train_metrics_write(&tr->metrics, rec_end(&r)))) return st;
+    if (!finite) {
+        end_line(tr);
+        fprintf(stderr, "step %ld: non-finite %s (loss %g, grad norm %g): update skipped (%ld in a row)\n", step,
+                isfinite(loss) ? "gradients" : "loss", loss, gnorm, tr->state.consecutive_skips);
+        if (tr->state.consecutive_skips >= c->max_consecutive_skips)
+            return CLLM_FAIL(CLLM_ERR_ARG,
+                             "%ld consecutive steps with non-finite loss or gradients (last: step %ld); the run "
+                             "diverged: lower the learning rate, enable gradient_clipping, or resume from an earlier "
+                             "checkpoint (max_consecutive_skips = %d)",
+                             tr->state.consecutive_skips, step, c->max_consecutive_skips);
+        return CLLM_OK;
+    }
+    show_step(tr, step, loss, lr, gnorm, tok / dt, mfu, *avg_step);
+    return CLLM_OK;
+}
+
+/* ---------------------------------------------------------------- run */
+
+static cllm_status run(trainer *tr, cllm_train_result *res) {
+    cllm_train_config *c = tr->cfg;
+    char *resume_dir = NULL;
+    cllm_status st = cllm_ckpt_find(c->output_dir, c->resume, &resume_dir);
+    if (st) return st;
+    if (c->resume && !resume_dir)
+        cllm_log(CLLM_LOG_INFO, "resume: no checkpoint in %s yet; starting from the beginning", c->output_dir);
+    if (resume_dir && (st = cllm_ckpt_verify(resume_dir))) goto done;
+    if ((st = open_model(tr, resume_dir))) goto done;
+    if ((st = open_data(tr))) goto done;
+    if ((st = cllm_train_config_resolve(c, cllm_loader_size(tr->train)))) goto done;
+    const cllm_model_config *mc = cllm_model_get_config(tr->m);
+    if (mc->n_ctx > 0 && c->seq_len > mc->n_ctx) {
+        st = CLLM_FAIL(CLLM_ERR_ARG, "seq_len %d exceeds the model's %d positions", c->seq_len, mc->n_ctx);
+        goto done;
+    }
+    tr->local = c->train_micro_batch_size_per_gpu * c->gradient_accumulation_steps;
+    size_t rows = (size_t)tr->local * (size_t)c->seq_len;
+    tr->tokens = malloc(rows * sizeof(int32_t));
+    tr->labels = malloc(rows * sizeof(int32_t));
+    tr->targets = malloc(rows * sizeof(int32_t));
+    if (!tr->tokens || !tr->labels || !tr->targets) {
+        st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for %zu batch rows", rows);
+        goto done;
+    }
+    if ((st = cllm_model_prepare(tr->m, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true))) goto done;
+    size_t n = cllm_model_buffer_len(tr->m);
+    if ((st = cllm_optim_init(&tr->opt, &c->optim, n))) goto done;
+    if ((st = make_ranges(tr))) goto done;
+    memset(&tr->state, 0, sizeof tr->state);
+    cllm_rng_seed(&tr->state.rng, c->seed);
+    tr->state.data_seed = c->seed;
+    tr->state.loss_scale = 1.0;
+    if (resume_dir && (st = resume_from(tr, resume_dir))) goto done;
+    tr->state.config_hash = cllm_train_config_hash(c);
+    snprintf(tr->state.optimizer, sizeof tr->state.optimizer, "%s", cllm_opt_name(c->optim.type));
+    tr->state.train_batch_size = c->train_batch_size;
+    tr->state.dp_size = c->dp_size;
+    if ((st = train_saver_init(&tr->saver, n, cllm_optim_state(tr->opt, 0) != NULL,
+                               cllm_optim_state(tr->opt, 1) != NULL, c->async_save)))
+        goto done;
+    if (c->output_dir && (st = train_make_dirs(c->output_dir))) goto done;
+    if (c->output_dir && (st = train_metrics_open(&tr->metrics, c->output_dir, resume_dir ? tr->state.global_step : -1)))
+        goto done;
+    tr->flops_per_step = cllm_model_train_flops(tr->m, (int)c->train_micro_batch_size_per_gpu, c->seq_len) *
+                         (double)c->gradient_accumulation_steps;
+    tr->peak_gflops = c->peak_gflops;
+    const char *env = getenv("CLLM_PEAK_GFLOPS");
+    double envv;
+    if (!(tr->peak_gflops > 0) && env && cllm_parse_f64(env, &envv) && envv > 0) tr->peak_gflops = envv;
+    if (!(tr->peak_gflops > 0)) tr->peak_gflops = cllm_train_measure_peak_gflops(0.2);
+    tr->progress = c->log == CLLM_LOG_MODE_PROGRESS || (c->log == CLLM_LOG_MODE_AUTO && isatty(2));
+    tr->last_save_step = tr->last_eval_step = -1;
+    long first = tr->state.global_step;
+    if (c->log != CLLM_LOG_MODE_QUIET)
+        fprintf(stderr,
+                "cllm train: %zu parameters, %llu samples, steps %ld..%ld of %ld x %d tokens "
+                "(micro %ld x accumulation %ld x dp %d), %s, %s lr %g, peak %.1f GFLOP/s%s\n",
+                cllm_model_n_params(tr->m), (unsigned long long)cllm_loader_size(tr->train), first + 1,
+                c->train_iters, c->train_batch_size, c->seq_len, c->train_micro_batch_size_per_gpu,
+                c->gradient_accumulation_steps, c->dp_size, cllm_opt_name(c->optim.type),
+                cllm_sched_name(c->sched.type), c->optim.lr, tr->peak_gflops,
+                resume_dir ? " (resumed)" : "");
+    res->first_step = first + 1;
+    double avg_step = 0;
+    while (tr->state.global_step < c->train_iters) {
+        if ((st = train_step(tr, &avg_step))) goto done;
+        long step = tr->state.global_step;
+        if (c->eval_interval > 0 && step % c->eval_interval == 0 && (st = run_eval(tr, step))) goto done;
+        if (stop_requested) {
+            end_line(tr);
+            fprintf(stderr, "cllm train: stop requested; saving a checkpoint at step %ld\n", step);
+            if ((st = save_checkpoint(tr, true))) goto done;
+            res->stopped = true;
+            break;
+        }
+        if (c->save_interval > 0 && step % c->save_interval == 0 && (st = save_checkpoint(tr, false))) goto done;
+    }
+    end_line(tr);
+    res->last_step = tr->state.global_step;
+    if (!res->stopped) {
+        long step = tr->state.global_step;
+        if (c->eval_interval > 0 && tr->last_eval_step != step && step > first && (st = run_eval(tr, step))) goto done;
+        if (c->save_final_checkpoint && c->save_interval > 0 && tr->last_save_step != step && step > first &&
+            (st = save_checkpoint(tr, false)))
+            goto done;
+        double wait = 0;
+        if ((st = train_saver_wait(tr->saver, &wait))) goto done;
+        tr->save_wait_total += wait;
+        if (c->output_dir && (st = cllm_model_save(tr->m, c->output_dir, c->max_shard_bytes))) goto done;
+    } else {
+        double wait = 0;
+        st = train_saver_wait(tr->saver, &wait);
+        tr->save_wait_total += wait;
+    }
+done:
+    free(resume_dir);
+    res->skipped = tr->state.skipped_steps;
+    res->save_seconds = tr->save_wait_total;
+    res->async_write_seconds = train_saver_write_seconds(tr->saver);
+    res->n_saves = tr->n_saves;
+    return st;
+}
+
+cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks, cllm_train_result *res) {
+    cllm_train_result dummy;
+    if (!res) res = &dummy;
+    memset(res, 0, sizeof *res);
+    trainer tr;
+    memset(&tr, 0, sizeof tr);
+    tr.cfg = cfg;
+    tr.hooks = hooks;
+    stop_requested = 0;
+    cllm_status st = run(&tr, res);
+    if (st) {
+        /* keep the message of the failure, not of the clean-up */
+        end_line(&tr);
+        train_saver_wait(tr.saver, NULL);
+    }
+    train_saver_free(tr.saver);
+    train_metrics_close(&tr.metrics);
+    free(tr.tokens);
+    free(tr.labels);
+    free(tr.targets);
+    free(tr.ranges);
+    cllm_optim_free(tr.opt);
+    cllm_loader_free(tr.train);
+    cllm_loader_free(tr.eval);
+    cllm_model_free(tr.m);
+    return st;
+}
