@@ -153,6 +153,19 @@ double cllm_model_train_flops(const cllm_model *m, int B, int T);
  * known ones. */
 cllm_status cllm_model_preset(struct json_t **config, cllm_arch arch, const char *preset);
 
+/* ---- vocabulary resizing ---- */
+/* Grows the vocabulary of *m to new_vocab rows: the token embedding (GPT-2
+ * wte, LLaMA embed_tokens, BLOOM word_embeddings) and an untied lm_head.
+ * Old rows are copied bit for bit; each new row is the mean of the old rows
+ * of its tensor (computed in double), plus noise_std * N(0, 1) from a
+ * generator seeded with `seed` when noise_std > 0. config vocab_size is
+ * updated. On success *m is replaced by the resized model (the old one is
+ * freed; activation and gradient buffers are not carried over, call
+ * cllm_model_prepare again). Shrinking (new_vocab < vocab_size) is refused
+ * with CLLM_ERR_ARG because the dropped rows may belong to ids in use; equal
+ * sizes leave *m unchanged. On failure *m is untouched. */
+cllm_status cllm_model_resize_vocab(cllm_model **m, int new_vocab, float noise_std, uint64_t seed);
+
 #ifdef __cplusplus
 }
 #endif

@@ -147,6 +147,71 @@ int32_t cllm_tokenizer_token_to_id(const cllm_tokenizer *tok, const char *token,
 /* True if id is a special added token (what decode's skip_special drops). */
 bool cllm_tokenizer_is_special(const cllm_tokenizer *tok, int32_t id);
 
+/* ---- training BPE tokenizers ----
+ *
+ * cllm_tokenizer_train learns a BPE tokenizer from text files and writes
+ * tokenizer.json and tokenizer_config.json (atomically) into a folder that
+ * Hugging Face tokenizers load:
+ *   CLLM_TOKENIZER_BYTE_BPE  GPT-2 style: ByteLevel pre-tokenizer (GPT-2
+ *     pattern, no prefix space), the 256 bytes as base symbols, ByteLevel
+ *     decoder; encode/decode round-trips any UTF-8 text.
+ *   CLLM_TOKENIZER_SP_BPE    SentencePiece/LLaMA style: Metaspace
+ *     pre-tokenizer (U+2581, prepend_scheme "first"), characters as base
+ *     symbols (those covering `character_coverage` of the character
+ *     occurrences; rarer ones fall back to the 256 <0xNN> byte tokens),
+ *     <unk> <s> </s> at ids 0, 1, 2, BOS added by a TemplateProcessing
+ *     post-processor, decoders Replace/ByteFallback/Fuse/Strip. Training
+ *     reads the corpus line by line.
+ * Ids: the special tokens first (0..k-1), then the 256 byte symbols, then
+ * (sp) the characters by decreasing frequency, then one token per merge in
+ * merge order. Added tokens in the text are not learned from. Training is
+ * deterministic: the same files and parameters give the same bytes, for
+ * any number of workers.
+ */
+typedef enum { CLLM_TOKENIZER_BYTE_BPE = 0, CLLM_TOKENIZER_SP_BPE } cllm_tokenizer_type;
+
+typedef struct {
+    cllm_tokenizer_type type;       /* train only */
+    int32_t vocab_size;             /* train: size of the final vocabulary */
+    int32_t n_add;                  /* extend: number of new tokens */
+    const char *const *special_tokens; /* train only; NULL: byte-bpe "<|endoftext|>", sp-bpe none */
+    int n_special;                  /* sp-bpe: added after <unk> <s> </s> */
+    int64_t min_frequency;          /* a pair seen fewer times is never merged (values < 1 mean 1) */
+    double character_coverage;      /* sp: in (0, 1]; 0 selects the default 0.9995 */
+    int n_workers;                  /* threads for reading the corpus; <= 0: OpenMP default */
+} cllm_tokenizer_train_params;
+
+/* Filled in by train/extend (may be NULL). */
+typedef struct {
+    int32_t vocab_size;  /* final size (can be short of the request on a small corpus) */
+    size_t n_merges;
+    size_t n_words;      /* distinct words */
+    size_t n_bytes;      /* corpus size */
+    double seconds_count, seconds_merge;
+} cllm_tokenizer_train_stats;
+
+/* Trains on n_files text files and writes the tokenizer into out_dir
+ * (created if needed). Fails with CLLM_ERR_ARG for bad parameters (e.g. a
+ * vocab_size smaller than the special tokens plus the 256 byte tokens),
+ * CLLM_ERR_IO for an unreadable input or unwritable output; nothing is
+ * written on failure. Not thread-safe with respect to out_dir. */
+cllm_status cllm_tokenizer_train(const char *const *files, int n_files, const cllm_tokenizer_train_params *p,
+                                 const char *out_dir, cllm_tokenizer_train_stats *stats);
+
+/* Extends the tokenizer in folder `base` (a byte-level or SentencePiece-
+ * style BPE tokenizer.json) with p->n_add new tokens learned from the files,
+ * and writes the result into out_dir. Every existing token keeps its id and
+ * spelling; new tokens get ids after the largest id in use (added tokens
+ * included); new merges rank after the existing ones, so text whose
+ * encoding no new merge applies to encodes as before. SentencePiece-style
+ * tokenizers first gain the corpus characters they lack (within
+ * character_coverage), then merges. tokenizer_config.json and
+ * special_tokens_map.json are copied unchanged. Uses p->n_add,
+ * min_frequency, character_coverage and n_workers. */
+cllm_status cllm_tokenizer_extend(const char *base, const char *const *files, int n_files,
+                                  const cllm_tokenizer_train_params *p, const char *out_dir,
+                                  cllm_tokenizer_train_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif

@@ -15,7 +15,7 @@
 #include "cllm/kernels.h"
 #include "model_impl.h"
 
-static cllm_status model_from_config(cllm_model **out, const json_t *config, const char *path) {
+cllm_status model_from_config(cllm_model **out, const json_t *config, const char *path) {
     *out = NULL;
     cllm_model *m = calloc(1, sizeof *m);
     if (!m) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");

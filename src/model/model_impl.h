@@ -70,6 +70,9 @@ struct cllm_model {
     int32_t *pos_tokens;      /* [N] scratch */
 };
 
+/* A model with zeroed parameters from an HF config object (model.c). */
+cllm_status model_from_config(cllm_model **out, const json_t *config, const char *path);
+
 /* Builds m->tensors, slots and n_params from m->cfg (layout.c). */
 cllm_status model_build_layout(cllm_model *m);
 

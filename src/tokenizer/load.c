@@ -611,7 +611,7 @@ static int32_t config_token(const cllm_tokenizer *tok, const json_t *cfg, const 
     return tk_strmap_get(&tok->vocab, json_string_value(v), json_string_length(v));
 }
 
-static cllm_status load_json(json_t **out, const char *file, size_t flags, bool optional) {
+cllm_status tk_json_load(json_t **out, const char *file, size_t flags, bool optional) {
     FILE *f = fopen(file, "rb");
     *out = NULL;
     if (!f) {
@@ -740,28 +740,32 @@ cllm_status cllm_tokenizer_load(cllm_tokenizer **out, const char *path) {
         memcpy(cfgfile + dl, "tokenizer_config.json", 22);
     }
     json_t *root = NULL, *cfg = NULL;
-    cllm_tokenizer *tok = NULL;
-    cllm_status st = load_json(&root, file, 0, false);
+    cllm_status st = tk_json_load(&root, file, 0, false);
     if (st) goto done;
-    st = load_json(&cfg, cfgfile, JSON_DECODE_INT_AS_REAL, true);
+    st = tk_json_load(&cfg, cfgfile, JSON_DECODE_INT_AS_REAL, true);
     if (st) goto done;
-    tok = calloc(1, sizeof *tok);
-    if (!tok || !(tok->pool = calloc(1, sizeof *tok->pool))) {
-        st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    for (int i = 0; i < TK_POOL; i++) atomic_flag_clear(&tok->pool->busy[i]);
-    tok->path = file;
-    file = NULL;
-    ctx c = {tok->path, tok};
-    json_t *empty = cfg ? NULL : json_object();
-    st = parse_all(&c, root, cfg ? cfg : empty);
-    json_decref(empty);
+    st = tk_load_from_json(out, root, cfg, file);
 done:
     json_decref(root);
     json_decref(cfg);
     free(file);
     free(cfgfile);
+    return st;
+}
+
+cllm_status tk_load_from_json(cllm_tokenizer **out, const json_t *root, const json_t *cfg, const char *name) {
+    *out = NULL;
+    cllm_status st;
+    cllm_tokenizer *tok = calloc(1, sizeof *tok);
+    if (!tok || !(tok->pool = calloc(1, sizeof *tok->pool)) || !(tok->path = dup_n(name, strlen(name)))) {
+        cllm_tokenizer_free(tok);
+        return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < TK_POOL; i++) atomic_flag_clear(&tok->pool->busy[i]);
+    ctx c = {tok->path, tok};
+    json_t *empty = cfg ? NULL : json_object();
+    st = parse_all(&c, root, cfg ? cfg : empty);
+    json_decref(empty);
     if (st) {
         cllm_tokenizer_free(tok);
         return st;

@@ -304,4 +304,13 @@ void tk_dec_free(tk_dec *d);
 
 bool tk_buf_push(cllm_token_buf *b, int32_t id);
 
+/* Reads a JSON file the way the loader does (whole file, NUL allowed,
+ * jansson `flags`); optional: a missing file gives CLLM_OK and *out NULL. */
+struct json_t;
+cllm_status tk_json_load(struct json_t **out, const char *file, size_t flags, bool optional);
+/* Builds a tokenizer from tokenizer.json (root) and tokenizer_config.json
+ * (cfg, may be NULL) already in memory; `name` names it in messages. */
+cllm_status tk_load_from_json(cllm_tokenizer **out, const struct json_t *root, const struct json_t *cfg,
+                              const char *name);
+
 #endif

@@ -14,6 +14,8 @@ int cmd_grad(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+int cmd_tokenizer(int argc, char **argv);
+int cmd_model(int argc, char **argv);
 
 /* Prints "cllm <cmd>: <last error>" to stderr and returns 1. */
 int tool_fail(const char *cmd);

@@ -24,6 +24,8 @@ static const command commands[] = {
     {"grad", cmd_grad, "compute loss and parameter gradients for one batch (debugging, tests)"},
     {"tokenize", cmd_tokenize, "encode text to token ids with an HF tokenizer.json"},
     {"detokenize", cmd_detokenize, "decode token ids to text"},
+    {"model", cmd_model, "model folder operations (cllm model resize-vocab)"},
+    {"tokenizer", cmd_tokenizer, "train or extend a BPE tokenizer (cllm tokenizer train|extend)"},
 };
 
 int tool_fail(const char *cmd) {
