@@ -99,6 +99,10 @@ cllm_status cllm_st_save_dir(const char *dir, const cllm_st_entry *entries, int 
 cllm_status cllm_parse_size(const char *s, size_t *out);
 
 /* ------------------------------------------------------- atomic files */
+/* Creates folder `dir` and any missing parents (like mkdir -p); an existing
+ * folder is fine. Fails naming the component that could not be created. */
+cllm_status cllm_make_dirs(const char *dir);
+
 /* Writes `len` bytes to path through a temporary file + fsync + rename. */
 cllm_status cllm_write_file_atomic(const char *path, const void *data, size_t len);
 /* Reads a whole file into a malloc'd, NUL-terminated buffer (*len excludes

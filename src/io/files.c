@@ -353,3 +353,22 @@ bad:
 overflow:
     return CLLM_FAIL(CLLM_ERR_ARG, "size '%s' is too large", s);
 }
+
+cllm_status cllm_make_dirs(const char *dir) {
+    size_t n = dir ? strlen(dir) : 0;
+    if (n == 0) return CLLM_FAIL(CLLM_ERR_ARG, "empty folder name");
+    char *buf = malloc(n + 1);
+    if (!buf) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    memcpy(buf, dir, n + 1);
+    cllm_status st = CLLM_OK;
+    for (size_t i = 1; i <= n && !st; i++) {
+        if (buf[i] != '/' && buf[i] != '\0') continue;
+        char c = buf[i];
+        buf[i] = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            st = CLLM_FAIL(CLLM_ERR_IO, "cannot create folder '%s': %s", buf, strerror(errno));
+        buf[i] = c;
+    }
+    free(buf);
+    return st;
+}

@@ -173,24 +173,8 @@ cllm_status cllm_model_init_random(cllm_model **out, const json_t *config, uint6
 
 /* ------------------------------------------------------------ saving */
 
-static cllm_status make_dir(const char *dir) {
-    char buf[4096];
-    size_t n = strlen(dir);
-    if (n == 0 || n >= sizeof buf) return CLLM_FAIL(CLLM_ERR_ARG, "bad output folder name");
-    memcpy(buf, dir, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (buf[i] != '/' && buf[i] != '\0') continue;
-        char c = buf[i];
-        buf[i] = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return CLLM_FAIL(CLLM_ERR_IO, "cannot create folder %s: %s", buf, strerror(errno));
-        buf[i] = c;
-    }
-    return CLLM_OK;
-}
-
 cllm_status cllm_model_save(const cllm_model *m, const char *dir, size_t max_shard_bytes) {
-    cllm_status st = make_dir(dir);
+    cllm_status st = cllm_make_dirs(dir);
     if (st) return st;
     cllm_st_entry *e = calloc((size_t)m->n_tensors, sizeof *e);
     if (!e) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");

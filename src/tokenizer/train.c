@@ -53,24 +53,6 @@ static const char SP_SKELETON[] =
 
 /* ---------------------------------------------------------------- output */
 
-static cllm_status make_dir(const char *dir) {
-    size_t n = strlen(dir);
-    char *buf = malloc(n + 1);
-    if (!buf) return NOMEM();
-    memcpy(buf, dir, n + 1);
-    cllm_status st = CLLM_OK;
-    for (size_t i = 1; i <= n && !st; i++) {
-        if (buf[i] != '/' && buf[i] != '\0') continue;
-        char c = buf[i];
-        buf[i] = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            st = CLLM_FAIL(CLLM_ERR_IO, "cannot create folder %s: %s", buf, strerror(errno));
-        buf[i] = c;
-    }
-    free(buf);
-    return st;
-}
-
 static bool put_json(tk_str *s, const json_t *v) {
     char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
     if (!t) return false;
@@ -461,7 +443,7 @@ cllm_status cllm_tokenizer_train(const char *const *files, int n_files, const cl
         st = NOMEM();
         goto done;
     }
-    if ((st = make_dir(out_dir)) || (st = write_tokenizer_json(root, out_dir))) goto done;
+    if ((st = cllm_make_dirs(out_dir)) || (st = write_tokenizer_json(root, out_dir))) goto done;
     char *cpath = join_path(out_dir, "tokenizer_config.json");
     st = cpath ? cllm_json_save_file(cfg, cpath) : NOMEM();
     free(cpath);
@@ -549,7 +531,7 @@ cllm_status cllm_tokenizer_extend(const char *base, const char *const *files, in
     if ((st = learn(tok, files, n_files, p, &v, p->n_add, !tok->byte_level, &mg, &nm, stats))) goto done;
     if ((st = append_model(model, &v, base_n, mg, nm, as_strings))) goto done;
     stats->vocab_size = v.n;
-    if ((st = make_dir(out_dir)) || (st = write_tokenizer_json(root, out_dir)) ||
+    if ((st = cllm_make_dirs(out_dir)) || (st = write_tokenizer_json(root, out_dir)) ||
         (st = copy_optional(base, out_dir, "tokenizer_config.json")) ||
         (st = copy_optional(base, out_dir, "special_tokens_map.json")))
         goto done;

@@ -124,22 +124,6 @@ static cllm_status remove_flat_dir(const char *dir) {
     return CLLM_OK;
 }
 
-cllm_status train_make_dirs(const char *dir) {
-    char buf[4096];
-    size_t n = strlen(dir);
-    if (n == 0 || n >= sizeof buf) return CLLM_FAIL(CLLM_ERR_ARG, "bad folder name '%s'", dir);
-    memcpy(buf, dir, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (buf[i] != '/' && buf[i] != '\0') continue;
-        char c = buf[i];
-        buf[i] = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return CLLM_FAIL(CLLM_ERR_IO, "cannot create folder '%s': %s", buf, strerror(errno));
-        buf[i] = c;
-    }
-    return CLLM_OK;
-}
-
 /* ---------------------------------------------------------- manifest */
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
@@ -371,9 +355,9 @@ cllm_status cllm_ckpt_write(const char *out, const cllm_model *m, const cllm_ckp
     snprintf(tmp, sizeof tmp, "%s/.checkpoint-%ld.tmp", out, step);
     snprintf(fin, sizeof fin, "%s/checkpoint-%ld", out, step);
     snprintf(old, sizeof old, "%s/.checkpoint-%ld.old", out, step);
-    cllm_status st = train_make_dirs(out);
+    cllm_status st = cllm_make_dirs(out);
     if (!st) st = remove_flat_dir(tmp);
-    if (!st) st = train_make_dirs(tmp);
+    if (!st) st = cllm_make_dirs(tmp);
     if (!st) st = write_tensors(tmp, m, t, max_shard_bytes);
     if (!st) {
         json_t *j = state_to_json(s);

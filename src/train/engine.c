@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "cllm/checkpoint.h"
+#include "cllm/io.h"
 #include "cllm/loader.h"
 #include "cllm/model.h"
 #include "train_impl.h"
@@ -384,7 +385,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if ((st = train_saver_init(&tr->saver, n, cllm_optim_state(tr->opt, 0) != NULL,
                                cllm_optim_state(tr->opt, 1) != NULL, c->async_save)))
         goto done;
-    if (c->output_dir && (st = train_make_dirs(c->output_dir))) goto done;
+    if (c->output_dir && (st = cllm_make_dirs(c->output_dir))) goto done;
     if (c->output_dir && (st = train_metrics_open(&tr->metrics, c->output_dir, resume_dir ? tr->state.global_step : -1)))
         goto done;
     tr->flops_per_step = cllm_model_train_flops(tr->m, (int)c->train_micro_batch_size_per_gpu, c->seq_len) *

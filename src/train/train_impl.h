@@ -39,9 +39,6 @@ void rec_int(train_record *r, const char *key, long long v);
 void rec_bool(train_record *r, const char *key, bool v);
 const char *rec_end(train_record *r);
 
-/* mkdir -p (checkpoint.c). */
-cllm_status train_make_dirs(const char *dir);
-
 /* ---- the checkpoint saver ---- */
 typedef struct train_saver train_saver;
 

@@ -97,32 +97,10 @@ done:
     return rc;
 }
 
-static const struct {
-    const char *name;
-    int (*fn)(int argc, char **argv);
-    const char *help;
-} subcommands[] = {
+static const tool_subcommand subcommands[] = {
     {"resize-vocab", resize_vocab, "grow the embedding (and untied head) to a tokenizer's vocabulary size"},
 };
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: cllm model <subcommand> [flags]    (cllm model <subcommand> --help)\n\nsubcommands:\n");
-    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
-        fprintf(f, "  %-14s %s\n", subcommands[i].name, subcommands[i].help);
-}
-
 int cmd_model(int argc, char **argv) {
-    if (argc < 1) {
-        usage(stderr);
-        return 2;
-    }
-    if (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0 || strcmp(argv[0], "help") == 0) {
-        usage(stdout);
-        return 0;
-    }
-    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
-        if (strcmp(argv[0], subcommands[i].name) == 0) return subcommands[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "cllm model: unknown subcommand '%s'\n\n", argv[0]);
-    usage(stderr);
-    return 2;
+    return tool_dispatch("model", subcommands, (int)(sizeof subcommands / sizeof subcommands[0]), argc, argv);
 }

@@ -116,33 +116,11 @@ static int tok_extend(int argc, char **argv) {
     return rc;
 }
 
-static const struct {
-    const char *name;
-    int (*fn)(int argc, char **argv);
-    const char *help;
-} subcommands[] = {
+static const tool_subcommand subcommands[] = {
     {"train", tok_train, "learn a BPE tokenizer (byte-bpe or sp-bpe) from text files"},
     {"extend", tok_extend, "add tokens learned from new text to an existing BPE tokenizer"},
 };
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: cllm tokenizer <subcommand> [flags]    (cllm tokenizer <subcommand> --help)\n\nsubcommands:\n");
-    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
-        fprintf(f, "  %-10s %s\n", subcommands[i].name, subcommands[i].help);
-}
-
 int cmd_tokenizer(int argc, char **argv) {
-    if (argc < 1) {
-        usage(stderr);
-        return 2;
-    }
-    if (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0 || strcmp(argv[0], "help") == 0) {
-        usage(stdout);
-        return 0;
-    }
-    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
-        if (strcmp(argv[0], subcommands[i].name) == 0) return subcommands[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "cllm tokenizer: unknown subcommand '%s'\n\n", argv[0]);
-    usage(stderr);
-    return 2;
+    return tool_dispatch("tokenizer", subcommands, (int)(sizeof subcommands / sizeof subcommands[0]), argc, argv);
 }

@@ -17,6 +17,17 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_tokenizer(int argc, char **argv);
 int cmd_model(int argc, char **argv);
 
+/* A command made of subcommands (cllm model ..., cllm tokenizer ...). */
+typedef struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} tool_subcommand;
+
+/* Runs the subcommand named by argv[0] from subs[n]; with no argument or an
+ * unknown one prints the list (exit 2), with --help prints it to stdout. */
+int tool_dispatch(const char *cmd, const tool_subcommand *subs, int n, int argc, char **argv);
+
 /* Prints "cllm <cmd>: <last error>" to stderr and returns 1. */
 int tool_fail(const char *cmd);
 

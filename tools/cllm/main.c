@@ -28,6 +28,27 @@ static const command commands[] = {
     {"tokenizer", cmd_tokenizer, "train or extend a BPE tokenizer (cllm tokenizer train|extend)"},
 };
 
+static void sub_usage(FILE *f, const char *cmd, const tool_subcommand *subs, int n) {
+    fprintf(f, "usage: cllm %s <subcommand> [flags]    (cllm %s <subcommand> --help)\n\nsubcommands:\n", cmd, cmd);
+    for (int i = 0; i < n; i++) fprintf(f, "  %-14s %s\n", subs[i].name, subs[i].help);
+}
+
+int tool_dispatch(const char *cmd, const tool_subcommand *subs, int n, int argc, char **argv) {
+    if (argc < 1) {
+        sub_usage(stderr, cmd, subs, n);
+        return 2;
+    }
+    if (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0 || strcmp(argv[0], "help") == 0) {
+        sub_usage(stdout, cmd, subs, n);
+        return 0;
+    }
+    for (int i = 0; i < n; i++)
+        if (strcmp(argv[0], subs[i].name) == 0) return subs[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "cllm %s: unknown subcommand '%s'\n\n", cmd, argv[0]);
+    sub_usage(stderr, cmd, subs, n);
+    return 2;
+}
+
 int tool_fail(const char *cmd) {
     fprintf(stderr, "cllm %s: %s\n", cmd, cllm_last_error());
     return 1;
