@@ -11,6 +11,7 @@ int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_grad(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_data(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 
 /* Prints "cllm <cmd>: <last error>" to stderr and returns 1. */

@@ -17,9 +17,10 @@ typedef struct {
 
 static const command commands[] = {
     {"init", cmd_init, "write a randomly initialised HF model folder (gpt2, llama, bloom)"},
-    {"train", cmd_train, "train a model on pre-tokenized JSONL data"},
+    {"train", cmd_train, "train a model on data (prepared, raw .json/.jsonl/.txt, or a blend)"},
     {"eval", cmd_eval, "report loss and perplexity of a model on data"},
     {"grad", cmd_grad, "compute loss and parameter gradients for one batch (debugging, tests)"},
+    {"data", cmd_data, "prepare datasets: cllm data prepare --input FILE... --tokenizer DIR --out PREFIX"},
     {"tokenize", cmd_tokenize, "encode text to token ids with an HF tokenizer.json"},
     {"detokenize", cmd_detokenize, "decode token ids to text"},
 };
