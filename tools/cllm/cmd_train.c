@@ -1,6 +1,7 @@
 /*
- * cllm train: the minimal training loop. Each step takes B samples (in file
- * order with --no-shuffle, else from a seeded per-epoch permutation), runs
+ * cllm train: the minimal training loop. Each step takes B samples from the
+ * loader (cllm/loader.h: sample g = step*B + row; in data order with
+ * --no-shuffle, else from a seeded per-epoch permutation), runs
  * forward and backward with the loss averaged over counted targets, clips
  * the global gradient norm, and applies the optimizer at a constant learning
  * rate. The model is written to --out as an HF folder at the end, with
@@ -15,43 +16,11 @@
 
 #include "args.h"
 #include "batch.h"
-#include "cllm/data.h"
+#include "cllm/loader.h"
 #include "cllm/io.h"
 #include "cllm/model.h"
 #include "cllm/optim.h"
 #include "commands.h"
-
-/* Sample order: sample g of the run (g = step*B + row) is perm[g % n] of
- * epoch g / n; each epoch's permutation is a Fisher-Yates shuffle seeded by
- * (seed, epoch), so any position can be recomputed from (seed, g). */
-typedef struct {
-    size_t n;
-    size_t *perm;
-    long epoch;
-    bool shuffle;
-    uint64_t seed;
-} sampler;
-
-static void sampler_epoch(sampler *s, long epoch) {
-    for (size_t i = 0; i < s->n; i++) s->perm[i] = i;
-    if (s->shuffle) {
-        cllm_rng r;
-        cllm_rng_seed(&r, s->seed * 0x9e3779b97f4a7c15ull + (uint64_t)epoch);
-        for (size_t i = s->n - 1; i > 0; i--) {
-            size_t j = (size_t)cllm_rng_below(&r, i + 1);
-            size_t t = s->perm[i];
-            s->perm[i] = s->perm[j];
-            s->perm[j] = t;
-        }
-    }
-    s->epoch = epoch;
-}
-
-static size_t sampler_get(sampler *s, size_t g) {
-    long epoch = (long)(g / s->n);
-    if (epoch != s->epoch) sampler_epoch(s, epoch);
-    return s->perm[g % s->n];
-}
 
 /* Appends one formatted line to a growing text buffer. */
 typedef struct {
@@ -83,14 +52,18 @@ static int text_appendf(text_buf *t, const char *fmt, ...) {
 }
 
 int cmd_train(int argc, char **argv) {
-    const char *model_dir, *data_path, *out, *opt_name, *shard;
-    int B, T, steps, log_every;
+    const char *model_dir, *data_path, *out, *opt_name, *shard, *tok_dir, *split;
+    int B, T, steps, log_every, skip_bad;
     double lr, wd, clip;
     long long seed;
     bool no_shuffle;
     arg_spec specs[] = {
         {"model", ARG_STR, &model_dir, NULL, true, "HF model folder to start from"},
-        {"data", ARG_STR, &data_path, NULL, true, "pre-tokenized JSONL ({\"input_ids\": [...], \"labels\": [...]})"},
+        {"data", ARG_STR, &data_path, NULL, true,
+         "prepared PREFIX, .json/.jsonl/.txt file or blend \"W1 SPEC1 W2 SPEC2\" (docs/data.md)"},
+        {"tokenizer", ARG_STR, &tok_dir, NULL, false, "tokenizer folder for raw text (default: the --model folder)"},
+        {"split", ARG_STR, &split, NULL, false, "train, valid or test (weights stored by data prepare --split)"},
+        {"skip-bad", ARG_INT, &skip_bad, "0", false, "skip up to N bad records of raw data files"},
         {"out", ARG_STR, &out, NULL, true, "output folder for the trained model and metrics.jsonl"},
         {"optimizer", ARG_STR, &opt_name, "adamw", false, "sgd, adam, adamw or lion"},
         {"lr", ARG_F64, &lr, "1e-3", false, "learning rate (constant)"},
@@ -108,12 +81,11 @@ int cmd_train(int argc, char **argv) {
                         ARGS_COUNT(specs));
     if (rc) return rc == 1 ? 0 : rc;
     cllm_model *m = NULL;
-    cllm_dataset *d = NULL;
+    cllm_loader *d = NULL;
     cllm_optimizer *opt = NULL;
     cllm_param_range *ranges = NULL;
     tool_batch b = {0};
-    size_t *idx = NULL, max_shard = 0;
-    sampler smp = {0};
+    size_t max_shard = 0;
     text_buf metrics = {0};
 
     cllm_opt_type ot = cllm_opt_from_name(opt_name);
@@ -137,8 +109,10 @@ int cmd_train(int argc, char **argv) {
         goto done;
     }
     if ((rc = tool_check_shape("train", m, B, T))) goto done;
-    if (cllm_dataset_load_jsonl(&d, data_path, cllm_model_get_config(m)->vocab_size) ||
-        cllm_model_prepare(m, B, T, true)) {
+    cllm_loader_opts lo = {.spec = data_path, .tokenizer = tok_dir ? tok_dir : model_dir, .seq_len = T,
+                           .vocab_size = cllm_model_get_config(m)->vocab_size, .shuffle = !no_shuffle,
+                           .seed = (uint64_t)seed, .split = split, .skip_bad = skip_bad};
+    if (cllm_loader_open(&d, &lo) || cllm_model_prepare(m, B, T, true)) {
         rc = tool_fail("train");
         goto done;
     }
@@ -147,12 +121,7 @@ int cmd_train(int argc, char **argv) {
     op.weight_decay = wd;
     int nt = cllm_model_n_tensors(m);
     ranges = calloc((size_t)nt, sizeof *ranges);
-    idx = malloc((size_t)B * sizeof *idx);
-    smp.n = cllm_dataset_count(d);
-    smp.perm = malloc(smp.n * sizeof *smp.perm);
-    smp.shuffle = !no_shuffle;
-    smp.seed = (uint64_t)seed;
-    if (!ranges || !idx || !smp.perm || tool_batch_init(&b, B, T) ||
+    if (!ranges || tool_batch_init(&b, B, T) ||
         cllm_optim_init(&opt, &op, cllm_model_buffer_len(m))) {
         fprintf(stderr, "cllm train: out of memory\n");
         rc = 1;
@@ -162,15 +131,17 @@ int cmd_train(int argc, char **argv) {
         const cllm_tensor_info *t = cllm_model_tensor(m, i);
         ranges[i] = (cllm_param_range){t->offset, t->offset + t->numel, !t->no_decay};
     }
-    sampler_epoch(&smp, 0);
     double flops = cllm_model_train_flops(m, B, T);
     fprintf(stderr, "cllm train: %zu parameters, %zu samples, %d steps of %d x %d tokens, %s lr %g\n",
-            cllm_model_n_params(m), smp.n, steps, B, T, cllm_opt_name(ot), lr);
+            cllm_model_n_params(m), (size_t)cllm_loader_size(d), steps, B, T, cllm_opt_name(ot), lr);
     double t_start = cllm_time_sec();
     for (int step = 1; step <= steps; step++) {
         double t0 = cllm_time_sec();
-        for (int r = 0; r < B; r++) idx[r] = sampler_get(&smp, (size_t)(step - 1) * (size_t)B + (size_t)r);
-        long counted = tool_batch_fill(&b, d, idx, B, 0);
+        long counted = tool_batch_fill_loader(&b, d, (uint64_t)(step - 1) * (uint64_t)B, B);
+        if (counted < 0) {
+            rc = tool_fail("train");
+            goto done;
+        }
         cllm_model_zero_grads(m);
         double sum = 0;
         long k = 0;
@@ -216,12 +187,10 @@ int cmd_train(int argc, char **argv) {
     fprintf(stderr, "cllm train: wrote %s\n", out);
 done:
     free(metrics.p);
-    free(smp.perm);
-    free(idx);
     free(ranges);
     tool_batch_free(&b);
     cllm_optim_free(opt);
-    cllm_dataset_free(d);
+    cllm_loader_free(d);
     cllm_model_free(m);
     args_free(specs, ARGS_COUNT(specs));
     return rc;
