@@ -4,3 +4,5 @@
 # data, in Python.
 cllm_add_c_test(test_data LABELS data
                 ARGS ${CLLM_FIXTURES}/hf ${CMAKE_CURRENT_SOURCE_DIR}/data ${PROJECT_BINARY_DIR}/test_data_tmp)
+cllm_add_py_test(data_prepare data_prepare.py LABELS data
+                 ARGS --fixtures ${CLLM_FIXTURES}/hf --data ${CMAKE_CURRENT_SOURCE_DIR}/data)

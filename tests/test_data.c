@@ -12,9 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "cllm/loader.h"
+#include "cllm/prepare.h"
 #include "cllm/sample.h"
 #include "cllm/tokenizer.h"
 #include "data/blend_impl.h"
@@ -522,6 +524,207 @@ static void test_loader_blend(void) {
     cllm_loader_free(l);
 }
 
+static bool files_equal(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool eq = fa && fb;
+    while (eq) {
+        int x = fgetc(fa), y = fgetc(fb);
+        if (x != y) eq = false;
+        if (x == EOF) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return eq;
+}
+
+static void copy_file(const char *from, const char *to) {
+    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+    int c;
+    while (a && b && (c = fgetc(a)) != EOF) fputc(c, b);
+    if (a) fclose(a);
+    if (b) fclose(b);
+}
+
+static cllm_status prepare(const char *in, const char *prefix, int workers, bool pack, int seq_len,
+                           cllm_prepare_report *r) {
+    const char *inputs[1] = {in};
+    cllm_prepare_opts o = {.inputs = inputs, .n_inputs = 1, .tokenizer = path_in(g_hf, "gpt2"),
+                           .out_prefix = prefix, .seq_len = seq_len, .pack = pack, .workers = workers};
+    return cllm_prepare(&o, r);
+}
+
+/* Prepared data read back through the loader: the same rows as the raw
+ * file, packing windows over documents joined by EOS, identical bytes with
+ * 1 and 2 workers, and refusal of mismatched files. */
+static void test_prepared(void) {
+    const char *f = path_in(g_tmp, "mix.jsonl");
+    FILE *fp = fopen(f, "w");
+    for (int i = 0; i < 40; i++) {
+        if (i % 3 == 0)
+            fprintf(fp, "{\"text\": \"Document %d says hello %d times.\"}\n", i, i * 7);
+        else if (i % 3 == 1)
+            fprintf(fp, "{\"instruction\": \"Count to %d\", \"output\": \"%d %d\"}\n", i, i, i + 1);
+        else
+            fprintf(fp, "{\"rounds\": [[\"ask\", \"hi %d\"], [\"ans\", \"yo\"], [\"ask\", \"?\"], [\"ans\", \"ok %d\"]]}\n",
+                    i, i);
+    }
+    fclose(fp);
+    char p1[1024], p2[1024], pk[1024];
+    snprintf(p1, sizeof p1, "%s/mix1", g_tmp);
+    snprintf(p2, sizeof p2, "%s/mix2", g_tmp);
+    snprintf(pk, sizeof pk, "%s/mixpack", g_tmp);
+    cllm_prepare_report r;
+    CHECK(prepare(f, p1, 1, false, 0, &r) == CLLM_OK && r.records == 40 && r.dtype == 8, "prepare: %s",
+          cllm_last_error());
+    CHECK(prepare(f, p2, 2, false, 0, &r) == CLLM_OK, "prepare 2 workers: %s", cllm_last_error());
+    const char *ext[3] = {".bin", ".idx", ".mask"};
+    for (int i = 0; i < 3; i++) {
+        char a[1100], b[1100];
+        snprintf(a, sizeof a, "%s%s", p1, ext[i]);
+        snprintf(b, sizeof b, "%s%s", p2, ext[i]);
+        CHECK(files_equal(a, b), "%s identical with 1 and 2 workers", ext[i]);
+    }
+    enum { T = 64 };
+    cllm_loader *raw = NULL, *prep = NULL;
+    cllm_loader_opts o = {.spec = f, .tokenizer = path_in(g_hf, "gpt2"), .seq_len = T, .vocab_size = 50257};
+    CHECK(cllm_loader_open(&raw, &o) == CLLM_OK, "%s", cllm_last_error());
+    o.spec = p1;
+    CHECK(cllm_loader_open(&prep, &o) == CLLM_OK && cllm_loader_size(prep) == 40, "%s", cllm_last_error());
+    int32_t t1[T], l1[T], t2[T], l2[T];
+    long n1, n2;
+    int32_t stream[40 * T];
+    size_t ns = 0;
+    for (uint64_t g = 0; g < 40 && raw && prep; g++) {
+        cllm_loader_get(raw, g, t1, l1, &n1);
+        cllm_loader_get(prep, g, t2, l2, &n2);
+        CHECK(!memcmp(t1, t2, sizeof t1) && !memcmp(l1, l2, sizeof l1) && n1 == n2, "row %llu raw == prepared",
+              (unsigned long long)g);
+        /* Unpadded tokens of the record (pad = GPT-2's EOS, labels -100). */
+        int len = T;
+        while (len > 0 && l1[len - 1] == -100 && t1[len - 1] == 50256) len--;
+        for (int k = 0; k < len; k++) stream[ns++] = t1[k];
+        if (g % 3 == 0) CHECK(t1[len - 1] == 50256 && l1[len - 1] == 50256, "pretrain row ends with a trained EOS");
+    }
+    cllm_loader_free(raw);
+    cllm_loader_free(prep);
+    /* Packed: windows of T tokens with stride T-1 over the documents. */
+    CHECK(prepare(f, pk, 1, true, 0, &r) == CLLM_OK, "%s", cllm_last_error());
+    o.spec = pk;
+    enum { W = 16 };
+    o.seq_len = W;
+    cllm_loader *pl = NULL;
+    CHECK(cllm_loader_open(&pl, &o) == CLLM_OK, "%s", cllm_last_error());
+    uint64_t want_n = (ns - 1 + W - 2) / (W - 1);
+    CHECK(pl && cllm_loader_size(pl) == want_n, "packed windows %llu, want %llu",
+          pl ? (unsigned long long)cllm_loader_size(pl) : 0ull, (unsigned long long)want_n);
+    for (uint64_t k = 0; pl && k < want_n; k++) {
+        int32_t tw[W], lw[W];
+        cllm_loader_get(pl, k, tw, lw, NULL);
+        bool ok = true;
+        for (int t = 0; t < W; t++) {
+            size_t pos = k * (W - 1) + (size_t)t;
+            ok &= pos < ns ? tw[t] == stream[pos] : (lw[t] == -100);
+        }
+        CHECK(ok, "packed window %llu", (unsigned long long)k);
+    }
+    cllm_loader_free(pl);
+
+    /* Mismatched files are refused with a clear message. */
+    char mm[1024], a[1100], b[1100];
+    snprintf(mm, sizeof mm, "%s/mm", g_tmp);
+    const char *small = path_in(g_tmp, "small.jsonl");
+    write_file(small, "{\"text\": \"just one small document\"}\n");
+    char ps[1024];
+    snprintf(ps, sizeof ps, "%s/small", g_tmp);
+    CHECK(prepare(small, ps, 1, false, 0, &r) == CLLM_OK, "%s", cllm_last_error());
+    snprintf(a, sizeof a, "%s.idx", p1), snprintf(b, sizeof b, "%s.idx", mm), copy_file(a, b);
+    snprintf(a, sizeof a, "%s.bin", ps), snprintf(b, sizeof b, "%s.bin", mm), copy_file(a, b);
+    cllm_loader *bad = NULL;
+    o.spec = mm;
+    CHECK(cllm_loader_open(&bad, &o) == CLLM_ERR_FORMAT && strstr(cllm_last_error(), "does not match"),
+          "idx of another bin refused: %s", cllm_last_error());
+    snprintf(a, sizeof a, "%s.bin", p1), copy_file(a, b);
+    snprintf(a, sizeof a, "%s.mask", ps), snprintf(b, sizeof b, "%s.mask", mm), copy_file(a, b);
+    CHECK(cllm_loader_open(&bad, &o) == CLLM_ERR_FORMAT && strstr(cllm_last_error(), "does not belong"),
+          "stale mask refused: %s", cllm_last_error());
+    remove(b);
+    snprintf(b, sizeof b, "%s.bin", mm);
+    FILE *tb = fopen(b, "r+b");
+    if (tb) {
+        fseek(tb, 0, SEEK_END);
+        long sz = ftell(tb);
+        fclose(tb);
+        CHECK(truncate(b, sz - 2) == 0, "truncate");
+    }
+    CHECK(cllm_loader_open(&bad, &o) == CLLM_ERR_FORMAT && strstr(cllm_last_error(), "runs past the end of the .bin"),
+          "short .bin refused: %s", cllm_last_error());
+    snprintf(b, sizeof b, "%s.idx", mm);
+    write_file(b, "MMIDIDX\1\1 not an index");
+    CHECK(cllm_loader_open(&bad, &o) == CLLM_ERR_FORMAT && strstr(cllm_last_error(), "not a Megatron MMIDIDX"),
+          "bad magic refused: %s", cllm_last_error());
+    cllm_loader_free(bad);
+
+    /* A plain Megatron dataset (int32 tokens, two documents, no mask): packed
+     * pretraining text, every token trained. */
+    char mg[1024];
+    snprintf(mg, sizeof mg, "%s/megatron", g_tmp);
+    unsigned char idx[34 + 12 * 3 + 8 * 3];
+    memcpy(idx, "MMIDIDX\0\0", 9);
+    cllm_put_u64(idx + 9, 1);
+    idx[17] = 4;
+    cllm_put_u64(idx + 18, 3);
+    cllm_put_u64(idx + 26, 3);
+    const int32_t lens[3] = {3, 2, 4};
+    const int64_t ptr[3] = {0, 12, 20}, docs[3] = {0, 2, 3};
+    for (int i = 0; i < 3; i++) {
+        cllm_put_u32(idx + 34 + 4 * i, (uint32_t)lens[i]);
+        cllm_put_u64(idx + 46 + 8 * i, (uint64_t)ptr[i]);
+        cllm_put_u64(idx + 70 + 8 * i, (uint64_t)docs[i]);
+    }
+    snprintf(b, sizeof b, "%s.idx", mg);
+    FILE *fi = fopen(b, "wb");
+    fwrite(idx, 1, sizeof idx, fi);
+    fclose(fi);
+    snprintf(b, sizeof b, "%s.bin", mg);
+    fi = fopen(b, "wb");
+    for (int i = 0; i < 9; i++) {
+        unsigned char v[4];
+        cllm_put_u32(v, (uint32_t)(70000 + i));
+        fwrite(v, 1, 4, fi);
+    }
+    fclose(fi);
+    cllm_loader *ml = NULL;
+    cllm_loader_opts mo = {.spec = mg, .seq_len = 5, .vocab_size = 80000};
+    CHECK(cllm_loader_open(&ml, &mo) == CLLM_OK && cllm_loader_size(ml) == 2, "megatron int32: %s",
+          cllm_last_error());
+    int32_t tm[5], lm[5];
+    long nm = 0;
+    if (ml) {
+        cllm_loader_get(ml, 1, tm, lm, &nm);
+        CHECK(tm[0] == 70004 && tm[4] == 70008 && lm[0] == 70004 && nm == 5, "second window starts at token 4");
+    }
+    cllm_loader_free(ml);
+    ml = NULL;
+    mo.vocab_size = 70005;
+    CHECK(cllm_loader_open(&ml, &mo) == CLLM_OK, "open");
+    CHECK(ml && cllm_loader_get(ml, 1, tm, lm, &nm) == CLLM_ERR_FORMAT &&
+              strstr(cllm_last_error(), "outside the vocabulary"),
+          "ids checked against the vocabulary: %s", cllm_last_error());
+    cllm_loader_free(ml);
+    ml = NULL;
+    /* Split by documents: 2 documents, 1,1 -> the second is sequences [2,3). */
+    mo.vocab_size = 80000;
+    mo.split = "valid";
+    mo.splits = "1,1";
+    CHECK(cllm_loader_open(&ml, &mo) == CLLM_OK && cllm_loader_size(ml) == 1, "megatron split: %s",
+          cllm_last_error());
+    if (ml) {
+        cllm_loader_get(ml, 0, tm, lm, &nm);
+        CHECK(tm[0] == 70005 && tm[3] == 70008 && lm[4] == -100, "valid = document 1, padded");
+    }
+    cllm_loader_free(ml);
+}
+
 int main(int argc, char **argv) {
     if (argc < 4) {
         fprintf(stderr, "usage: test_data <fixtures/hf> <tests/data> <scratch dir>\n");
@@ -545,6 +748,7 @@ int main(int argc, char **argv) {
     test_loader_raw();
     test_blend_rule();
     test_loader_blend();
+    test_prepared();
     cllm_tokenizer_free(g_gpt2);
     cllm_tokenizer_free(g_llama);
     return check_summary();

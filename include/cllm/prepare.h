@@ -57,8 +57,8 @@ typedef struct {
     uint64_t bytes_in;
     uint64_t truncated, tokens_cut, max_cut; /* samples cut to seq_len, tokens dropped, largest cut */
     uint64_t no_loss; /* written samples with no trained token left */
-    uint64_t bad;     /* skipped records */
-    char bad_where[CLLM_PREPARE_MAX_REPORTED][512]; /* first messages */
+    uint64_t bad;     /* skipped records (not counting one that stopped the run) */
+    char bad_where[CLLM_PREPARE_MAX_REPORTED][512]; /* messages of the first skipped ones */
     uint64_t split_docs[3]; /* documents per split when a split was given */
     int dtype;              /* MMIDIDX dtype code written (8 uint16, 4 int32) */
     double seconds;

@@ -40,6 +40,17 @@ cllm_status cllm_records_next(cllm_record_reader *r, cllm_record *rec, bool *got
 uint64_t cllm_records_bytes(const cllm_record_reader *r); /* consumed so far */
 void cllm_records_close(cllm_record_reader *r);
 
+/* Records "FILE:LINE:COL: message" as this thread's last error: the
+ * location stands where other messages name the failing function. */
+cllm_status cllm_fail_at(cllm_status st, const char *file, uint64_t line, uint64_t col, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 5, 6)))
+#endif
+    ;
+/* Re-raises a message made by cllm_fail_at for `file` (kept verbatim),
+ * with `suffix` appended. */
+cllm_status cllm_fail_again(cllm_status st, const char *msg, const char *file, const char *suffix);
+
 /* ------------------------------------------------------ sample store */
 /* Samples back to back: tokens and labels (-100 = no loss) plus offsets. */
 typedef struct {

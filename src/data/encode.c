@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "cllm/sample.h"
+#include "data/data_impl.h"
 
 static cllm_status push(cllm_token_buf *b, int32_t v) {
     if (b->n == b->cap) {
@@ -25,9 +26,8 @@ static cllm_status push(cllm_token_buf *b, int32_t v) {
 
 static cllm_status at_fail(const cllm_loc *w, cllm_status st, const char *msg, int a, int b) {
     if (w)
-        return cllm_fail(st, NULL, "%s:%llu:%llu: %s (%d, vocabulary %d)", w->file, (unsigned long long)w->line,
-                         (unsigned long long)w->col, msg, a, b);
-    return cllm_fail(st, NULL, "%s (%d, vocabulary %d)", msg, a, b);
+        return cllm_fail_at(st, w->file, w->line, w->col, "%s (%d, vocabulary %d)", msg, a, b);
+    return cllm_fail(st, "cllm_sample_encode", "%s (%d, vocabulary %d)", msg, a, b);
 }
 
 cllm_status cllm_sample_encode(const cllm_sample *s, const cllm_tokenizer *tok, const cllm_template *t,
@@ -42,9 +42,8 @@ cllm_status cllm_sample_encode(const cllm_sample *s, const cllm_tokenizer *tok, 
         goto done;
     }
     if (!tok) {
-        st = where ? cllm_fail(CLLM_ERR_ARG, NULL, "%s:%llu:%llu: a %s record needs a tokenizer (--tokenizer DIR)",
-                               where->file, (unsigned long long)where->line, (unsigned long long)where->col,
-                               cllm_sample_type_name(s->type))
+        st = where ? cllm_fail_at(CLLM_ERR_ARG, where->file, where->line, where->col,
+                                  "a %s record needs a tokenizer (--tokenizer DIR)", cllm_sample_type_name(s->type))
                    : CLLM_FAIL(CLLM_ERR_ARG, "text records need a tokenizer");
         goto done;
     }

@@ -109,9 +109,8 @@ static cllm_status open_raw(source *s, const char *path, const cllm_loader_opts 
             /* The tokenizer is loaded on the first text record only, so
              * pre-tokenized data needs none. */
             if (!o->tokenizer)
-                st = cllm_fail(CLLM_ERR_ARG, NULL, "%s:%llu:%llu: a %s record needs a tokenizer (--tokenizer DIR)",
-                               rec.loc.file, (unsigned long long)rec.loc.line, (unsigned long long)rec.loc.col,
-                               cllm_sample_type_name(smp.type));
+                st = cllm_fail_at(CLLM_ERR_ARG, rec.loc.file, rec.loc.line, rec.loc.col,
+                                  "a %s record needs a tokenizer (--tokenizer DIR)", cllm_sample_type_name(smp.type));
             else if ((st = cllm_tokenizer_load(&tok, o->tokenizer)))
                 break;
         }

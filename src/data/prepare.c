@@ -94,11 +94,10 @@ static void process(const cllm_encoder *e, chunk *c) {
             /* A prepared dataset keeps a loss mask, not free-form labels. */
             for (size_t k = r->tok_off; k < c->ids.n; k++)
                 if (c->labels.ids[k] != -100 && c->labels.ids[k] != c->ids.ids[k]) {
-                    r->st = cllm_fail(CLLM_ERR_FORMAT, NULL,
-                                      "%s:%llu:%llu: labels[%zu] is neither -100 nor input_ids[%zu]; a prepared "
-                                      "dataset stores a loss mask, not other labels",
-                                      r->loc.file, (unsigned long long)r->loc.line, (unsigned long long)r->loc.col,
-                                      k - r->tok_off, k - r->tok_off);
+                    r->st = cllm_fail_at(CLLM_ERR_FORMAT, r->loc.file, r->loc.line, r->loc.col,
+                                         "labels[%zu] is neither -100 nor input_ids[%zu]; a prepared dataset stores "
+                                         "a loss mask, not other labels",
+                                         k - r->tok_off, k - r->tok_off);
                     c->ids.n = c->labels.n = r->tok_off;
                     break;
                 }
@@ -191,6 +190,7 @@ static cllm_status fill(input *in, chunk *c) {
             in->file++;
             continue;
         }
+        rec.loc.file = in->o->inputs[in->file]; /* outlives the reader */
         if ((st = chunk_add(c, &rec))) return st;
     }
     return CLLM_OK;
@@ -217,13 +217,13 @@ static cllm_status write_chunk(writer *w, const chunk *c) {
     for (size_t i = 0; i < c->n; i++) {
         const rec_slot *rs = &c->recs[i];
         if (rs->st) {
-            w->r->bad++;
-            if (w->r->bad <= CLLM_PREPARE_MAX_REPORTED)
-                snprintf(w->r->bad_where[w->r->bad - 1], sizeof w->r->bad_where[0], "%s",
+            if ((long)w->r->bad >= o->skip_bad)
+                return cllm_fail_again(rs->st, rs->err ? rs->err : "bad record", rs->loc.file,
+                                       o->skip_bad > 0 ? " (more bad records than --skip-bad allows)" : "");
+            if (w->r->bad < CLLM_PREPARE_MAX_REPORTED)
+                snprintf(w->r->bad_where[w->r->bad], sizeof w->r->bad_where[0], "%s",
                          rs->err ? rs->err : "bad record");
-            if ((long)w->r->bad > o->skip_bad)
-                return cllm_fail(rs->st, NULL, "%s%s", rs->err ? rs->err : "bad record",
-                                 o->skip_bad > 0 ? " (more bad records than --skip-bad allows)" : "");
+            w->r->bad++;
             continue;
         }
         size_t n = rs->n_tok;

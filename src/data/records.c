@@ -93,8 +93,7 @@ static cllm_status put(cllm_record_reader *r, char c) {
 }
 
 static cllm_status here_fail(cllm_record_reader *r, const char *what) {
-    return cllm_fail(CLLM_ERR_FORMAT, NULL, "%s:%llu:%llu: %s", r->path, (unsigned long long)r->line_no,
-                     (unsigned long long)r->col, what);
+    return cllm_fail_at(CLLM_ERR_FORMAT, r->path, r->line_no, r->col, "%s", what);
 }
 
 /* Skips a comment whose '/' is next; with `keep`, writes it to the record

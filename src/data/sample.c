@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cllm/sample.h"
+#include "data/data_impl.h"
 
 const char *cllm_sample_type_name(cllm_sample_type t) {
     switch (t) {
@@ -89,8 +90,7 @@ static cllm_status bad(const rec_ctx *r, const char *key, const char *fmt, const
     cllm_loc l = loc_at(r->where, r->text, key_offset(r->text, r->len, key));
     char msg[1024];
     snprintf(msg, sizeof msg, fmt, a, b);
-    return cllm_fail(CLLM_ERR_FORMAT, NULL, "%s:%llu:%llu: %s", l.file ? l.file : "<record>",
-                     (unsigned long long)l.line, (unsigned long long)l.col, msg);
+    return cllm_fail_at(CLLM_ERR_FORMAT, l.file, l.line, l.col, "%s", msg);
 }
 
 /* ---------------------------------------------------------- rendering */
@@ -301,8 +301,7 @@ cllm_status cllm_sample_parse(cllm_sample *s, const char *json, size_t len, cons
             l.line += (uint64_t)err.line - 1;
             l.col = err.column > 0 ? (uint64_t)err.column : 1;
         }
-        return cllm_fail(CLLM_ERR_FORMAT, NULL, "%s:%llu:%llu: malformed JSON: %s", l.file,
-                         (unsigned long long)l.line, (unsigned long long)l.col, err.text);
+        return cllm_fail_at(CLLM_ERR_FORMAT, l.file, l.line, l.col, "malformed JSON: %s", err.text);
     }
     cllm_status st = CLLM_OK;
     if (!json_is_object(o)) {

@@ -3,10 +3,40 @@
  * glue shared by the loader and prepare, and Megatron's split rule.
  */
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "data/data_impl.h"
+
+cllm_status cllm_fail_at(cllm_status st, const char *file, uint64_t line, uint64_t col, const char *fmt, ...) {
+    char where[1100], msg[1024];
+    snprintf(where, sizeof where, "%s:%llu:%llu", file ? file : "<record>", (unsigned long long)line,
+             (unsigned long long)col);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return cllm_fail(st, where, "%s", msg);
+}
+
+cllm_status cllm_fail_again(cllm_status st, const char *msg, const char *file, const char *suffix) {
+    /* msg is "FILE:LINE:COL: text"; split it back into location and text. */
+    size_t fl = strlen(file), i = fl + 1;
+    int colons = 0;
+    if (!strncmp(msg, file, fl) && msg[fl] == ':')
+        for (; msg[i] && colons < 2; i++) {
+            if (msg[i] == ':') colons++;
+            else if (msg[i] < '0' || msg[i] > '9') break;
+        }
+    if (colons == 2 && msg[i] == ' ') {
+        char where[1100];
+        snprintf(where, sizeof where, "%.*s", (int)(i - 1), msg);
+        return cllm_fail(st, where, "%s%s", msg + i + 1, suffix);
+    }
+    return cllm_fail(st, "data", "%s%s", msg, suffix);
+}
 
 void cllm_store_free(cllm_store *s) {
     if (!s) return;

@@ -75,7 +75,7 @@ static int data_prepare(int argc, char **argv) {
     cllm_prepare_report r;
     cllm_status st = cllm_prepare(&o, &r);
     for (uint64_t i = 0; i < r.bad && i < CLLM_PREPARE_MAX_REPORTED; i++)
-        fprintf(stderr, "cllm data prepare: %s %s\n", st && i + 1 == r.bad ? "error:" : "skipped:", r.bad_where[i]);
+        fprintf(stderr, "cllm data prepare: skipped: %s\n", r.bad_where[i]);
     if (st) {
         rc = tool_fail("data prepare");
         goto done;
