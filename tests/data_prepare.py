@@ -248,6 +248,13 @@ def body(cllm, gpt2, data_dir, tmp):
             for x in left:
                 os.remove(j(x))
 
+    # The shipped examples, with the example template.
+    ex = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "data")
+    files = [os.path.join(ex, f) for f in ("pretrain.jsonl", "instruct.json", "conversation.jsonl", "tokens.jsonl",
+                                             "book.txt")]
+    r, rep = prepare(cllm, gpt2, files, j("ex"), "--template", os.path.join(ex, "template.json"))
+    check(r.returncode == 0 and rep["records"] == 13 and rep["bad"] == 0, "examples/data prepare cleanly")
+
     # train / eval on a prepared prefix, a raw JSONL file and a blend.
     model = j("model")
     r = run([cllm, "init", "--arch", "gpt2", "--preset", "tiny", "--set", "vocab_size=50257", "--out", model])
