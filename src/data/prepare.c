@@ -286,56 +286,62 @@ static cllm_status write_chunk(writer *w, const chunk *c) {
     return CLLM_OK;
 }
 
-/* PREFIX.idx: Megatron's layout, fields written one by one. */
+static cllm_status put_u32(cllm_io_atomic *a, uint32_t v) {
+    unsigned char b[4];
+    cllm_put_u32(b, v);
+    return cllm_io_atomic_write(a, b, 4);
+}
+
+static cllm_status put_u64(cllm_io_atomic *a, uint64_t v) {
+    unsigned char b[8];
+    cllm_put_u64(b, v);
+    return cllm_io_atomic_write(a, b, 8);
+}
+
+/* PREFIX.idx: Megatron's layout, fields written one by one through the
+ * buffered writer (no second copy of the index in memory). On failure the
+ * temporary file is gone. */
 static cllm_status write_idx(const writer *w, const char *path, cllm_io_atomic *a) {
-    uint64_t n = w->n_seq;
-    size_t size = 34 + 12 * (size_t)n + 8 * ((size_t)n + 1);
-    unsigned char *b = malloc(size);
-    if (!b) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory writing %s", path);
-    memcpy(b, "MMIDIDX\0\0", 9);
-    cllm_put_u64(b + 9, 1);
-    b[17] = (unsigned char)w->dtype;
-    cllm_put_u64(b + 18, n);
-    cllm_put_u64(b + 26, n + 1);
-    unsigned char *p = b + 34;
-    for (uint64_t i = 0; i < n; i++) cllm_put_u32(p + 4 * i, (uint32_t)w->lengths[i]);
-    p += 4 * n;
-    uint64_t pos = 0, item = w->dtype == MMI_U16 ? 2 : 4;
-    for (uint64_t i = 0; i < n; i++) {
-        cllm_put_u64(p + 8 * i, pos);
+    uint64_t n = w->n_seq, pos = 0, item = w->dtype == MMI_U16 ? 2 : 4;
+    cllm_status st = cllm_io_atomic_begin(a, path);
+    if (st) return st;
+    unsigned char code = (unsigned char)w->dtype;
+    st = cllm_io_atomic_write(a, "MMIDIDX\0\0", 9);
+    if (!st) st = put_u64(a, 1);
+    if (!st) st = cllm_io_atomic_write(a, &code, 1);
+    if (!st) st = put_u64(a, n);
+    if (!st) st = put_u64(a, n + 1);
+    for (uint64_t i = 0; i < n && !st; i++) st = put_u32(a, (uint32_t)w->lengths[i]);
+    for (uint64_t i = 0; i < n && !st; i++) {
+        st = put_u64(a, pos);
         pos += (uint64_t)w->lengths[i] * item;
     }
-    p += 8 * n;
-    for (uint64_t i = 0; i <= n; i++) cllm_put_u64(p + 8 * i, i); /* one document per sequence */
-    cllm_status st = cllm_io_atomic_begin(a, path);
-    if (!st && (st = cllm_io_atomic_write(a, b, size))) cllm_io_atomic_abort(a);
-    free(b);
+    for (uint64_t i = 0; i <= n && !st; i++) st = put_u64(a, i); /* one document per sequence */
+    if (st) cllm_io_atomic_abort(a);
     return st;
 }
 
+/* PREFIX.mask: header fields one by one, then the bitmap as it is. */
 static cllm_status write_mask(const writer *w, const char *path, int32_t pad, const double split[3],
                               cllm_io_atomic *a) {
-    size_t bits = (size_t)((w->n_tok + 7) / 8), size = CLLM_MASK_HEADER + bits;
-    unsigned char *b = calloc(1, size);
-    if (!b) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory writing %s", path);
-    memcpy(b, CLLM_MASK_MAGIC, 8);
-    cllm_put_u32(b + 8, CLLM_MASK_VERSION);
-    cllm_put_u32(b + 12, w->o->pack ? CLLM_MASK_FLAG_PACKED : 0);
-    cllm_put_u32(b + 16, (uint32_t)(w->o->seq_len > 0 ? w->o->seq_len : 0));
-    cllm_put_u32(b + 20, (uint32_t)pad);
-    cllm_put_u64(b + 24, w->n_seq);
-    cllm_put_u64(b + 32, w->n_tok);
-    cllm_put_u64(b + 40, w->n_tok * (w->dtype == MMI_U16 ? 2 : 4));
-    cllm_put_u64(b + 48, cllm_lengths_hash(w->lengths, w->n_seq));
-    for (int i = 0; i < 3; i++) {
+    cllm_status st = cllm_io_atomic_begin(a, path);
+    if (st) return st;
+    st = cllm_io_atomic_write(a, CLLM_MASK_MAGIC, 8);
+    if (!st) st = put_u32(a, CLLM_MASK_VERSION);
+    if (!st) st = put_u32(a, w->o->pack ? CLLM_MASK_FLAG_PACKED : 0);
+    if (!st) st = put_u32(a, (uint32_t)(w->o->seq_len > 0 ? w->o->seq_len : 0));
+    if (!st) st = put_u32(a, (uint32_t)pad);
+    if (!st) st = put_u64(a, w->n_seq);
+    if (!st) st = put_u64(a, w->n_tok);
+    if (!st) st = put_u64(a, w->n_tok * (w->dtype == MMI_U16 ? 2 : 4));
+    if (!st) st = put_u64(a, cllm_lengths_hash(w->lengths, w->n_seq));
+    for (int i = 0; i < 3 && !st; i++) {
         uint64_t u;
         memcpy(&u, &split[i], sizeof u);
-        cllm_put_u64(b + 56 + 8 * i, u);
+        st = put_u64(a, u);
     }
-    if (bits) memcpy(b + CLLM_MASK_HEADER, w->mask, bits);
-    cllm_status st = cllm_io_atomic_begin(a, path);
-    if (!st && (st = cllm_io_atomic_write(a, b, size))) cllm_io_atomic_abort(a);
-    free(b);
+    if (!st) st = cllm_io_atomic_write(a, w->mask, (size_t)((w->n_tok + 7) / 8));
+    if (st) cllm_io_atomic_abort(a);
     return st;
 }
 
