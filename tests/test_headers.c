@@ -6,7 +6,10 @@
 #include "cllm/io.h"
 #include "cllm/json.h"
 #include "cllm/kernels.h"
+#include "cllm/loader.h"
 #include "cllm/model.h"
 #include "cllm/optim.h"
+#include "cllm/prepare.h"
+#include "cllm/sample.h"
 
 int main(void) { return cllm_dtype_size(CLLM_F32) == 4 ? 0 : 1; }

@@ -18,6 +18,12 @@
  * Rows are [T] tokens with labels (-100 = no loss), already truncated or
  * padded to T (or packed windows, for prepared pretraining data): the caller
  * shifts labels into targets (cllm_model_make_targets).
+ *
+ * Details (docs/data.md): packed windows are T tokens with stride T-1, so
+ * every token after the first is a target once; a blend's size is the sum
+ * of its datasets' sizes, each dataset keeping its own shuffled stream;
+ * vocab_size <= 0 disables the id check; a raw file whose records are all
+ * pre-tokenized needs no tokenizer.
  */
 #ifndef CLLM_LOADER_H
 #define CLLM_LOADER_H

@@ -65,6 +65,7 @@ typedef struct {
     struct json_t *model_init;           /* {"arch","preset","set":{...},"seed"} or NULL */
     const char *data_train, *data_eval, *tokenizer, *splits;
     int seq_len;
+    int skip_bad; /* data.skip_bad: bad records of raw files tolerated */
     long train_iters;                    /* total optimizer steps of the run; 0 = from epochs */
     double epochs;                       /* used when train_iters is 0 */
     long eval_interval, eval_iters;      /* eval_iters 0 = the whole eval set */

@@ -438,13 +438,14 @@ static cllm_status parse_data(cllm_train_config *c, const json_t *j, const char 
         return CLLM_OK;
     }
     if (!json_is_object(d)) return CLLM_FAIL(CLLM_ERR_ARG, "%s: data: expected a spec string or an object", path);
-    static const char *const k[] = {"train", "eval", "tokenizer", "seq_len", "splits", NULL};
+    static const char *const k[] = {"train", "eval", "tokenizer", "seq_len", "splits", "skip_bad", NULL};
     TRY(check_keys(d, k, NULL, "data", path, strict));
     TRY(get_str(d, "train", &c->data_train, "data", path));
     TRY(get_str(d, "eval", &c->data_eval, "data", path));
     TRY(get_str(d, "tokenizer", &c->tokenizer, "data", path));
     TRY(get_str(d, "splits", &c->splits, "data", path));
     TRY(get_int(d, "seq_len", &c->seq_len, 2, "data", path));
+    TRY(get_int(d, "skip_bad", &c->skip_bad, 0, "data", path));
     return CLLM_OK;
 }
 

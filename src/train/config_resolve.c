@@ -196,6 +196,7 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
     json_object_set_new(d, "tokenizer", str_or_null(c->tokenizer));
     json_object_set_new(d, "seq_len", json_integer(c->seq_len));
     json_object_set_new(d, "splits", str_or_null(c->splits));
+    json_object_set_new(d, "skip_bad", json_integer(c->skip_bad));
     json_object_set_new(j, "data", d);
     json_object_set_new(j, "train_iters", json_integer(c->train_iters));
     json_object_set_new(j, "epochs", json_real(c->epochs));

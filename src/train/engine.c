@@ -76,14 +76,19 @@ static cllm_status open_model(trainer *tr, const char *resume_dir) {
 static cllm_status open_data(trainer *tr) {
     cllm_train_config *c = tr->cfg;
     if (!c->data_train) return CLLM_FAIL(CLLM_ERR_ARG, "no training data: set data.train (or --data)");
+    /* Training always reads the "train" split: all of a dataset without
+     * split weights, and never the valid/test documents of one prepared
+     * with --split. Raw text is tokenized with data.tokenizer, else with the
+     * model folder's tokenizer. */
     cllm_loader_opts o = {.spec = c->data_train,
-                          .tokenizer = c->tokenizer,
+                          .tokenizer = c->tokenizer ? c->tokenizer : c->model_dir,
                           .seq_len = c->seq_len,
                           .vocab_size = cllm_model_get_config(tr->m)->vocab_size,
                           .shuffle = c->shuffle,
                           .seed = c->seed,
-                          .split = c->splits ? "train" : NULL,
-                          .splits = c->splits};
+                          .split = "train",
+                          .splits = c->splits,
+                          .skip_bad = c->skip_bad};
     cllm_status st = cllm_loader_open(&tr->train, &o);
     if (st) return st;
     if (c->data_eval || c->splits) {

@@ -27,6 +27,13 @@ long tool_batch_fill(tool_batch *b, const cllm_dataset *d, const size_t *idx, in
     return cllm_model_make_targets(b->targets, b->labels, rows, b->T);
 }
 
+long tool_batch_fill_loader(tool_batch *b, cllm_loader *l, uint64_t g0, int rows) {
+    for (int r = 0; r < rows; r++)
+        if (cllm_loader_get(l, g0 + (uint64_t)r, b->tokens + (size_t)r * b->T, b->labels + (size_t)r * b->T, NULL))
+            return -1;
+    return cllm_model_make_targets(b->targets, b->labels, rows, b->T);
+}
+
 int tool_check_shape(const char *cmd, const cllm_model *m, int B, int T) {
     const cllm_model_config *c = cllm_model_get_config(m);
     if (B <= 0) {

@@ -1,6 +1,7 @@
 /*
- * cllm eval: mean loss and perplexity of a model over every sample of a
- * pre-tokenized JSONL file, in file order, B rows at a time. Prints one JSON
+ * cllm eval: mean loss and perplexity of a model over one epoch of the
+ * loader's samples (any --data spec, see cllm/loader.h), in data order, B
+ * rows at a time. Prints one JSON
  * line {"loss": ..., "ppl": ..., "tokens": ...}.
  */
 #include <math.h>
@@ -11,16 +12,20 @@
 #include "args.h"
 #include "batch.h"
 #include "cllm/checkpoint.h"
-#include "cllm/data.h"
+#include "cllm/loader.h"
 #include "cllm/model.h"
 #include "commands.h"
 
 int cmd_eval(int argc, char **argv) {
-    const char *model_dir, *data_path;
-    int B, T;
+    const char *model_dir, *data_path, *tok_dir, *split;
+    int B, T, skip_bad;
     arg_spec specs[] = {
         {"model", ARG_STR, &model_dir, NULL, true, "HF model folder, checkpoint folder, or a training output folder (its latest checkpoint)"},
-        {"data", ARG_STR, &data_path, NULL, true, "pre-tokenized JSONL ({\"input_ids\": [...], \"labels\": [...]})"},
+        {"data", ARG_STR, &data_path, NULL, true,
+         "prepared PREFIX, .json/.jsonl/.txt file or blend \"W1 SPEC1 W2 SPEC2\" (docs/data.md)"},
+        {"tokenizer", ARG_STR, &tok_dir, NULL, false, "tokenizer folder for raw text (default: the --model folder)"},
+        {"split", ARG_STR, &split, NULL, false, "train, valid or test (weights stored by data prepare --split)"},
+        {"skip-bad", ARG_INT, &skip_bad, "0", false, "skip up to N bad records of raw data files"},
         {"seq-len", ARG_INT, &T, "128", false, "tokens per row (longer samples are truncated, shorter padded)"},
         {"batch-size", ARG_INT, &B, "8", false, "rows per forward pass"},
     };
@@ -28,43 +33,46 @@ int cmd_eval(int argc, char **argv) {
                         ARGS_COUNT(specs));
     if (rc) return rc == 1 ? 0 : rc;
     cllm_model *m = NULL;
-    cllm_dataset *d = NULL;
+    cllm_loader *d = NULL;
     tool_batch b = {0};
-    size_t *idx = NULL;
     /* a run folder (OUTPUT_DIR with a `latest` pointer and no model of its
      * own yet) means its newest checkpoint; a checkpoint folder is an HF
-     * folder already */
+     * folder already. ckpt lives until the end: model_dir may point to it. */
     char *ckpt = NULL, cfg_path[4096];
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", model_dir);
     if (access(cfg_path, F_OK) != 0 && cllm_ckpt_find(model_dir, "auto", &ckpt) == CLLM_OK && ckpt) {
         if (cllm_ckpt_verify(ckpt)) {
-            free(ckpt);
-            return tool_fail("eval");
+            rc = tool_fail("eval");
+            goto done;
         }
         model_dir = ckpt;
     }
-    cllm_status lst = cllm_model_load(&m, model_dir);
-    free(ckpt);
-    if (lst) return tool_fail("eval");
-    if ((rc = tool_check_shape("eval", m, B, T))) goto done;
-    if (cllm_dataset_load_jsonl(&d, data_path, cllm_model_get_config(m)->vocab_size) ||
-        cllm_model_prepare(m, B, T, false)) {
+    if (cllm_model_load(&m, model_dir)) {
         rc = tool_fail("eval");
         goto done;
     }
-    idx = malloc((size_t)B * sizeof *idx);
-    if (!idx || tool_batch_init(&b, B, T)) {
+    if ((rc = tool_check_shape("eval", m, B, T))) goto done;
+    cllm_loader_opts lo = {.spec = data_path, .tokenizer = tok_dir ? tok_dir : model_dir, .seq_len = T,
+                           .vocab_size = cllm_model_get_config(m)->vocab_size, .split = split,
+                           .skip_bad = skip_bad};
+    if (cllm_loader_open(&d, &lo) || cllm_model_prepare(m, B, T, false)) {
+        rc = tool_fail("eval");
+        goto done;
+    }
+    if (tool_batch_init(&b, B, T)) {
         fprintf(stderr, "cllm eval: out of memory\n");
         rc = 1;
         goto done;
     }
     double total = 0;
     long count = 0;
-    size_t n = cllm_dataset_count(d);
-    for (size_t i = 0; i < n; i += (size_t)B) {
-        int rows = n - i < (size_t)B ? (int)(n - i) : B;
-        for (int r = 0; r < rows; r++) idx[r] = i + (size_t)r;
-        tool_batch_fill(&b, d, idx, rows, 0);
+    uint64_t n = cllm_loader_size(d);
+    for (uint64_t i = 0; i < n; i += (uint64_t)B) {
+        int rows = n - i < (uint64_t)B ? (int)(n - i) : B;
+        if (tool_batch_fill_loader(&b, d, i, rows) < 0) {
+            rc = tool_fail("eval");
+            goto done;
+        }
         double sum;
         long k;
         if (cllm_model_forward_backward(m, b.tokens, b.targets, rows, T, false, 0, &sum, &k)) {
@@ -83,9 +91,9 @@ int cmd_eval(int argc, char **argv) {
     double loss = total / (double)count;
     printf("{\"loss\": %.9g, \"ppl\": %.9g, \"tokens\": %ld}\n", loss, exp(loss), count);
 done:
-    free(idx);
+    free(ckpt);
     tool_batch_free(&b);
-    cllm_dataset_free(d);
+    cllm_loader_free(d);
     cllm_model_free(m);
     args_free(specs, ARGS_COUNT(specs));
     return rc;

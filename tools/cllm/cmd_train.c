@@ -84,7 +84,7 @@ static int set_num(json_t *obj, const char *key, const char *flag, const char *v
 typedef struct {
     const char *config, *model, *data, *eval_data, *out, *steps, *batch, *micro, *accum, *seq_len, *save_interval,
         *save_limit, *eval_interval, *eval_iters, *resume, *seed, *optimizer, *lr, *wd, *clip, *log_every, *shard,
-        *log, *peak;
+        *log, *peak, *tokenizer, *splits, *skip_bad;
     bool no_shuffle, strict, print_config, sync_save;
 } train_flags;
 
@@ -133,6 +133,9 @@ static int apply_flags(json_t *j, const train_flags *f) {
     if (f->accum) rc = rc ? rc : set_int(j, "gradient_accumulation_steps", "grad-accum", f->accum);
     if ((f->micro || f->accum) && !f->batch) json_object_del(j, "train_batch_size");
     if (f->seq_len) rc = rc ? rc : set_int(sub_object(j, "data"), "seq_len", "seq-len", f->seq_len);
+    if (f->tokenizer) json_object_set_new(sub_object(j, "data"), "tokenizer", json_string(f->tokenizer));
+    if (f->splits) json_object_set_new(sub_object(j, "data"), "splits", json_string(f->splits));
+    if (f->skip_bad) rc = rc ? rc : set_int(sub_object(j, "data"), "skip_bad", "skip-bad", f->skip_bad);
     if (f->save_interval) rc = rc ? rc : set_int(j, "save_interval", "save-interval", f->save_interval);
     if (f->save_limit) rc = rc ? rc : set_int(j, "save_total_limit", "save-total-limit", f->save_limit);
     if (f->eval_interval) rc = rc ? rc : set_int(j, "eval_interval", "eval-interval", f->eval_interval);
@@ -160,7 +163,11 @@ int cmd_train(int argc, char **argv) {
     arg_spec specs[] = {
         {"config", ARG_STR, &f.config, NULL, false, "DeepSpeed-style JSON config (see docs/training.md); flags override it"},
         {"model", ARG_STR, &f.model, NULL, false, "HF model folder to start from (config key: model)"},
-        {"data", ARG_STR, &f.data, NULL, false, "training data spec, e.g. pre-tokenized JSONL (data.train)"},
+        {"data", ARG_STR, &f.data, NULL, false,
+         "training data: prepared PREFIX, .json/.jsonl/.txt file or blend \"W1 SPEC1 W2 SPEC2\" (data.train; docs/data.md)"},
+        {"tokenizer", ARG_STR, &f.tokenizer, NULL, false, "tokenizer folder for raw text (data.tokenizer; default: the model folder)"},
+        {"splits", ARG_STR, &f.splits, NULL, false, "train,valid,test weights such as 950,30,20 (data.splits); eval reads valid"},
+        {"skip-bad", ARG_STR, &f.skip_bad, NULL, false, "skip up to N bad records of raw data files (data.skip_bad; default 0)"},
         {"eval-data", ARG_STR, &f.eval_data, NULL, false, "evaluation data spec (data.eval)"},
         {"out", ARG_STR, &f.out, NULL, false, "output folder: model, checkpoints, metrics.jsonl (output_dir)"},
         {"steps", ARG_STR, &f.steps, NULL, false, "total optimizer steps of the run; a resumed run continues up to it (train_iters)"},

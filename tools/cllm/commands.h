@@ -13,6 +13,7 @@ int cmd_plot(int argc, char **argv);
 int cmd_grad(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_data(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_tokenizer(int argc, char **argv);
 int cmd_model(int argc, char **argv);

@@ -22,6 +22,7 @@ static const command commands[] = {
     {"generate", cmd_generate, "continue a prompt with a model (KV cache, sampling), streaming text"},
     {"plot", cmd_plot, "draw loss and learning-rate curves of a training run as SVG"},
     {"grad", cmd_grad, "compute loss and parameter gradients for one batch (debugging, tests)"},
+    {"data", cmd_data, "prepare datasets: cllm data prepare --input FILE... --tokenizer DIR --out PREFIX"},
     {"tokenize", cmd_tokenize, "encode text to token ids with an HF tokenizer.json"},
     {"detokenize", cmd_detokenize, "decode token ids to text"},
     {"model", cmd_model, "model folder operations (cllm model resize-vocab)"},

@@ -1,0 +1,133 @@
+/*
+ * Private to src/data: streaming record readers, the MMIDIDX indexed
+ * dataset with its loss-mask side file, Megatron's split rule, and the
+ * in-memory sample store shared by the loader and prepare. Not part of the
+ * public API.
+ */
+#ifndef CLLM_DATA_IMPL_H
+#define CLLM_DATA_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cllm/core.h"
+#include "cllm/sample.h"
+
+/* ------------------------------------------------------- record reader */
+/* Reads records from a .jsonl (one per line), .json (an array, scanned
+ * incrementally: memory is one record, not the file; // and block comments
+ * and trailing commas are accepted as in the documented user format) or
+ * .txt file (one record per blank-line-separated paragraph). A .json file
+ * whose first character is '{' is read as JSON lines. */
+typedef enum { CLLM_REC_JSON = 0, CLLM_REC_TEXT } cllm_rec_kind;
+
+typedef struct {
+    cllm_rec_kind kind;
+    const char *text; /* borrowed until the next call */
+    size_t len;
+    cllm_loc loc;
+} cllm_record;
+
+typedef struct cllm_record_reader cllm_record_reader;
+
+#define CLLM_RECORD_MAX ((size_t)256 << 20) /* bytes in one record */
+
+cllm_status cllm_records_open(cllm_record_reader **out, const char *path);
+/* *got = false at the end of the file. A broken file structure (not a
+ * record's content) is an error with FILE:LINE:COL. */
+cllm_status cllm_records_next(cllm_record_reader *r, cllm_record *rec, bool *got);
+uint64_t cllm_records_bytes(const cllm_record_reader *r); /* consumed so far */
+void cllm_records_close(cllm_record_reader *r);
+
+/* Records "FILE:LINE:COL: message" as this thread's last error: the
+ * location stands where other messages name the failing function. */
+cllm_status cllm_fail_at(cllm_status st, const char *file, uint64_t line, uint64_t col, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 5, 6)))
+#endif
+    ;
+/* Re-raises a message made by cllm_fail_at for `file` (kept verbatim),
+ * with `suffix` appended. */
+cllm_status cllm_fail_again(cllm_status st, const char *msg, const char *file, const char *suffix);
+
+/* ------------------------------------------------------ sample store */
+/* Samples back to back: tokens and labels (-100 = no loss) plus offsets. */
+typedef struct {
+    int32_t *tokens, *labels;
+    size_t n_tokens, cap_tokens;
+    uint64_t *offsets; /* n + 1 */
+    size_t n, cap;
+} cllm_store;
+
+cllm_status cllm_store_append(cllm_store *s, const int32_t *tokens, const int32_t *labels, size_t n);
+void cllm_store_free(cllm_store *s);
+
+/* ------------------------------------------------ record -> tokens */
+/* Everything needed to turn a record into tokens. */
+typedef struct {
+    const cllm_tokenizer *tok; /* may be NULL: only pre-tokenized records then */
+    const cllm_template *tmpl;
+    int vocab_size;
+} cllm_encoder;
+
+/* Parses and encodes one record, appending to ids/labels. */
+cllm_status cllm_record_encode(const cllm_encoder *e, const cllm_record *rec, cllm_sample *scratch,
+                               cllm_token_buf *ids, cllm_token_buf *labels, cllm_sample_type *type);
+
+/* --------------------------------------------------------- splits */
+/* Parses "950,30,20" (1 to 3 non-negative numbers, positive sum) into
+ * normalized weights w[3] (missing ones 0). */
+cllm_status cllm_split_parse(const char *s, double w[3]);
+/* Megatron's document ranges: bounds[0..3] with bounds[0] = 0 and
+ * bounds[3] = n; split k is [bounds[k], bounds[k+1]). */
+void cllm_split_bounds(const double w[3], uint64_t n, uint64_t bounds[4]);
+/* "train" -> 0, "valid"/"validation" -> 1, "test" -> 2, else -1. */
+int cllm_split_index(const char *name);
+
+/* -------------------------------------------------- indexed dataset */
+/* MMIDIDX dtype codes. */
+enum { MMI_U8 = 1, MMI_I8 = 2, MMI_I16 = 3, MMI_I32 = 4, MMI_I64 = 5, MMI_F64 = 6, MMI_F32 = 7, MMI_U16 = 8 };
+
+#define CLLM_MASK_FLAG_PACKED 1u
+
+/* An opened PREFIX.bin / .idx (/ .mask) by mmap, validated. */
+typedef struct {
+    char *prefix;
+    int dtype;        /* MMI_* code */
+    size_t item;      /* bytes per token */
+    uint64_t n_seq, n_doc; /* n_doc = document_indices entries - 1 */
+    const int32_t *lengths;   /* [n_seq] (unaligned access avoided: copied) */
+    const int64_t *pointers;  /* [n_seq] */
+    const int64_t *docs;      /* [n_doc + 1] */
+    const unsigned char *bin; /* token bytes */
+    uint64_t bin_bytes, n_tokens;
+    const unsigned char *mask; /* bitmap, NULL when there is no .mask file */
+    uint32_t flags, seq_len;
+    int32_t pad_id;
+    double split[3]; /* from prepare --split; all 0 when not given */
+    void *maps[3];
+    size_t map_len[3];
+    int32_t *own_lengths; int64_t *own_pointers, *own_docs; /* aligned copies */
+} cllm_indexed;
+
+cllm_status cllm_indexed_open(cllm_indexed *d, const char *prefix);
+void cllm_indexed_close(cllm_indexed *d);
+int32_t cllm_indexed_token(const cllm_indexed *d, uint64_t i); /* token i of the .bin */
+bool cllm_indexed_loss(const cllm_indexed *d, uint64_t i);
+
+/* FNV-1a 64 of the sequence lengths as little-endian int32 bytes: the .mask
+ * file's check that it belongs to this .idx. */
+uint64_t cllm_lengths_hash(const int32_t *lengths, uint64_t n);
+
+/* Little-endian field helpers. */
+void cllm_put_u32(unsigned char *p, uint32_t v);
+void cllm_put_u64(unsigned char *p, uint64_t v);
+uint32_t cllm_get_u32(const unsigned char *p);
+uint64_t cllm_get_u64(const unsigned char *p);
+
+#define CLLM_MASK_MAGIC "CLLMMASK"
+#define CLLM_MASK_VERSION 1u
+#define CLLM_MASK_HEADER 80u
+
+#endif
