@@ -216,14 +216,20 @@ def run_cllm(args, d, data, B, T, workdir):
     with open(os.path.join(out, "metrics.jsonl")) as f:
         m = [json.loads(l) for l in f if l.strip()]
     shutil.rmtree(out, ignore_errors=True)
+    # cllm measures a large fp32 GEMM at start-up and reports each step's
+    # model FLOP rate as a fraction of it (mfu): peak = gflops / mfu
+    peaks = [float(x["gflops"]) / float(x["mfu"]) for x in m if x.get("mfu")]
     return {"step_times": [float(x["step_time"]) for x in m],
-            "losses": [float(x["loss"]) for x in m], "rss_kb": rss}
+            "losses": [float(x["loss"]) for x in m], "rss_kb": rss,
+            "peak": statistics.median(peaks) if peaks else None}
 
 
 def summarize(runs):
     times = [t for r in runs for t in r["step_times"][1:]]
+    peaks = [r["peak"] for r in runs if r.get("peak")]
     return {"median": statistics.median(times), "n": len(times),
             "min": min(times), "max": max(times),
+            "peak": statistics.median(peaks) if peaks else None,
             "rss_mib": max(r["rss_kb"] for r in runs) / 1024.0,
             "loss": (runs[0]["losses"][0], runs[0]["losses"][-1])}
 
@@ -318,8 +324,8 @@ def main():
             shutil.rmtree(workdir, ignore_errors=True)
 
     print()
-    print("| config | impl | median step (s) | min..max (s) | tokens/s | cllm/torch | GFLOP/step | GFLOP/s | peak RSS (MiB) | loss first..last |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("| config | impl | median step (s) | min..max (s) | tokens/s | cllm/torch | GFLOP/step | GFLOP/s | of matmul peak | peak RSS (MiB) | loss first..last |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for preset, B, T, flops, ts, cs, blas in rows:
         name = "%s B=%d T=%d" % (preset, B, T)
         for impl, s in (("torch", ts), ("cllm", cs)):
@@ -327,12 +333,15 @@ def main():
                 continue
             tps = B * T / s["median"]
             ratio = "%.2fx" % (ts["median"] / s["median"]) if impl == "cllm" else ""
-            print("| %s | %s | %.3f | %.3f..%.3f | %.0f | %s | %.1f | %.1f | %.0f | %.4f..%.4f |"
+            peak = cs["peak"] if cs else None
+            frac = "%.0f%% of %.0f" % (100 * flops / s["median"] / 1e9 / peak, peak) if peak else ""
+            print("| %s | %s | %.3f | %.3f..%.3f | %.0f | %s | %.1f | %.1f | %s | %.0f | %.4f..%.4f |"
                   % (name, impl, s["median"], s["min"], s["max"], tps, ratio, flops / 1e9,
-                     flops / s["median"] / 1e9, s["rss_mib"], s["loss"][0], s["loss"][1]))
+                     flops / s["median"] / 1e9, frac, s["rss_mib"], s["loss"][0], s["loss"][1]))
     print()
     print("cllm/torch = torch median step time / cllm median step time (throughput ratio, >1 means cllm is faster).")
     print("FLOPs per step = 6*P_mm*B*T + 6*L*B*T^2*A (see the script's docstring).")
+    print("of matmul peak: achieved GFLOP/s over the fp32 GEMM peak cllm measures at start-up (same threads, same run).")
     print("torch BLAS: %s" % ", ".join(rows[0][6]) if rows else "")
     return 0
 
