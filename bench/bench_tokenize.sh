@@ -21,8 +21,13 @@ fi
 cp bench/tokenize_js.mjs build/oracle/
 
 # English: plain-text docs of this machine, repeated to size
+# (head ends the pipes early on purpose: pipefail is off for these lines)
+set +o pipefail
 find /usr/share/doc -name '*.txt' -o -name 'README*' -o -name 'copyright' 2>/dev/null | head -3000 |
-  xargs cat 2>/dev/null | iconv -f utf-8 -t utf-8 -c | head -c $((MB * 1000000)) > "$work/en.txt"
+  xargs cat 2>/dev/null | iconv -f utf-8 -t utf-8 -c > "$work/en-base.txt"
+: > "$work/en-all.txt"
+while [ "$(stat -c %s "$work/en-all.txt")" -lt $((MB * 1000000)) ]; do cat "$work/en-base.txt" >> "$work/en-all.txt"; done
+head -c $((MB * 1000000)) "$work/en-all.txt" | iconv -f utf-8 -t utf-8 -c > "$work/en.txt"
 # Chinese: the seed notes' Chinese lines and sentences assembled from them
 cat ../shared/seeds/*.txt 2>/dev/null | grep -P '[\x{4e00}-\x{9fff}]' > "$work/zh-base.txt" || true
 : > "$work/zh.txt"
@@ -30,6 +35,7 @@ while [ "$(stat -c %s "$work/zh.txt")" -lt $((MB * 1000000)) ]; do
   shuf --random-source=<(yes) "$work/zh-base.txt" >> "$work/zh.txt"
 done
 head -c $((MB * 1000000)) "$work/zh.txt" | iconv -f utf-8 -t utf-8 -c > "$work/zh-cut.txt"
+set -o pipefail
 
 for lang in en zh-cut; do
   for r in $(seq "$ROUNDS"); do
