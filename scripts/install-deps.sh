@@ -8,6 +8,7 @@ PKGS=(
   libdnnl-dev          # matmul (fp32, bf16) with AVX-512 / AVX512-BF16 detection
   libjansson-dev       # JSON with line/column errors
   libpcre2-dev         # regexes inside tokenizer.json
+  libunistring-dev     # Unicode normal forms (NFC/NFKC...) and lowercasing for tokenizer normalizers
   libmicrohttpd-dev    # HTTP server
   libopenmpi-dev openmpi-bin   # MPI
   python3-torch python3-numpy  # PyTorch references in tests and benchmarks (/usr/bin/python3)

@@ -387,9 +387,9 @@ static void test_bad_files(void) {
                       "WordPiece");
     expect_load_error(dir, "{\"model\": {\"vocab\": [[\"a\", 0.0]]}}", CLLM_ERR_UNSUPPORTED, "Unigram");
     expect_load_error(dir,
-                      "{\"normalizer\": {\"type\": \"NFC\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, "
+                      "{\"normalizer\": {\"type\": \"Precompiled\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, "
                       "\"merges\": []}}",
-                      CLLM_ERR_UNSUPPORTED, "NFC");
+                      CLLM_ERR_UNSUPPORTED, "Precompiled");
     expect_load_error(dir, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -3}, \"merges\": []}}", CLLM_ERR_FORMAT,
                       "vocab");
     expect_load_error(dir, "[1, 2]", CLLM_ERR_FORMAT, "object");

@@ -30,6 +30,40 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 MODELS = ["gpt2", "gpt2-xenova", "tinyllama-1.1b-chat-v1.0", "mistral-7b-v0.1"]
+# Fixture copies with Unicode normalizers added (as Qwen2-style files carry
+# NFC, and BERT-era files NFKC + Lowercase): same vocabularies, so the ids
+# show whether normal forms and case mapping match HF's.
+VARIANTS = {
+    "gpt2-nfkc-lower": ("gpt2", [{"type": "NFKC"}, {"type": "Lowercase"}]),
+    "gpt2-nfd": ("gpt2", [{"type": "NFD"}]),
+    "tinyllama-nfc": ("tinyllama-1.1b-chat-v1.0", [{"type": "NFC"}]),
+}
+NORM_SAMPLES = ["Caf\u00e9 vs Cafe\u0301, \ufb01ne \uff26\uff55\uff4c\uff4c width \u2460 \u00b2",
+                "\u03a3\u0391\u03a3 OD\u03a3 \u00c5ngstr\u00f6m \u1e0a\u0323 \uac00 \u212b Stra\u00dfe \u0130stanbul",
+                "\u1100\u1161\u11a8 \u30ab\u3099 \u0041\u030a\u0301 \u33a1 \u2163 \u00bd"]
+
+
+def model_root(fixtures, tmp):
+    """A folder holding the fixture models (symlinks) and the variants."""
+    root = os.path.join(tmp, "models")
+    os.makedirs(root, exist_ok=True)
+    for m in MODELS:
+        os.symlink(os.path.join(fixtures, m), os.path.join(root, m))
+    for name, (base, norms) in VARIANTS.items():
+        d = os.path.join(root, name)
+        os.makedirs(d)
+        src = os.path.join(fixtures, base)
+        with open(os.path.join(src, "tokenizer.json"), encoding="utf-8") as f:
+            tok = json.load(f)
+        old = tok.get("normalizer")
+        rest = [] if old is None else (old["normalizers"] if old.get("type") == "Sequence" else [old])
+        tok["normalizer"] = {"type": "Sequence", "normalizers": norms + rest}
+        with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump(tok, f, ensure_ascii=False)
+        for extra in ("tokenizer_config.json", "special_tokens_map.json"):
+            if os.path.exists(os.path.join(src, extra)):
+                shutil.copy(os.path.join(src, extra), d)
+    return root
 
 
 def corpus(seed=1234):
@@ -124,14 +158,16 @@ def mode_oracle(a):
         print("skipped: npm/node is not installed, the oracle cannot run")
         return 0
     odir = install_oracle(a.build, a.oracle_tools)
-    samples = corpus()
+    samples = corpus() + NORM_SAMPLES
     failures = 0
+    models = MODELS + list(VARIANTS)
     with tempfile.TemporaryDirectory() as tmp:
+        a.fixtures = model_root(a.fixtures, tmp)
         sfile = os.path.join(tmp, "samples.json")
         with open(sfile, "w", encoding="utf-8") as f:
             json.dump(samples, f, ensure_ascii=False)
         ofile = os.path.join(tmp, "oracle.json")
-        r = run(["node", "tokenizer_oracle_batch.mjs", a.fixtures, sfile, ofile] + MODELS, cwd=odir)
+        r = run(["node", "tokenizer_oracle_batch.mjs", a.fixtures, sfile, ofile] + models, cwd=odir)
         if r.returncode != 0:
             sys.stderr.write(r.stderr.decode(errors="replace"))
             print("FAIL: the oracle did not run")
@@ -145,7 +181,7 @@ def mode_oracle(a):
             return m, rr, out
 
         with ThreadPoolExecutor(max_workers=2) as ex:
-            results = list(ex.map(ours, MODELS))
+            results = list(ex.map(ours, models))
         for m, rr, out in results:
             if rr.returncode != 0:
                 sys.stderr.write(rr.stderr.decode(errors="replace"))

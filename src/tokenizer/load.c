@@ -143,9 +143,21 @@ static cllm_status parse_norm(const ctx *c, const json_t *o, tk_norm *n) {
         if ((st = opt_bool(c, o, "strip_left", "normalizer Strip", &n->strip_left))) return st;
         return opt_bool(c, o, "strip_right", "normalizer Strip", &n->strip_right);
     }
+    static const char *const forms[] = {"NFC", "NFD", "NFKC", "NFKD"};
+    for (int f = 0; f < 4; f++)
+        if (strcmp(t, forms[f]) == 0) {
+            n->kind = NORM_UNICODE;
+            n->form = (tk_norm_form)f;
+            return CLLM_OK;
+        }
+    if (strcmp(t, "Lowercase") == 0) {
+        n->kind = NORM_LOWERCASE;
+        return CLLM_OK;
+    }
     return CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
-                     "%s: normalizer type '%s' is not supported (supported: Sequence, Prepend, Replace, Strip)", c->file,
-                     t);
+                     "%s: normalizer type '%s' is not supported (supported: Sequence, Prepend, Replace, Strip, NFC, "
+                     "NFD, NFKC, NFKD, Lowercase)",
+                     c->file, t);
 }
 
 /* ---- pre-tokenizer ---- */

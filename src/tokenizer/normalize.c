@@ -1,10 +1,17 @@
 /*
- * Normalizers: Sequence, Prepend, Replace (literal or PCRE2 regex) and
- * Strip, each a function from a string to a new string. Offsets back into
- * the original text are not tracked: encode needs only the ids. Unicode
- * normal forms and case folding are not implemented (load rejects them).
+ * Normalizers: Sequence, Prepend, Replace (literal or PCRE2 regex), Strip,
+ * the Unicode normal forms NFC/NFD/NFKC/NFKD and Lowercase, each a function
+ * from a string to a new string. Normal forms and lowercasing use
+ * libunistring's tables (u8_normalize, u8_tolower with Unicode's full,
+ * context-sensitive mappings such as final sigma), the same Unicode data HF's
+ * tokenizers apply. Offsets back into the original text are not tracked:
+ * encode needs only the ids. Input reaching here is valid UTF-8 (encode
+ * replaces invalid bytes first).
  */
+#include <stdlib.h>
 #include <string.h>
+#include <unicase.h>
+#include <uninorm.h>
 
 #include "tokenizer/tok_impl.h"
 
@@ -65,6 +72,18 @@ cllm_status tk_norm_apply(const tk_norm *nm, tk_work *w, const char *s, size_t n
         size_t a = nm->strip_left ? tk_space_prefix(s, n) : 0;
         size_t b = nm->strip_right ? tk_space_suffix(s + a, n - a) : 0;
         return tk_str_put(out, s + a, n - a - b) ? CLLM_OK : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    }
+    case NORM_UNICODE:
+    case NORM_LOWERCASE: {
+        uninorm_t form = nm->form == FORM_NFC ? UNINORM_NFC : nm->form == FORM_NFD ? UNINORM_NFD
+                         : nm->form == FORM_NFKC ? UNINORM_NFKC : UNINORM_NFKD;
+        size_t len = 0;
+        uint8_t *r = nm->kind == NORM_UNICODE ? u8_normalize(form, (const uint8_t *)s, n, NULL, &len)
+                                              : u8_tolower((const uint8_t *)s, n, NULL, NULL, NULL, &len);
+        if (!r && n) return CLLM_FAIL(CLLM_ERR_FORMAT, "Unicode normalization failed (invalid UTF-8?)");
+        bool ok = tk_str_put(out, (const char *)r, len);
+        free(r);
+        return ok ? CLLM_OK : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     }
     case NORM_SEQ: {
         tk_str tmp = {0};

@@ -129,9 +129,11 @@ typedef struct tk_work tk_work;
 int tk_regex_find(const tk_regex *re, tk_work *w, const char *s, size_t n, size_t start, size_t *ms, size_t *me);
 
 /* ---- components ---- */
-typedef enum { NORM_SEQ, NORM_PREPEND, NORM_REPLACE, NORM_STRIP } tk_norm_kind;
+typedef enum { NORM_SEQ, NORM_PREPEND, NORM_REPLACE, NORM_STRIP, NORM_UNICODE, NORM_LOWERCASE } tk_norm_kind;
+typedef enum { FORM_NFC, FORM_NFD, FORM_NFKC, FORM_NFKD } tk_norm_form;
 typedef struct tk_norm {
     tk_norm_kind kind;
+    tk_norm_form form; /* UNICODE */
     char *a, *b; /* PREPEND: a = text; REPLACE: a = literal pattern, b = content */
     size_t a_len, b_len;
     bool use_re;
