@@ -14,7 +14,7 @@
  *                   continuing_subword_prefix / end_of_word_suffix only when
  *                   empty or null). WordPiece and Unigram are unsupported.
  *   normalizer      Sequence, Prepend, Replace (String or Regex pattern),
- *                   Strip. (NFC/NFD/NFKC/NFKD, Lowercase, BertNormalizer,
+ *                   Strip, NFC, NFD, NFKC, NFKD, Lowercase. (BertNormalizer,
  *                   Precompiled: unsupported.)
  *   pre_tokenizer   ByteLevel (add_prefix_space, use_regex), Split (Regex or
  *                   String pattern, behaviors Isolated, Removed,
