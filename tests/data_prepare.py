@@ -191,6 +191,26 @@ def body(cllm, gpt2, data_dir, tmp):
     dec = run([cllm, "detokenize", "--tokenizer", gpt2, "--input", j("ans.json")]).stdout
     check(dec == "y y <|endoftext|>", "trained tokens decode to the answer + EOS: " + repr(dec))
 
+    # A vocabulary past 65536 ids (GPT-2 plus an added token at id 70000)
+    # makes prepare write int32 tokens, and the token survives as written.
+    big = j("gpt2-big")
+    os.makedirs(big, exist_ok=True)
+    with open(os.path.join(gpt2, "tokenizer.json"), encoding="utf-8") as f:
+        tok = json.load(f)
+    tok["added_tokens"].append({"id": 70000, "content": "<|far|>", "single_word": False, "lstrip": False,
+                                "rstrip": False, "normalized": False, "special": True})
+    with open(os.path.join(big, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tok, f)
+    with open(j("far.jsonl"), "w") as f:
+        f.write(json.dumps({"text": "near <|far|> away"}) + "\n")
+    r5, _ = prepare(cllm, big, [j("far.jsonl")], j("far"))
+    check(r5.returncode == 0, "prepare with a 70001-id vocabulary: " + r5.stderr[-300:])
+    if r5.returncode == 0:
+        df = read_mmidx(j("far"))
+        check(df["code"] == 4 and df["item"] == 4, "vocabulary > 65536 -> int32 tokens (dtype code 4)")
+        check(70000 in df["seqs"][0].tolist() and df["seqs"][0][-1] == EOS,
+              "int32 sequence holds id 70000 and ends with EOS: %s" % df["seqs"][0].tolist())
+
     # Truncation report, split counts and the packed flag.
     r3, rep3 = prepare(cllm, gpt2, inputs, j("t"), "--seq-len", "24", "--split", "8,1,1")
     L = d["lengths"].astype(np.int64)
