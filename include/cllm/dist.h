@@ -54,8 +54,10 @@ cllm_status cllm_dist_allreduce_sum_i64(int64_t *buf, size_t n);
 cllm_status cllm_dist_allreduce_max_i64(int64_t *buf, size_t n);
 
 /* send[sum(counts)] is split into rank parts; recv[counts[rank]] gets the
- * element-wise sum over ranks of this rank's part. send and recv must not
- * overlap. Each count must fit in an int. */
+ * element-wise sum over ranks of this rank's part. send == recv reduces in
+ * place (no second buffer): the input is the whole of recv[sum(counts)] and
+ * the result lands at its start. Otherwise the buffers must not overlap.
+ * Each count must fit in an int. */
 cllm_status cllm_dist_reduce_scatter_sum_f32(const float *send, float *recv, const size_t *counts);
 
 /* In place: buf[sum(counts)] holds this rank's part at its offset; on

@@ -107,7 +107,8 @@ cllm_status cllm_dist_reduce_scatter_sum_f32(const float *send, float *recv, con
     int *ic = malloc((size_t)w_size * sizeof *ic);
     if (!ic) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     cllm_status st = int_counts(counts, ic, NULL, __func__);
-    int rc = st ? MPI_SUCCESS : MPI_Reduce_scatter(send, recv, ic, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    int rc = st ? MPI_SUCCESS : MPI_Reduce_scatter(send == recv ? MPI_IN_PLACE : send, recv, ic, MPI_FLOAT,
+                                                        MPI_SUM, MPI_COMM_WORLD);
     free(ic);
     if (!st && rc != MPI_SUCCESS) st = mpi_fail(rc, __func__, "MPI_Reduce_scatter");
     return st;

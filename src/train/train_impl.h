@@ -59,7 +59,7 @@ void train_saver_free(train_saver *s);
 /* ---- data parallelism and ZeRO stages 0-2 (zero.c) ---- */
 typedef struct {
     size_t params;        /* bytes of the parameter buffer (whole on every rank) */
-    size_t grads;         /* the backward's flat gradient buffer plus reduction scratch */
+    size_t grads;         /* the backward's flat gradient buffer (all stages: see docs/distributed.md) */
     size_t grads_reduced; /* of the summed gradient, what this rank holds: all, or its slice (stage 2) */
     size_t optim;         /* optimizer state: for all parameters (stage 0) or the slice */
 } train_mem;
@@ -71,8 +71,6 @@ typedef struct {
     size_t *counts;              /* [size] slice lengths, in rank order */
     size_t *bucket_counts;       /* [size] scratch: the slices within one bucket */
     size_t bucket, gather_bucket;/* floats per reduction / all-gather call */
-    float *scratch;              /* [scratch_len] reduce-scatter target (stage 2) */
-    size_t scratch_len;
     cllm_param_range *ranges;    /* decay ranges within the slice, slice-relative */
     int n_ranges;
     train_mem mem;

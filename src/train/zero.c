@@ -112,13 +112,8 @@ cllm_status train_zero_init(train_zero *z, const cllm_train_config *c, size_t n,
         z->ranges[z->n_ranges++] = (cllm_param_range){b - z->begin, e - z->begin, ranges[i].decay};
     }
     size_t slice = z->end - z->begin;
-    if (z->stage == 2 && z->size > 1) {
-        z->scratch_len = z->bucket < len ? z->bucket : len;
-        z->scratch = cllm_alloc(z->scratch_len * sizeof(float), "reduce-scatter bucket");
-        if (!z->scratch) return CLLM_ERR_NOMEM;
-    }
     z->mem.params = n * sizeof(float);
-    z->mem.grads = n * sizeof(float) + z->scratch_len * sizeof(float);
+    z->mem.grads = n * sizeof(float);
     z->mem.grads_reduced = (z->stage == 2 ? slice : n) * sizeof(float);
     return CLLM_OK;
 }
@@ -126,7 +121,6 @@ cllm_status train_zero_init(train_zero *z, const cllm_train_config *c, size_t n,
 void train_zero_free(train_zero *z) {
     free(z->counts);
     free(z->ranges);
-    cllm_free(z->scratch);
     memset(z, 0, sizeof *z);
 }
 
@@ -196,11 +190,13 @@ cllm_status train_zero_reduce_grads(train_zero *z, float *grads) {
         if (z->stage < 2) {
             st = cllm_dist_allreduce_sum_f32(grads + b0, b1 - b0);
         } else {
-            /* only this rank's part of the bucket comes back, into its slice */
+            /* in place: only this rank's part of the bucket comes back, at
+             * the bucket's start; it moves to its place in the slice (the
+             * other ranks' parts of the bucket are dead from here on) */
             bucket_parts(z, b0, b1);
-            st = cllm_dist_reduce_scatter_sum_f32(grads + b0, z->scratch, z->bucket_counts);
+            st = cllm_dist_reduce_scatter_sum_f32(grads + b0, grads + b0, z->bucket_counts);
             size_t k = z->bucket_counts[z->rank];
-            if (!st && k) memcpy(grads + (z->begin > b0 ? z->begin : b0), z->scratch, k * sizeof(float));
+            if (!st && k) memmove(grads + (z->begin > b0 ? z->begin : b0), grads + b0, k * sizeof(float));
         }
         if (st) return cllm_fail_context(st, "gradient reduction (bucket at %zu)", b0);
     }
