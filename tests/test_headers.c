@@ -2,6 +2,7 @@
  * with -std=c11 -pedantic and the project's warnings). */
 #include "cllm/core.h"
 #include "cllm/data.h"
+#include "cllm/dist.h"
 #include "cllm/generate.h"
 #include "cllm/io.h"
 #include "cllm/json.h"

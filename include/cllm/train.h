@@ -81,7 +81,8 @@ typedef struct {
     bool async_save;                     /* write checkpoints on a background thread */
     bool save_final_checkpoint;          /* also write checkpoint-STEP at the end */
     const char *resume;                  /* NULL, "auto" or a checkpoint folder */
-    int dp_size, dp_rank;                /* data-parallel world (1, 0 without MPI) */
+    int dp_size, dp_rank;                /* data-parallel world: set by cllm_train_run from cllm_dist
+                                          * (1, 0 without MPI); ranks > 0 write no files */
 
     struct json_t *json;                 /* the merged JSON this was parsed from (owned) */
 } cllm_train_config;
@@ -133,7 +134,11 @@ typedef struct {
  * later inside: the run opens model and data, then resolves). Writes
  * metrics.jsonl, checkpoints and the final model into cfg->output_dir.
  * Returns CLLM_OK at the end of the run or after a requested stop (a
- * checkpoint is then written first). */
+ * checkpoint is then written first). Under MPI (cllm/dist.h, initialised by
+ * the caller) every rank calls it with the same config: each reads its rows
+ * of the global batch, gradients are summed over ranks, ZeRO stages 1-2
+ * partition the optimizer state (and at stage 2 the summed gradient), and
+ * only rank 0 writes files. docs/distributed.md. */
 cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks, cllm_train_result *res);
 
 /* Asks a running cllm_train_run to save a checkpoint and return at the end

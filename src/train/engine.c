@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "cllm/checkpoint.h"
+#include "cllm/dist.h"
 #include "cllm/io.h"
 #include "cllm/loader.h"
 #include "cllm/model.h"
@@ -47,6 +48,8 @@ typedef struct {
     long last_save_step, last_eval_step;
     double save_wait_total, time_save_pending;
     int n_saves;
+    train_zero zero;        /* data parallelism: slices, buckets, memory */
+    const char *output_dir; /* the caller's, restored at the end (ranks > 0 write nothing) */
 } trainer;
 
 /* ------------------------------------------------------------ set-up */
@@ -178,7 +181,7 @@ static void show_step(trainer *tr, long step, double loss, double lr, double gno
 /* --------------------------------------------------------------- eval */
 
 static cllm_status run_eval(trainer *tr, long step) {
-    if (!tr->eval) return CLLM_OK;
+    if (!tr->eval || tr->cfg->dp_rank > 0) return CLLM_OK; /* rank 0 evaluates alone */
     double t0 = cllm_time_sec();
     long B = tr->cfg->train_micro_batch_size_per_gpu;
     int T = tr->cfg->seq_len;
@@ -255,10 +258,18 @@ static cllm_status load_rows(trainer *tr, uint64_t g0, long *count) {
     return cllm_model_check_ids(tr->m, tr->tokens, tr->targets, (size_t)tr->local * (size_t)T);
 }
 
-/* The data-parallel reductions go here (sums over ranks); identity with
- * one rank. */
-static void reduce_count(trainer *tr, long *count) { (void)tr, (void)count; }
-static void reduce_grads(trainer *tr, double *loss_sum) { (void)tr, (void)loss_sum; }
+/* The data-parallel reductions (sums over ranks, zero.c); identities with
+ * one rank. The target count comes first: it sets every rank's grad_scale. */
+static cllm_status reduce_count(long *count) {
+    int64_t v = *count;
+    cllm_status st = cllm_dist_allreduce_sum_i64(&v, 1);
+    *count = (long)v;
+    return st;
+}
+static cllm_status reduce_grads(trainer *tr, float *grads, double *loss_sum) {
+    cllm_status st = cllm_dist_allreduce_sum_f64(loss_sum, 1);
+    return st ? st : train_zero_reduce_grads(&tr->zero, grads);
+}
 
 static cllm_status train_step(trainer *tr, double *avg_step) {
     cllm_train_config *c = tr->cfg;
@@ -268,7 +279,7 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     long count = 0;
     cllm_status st = load_rows(tr, tr->state.next_sample, &count);
     if (st) return cllm_fail_context(st, "step %ld", step);
-    reduce_count(tr, &count);
+    if ((st = reduce_count(&count))) return cllm_fail_context(st, "step %ld", step);
     double t1 = cllm_time_sec();
     cllm_model_zero_grads(tr->m);
     double loss_sum = 0;
@@ -284,16 +295,17 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
         }
     }
     float *grads = cllm_model_grads(tr->m);
-    size_t n = cllm_model_buffer_len(tr->m);
     if (tr->hooks && tr->hooks->poison_grads && tr->hooks->poison_grads(step, tr->hooks->ctx)) grads[0] = NAN;
-    reduce_grads(tr, &loss_sum);
+    if ((st = reduce_grads(tr, grads, &loss_sum))) return cllm_fail_context(st, "step %ld", step);
     double t2 = cllm_time_sec();
     double loss = count > 0 ? loss_sum / (double)count : 0.0;
-    double gnorm = cllm_grad_clip(grads, n, c->gradient_clipping);
+    double gnorm = 0;
+    if ((st = train_zero_clip(&tr->zero, grads, c->gradient_clipping, &gnorm))) return cllm_fail_context(st, "step %ld", step);
     bool finite = isfinite(loss) && isfinite(gnorm);
     double lr = cllm_sched_lr(&c->sched, c->optim.lr, tr->state.sched_iter);
     if (finite && count > 0) {
-        cllm_optim_step(tr->opt, cllm_model_params(tr->m), grads, tr->ranges, tr->n_ranges, lr);
+        if ((st = train_zero_step(&tr->zero, tr->opt, cllm_model_params(tr->m), grads, lr)))
+            return cllm_fail_context(st, "step %ld", step);
         tr->state.sched_iter++;
         tr->state.consecutive_skips = 0;
     } else if (!finite) {
@@ -328,6 +340,9 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     rec_int(&r, "samples", (long long)tr->state.next_sample);
     rec_num(&r, "epoch", (double)tr->state.next_sample / (double)cllm_loader_size(tr->train));
     rec_num(&r, "tokens_seen", tr->state.tokens_seen);
+    rec_int(&r, "state_bytes_params", (long long)tr->zero.mem.params);
+    rec_int(&r, "state_bytes_grads", (long long)tr->zero.mem.grads);
+    rec_int(&r, "state_bytes_optim", (long long)tr->zero.mem.optim);
     if (!finite) rec_bool(&r, "skipped", true);
     tr->time_save_pending = 0;
     if ((st = train_metrics_write(&tr->metrics, rec_end(&r)))) return st;
@@ -352,6 +367,8 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
 static cllm_status run(trainer *tr, cllm_train_result *res) {
     cllm_train_config *c = tr->cfg;
     char *resume_dir = NULL;
+    c->dp_size = cllm_dist_size();
+    c->dp_rank = cllm_dist_rank();
     cllm_status st = cllm_ckpt_find(c->output_dir, c->resume, &resume_dir);
     if (st) return st;
     if (c->resume && !resume_dir)
@@ -376,8 +393,20 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     }
     if ((st = cllm_model_prepare(tr->m, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true))) goto done;
     size_t n = cllm_model_buffer_len(tr->m);
-    if ((st = cllm_optim_init(&tr->opt, &c->optim, n))) goto done;
     if ((st = make_ranges(tr))) goto done;
+    /* the optimizer keeps state for this rank's slice only (all of it at ZeRO stage 0) */
+    if ((st = train_zero_init(&tr->zero, c, n, tr->ranges, tr->n_ranges))) goto done;
+    if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), cllm_loader_size(tr->train)))) goto done;
+    if ((st = cllm_optim_init(&tr->opt, &c->optim, train_zero_slice_len(&tr->zero)))) goto done;
+    train_zero_count_optim(&tr->zero, tr->opt);
+    if (tr->zero.stage >= 1 && tr->zero.size > 1 && (c->save_interval > 0 || resume_dir)) {
+        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
+                       "checkpoints with ZeRO stage %d over %d ranks: the optimizer state is partitioned and sharded "
+                       "checkpoints are not implemented yet; set save_interval 0 (the final model is still saved) "
+                       "or use stage 0",
+                       tr->zero.stage, tr->zero.size);
+        goto done;
+    }
     memset(&tr->state, 0, sizeof tr->state);
     cllm_rng_seed(&tr->state.rng, c->seed);
     tr->state.data_seed = c->seed;
@@ -390,6 +419,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if ((st = train_saver_init(&tr->saver, n, cllm_optim_state(tr->opt, 0) != NULL,
                                cllm_optim_state(tr->opt, 1) != NULL, c->async_save)))
         goto done;
+    if (c->dp_rank > 0) c->output_dir = NULL; /* only rank 0 writes: model, checkpoints, metrics */
     if (c->output_dir && (st = cllm_make_dirs(c->output_dir))) goto done;
     if (c->output_dir && (st = train_metrics_open(&tr->metrics, c->output_dir, resume_dir ? tr->state.global_step : -1)))
         goto done;
@@ -412,16 +442,22 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
                 c->gradient_accumulation_steps, c->dp_size, cllm_opt_name(c->optim.type),
                 cllm_sched_name(c->sched.type), c->optim.lr, tr->peak_gflops,
                 resume_dir ? " (resumed)" : "");
+    if ((st = train_zero_report(&tr->zero, c->log != CLLM_LOG_MODE_QUIET && c->dp_rank == 0))) goto done;
     res->first_step = first + 1;
     double avg_step = 0;
     while (tr->state.global_step < c->train_iters) {
         if ((st = train_step(tr, &avg_step))) goto done;
         long step = tr->state.global_step;
         if (c->eval_interval > 0 && step % c->eval_interval == 0 && (st = run_eval(tr, step))) goto done;
-        if (stop_requested) {
+        bool stop = stop_requested; /* every rank stops at the same step */
+        if ((st = train_zero_agree(&tr->zero, &stop))) goto done;
+        if (stop) {
             end_line(tr);
-            fprintf(stderr, "cllm train: stop requested; saving a checkpoint at step %ld\n", step);
-            if ((st = save_checkpoint(tr, true))) goto done;
+            bool sharded = tr->zero.stage >= 1 && tr->zero.size > 1;
+            if (c->dp_rank == 0)
+                fprintf(stderr, "cllm train: stop requested; %s at step %ld\n",
+                        sharded ? "no checkpoint (partitioned optimizer state)" : "saving a checkpoint", step);
+            if (!sharded && (st = save_checkpoint(tr, true))) goto done;
             res->stopped = true;
             break;
         }
@@ -461,8 +497,10 @@ cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks
     memset(&tr, 0, sizeof tr);
     tr.cfg = cfg;
     tr.hooks = hooks;
+    tr.output_dir = cfg->output_dir;
     stop_requested = 0;
     cllm_status st = run(&tr, res);
+    cfg->output_dir = tr.output_dir;
     if (st) {
         /* keep the message of the failure, not of the clean-up */
         end_line(&tr);
@@ -475,6 +513,7 @@ cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks
     free(tr.targets);
     free(tr.ranges);
     cllm_optim_free(tr.opt);
+    train_zero_free(&tr.zero);
     cllm_loader_free(tr.train);
     cllm_loader_free(tr.eval);
     cllm_model_free(tr.m);

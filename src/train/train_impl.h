@@ -7,6 +7,7 @@
 #define CLLM_TRAIN_IMPL_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "cllm/checkpoint.h"
@@ -54,5 +55,49 @@ cllm_status train_saver_save(train_saver *s, const char *out, const cllm_model *
 cllm_status train_saver_wait(train_saver *s, double *wait_seconds);
 double train_saver_write_seconds(const train_saver *s); /* total background write time */
 void train_saver_free(train_saver *s);
+
+/* ---- data parallelism and ZeRO stages 0-2 (zero.c) ---- */
+typedef struct {
+    size_t params;        /* bytes of the parameter buffer (whole on every rank) */
+    size_t grads;         /* the backward's flat gradient buffer (all stages: see docs/distributed.md) */
+    size_t grads_reduced; /* of the summed gradient, what this rank holds: all, or its slice (stage 2) */
+    size_t optim;         /* optimizer state: for all parameters (stage 0) or the slice */
+} train_mem;
+
+typedef struct {
+    int rank, size, stage;
+    size_t n;                    /* floats in the flat buffers */
+    size_t begin, end;           /* this rank's slice of them (all of them at stage 0) */
+    size_t *counts;              /* [size] slice lengths, in rank order */
+    size_t *bucket_counts;       /* [size] scratch: the slices within one bucket */
+    size_t bucket, gather_bucket;/* floats per reduction / all-gather call */
+    cllm_param_range *ranges;    /* decay ranges within the slice, slice-relative */
+    int n_ranges;
+    train_mem mem;
+} train_zero;
+
+/* Partitions n floats over the world by c->zero_stage, checks the topology
+ * and bucket sizes. Call train_zero_free also after a failure. */
+cllm_status train_zero_init(train_zero *z, const cllm_train_config *c, size_t n, const cllm_param_range *ranges,
+                            int n_ranges);
+/* Fills mem.optim from the state buffers the optimizer has. */
+void train_zero_count_optim(train_zero *z, cllm_optimizer *opt);
+/* Gathers every rank's train_mem; rank 0 prints one line per rank when
+ * `print`. Collective: every rank calls it. */
+cllm_status train_zero_report(const train_zero *z, bool print);
+void train_zero_free(train_zero *z);
+/* Floats of the optimizer state this rank keeps. */
+size_t train_zero_slice_len(const train_zero *z);
+/* Fails on every rank, naming the first rank whose config hash, data size
+ * or parameter count differs from rank 0's. */
+cllm_status train_zero_check_world(const train_zero *z, uint64_t config_hash, uint64_t data_size);
+/* Sums the gradients over ranks (all of them, or this rank's slice). */
+cllm_status train_zero_reduce_grads(train_zero *z, float *grads);
+/* clip_grad_norm_ with the global norm; *norm before clipping. */
+cllm_status train_zero_clip(train_zero *z, float *grads, double max_norm, double *norm);
+/* Optimizer update of this rank's slice, then the all-gather of params. */
+cllm_status train_zero_step(train_zero *z, cllm_optimizer *opt, float *params, const float *grads, double lr);
+/* *flag <- true if it is true on any rank. */
+cllm_status train_zero_agree(const train_zero *z, bool *flag);
 
 #endif

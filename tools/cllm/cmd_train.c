@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "args.h"
+#include "cllm/dist.h"
 #include "cllm/json.h"
 #include "cllm/optim.h"
 #include "cllm/train.h"
@@ -249,11 +250,20 @@ int cmd_train(int argc, char **argv) {
         rc = 2;
         goto done;
     }
+    /* under mpirun: one rank of the data-parallel world; ranks > 0 are quiet */
+    if (cllm_dist_init()) {
+        rc = tool_fail("train");
+        goto done;
+    }
+    if (cllm_dist_rank() > 0) cfg.log = CLLM_LOG_MODE_QUIET;
     install_handlers();
     cllm_train_result res;
     cllm_train_hooks hooks = {poison_from_env, getenv("CLLM_TRAIN_POISON_STEPS")};
     if (cllm_train_run(&cfg, hooks.ctx ? &hooks : NULL, &res)) {
+        if (cllm_dist_active()) fprintf(stderr, "cllm train: rank %d of %d failed\n", cllm_dist_rank(), cllm_dist_size());
         rc = tool_fail("train");
+        /* the other ranks may be waiting in a collective: end them too */
+        cllm_dist_abort(rc);
         goto done;
     }
     if (cfg.log != CLLM_LOG_MODE_QUIET) {
@@ -264,6 +274,7 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, "\ncllm train: wrote %s\n", cfg.output_dir);
     }
 done:
+    cllm_dist_finalize();
     cllm_train_config_free(&cfg);
     args_free(specs, ARGS_COUNT(specs));
     return rc;

@@ -1,0 +1,77 @@
+/*
+ * cllm dist: the collectives the trainer needs between data-parallel ranks.
+ *
+ * One process group (the world). Under mpirun the calls map onto MPI over
+ * MPI_COMM_WORLD; in a build without MPI, or in a process that was not
+ * started by an MPI launcher, the process is rank 0 of 1 and every
+ * collective is the identity (a reduce-scatter copies, the others return at
+ * once). Callers write the same code for both and never #ifdef.
+ *
+ * Buffers are split into rank parts with `counts` (one entry per rank, in
+ * rank order, summing to the buffer length): rank r's part starts at
+ * counts[0] + ... + counts[r-1]. Sums are element-wise; their order of
+ * accumulation is MPI's, so results may differ from a one-process sum in the
+ * last bits, but every rank receives the same values.
+ *
+ * Not thread-safe: call from one thread (the one that called init). Failures
+ * of MPI calls return CLLM_ERR_INTERNAL with MPI's error string.
+ */
+#ifndef CLLM_DIST_H
+#define CLLM_DIST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cllm/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Joins the world: MPI_Init when the process was started by an MPI
+ * launcher (OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_RANK set), otherwise
+ * nothing (rank 0 of 1). Idempotent. */
+cllm_status cllm_dist_init(void);
+/* Leaves the world (MPI_Finalize if init started MPI). Idempotent. */
+void cllm_dist_finalize(void);
+/* Kills every rank (MPI_Abort) with exit code `code`; for front ends after a
+ * failure on one rank, so that the others do not wait forever in a
+ * collective. Without MPI it returns and the caller exits normally. */
+void cllm_dist_abort(int code);
+
+int cllm_dist_rank(void); /* 0 without MPI */
+int cllm_dist_size(void); /* 1 without MPI */
+/* True when this process runs under MPI with more than one rank. */
+bool cllm_dist_active(void);
+/* "MPI" when libcllm was built with MPI, "none" otherwise. */
+const char *cllm_dist_backend(void);
+
+/* In place: buf[n] <- sum over ranks of buf[n]. */
+cllm_status cllm_dist_allreduce_sum_f32(float *buf, size_t n);
+cllm_status cllm_dist_allreduce_sum_f64(double *buf, size_t n);
+cllm_status cllm_dist_allreduce_sum_i64(int64_t *buf, size_t n);
+cllm_status cllm_dist_allreduce_max_i64(int64_t *buf, size_t n);
+
+/* send[sum(counts)] is split into rank parts; recv[counts[rank]] gets the
+ * element-wise sum over ranks of this rank's part. send == recv reduces in
+ * place (no second buffer): the input is the whole of recv[sum(counts)] and
+ * the result lands at its start. Otherwise the buffers must not overlap.
+ * Each count must fit in an int. */
+cllm_status cllm_dist_reduce_scatter_sum_f32(const float *send, float *recv, const size_t *counts);
+
+/* In place: buf[sum(counts)] holds this rank's part at its offset; on
+ * return every part holds its owner's values. */
+cllm_status cllm_dist_allgather_f32(float *buf, const size_t *counts);
+
+/* all[size * n] <- the n values of every rank, rank by rank. */
+cllm_status cllm_dist_allgather_u64(const uint64_t *mine, size_t n, uint64_t *all);
+
+/* bytes of buf from rank `root` to every rank. */
+cllm_status cllm_dist_bcast(void *buf, size_t bytes, int root);
+cllm_status cllm_dist_barrier(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

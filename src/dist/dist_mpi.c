@@ -1,0 +1,156 @@
+/*
+ * cllm/dist.h on MPI (OpenMPI from Debian). Built only when CMake finds MPI;
+ * src/dist/dist_none.c is the one-rank build of the same header.
+ *
+ * MPI_Init runs only when a launcher started the process, so a plain
+ * `cllm train` never touches MPI (no singleton runtime, no network probing)
+ * and behaves exactly as a build without MPI. Counts larger than INT_MAX
+ * are refused: callers bucket their buffers (reduce_bucket_size) well below.
+ * Not here: communicators other than the world, non-blocking overlap.
+ */
+#include <limits.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cllm/dist.h"
+
+static bool started;  /* we called MPI_Init */
+static int w_rank, w_size = 1;
+
+static bool launched_by_mpi(void) {
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
+}
+
+static cllm_status mpi_fail(int rc, const char *func, const char *what) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "error %d", rc);
+    return cllm_fail(CLLM_ERR_INTERNAL, func, "%s failed on rank %d of %d: %s", what, w_rank, w_size, msg);
+}
+#define MPI_TRY(call)                                                                                          \
+    do {                                                                                                       \
+        int rc_ = (call);                                                                                      \
+        if (rc_ != MPI_SUCCESS) return mpi_fail(rc_, __func__, #call);                                          \
+    } while (0)
+
+cllm_status cllm_dist_init(void) {
+    if (started || !launched_by_mpi()) return CLLM_OK;
+    int already = 0;
+    MPI_Initialized(&already);
+    if (!already) MPI_TRY(MPI_Init(NULL, NULL));
+    started = true;
+    /* errors come back as codes, turned into cllm statuses above */
+    MPI_TRY(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+    MPI_TRY(MPI_Comm_rank(MPI_COMM_WORLD, &w_rank));
+    MPI_TRY(MPI_Comm_size(MPI_COMM_WORLD, &w_size));
+    return CLLM_OK;
+}
+
+void cllm_dist_finalize(void) {
+    if (!started) return;
+    int done = 0;
+    MPI_Finalized(&done);
+    if (!done) MPI_Finalize();
+    started = false;
+    w_rank = 0;
+    w_size = 1;
+}
+
+void cllm_dist_abort(int code) {
+    if (started && w_size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
+int cllm_dist_rank(void) { return w_rank; }
+int cllm_dist_size(void) { return w_size; }
+bool cllm_dist_active(void) { return started && w_size > 1; }
+const char *cllm_dist_backend(void) { return "MPI"; }
+
+/* Buffers are split into <= INT_MAX-element calls so that any n works. */
+static cllm_status allreduce(void *buf, size_t n, size_t elem, MPI_Datatype t, MPI_Op op) {
+    if (!cllm_dist_active()) return CLLM_OK;
+    char *p = buf;
+    while (n > 0) {
+        int k = n > (size_t)INT_MAX ? INT_MAX : (int)n;
+        MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, p, k, t, op, MPI_COMM_WORLD));
+        p += (size_t)k * elem;
+        n -= (size_t)k;
+    }
+    return CLLM_OK;
+}
+
+cllm_status cllm_dist_allreduce_sum_f32(float *buf, size_t n) { return allreduce(buf, n, sizeof *buf, MPI_FLOAT, MPI_SUM); }
+cllm_status cllm_dist_allreduce_sum_f64(double *buf, size_t n) { return allreduce(buf, n, sizeof *buf, MPI_DOUBLE, MPI_SUM); }
+cllm_status cllm_dist_allreduce_sum_i64(int64_t *buf, size_t n) { return allreduce(buf, n, sizeof *buf, MPI_INT64_T, MPI_SUM); }
+cllm_status cllm_dist_allreduce_max_i64(int64_t *buf, size_t n) { return allreduce(buf, n, sizeof *buf, MPI_INT64_T, MPI_MAX); }
+
+/* counts as ints, and their prefix sums as displacements */
+static cllm_status int_counts(const size_t *counts, int *ic, int *displs, const char *func) {
+    size_t off = 0;
+    for (int r = 0; r < w_size; r++) {
+        if (counts[r] > (size_t)INT_MAX || off > (size_t)INT_MAX)
+            return cllm_fail(CLLM_ERR_ARG, func, "part %d (%zu floats at %zu) exceeds MPI's int counts; use smaller "
+                             "buckets (zero_optimization.reduce_bucket_size)", r, counts[r], off);
+        ic[r] = (int)counts[r];
+        if (displs) displs[r] = (int)off;
+        off += counts[r];
+    }
+    return CLLM_OK;
+}
+
+cllm_status cllm_dist_reduce_scatter_sum_f32(const float *send, float *recv, const size_t *counts) {
+    if (!cllm_dist_active()) {
+        if (counts[0] && send != recv) memmove(recv, send, counts[0] * sizeof *recv);
+        return CLLM_OK;
+    }
+    int *ic = malloc((size_t)w_size * sizeof *ic);
+    if (!ic) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    cllm_status st = int_counts(counts, ic, NULL, __func__);
+    int rc = st ? MPI_SUCCESS : MPI_Reduce_scatter(send == recv ? MPI_IN_PLACE : send, recv, ic, MPI_FLOAT,
+                                                        MPI_SUM, MPI_COMM_WORLD);
+    free(ic);
+    if (!st && rc != MPI_SUCCESS) st = mpi_fail(rc, __func__, "MPI_Reduce_scatter");
+    return st;
+}
+
+cllm_status cllm_dist_allgather_f32(float *buf, const size_t *counts) {
+    if (!cllm_dist_active()) return CLLM_OK;
+    int *ic = malloc(2 * (size_t)w_size * sizeof *ic);
+    if (!ic) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    cllm_status st = int_counts(counts, ic, ic + w_size, __func__);
+    int rc = st ? MPI_SUCCESS
+                : MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, ic, ic + w_size, MPI_FLOAT, MPI_COMM_WORLD);
+    free(ic);
+    if (!st && rc != MPI_SUCCESS) st = mpi_fail(rc, __func__, "MPI_Allgatherv");
+    return st;
+}
+
+cllm_status cllm_dist_allgather_u64(const uint64_t *mine, size_t n, uint64_t *all) {
+    if (!cllm_dist_active()) {
+        if (n && all != mine) memmove(all, mine, n * sizeof *all);
+        return CLLM_OK;
+    }
+    if (n > (size_t)INT_MAX) return CLLM_FAIL(CLLM_ERR_ARG, "%zu values exceed MPI's int counts", n);
+    MPI_TRY(MPI_Allgather(mine, (int)n, MPI_UINT64_T, all, (int)n, MPI_UINT64_T, MPI_COMM_WORLD));
+    return CLLM_OK;
+}
+
+cllm_status cllm_dist_bcast(void *buf, size_t bytes, int root) {
+    if (!cllm_dist_active()) return CLLM_OK;
+    if (root < 0 || root >= w_size) return CLLM_FAIL(CLLM_ERR_ARG, "root %d outside 0..%d", root, w_size - 1);
+    char *p = buf;
+    while (bytes > 0) {
+        int k = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
+        MPI_TRY(MPI_Bcast(p, k, MPI_BYTE, root, MPI_COMM_WORLD));
+        p += k;
+        bytes -= (size_t)k;
+    }
+    return CLLM_OK;
+}
+
+cllm_status cllm_dist_barrier(void) {
+    if (!cllm_dist_active()) return CLLM_OK;
+    MPI_TRY(MPI_Barrier(MPI_COMM_WORLD));
+    return CLLM_OK;
+}

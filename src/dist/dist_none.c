@@ -1,0 +1,36 @@
+/*
+ * cllm/dist.h without MPI: the process is rank 0 of 1 and every collective
+ * is the identity. Built instead of dist_mpi.c when CMake does not find MPI
+ * (or CLLM_MPI is OFF), so callers never #ifdef.
+ */
+#include <string.h>
+
+#include "cllm/dist.h"
+
+cllm_status cllm_dist_init(void) { return CLLM_OK; }
+void cllm_dist_finalize(void) {}
+void cllm_dist_abort(int code) { (void)code; }
+int cllm_dist_rank(void) { return 0; }
+int cllm_dist_size(void) { return 1; }
+bool cllm_dist_active(void) { return false; }
+const char *cllm_dist_backend(void) { return "none"; }
+
+cllm_status cllm_dist_allreduce_sum_f32(float *buf, size_t n) { (void)buf, (void)n; return CLLM_OK; }
+cllm_status cllm_dist_allreduce_sum_f64(double *buf, size_t n) { (void)buf, (void)n; return CLLM_OK; }
+cllm_status cllm_dist_allreduce_sum_i64(int64_t *buf, size_t n) { (void)buf, (void)n; return CLLM_OK; }
+cllm_status cllm_dist_allreduce_max_i64(int64_t *buf, size_t n) { (void)buf, (void)n; return CLLM_OK; }
+
+cllm_status cllm_dist_reduce_scatter_sum_f32(const float *send, float *recv, const size_t *counts) {
+    if (counts[0] && send != recv) memmove(recv, send, counts[0] * sizeof *recv);
+    return CLLM_OK;
+}
+
+cllm_status cllm_dist_allgather_f32(float *buf, const size_t *counts) { (void)buf, (void)counts; return CLLM_OK; }
+
+cllm_status cllm_dist_allgather_u64(const uint64_t *mine, size_t n, uint64_t *all) {
+    if (n && all != mine) memmove(all, mine, n * sizeof *all);
+    return CLLM_OK;
+}
+
+cllm_status cllm_dist_bcast(void *buf, size_t bytes, int root) { (void)buf, (void)bytes, (void)root; return CLLM_OK; }
+cllm_status cllm_dist_barrier(void) { return CLLM_OK; }

@@ -1,0 +1,249 @@
+/*
+ * Data parallelism and ZeRO stages 1 and 2 for the training step.
+ *
+ * Every rank holds the whole model (params) and runs forward/backward on its
+ * own rows of the global batch into the flat gradient buffer (scaled by
+ * 1 / targets of the global batch, so a plain sum over ranks is the
+ * one-process gradient). Then, by stage:
+ *   0: bucketed all-reduce of the gradient; every rank clips and updates
+ *      all parameters with a full optimizer state (replicated).
+ *   1: bucketed all-reduce; each rank updates only its slice of the flat
+ *      buffer, with optimizer state for that slice only; the parameters are
+ *      then all-gathered.
+ *   2: bucketed reduce-scatter: each rank receives only its slice of the
+ *      summed gradient (the summed gradient is never held in full), then as
+ *      stage 1.
+ * Slices are contiguous, 16-float (64-byte) aligned ranges of the flat
+ * buffer in rank order; the last ones may be shorter or empty. The global
+ * gradient norm is the square root of the all-reduced sum of the slices'
+ * sums of squares. Weight-decay ranges are intersected with the slice.
+ *
+ * Not here: ZeRO-3 (parameter partitioning), overlapping communication with
+ * the backward pass, sharded checkpoints (the engine refuses checkpoints
+ * when the optimizer state is partitioned over several ranks).
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cllm/dist.h"
+#include "train_impl.h"
+
+#define SLICE_ALIGN 16 /* floats: 64 bytes, the alignment of tensors in the flat buffer */
+/* DeepSpeed's defaults for reduce_bucket_size and allgather_bucket_size */
+#define DEFAULT_BUCKET 500000000.0
+
+/* zero_optimization[key] as a positive element count (DeepSpeed writes them
+ * as integers or as floats such as 5e8). */
+static cllm_status bucket_size(const cllm_train_config *c, const char *key, size_t *out) {
+    json_t *v = c->zero_optimization ? json_object_get(c->zero_optimization, key) : NULL;
+    double d = DEFAULT_BUCKET;
+    if (v && !json_is_number(v))
+        return CLLM_FAIL(CLLM_ERR_ARG, "zero_optimization.%s: expected a number of elements", key);
+    if (v) d = json_number_value(v);
+    if (!(d >= 1) || d > 1e15)
+        return CLLM_FAIL(CLLM_ERR_ARG, "zero_optimization.%s: %g (expected a positive number of elements)", key, d);
+    /* MPI counts are ints: larger buckets are split anyway */
+    *out = d > 1073741824.0 ? (size_t)1073741824 : (size_t)d;
+    return CLLM_OK;
+}
+
+/* model_topo.process_topology: the data axis is the MPI world; pipe and
+ * tensor (model) axes are not implemented and must be 1. */
+static cllm_status check_topology(const cllm_train_config *c, int size) {
+    json_t *pt = c->model_topo ? json_object_get(c->model_topo, "process_topology") : NULL;
+    if (!pt) return CLLM_OK;
+    json_t *axis = json_object_get(pt, "axis"), *dims = json_object_get(pt, "dims");
+    for (size_t i = 0; i < json_array_size(axis); i++) {
+        const char *name = json_string_value(json_array_get(axis, i));
+        long d = (long)json_integer_value(json_array_get(dims, i));
+        if (name && strcmp(name, "data") == 0) {
+            if (d != size)
+                return CLLM_FAIL(CLLM_ERR_ARG,
+                                 "model_topo.process_topology: data axis %ld, but %d rank%s running; the data axis is "
+                                 "the MPI world (mpirun -np %ld, or set dims to %d)",
+                                 d, size, size == 1 ? " is" : "s are", d, size);
+        } else if (d != 1) {
+            return CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
+                             "model_topo.process_topology: axis '%s' of size %ld: only data parallelism is "
+                             "implemented; set the pipe and model/tensor dims to 1",
+                             name ? name : "?", d);
+        }
+    }
+    return CLLM_OK;
+}
+
+cllm_status train_zero_init(train_zero *z, const cllm_train_config *c, size_t n, const cllm_param_range *ranges,
+                            int n_ranges) {
+    memset(z, 0, sizeof *z);
+    z->rank = cllm_dist_rank();
+    z->size = cllm_dist_size();
+    z->stage = c->zero_stage;
+    z->n = n;
+    if (z->stage > 2)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
+                         "zero_optimization.stage 3 (partitioned parameters) is not implemented; use stage 0, 1 or 2");
+    cllm_status st = check_topology(c, z->size);
+    if (!st) st = bucket_size(c, "reduce_bucket_size", &z->bucket);
+    if (!st) st = bucket_size(c, "allgather_bucket_size", &z->gather_bucket);
+    if (st) return st;
+    z->counts = calloc(2 * (size_t)z->size, sizeof *z->counts);
+    z->ranges = calloc(n_ranges > 0 ? (size_t)n_ranges : 1, sizeof *z->ranges);
+    if (!z->counts || !z->ranges) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    z->bucket_counts = z->counts + z->size;
+    size_t len = n;
+    if (z->stage >= 1) {
+        len = (n + (size_t)z->size - 1) / (size_t)z->size;
+        len = (len + SLICE_ALIGN - 1) / SLICE_ALIGN * SLICE_ALIGN;
+    }
+    for (int r = 0; r < z->size; r++) {
+        size_t b = z->stage >= 1 ? (size_t)r * len : 0;
+        if (b > n) b = n;
+        size_t e = b + len < n ? b + len : n;
+        z->counts[r] = e - b;
+        if (r == z->rank) z->begin = b, z->end = e;
+    }
+    for (int i = 0; i < n_ranges; i++) {
+        size_t b = ranges[i].begin > z->begin ? ranges[i].begin : z->begin;
+        size_t e = ranges[i].end < z->end ? ranges[i].end : z->end;
+        if (b >= e) continue;
+        z->ranges[z->n_ranges++] = (cllm_param_range){b - z->begin, e - z->begin, ranges[i].decay};
+    }
+    size_t slice = z->end - z->begin;
+    z->mem.params = n * sizeof(float);
+    z->mem.grads = n * sizeof(float);
+    z->mem.grads_reduced = (z->stage == 2 ? slice : n) * sizeof(float);
+    return CLLM_OK;
+}
+
+void train_zero_free(train_zero *z) {
+    free(z->counts);
+    free(z->ranges);
+    memset(z, 0, sizeof *z);
+}
+
+size_t train_zero_slice_len(const train_zero *z) { return z->end - z->begin; }
+
+void train_zero_count_optim(train_zero *z, cllm_optimizer *opt) {
+    size_t k = (cllm_optim_state(opt, 0) != NULL) + (cllm_optim_state(opt, 1) != NULL);
+    z->mem.optim = k * (z->end - z->begin) * sizeof(float);
+}
+
+cllm_status train_zero_report(const train_zero *z, bool print) {
+    uint64_t mine[4] = {z->mem.params, z->mem.grads, z->mem.grads_reduced, z->mem.optim};
+    uint64_t *all = malloc((size_t)z->size * sizeof mine);
+    if (!all) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    cllm_status st = cllm_dist_allgather_u64(mine, 4, all);
+    for (int r = 0; r < z->size && !st && print; r++) {
+        const uint64_t *m = all + 4 * (size_t)r;
+        const double mib = 1.0 / (1024.0 * 1024.0);
+        fprintf(stderr,
+                "cllm train: rank %d/%d, ZeRO stage %d: model state %.2f MiB = params %.2f + grads %.2f (summed "
+                "gradient kept %.2f) + optimizer %.2f\n",
+                r, z->size, z->stage, (double)(m[0] + m[1] + m[3]) * mib, (double)m[0] * mib, (double)m[1] * mib,
+                (double)m[2] * mib, (double)m[3] * mib);
+    }
+    free(all);
+    return st;
+}
+
+/* The rank parts of the bucket [b0, b1): each rank's slice intersected. */
+static void bucket_parts(train_zero *z, size_t b0, size_t b1) {
+    size_t off = 0;
+    for (int r = 0; r < z->size; r++) {
+        size_t b = off > b0 ? off : b0, e = off + z->counts[r] < b1 ? off + z->counts[r] : b1;
+        z->bucket_counts[r] = e > b ? e - b : 0;
+        off += z->counts[r];
+    }
+}
+
+cllm_status train_zero_check_world(const train_zero *z, uint64_t config_hash, uint64_t data_size) {
+    if (z->size == 1) return CLLM_OK;
+    uint64_t mine[3] = {config_hash, data_size, (uint64_t)z->n};
+    uint64_t *all = malloc((size_t)z->size * sizeof mine);
+    if (!all) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    cllm_status st = cllm_dist_allgather_u64(mine, 3, all);
+    for (int r = 1; r < z->size && !st; r++) {
+        const uint64_t *o = all + 3 * (size_t)r;
+        if (o[0] != all[0])
+            st = CLLM_FAIL(CLLM_ERR_ARG, "rank %d has a different training config than rank 0 (hash %016llx vs "
+                           "%016llx): start every rank with the same config file and flags", r,
+                           (unsigned long long)o[0], (unsigned long long)all[0]);
+        else if (o[1] != all[1])
+            st = CLLM_FAIL(CLLM_ERR_ARG, "rank %d sees %llu training samples, rank 0 %llu: every rank must read the "
+                           "same data", r, (unsigned long long)o[1], (unsigned long long)all[1]);
+        else if (o[2] != all[2])
+            st = CLLM_FAIL(CLLM_ERR_ARG, "rank %d has a %llu-float parameter buffer, rank 0 %llu: every rank must "
+                           "start from the same model", r, (unsigned long long)o[2], (unsigned long long)all[2]);
+    }
+    free(all);
+    return st;
+}
+
+cllm_status train_zero_reduce_grads(train_zero *z, float *grads) {
+    if (z->size == 1) return CLLM_OK;
+    for (size_t b0 = 0; b0 < z->n; b0 += z->bucket) {
+        size_t b1 = z->n - b0 > z->bucket ? b0 + z->bucket : z->n;
+        cllm_status st;
+        if (z->stage < 2) {
+            st = cllm_dist_allreduce_sum_f32(grads + b0, b1 - b0);
+        } else {
+            /* in place: only this rank's part of the bucket comes back, at
+             * the bucket's start; it moves to its place in the slice (the
+             * other ranks' parts of the bucket are dead from here on) */
+            bucket_parts(z, b0, b1);
+            st = cllm_dist_reduce_scatter_sum_f32(grads + b0, grads + b0, z->bucket_counts);
+            size_t k = z->bucket_counts[z->rank];
+            if (!st && k) memmove(grads + (z->begin > b0 ? z->begin : b0), grads + b0, k * sizeof(float));
+        }
+        if (st) return cllm_fail_context(st, "gradient reduction (bucket at %zu)", b0);
+    }
+    return CLLM_OK;
+}
+
+cllm_status train_zero_clip(train_zero *z, float *grads, double max_norm, double *norm) {
+    if (z->stage == 0) {
+        /* the reduced gradient is whole on every rank: the one-process code */
+        *norm = cllm_grad_clip(grads, z->n, max_norm);
+        return CLLM_OK;
+    }
+    float *g = grads + z->begin;
+    const size_t k = z->end - z->begin;
+    double s = 0;
+#pragma omp parallel for simd reduction(+ : s) schedule(static)
+    for (size_t i = 0; i < k; i++) s += (double)g[i] * g[i];
+    cllm_status st = cllm_dist_allreduce_sum_f64(&s, 1);
+    if (st) return cllm_fail_context(st, "gradient norm");
+    *norm = sqrt(s);
+    if (max_norm > 0) {
+        double coef = max_norm / (*norm + 1e-6);
+        if (coef < 1.0) {
+            const float cf = (float)coef;
+#pragma omp parallel for simd schedule(static)
+            for (size_t i = 0; i < k; i++) g[i] *= cf;
+        }
+    }
+    return CLLM_OK;
+}
+
+cllm_status train_zero_step(train_zero *z, cllm_optimizer *opt, float *params, const float *grads, double lr) {
+    cllm_optim_step(opt, params + z->begin, grads + z->begin, z->ranges, z->n_ranges, lr);
+    if (z->stage == 0 || z->size == 1) return CLLM_OK;
+    for (size_t b0 = 0; b0 < z->n; b0 += z->gather_bucket) {
+        size_t b1 = z->n - b0 > z->gather_bucket ? b0 + z->gather_bucket : z->n;
+        bucket_parts(z, b0, b1);
+        cllm_status st = cllm_dist_allgather_f32(params + b0, z->bucket_counts);
+        if (st) return cllm_fail_context(st, "parameter all-gather (bucket at %zu)", b0);
+    }
+    return CLLM_OK;
+}
+
+cllm_status train_zero_agree(const train_zero *z, bool *flag) {
+    if (z->size == 1) return CLLM_OK;
+    int64_t v = *flag;
+    cllm_status st = cllm_dist_allreduce_max_i64(&v, 1);
+    *flag = v != 0;
+    return st;
+}

@@ -1,0 +1,14 @@
+# Data-parallel and ZeRO tests (label: mpi): `cllm train` under mpirun with
+# 2 and 4 ranks against the one-process run (dist_test.py). Registered only
+# when libcllm was built on MPI and mpirun is installed. Each mpirun runs
+# under `timeout` inside the script, so a stuck collective fails the test
+# instead of hanging it. Labelled nosan: OpenMPI leaks from MPI_Init onwards
+# (hwloc, opal), which LeakSanitizer reports at every rank's exit; with
+# ASAN_OPTIONS=detect_leaks=0 these tests pass under ASan+UBSan.
+find_program(CLLM_MPIRUN mpirun)
+if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
+  foreach(case llama bloom errors)
+    cllm_add_py_test(dist_${case} dist_test.py LABELS mpi nosan ARGS --case ${case})
+    set_tests_properties(dist_${case} PROPERTIES TIMEOUT 120)
+  endforeach()
+endif()
