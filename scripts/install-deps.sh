@@ -11,11 +11,8 @@ PKGS=(
   libmicrohttpd-dev    # HTTP server
   libopenmpi-dev openmpi-bin   # MPI
   python3-torch python3-numpy  # PyTorch references in tests and benchmarks (/usr/bin/python3)
-<<<<<<< HEAD
   libopenblas0-pthread         # the BLAS Debian's torch uses for fp32 matmuls (else the slow reference BLAS)
-=======
   librsvg2-bin         # rsvg-convert: the trainer test renders the `cllm plot` SVG when present
->>>>>>> wip/trainer
 )
 
 SUDO=""
