@@ -48,12 +48,13 @@ else
   config=examples/configs/demo.json
 fi
 vocab=512
+seed=${DEMO_SEED:-1}   # data, held-out set and initial weights
 rm -rf "$work" && mkdir -p "$work"
 [ "$quick" = 1 ] && sed 's/"warmup_num_steps": [0-9]*/"warmup_num_steps": 3/; s/"\(eval\|save\)_interval": [0-9]*/"\1_interval": 6/' \
   examples/configs/demo.json > "$config"
 
-section "1/6 data: a parity task in the seed-003 formats (scripts/demo_data.awk, seed 1)"
-awk -v seed=1 -v out="$work" "${sizes[@]}" -f scripts/demo_data.awk
+section "1/6 data: a parity task in the seed-003 formats (scripts/demo_data.awk, seed $seed)"
+awk -v seed="$seed" -v out="$work" "${sizes[@]}" -f scripts/demo_data.awk
 held=$(wc -l < "$work/heldout.tsv")
 echo "$work/corpus.json: $(grep -c '"type": "pretrain"' "$work/corpus.json") pretrain," \
      "$(grep -c '"type": "instruct"' "$work/corpus.json") instruct," \
@@ -72,7 +73,7 @@ section "3/6 data prepare: tokenize, mask the prompts, split 950,50,0"
 
 section "4/6 train: a small LLaMA-style model with examples/configs/demo.json"
 "$cllm" init --arch llama --preset tiny --set vocab_size="$vocab" --set max_position_embeddings=128 \
-  "${model[@]}" --seed 1 --out "$work/init"
+  "${model[@]}" --seed "$seed" --out "$work/init"
 cp "$work/tokenizer/"* "$work/init/"
 echo "before training, held-out loss on the valid split:"
 "$cllm" eval --model "$work/init" --data "$work/data/parity" --split valid --seq-len 64 --batch-size 32
@@ -90,7 +91,7 @@ awk -F'[,:{} ]+' '
   function val(k,   i) { for (i = 1; i < NF; i++) if ($i == "\"" k "\"") return $(i + 1); return "" }
   /"eval_loss"/ { printf "  eval   step %4d  eval_loss %.4f\n", val("step"), val("eval_loss"); next }
   /"loss"/ { s = val("step"); sum += val("loss"); n++
-             if (s == 1 || s % 25 == 0) { printf "  train  step %4d  loss %.4f  lr %.2e\n", s, sum / n, val("lr"); sum = 0; n = 0 } }' \
+             if (s == 1 || s % 50 == 0) { printf "  train  step %4d  loss %.4f  lr %.2e\n", s, sum / n, val("lr"); sum = 0; n = 0 } }' \
   "$work/run/metrics.jsonl"
 "$cllm" plot "$work/run"
 
