@@ -75,7 +75,7 @@ section "4/6 train: a small LLaMA-style model with examples/configs/demo.json"
 "$cllm" init --arch llama --preset tiny --set vocab_size="$vocab" --set max_position_embeddings=128 \
   "${model[@]}" --seed "$seed" --out "$work/init"
 cp "$work/tokenizer/"* "$work/init/"
-echo "before training, held-out loss on the valid split:"
+echo "before training, loss on the valid split (records held out of training):"
 "$cllm" eval --model "$work/init" --data "$work/data/parity" --split valid --seq-len 64 --batch-size 32
 echo
 "$cllm" train --config "$config" --model "$work/init" --data "$work/data/parity" \
@@ -83,7 +83,7 @@ echo
 cp "$work/tokenizer/"* "$work/run/"
 
 section "5/6 evaluate: valid-split loss, the loss curve, cllm plot"
-echo "after training, held-out loss on the valid split:"
+echo "after training, loss on the valid split:"
 "$cllm" eval --model "$work/run" --data "$work/data/parity" --split valid --seq-len 64 --batch-size 32
 echo
 echo "loss curve (metrics.jsonl: training loss averaged over windows, and every evaluation):"
