@@ -154,6 +154,9 @@ def body(cllm, gpt2, data_dir, tmp):
     r2, rep2 = prepare(cllm, gpt2, inputs, j("w2"), "--workers", "2")
     check(r1.returncode == 0 and r2.returncode == 0, "prepare succeeds")
     check(digest(j("w1")) == digest(j("w2")), "identical .bin/.idx/.mask with 1 and 2 workers")
+    r3, _ = prepare(cllm, gpt2, inputs, j("new", "sub", "w3"))
+    check(r3.returncode == 0 and digest(j("new", "sub", "w3")) == digest(j("w1")),
+          "the output prefix's missing folders are created: " + r3.stderr.strip())
     d = read_mmidx(j("w1"))
     m = read_mask(j("w1"), d)
     n = 60 + 5 + 3

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cllm/io.h"
 #include "cllm/prepare.h"
 #include "cllm/tokenizer.h"
 #include "data/data_impl.h"
@@ -384,6 +385,14 @@ cllm_status cllm_prepare(const cllm_prepare_opts *o, cllm_prepare_report *rep) {
     }
     if ((st = cllm_tokenizer_load(&tok, o->tokenizer))) goto done;
     if ((st = cllm_template_load(&tmpl, o->template_path))) goto done;
+    /* The prefix's folder is created as every other output folder is. */
+    const char *slash = strrchr(o->out_prefix, '/');
+    if (slash && slash != o->out_prefix) {
+        char *dir = strndup(o->out_prefix, (size_t)(slash - o->out_prefix));
+        st = dir ? cllm_make_dirs(dir) : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        free(dir);
+        if (st) goto done;
+    }
     int vocab = cllm_tokenizer_vocab_size(tok);
     w.dtype = vocab <= 65536 ? MMI_U16 : MMI_I32;
     r->dtype = w.dtype;
