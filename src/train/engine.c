@@ -45,6 +45,7 @@ typedef struct {
     bool progress; /* \r line on a terminal */
     bool line_open;
     long last_save_step, last_eval_step;
+    size_t act_bytes; /* activation buffer of the model */
     double save_wait_total, time_save_pending;
     int n_saves;
 } trainer;
@@ -328,6 +329,7 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     rec_int(&r, "samples", (long long)tr->state.next_sample);
     rec_num(&r, "epoch", (double)tr->state.next_sample / (double)cllm_loader_size(tr->train));
     rec_num(&r, "tokens_seen", tr->state.tokens_seen);
+    rec_int(&r, "activation_bytes", (long long)tr->act_bytes);
     if (!finite) rec_bool(&r, "skipped", true);
     tr->time_save_pending = 0;
     if ((st = train_metrics_write(&tr->metrics, rec_end(&r)))) return st;
@@ -374,7 +376,9 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for %zu batch rows", rows);
         goto done;
     }
+    cllm_model_set_recompute(tr->m, c->use_grad_ckpt);
     if ((st = cllm_model_prepare(tr->m, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true))) goto done;
+    tr->act_bytes = cllm_model_activation_alloc(tr->m);
     size_t n = cllm_model_buffer_len(tr->m);
     if ((st = cllm_optim_init(&tr->opt, &c->optim, n))) goto done;
     if ((st = make_ranges(tr))) goto done;
@@ -412,6 +416,14 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
                 c->gradient_accumulation_steps, c->dp_size, cllm_opt_name(c->optim.type),
                 cllm_sched_name(c->sched.type), c->optim.lr, tr->peak_gflops,
                 resume_dir ? " (resumed)" : "");
+    if (c->log != CLLM_LOG_MODE_QUIET) {
+        cllm_act_bytes other;
+        cllm_model_activation_bytes(mc, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true, !c->use_grad_ckpt,
+                                    &other);
+        fprintf(stderr, "cllm train: activations %.1f MB with activation checkpointing %s (%.1f MB %s)\n",
+                (double)tr->act_bytes / 1e6, c->use_grad_ckpt ? "on" : "off", (double)other.total / 1e6,
+                c->use_grad_ckpt ? "without" : "with it");
+    }
     res->first_step = first + 1;
     double avg_step = 0;
     while (tr->state.global_step < c->train_iters) {
