@@ -330,7 +330,7 @@ static void assign_acts(const cllm_model_config *c, cllm_model *m, layer_acts *l
         d[3] = carve(cv, N * QKV); /* dqkv */
         d[4] = carve(cv, N * Q);   /* datty */
         d[5] = carve(cv, N * F);   /* dfc */
-        d[6] = carve(cv, N * F);   /* dup */
+        if (c->arch == CLLM_ARCH_LLAMA) d[6] = carve(cv, N * F); /* dup */
         d[7] = carve(cv, N * F);   /* dact */
     }
     parts->backward = cv->used - mark;
