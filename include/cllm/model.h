@@ -166,6 +166,48 @@ cllm_status cllm_model_preset(struct json_t **config, cllm_arch arch, const char
  * sizes leave *m unchanged. On failure *m is untouched. */
 cllm_status cllm_model_resize_vocab(cllm_model **m, int new_vocab, float noise_std, uint64_t seed);
 
+/* ---- activation checkpointing and memory sizes ---- */
+
+/* Requests activation recomputation ("gradient checkpointing") from the next
+ * cllm_model_prepare on: the forward pass keeps only each block's input
+ * (n_layer x [B,T,C]) plus ONE set of the other per-block activations shared
+ * by all blocks, and the backward pass recomputes each block's forward from
+ * its saved input just before that block's backward (the last block's are
+ * still in place). The same kernels run in the same order, so losses and
+ * gradients are bit-for-bit those of a run without recomputation; the price
+ * is one more forward pass of all blocks but the last per backward. Call it
+ * before cllm_model_prepare (a prepared model switching modes reallocates on
+ * the next prepare). Off by default. */
+void cllm_model_set_recompute(cllm_model *m, bool on);
+/* True when the buffers of the last prepare use recomputation. */
+bool cllm_model_recomputes(const cllm_model *m);
+
+/* The parts of the one activation allocation of cllm_model_prepare, in
+ * bytes (each part rounded as it is carved: 64-byte aligned regions). */
+typedef struct {
+    size_t block_inputs; /* every block's input x: n_layer x [N,C] */
+    size_t block_set;    /* one block's other saved activations (ln1, qkv, attention, mlp, stats) */
+    size_t block_saved;  /* those of all blocks: n_layer x block_set, or 1 x block_set with recompute */
+    size_t logits;       /* one chunk of logits [rows,V] of the fused head + cross-entropy */
+    size_t head;         /* final norm, embedding norm (BLOOM), losses, RoPE/ALiBi tables */
+    size_t backward;     /* backward scratch (gradients of one block's activations); 0 without train */
+    size_t total;        /* sum of the above: the allocation's size */
+} cllm_act_bytes;
+
+/* Sizes of the activation buffer cllm_model_prepare(B, T, train) allocates
+ * for a model of config c, with or without recomputation; computed by the
+ * same carving code prepare uses, without allocating. */
+void cllm_model_activation_bytes(const cllm_model_config *c, int B, int T, bool train, bool recompute,
+                                 cllm_act_bytes *out);
+
+/* Bytes of the activation buffer allocated by the last prepare (0 before). */
+size_t cllm_model_activation_alloc(const cllm_model *m);
+
+/* Parameters (sum of numel) and flat buffer length in floats (with the
+ * 64-byte alignment gaps, as cllm_model_buffer_len) of a model of config c,
+ * without allocating its parameters. Fails only when out of memory. */
+cllm_status cllm_model_config_params(const cllm_model_config *c, size_t *n_params, size_t *buffer_len);
+
 #ifdef __cplusplus
 }
 #endif

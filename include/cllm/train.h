@@ -56,7 +56,8 @@ typedef struct {
     const char *zero_offload_optimizer, *zero_offload_param; /* device or NULL */
     long steps_per_print;
     bool wall_clock_breakdown;
-    bool use_grad_ckpt;                  /* stored (activation recomputation is not implemented) */
+    bool use_grad_ckpt;                  /* activation checkpointing (also set by an enabling
+                                            activation_checkpointing block); docs/memory.md */
     struct json_t *model_topo;           /* stored as given (borrowed from `json`), or NULL */
     struct json_t *zero_optimization;    /* stored as given, or NULL */
 

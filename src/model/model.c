@@ -236,13 +236,29 @@ static float *carve(carver *cv, size_t n) {
     return p;
 }
 
-static void assign_acts(cllm_model *m, carver *cv, int B, int T, bool train) {
-    const cllm_model_config *c = &m->cfg;
+/* Part boundaries of one carving (in floats), for cllm_act_bytes. */
+typedef struct {
+    size_t inputs, set, saved, logits, head, backward;
+} carve_parts;
+
+/* Lays out every activation in carving order and records the parts. Without
+ * recompute each block gets its own set (interleaved, x first); with it,
+ * the n_layer inputs come first and one set follows that every layer points
+ * to. `layers` may be NULL when only measuring. */
+static void assign_acts(const cllm_model_config *c, cllm_model *m, layer_acts *layers, carver *cv, int B, int T,
+                        bool train, bool recompute, carve_parts *parts) {
     size_t N = (size_t)B * T, C = (size_t)c->n_embd, F = (size_t)c->n_inner;
     size_t QKV = (size_t)model_qkv_width(c), Q = (size_t)c->n_head * c->head_dim;
+    layer_acts scratch, shared;
+    memset(&shared, 0, sizeof shared);
+    size_t mark, inputs = 0, set = 0, saved = 0;
     for (int l = 0; l < c->n_layer; l++) {
-        layer_acts *a = &m->layers[l];
+        layer_acts *a = layers ? &layers[l] : &scratch;
+        mark = cv->used;
         a->x = carve(cv, N * C);
+        inputs += cv->used - mark;
+        if (recompute) continue; /* the shared set is carved after all inputs */
+        mark = cv->used;
         a->ln1 = carve(cv, N * C);
         a->ln1_mean = carve(cv, N);
         a->ln1_rstd = carve(cv, N);
@@ -256,33 +272,121 @@ static void assign_acts(cllm_model *m, carver *cv, int B, int T, bool train) {
         a->fc = carve(cv, N * F);
         a->up = c->arch == CLLM_ARCH_LLAMA ? carve(cv, N * F) : NULL;
         a->act = carve(cv, N * F);
+        set = cv->used - mark;
+        saved += set;
     }
-    m->x_out = carve(cv, N * C);
-    m->lnf = carve(cv, N * C);
-    m->lnf_mean = carve(cv, N);
-    m->lnf_rstd = carve(cv, N);
+    if (recompute) {
+        /* one set after the inputs; every layer points at it */
+        layer_acts *a = &shared;
+        mark = cv->used;
+        a->ln1 = carve(cv, N * C);
+        a->ln1_mean = carve(cv, N);
+        a->ln1_rstd = carve(cv, N);
+        a->qkv = carve(cv, N * QKV);
+        a->atty = carve(cv, N * Q);
+        a->lse = carve(cv, (size_t)B * c->n_head * T);
+        a->x1 = carve(cv, N * C);
+        a->ln2 = carve(cv, N * C);
+        a->ln2_mean = carve(cv, N);
+        a->ln2_rstd = carve(cv, N);
+        a->fc = carve(cv, N * F);
+        a->up = c->arch == CLLM_ARCH_LLAMA ? carve(cv, N * F) : NULL;
+        a->act = carve(cv, N * F);
+        set = saved = cv->used - mark;
+        for (int l = 0; layers && l < c->n_layer; l++) {
+            float *x = layers[l].x;
+            layers[l] = shared;
+            layers[l].x = x;
+        }
+    }
+    parts->inputs = inputs;
+    parts->set = set;
+    parts->saved = saved;
+    mark = cv->used;
+    float *x_out = carve(cv, N * C);
+    float *lnf = carve(cv, N * C);
+    float *lnf_mean = carve(cv, N);
+    float *lnf_rstd = carve(cv, N);
+    float *emb = NULL, *emb_mean = NULL, *emb_rstd = NULL;
     if (c->arch == CLLM_ARCH_BLOOM) {
-        m->emb = carve(cv, N * C);
-        m->emb_mean = carve(cv, N);
-        m->emb_rstd = carve(cv, N);
-    } else {
-        m->emb = NULL;
+        emb = carve(cv, N * C);
+        emb_mean = carve(cv, N);
+        emb_rstd = carve(cv, N);
     }
-    m->logits = carve(cv, (size_t)model_logit_chunk(c, (int)N) * c->vocab_size);
-    m->losses = carve(cv, N);
-    m->rope_cos = carve(cv, (size_t)T * (c->head_dim / 2));
-    m->rope_sin = carve(cv, (size_t)T * (c->head_dim / 2));
-    m->alibi = carve(cv, (size_t)c->n_head);
+    size_t lmark = cv->used;
+    float *logits = carve(cv, (size_t)model_logit_chunk(c, (int)N) * c->vocab_size);
+    parts->logits = cv->used - lmark;
+    float *losses = carve(cv, N);
+    float *rope_cos = carve(cv, (size_t)T * (c->head_dim / 2));
+    float *rope_sin = carve(cv, (size_t)T * (c->head_dim / 2));
+    float *alibi = carve(cv, (size_t)c->n_head);
+    parts->head = cv->used - mark - parts->logits;
+    mark = cv->used;
+    float *d[8] = {NULL};
     if (train) {
-        m->dx = carve(cv, N * C);
-        m->dln = carve(cv, N * C);
-        m->dlnf = carve(cv, N * C);
-        m->dqkv = carve(cv, N * QKV);
-        m->datty = carve(cv, N * Q);
-        m->dfc = carve(cv, N * F);
-        m->dup = carve(cv, N * F);
-        m->dact = carve(cv, N * F);
+        d[0] = carve(cv, N * C);   /* dx */
+        d[1] = carve(cv, N * C);   /* dln */
+        d[2] = carve(cv, N * C);   /* dlnf */
+        d[3] = carve(cv, N * QKV); /* dqkv */
+        d[4] = carve(cv, N * Q);   /* datty */
+        d[5] = carve(cv, N * F);   /* dfc */
+        if (c->arch == CLLM_ARCH_LLAMA) d[6] = carve(cv, N * F); /* dup */
+        d[7] = carve(cv, N * F);   /* dact */
     }
+    parts->backward = cv->used - mark;
+    if (!m) return;
+    m->x_out = x_out;
+    m->lnf = lnf;
+    m->lnf_mean = lnf_mean;
+    m->lnf_rstd = lnf_rstd;
+    m->emb = emb;
+    m->emb_mean = emb_mean;
+    m->emb_rstd = emb_rstd;
+    m->logits = logits;
+    m->losses = losses;
+    m->rope_cos = rope_cos;
+    m->rope_sin = rope_sin;
+    m->alibi = alibi;
+    m->dx = d[0];
+    m->dln = d[1];
+    m->dlnf = d[2];
+    m->dqkv = d[3];
+    m->datty = d[4];
+    m->dfc = d[5];
+    m->dup = d[6];
+    m->dact = d[7];
+}
+
+void cllm_model_activation_bytes(const cllm_model_config *c, int B, int T, bool train, bool recompute,
+                                 cllm_act_bytes *out) {
+    carver cv = {NULL, 0};
+    carve_parts p;
+    assign_acts(c, NULL, NULL, &cv, B, T, train, recompute, &p);
+    out->block_inputs = p.inputs * sizeof(float);
+    out->block_set = p.set * sizeof(float);
+    out->block_saved = p.saved * sizeof(float);
+    out->logits = p.logits * sizeof(float);
+    out->head = p.head * sizeof(float);
+    out->backward = p.backward * sizeof(float);
+    out->total = cv.used * sizeof(float);
+}
+
+void cllm_model_set_recompute(cllm_model *m, bool on) { m->recompute = on; }
+bool cllm_model_recomputes(const cllm_model *m) { return m->acts && m->acts_recompute; }
+size_t cllm_model_activation_alloc(const cllm_model *m) { return m->acts ? m->acts_floats * sizeof(float) : 0; }
+
+cllm_status cllm_model_config_params(const cllm_model_config *c, size_t *n_params, size_t *buffer_len) {
+    cllm_model tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.cfg = *c;
+    cllm_status st = model_build_layout(&tmp);
+    if (!st) {
+        *buffer_len = tmp.n_params;
+        *n_params = cllm_model_n_params(&tmp);
+    }
+    free(tmp.tensors);
+    free(tmp.lslot);
+    return st;
 }
 
 cllm_status cllm_model_prepare(cllm_model *m, int B, int T, bool train) {
@@ -295,23 +399,26 @@ cllm_status cllm_model_prepare(cllm_model *m, int B, int T, bool train) {
         m->grads = cllm_calloc(m->n_params, sizeof(float), "gradients");
         if (!m->grads) return CLLM_ERR_NOMEM;
     }
-    if (m->acts && B <= m->act_B && T <= m->act_T && (!train || m->has_backward)) return CLLM_OK;
+    if (m->acts && B <= m->act_B && T <= m->act_T && (!train || m->has_backward) && m->acts_recompute == m->recompute)
+        return CLLM_OK;
     if (!m->layers) {
         m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
         if (!m->layers) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     }
     carver cv = {NULL, 0};
-    assign_acts(m, &cv, B, T, train);
+    carve_parts parts;
+    assign_acts(c, NULL, NULL, &cv, B, T, train, m->recompute, &parts);
     cllm_free(m->acts);
     m->acts = cllm_alloc(cv.used * sizeof(float), "activations");
     if (!m->acts) return CLLM_ERR_NOMEM;
     m->acts_floats = cv.used;
     cv.base = m->acts;
     cv.used = 0;
-    assign_acts(m, &cv, B, T, train);
+    assign_acts(c, m, m->layers, &cv, B, T, train, m->recompute, &parts);
     m->act_B = B;
     m->act_T = T;
     m->has_backward = train;
+    m->acts_recompute = m->recompute;
     if (c->arch == CLLM_ARCH_LLAMA) cllm_rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, c->rope_theta);
     if (c->arch == CLLM_ARCH_BLOOM) cllm_alibi_slopes(m->alibi, c->n_head);
     return CLLM_OK;

@@ -22,7 +22,10 @@ enum {
 /* Slots outside the blocks. G_HEAD is -1 when the head is tied to G_WTE. */
 enum { G_WTE, G_WPE, G_EMB_LN_W, G_EMB_LN_B, G_LNF_W, G_LNF_B, G_HEAD, G_NSLOTS };
 
-/* Activations of one block, saved by the forward pass for the backward. */
+/* Activations of one block, saved by the forward pass for the backward.
+ * With recomputation (activation checkpointing) each layer keeps its own
+ * `x` and every other pointer is the same for all layers: one shared set
+ * that the backward pass refills from `x` before each block's backward. */
 typedef struct {
     float *x;        /* [N,C] block input (residual stream) */
     float *ln1;      /* [N,C] */
@@ -52,6 +55,8 @@ struct cllm_model {
     size_t n_params;
 
     /* activations, all carved from one buffer */
+    bool recompute;           /* requested by cllm_model_set_recompute */
+    bool acts_recompute;      /* layout of `acts`: one shared set of block activations */
     int act_B, act_T;
     float *acts;
     size_t acts_floats;

@@ -12,7 +12,9 @@
  * pushed back through the head before the next chunk, so the full [N,V]
  * logits never exist. Backward mirrors forward, accumulating parameter
  * gradients (the kernels add into them) and reusing a few scratch buffers.
- * Activation recomputation is left to the trainer's checkpointing layer.
+ * With activation checkpointing (cllm_model_set_recompute) the blocks share
+ * one set of saved activations and the backward pass refills it from each
+ * block's saved input just before that block's backward.
  */
 #include <math.h>
 #include <string.h>
@@ -95,7 +97,10 @@ static void embed_forward(cllm_model *m, const int32_t *tokens, int B, int T) {
     }
 }
 
-static cllm_status block_forward(cllm_model *m, int l, int B, int T) {
+/* With `recompute`, refills the block's saved activations from its input and
+ * stops before the down projection: the block output (the next block's
+ * input) is kept from the forward pass. */
+static cllm_status block_forward(cllm_model *m, int l, int B, int T, bool recompute) {
     const cllm_model_config *c = &m->cfg;
     const int *s = m->lslot[l];
     layer_acts *a = &m->layers[l];
@@ -131,6 +136,7 @@ static cllm_status block_forward(cllm_model *m, int l, int B, int T) {
     } else {
         cllm_gelu_forward(a->act, a->fc, (long)N * F);
     }
+    if (recompute) return CLLM_OK;
     TRY(cllm_linear_forward(y, a->act, P[L_DOWN_W], P[L_DOWN_B], N, F, C, in_out));
     cllm_add(y, y, a->x1, (long)N * C);
     return CLLM_OK;
@@ -221,7 +227,7 @@ cllm_status cllm_model_forward_backward(cllm_model *m, const int32_t *tokens, co
     const cllm_model_config *c = &m->cfg;
     int N = B * T, C = c->n_embd, V = c->vocab_size;
     embed_forward(m, tokens, B, T);
-    for (int l = 0; l < c->n_layer; l++) TRY(block_forward(m, l, B, T));
+    for (int l = 0; l < c->n_layer; l++) TRY(block_forward(m, l, B, T, false));
     norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, model_param(m, m->gslot[G_LNF_W]),
                  model_param(m, m->gslot[G_LNF_B]), N);
 
@@ -253,7 +259,11 @@ cllm_status cllm_model_forward_backward(cllm_model *m, const int32_t *tokens, co
     memset(m->dx, 0, (size_t)N * C * sizeof(float));
     norm_backward(m, m->dx, model_grad(m, m->gslot[G_LNF_W]), model_grad(m, m->gslot[G_LNF_B]), m->dlnf, m->x_out,
                   model_param(m, m->gslot[G_LNF_W]), m->lnf_mean, m->lnf_rstd, N);
-    for (int l = c->n_layer - 1; l >= 0; l--) TRY(block_backward(m, l, B, T));
+    for (int l = c->n_layer - 1; l >= 0; l--) {
+        /* checkpointing: the shared set still holds the last block's */
+        if (m->acts_recompute && l + 1 < c->n_layer) TRY(block_forward(m, l, B, T, true));
+        TRY(block_backward(m, l, B, T));
+    }
     embed_backward(m, tokens, B, T);
     return CLLM_OK;
 }
@@ -263,7 +273,7 @@ cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int 
     const cllm_model_config *c = &m->cfg;
     int N = B * T, C = c->n_embd, V = c->vocab_size;
     embed_forward(m, tokens, B, T);
-    for (int l = 0; l < c->n_layer; l++) TRY(block_forward(m, l, B, T));
+    for (int l = 0; l < c->n_layer; l++) TRY(block_forward(m, l, B, T, false));
     norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, model_param(m, m->gslot[G_LNF_W]),
                  model_param(m, m->gslot[G_LNF_B]), N);
     const float *W = model_param(m, head_slot(m));

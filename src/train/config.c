@@ -22,7 +22,7 @@
 static const char *const top_keys[] = {
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
     "optimizer", "scheduler", "fp16", "bf16", "zero_optimization", "steps_per_print", "wall_clock_breakdown",
-    "model_topo", "use_grad_ckpt",
+    "model_topo", "use_grad_ckpt", "activation_checkpointing",
     /* cllm */
     "model", "data", "train_iters", "epochs", "eval_interval", "eval_iters", "save_interval", "save_total_limit",
     "output_dir", "seed", "log", "weight_decay_skip", "max_consecutive_skips", "shuffle", "peak_gflops",
@@ -31,7 +31,7 @@ static const char *const top_keys[] = {
 /* DeepSpeed keys accepted without effect on a single-process CPU fp32 run. */
 static const char *const top_ignored[] = {
     "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "prescale_gradients",
-    "gradient_predivide_factor", "sparse_gradients", "communication_data_type", "amp", "activation_checkpointing",
+    "gradient_predivide_factor", "sparse_gradients", "communication_data_type", "amp",
     "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "elasticity", "aio",
     "checkpoint", "data_types", "pipeline", "dump_state", "memory_breakdown", "compression_training",
     "data_efficiency", "curriculum_learning", "autotuning", "sparse_attention", "disable_allgather",
@@ -362,6 +362,36 @@ static cllm_status parse_zero(cllm_train_config *c, const json_t *j, const char 
     return CLLM_OK;
 }
 
+/* DeepSpeed's activation_checkpointing block configures checkpointing that
+ * the model code turns on; here a block that enables anything (a true
+ * flag, or number_checkpoints > 0) turns recomputation on, as
+ * use_grad_ckpt does. An empty block, or one with every flag false, does
+ * not. The flags' own meanings (partitioning across model-parallel ranks,
+ * CPU copies, contiguous buffers) have no counterpart in one process. */
+static cllm_status parse_act_ckpt(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
+    json_t *a = NULL;
+    TRY(get_obj(j, "activation_checkpointing", &a, path));
+    if (!a) return CLLM_OK;
+    static const char *const k[] = {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
+                                    "number_checkpoints", "synchronize_checkpoint_boundary", "profile", NULL};
+    TRY(check_keys(a, k, NULL, "activation_checkpointing", path, strict));
+    const char *v;
+    json_t *x;
+    json_object_foreach(a, v, x) {
+        if (strcmp(v, "number_checkpoints") == 0) {
+            if (!json_is_null(x) && !json_is_integer(x))
+                return CLLM_FAIL(CLLM_ERR_ARG, "%s: activation_checkpointing.number_checkpoints: expected an integer or null",
+                                 path);
+            if (json_is_integer(x) && json_integer_value(x) > 0) c->use_grad_ckpt = true;
+        } else if (!json_is_boolean(x)) {
+            return CLLM_FAIL(CLLM_ERR_ARG, "%s: activation_checkpointing.%s: expected true or false", path, v);
+        } else if (json_is_true(x) && strcmp(v, "profile") != 0) {
+            c->use_grad_ckpt = true;
+        }
+    }
+    return CLLM_OK;
+}
+
 /* model_topo (seed-003 pipeline configs): {"process_topology": {"axis":
  * [...], "dims": [...]}, "parts": [...]}; checked for shape, stored. */
 static cllm_status parse_topo(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
@@ -552,6 +582,7 @@ cllm_status cllm_train_config_parse(cllm_train_config *cfg, json_t *j, const cha
     TRY(parse_precision(cfg, j, path, strict));
     TRY(parse_zero(cfg, j, path, strict));
     TRY(parse_topo(cfg, j, path, strict));
+    TRY(parse_act_ckpt(cfg, j, path, strict));
     TRY(parse_ours(cfg, j, path, strict));
     return CLLM_OK;
 }

@@ -46,6 +46,7 @@ typedef struct {
     bool progress; /* \r line on a terminal */
     bool line_open;
     long last_save_step, last_eval_step;
+    size_t act_bytes; /* activation buffer of the model */
     double save_wait_total, time_save_pending;
     int n_saves;
     train_zero zero;        /* data parallelism: slices, buckets, memory */
@@ -343,6 +344,7 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     rec_int(&r, "state_bytes_params", (long long)tr->zero.mem.params);
     rec_int(&r, "state_bytes_grads", (long long)tr->zero.mem.grads);
     rec_int(&r, "state_bytes_optim", (long long)tr->zero.mem.optim);
+    rec_int(&r, "activation_bytes", (long long)tr->act_bytes);
     if (!finite) rec_bool(&r, "skipped", true);
     tr->time_save_pending = 0;
     if ((st = train_metrics_write(&tr->metrics, rec_end(&r)))) return st;
@@ -391,7 +393,9 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for %zu batch rows", rows);
         goto done;
     }
+    cllm_model_set_recompute(tr->m, c->use_grad_ckpt);
     if ((st = cllm_model_prepare(tr->m, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true))) goto done;
+    tr->act_bytes = cllm_model_activation_alloc(tr->m);
     size_t n = cllm_model_buffer_len(tr->m);
     if ((st = make_ranges(tr))) goto done;
     /* the optimizer keeps state for this rank's slice only (all of it at ZeRO stage 0) */
@@ -443,6 +447,14 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
                 cllm_sched_name(c->sched.type), c->optim.lr, tr->peak_gflops,
                 resume_dir ? " (resumed)" : "");
     if ((st = train_zero_report(&tr->zero, c->log != CLLM_LOG_MODE_QUIET && c->dp_rank == 0))) goto done;
+    if (c->log != CLLM_LOG_MODE_QUIET && c->dp_rank == 0) {
+        cllm_act_bytes other;
+        cllm_model_activation_bytes(mc, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true, !c->use_grad_ckpt,
+                                    &other);
+        fprintf(stderr, "cllm train: activations %.1f MB with activation checkpointing %s (%.1f MB %s)\n",
+                (double)tr->act_bytes / 1e6, c->use_grad_ckpt ? "on" : "off", (double)other.total / 1e6,
+                c->use_grad_ckpt ? "without" : "with it");
+    }
     res->first_step = first + 1;
     double avg_step = 0;
     while (tr->state.global_step < c->train_iters) {

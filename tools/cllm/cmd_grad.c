@@ -3,7 +3,8 @@
  * file (file order), for checking the model against a reference. Prints
  * {"loss": mean, "tokens": counted} and writes every gradient as F32 under
  * its parameter's HF name (a tied head's gradient is part of the
- * embedding's).
+ * embedding's). --grad-ckpt runs the same batch with activation
+ * checkpointing (the gradients must not change).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,12 +19,15 @@
 int cmd_grad(int argc, char **argv) {
     const char *model_dir, *data_path, *out;
     int B, T;
+    bool grad_ckpt = false;
     arg_spec specs[] = {
         {"model", ARG_STR, &model_dir, NULL, true, "HF model folder"},
         {"data", ARG_STR, &data_path, NULL, true, "pre-tokenized JSONL"},
         {"seq-len", ARG_INT, &T, "128", false, "tokens per row"},
         {"batch-size", ARG_INT, &B, "8", false, "rows (the first B samples)"},
         {"out", ARG_STR, &out, NULL, true, "safetensors file to write the gradients to"},
+        {"grad-ckpt", ARG_FLAG, &grad_ckpt, NULL, false,
+         "activation checkpointing: keep block inputs only, recompute in backward (same gradients)"},
     };
     int rc = args_parse("grad", "Computes loss and parameter gradients for one batch.", argc, argv, specs,
                         ARGS_COUNT(specs));
@@ -35,6 +39,7 @@ int cmd_grad(int argc, char **argv) {
     cllm_st_entry *e = NULL;
     if (cllm_model_load(&m, model_dir)) return tool_fail("grad");
     if ((rc = tool_check_shape("grad", m, B, T))) goto done;
+    cllm_model_set_recompute(m, grad_ckpt);
     if (cllm_dataset_load_jsonl(&d, data_path, cllm_model_get_config(m)->vocab_size) ||
         cllm_model_prepare(m, B, T, true)) {
         rc = tool_fail("grad");

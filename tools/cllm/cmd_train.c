@@ -86,7 +86,7 @@ typedef struct {
     const char *config, *model, *data, *eval_data, *out, *steps, *batch, *micro, *accum, *seq_len, *save_interval,
         *save_limit, *eval_interval, *eval_iters, *resume, *seed, *optimizer, *lr, *wd, *clip, *log_every, *shard,
         *log, *peak, *tokenizer, *splits, *skip_bad;
-    bool no_shuffle, strict, print_config, sync_save;
+    bool no_shuffle, strict, print_config, sync_save, grad_ckpt;
 } train_flags;
 
 /* Sets optimizer.type from a cllm optimizer name: "adam" keeps torch Adam's
@@ -155,6 +155,7 @@ static int apply_flags(json_t *j, const train_flags *f) {
     if (f->log) json_object_set_new(j, "log", json_string(f->log));
     if (f->no_shuffle) json_object_set_new(j, "shuffle", json_false());
     if (f->sync_save) json_object_set_new(j, "async_save", json_false());
+    if (f->grad_ckpt) json_object_set_new(j, "use_grad_ckpt", json_true());
     return rc;
 }
 
@@ -192,6 +193,8 @@ int cmd_train(int argc, char **argv) {
         {"peak-gflops", ARG_STR, &f.peak, NULL, false, "matmul peak for MFU (default: env CLLM_PEAK_GFLOPS or measured)"},
         {"max-shard-size", ARG_STR, &f.shard, NULL, false, "shard saved safetensors (e.g. 2GB); 0 = one file"},
         {"sync-save", ARG_FLAG, &f.sync_save, NULL, false, "write checkpoints on the training thread (async_save false)"},
+        {"grad-ckpt", ARG_FLAG, &f.grad_ckpt, NULL, false,
+         "activation checkpointing: recompute block activations in backward (use_grad_ckpt; docs/memory.md)"},
         {"strict", ARG_FLAG, &f.strict, NULL, false, "unknown config keys are errors instead of warnings"},
         {"print-config", ARG_FLAG, &f.print_config, NULL, false, "print the resolved config as JSON and exit"},
     };

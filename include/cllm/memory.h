@@ -1,0 +1,76 @@
+/*
+ * cllm memory: per-rank memory estimate of a training run, and the cheapest
+ * setup that fits a budget (behind `cllm estimate`; docs/memory.md).
+ *
+ * Everything is fp32. The activation terms come from the carving code of
+ * cllm_model_prepare (cllm_model_activation_bytes), the parameter count from
+ * the model's tensor layout, so an estimate follows the code that allocates.
+ * ZeRO sharding follows DeepSpeed's stages with N = dp ranks: stage 1
+ * shards the optimizer state, stage 2 also the gradients, stage 3 also the
+ * parameters; a shard is ceil(buffer / N) floats. Communication buckets and
+ * the data set held by the loader are not counted.
+ */
+#ifndef CLLM_MEMORY_H
+#define CLLM_MEMORY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "cllm/core.h"
+#include "cllm/model.h"
+#include "cllm/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One training setup. */
+typedef struct {
+    int micro_batch;       /* samples per forward/backward */
+    int grad_accum;        /* micro-batches per step (only the token arrays grow) */
+    int seq_len;
+    cllm_opt_type optimizer;
+    bool sgd_momentum;     /* SGD keeps a momentum buffer */
+    bool grad_ckpt;        /* activation checkpointing */
+    int zero_stage;        /* 0..3 */
+    int dp;                /* data-parallel ranks, >= 1 */
+    bool async_save;       /* checkpoints snapshot params + optimizer state */
+    size_t overhead;       /* fixed process memory (code, libraries, threads) */
+} cllm_mem_setup;
+
+/* The estimate for one rank, in bytes. total is the sum of every line
+ * except the breakdown in `act`. */
+typedef struct {
+    size_t n_params;    /* parameters of the model */
+    size_t params;      /* parameter buffer (shard with ZeRO-3) */
+    size_t grads;       /* gradient buffer (shard with ZeRO-2/3) */
+    size_t optim;       /* optimizer state (shard with ZeRO-1/2/3) */
+    size_t activations; /* activation buffer without the logits chunk */
+    size_t logits;      /* logits chunk of the fused head + cross-entropy */
+    size_t snapshot;    /* checkpoint snapshot buffers (async_save) */
+    size_t other;       /* token, label and target arrays of a step */
+    size_t overhead;    /* setup.overhead */
+    size_t total;
+    cllm_act_bytes act; /* the activation buffer, part by part */
+} cllm_mem_estimate;
+
+/* Fills `out` for a model of config c trained with setup s. Fails with
+ * CLLM_ERR_ARG on an impossible setup (non-positive sizes, stage > 3,
+ * seq_len over the model's positions). */
+cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setup *s, cllm_mem_estimate *out);
+
+/* Searches setups derived from `start` (ZeRO stage start..3 with start->dp
+ * ranks, checkpointing off/on, micro-batch start, start/2, ... 1 with the
+ * accumulation grown to keep the samples per step) for the cheapest one
+ * whose total fits `budget` bytes. Cost: checkpointing is one extra forward
+ * (x4/3 compute), each halving of the micro-batch x1.05 (smaller GEMMs),
+ * ZeRO-3 x1.5 communication (stages 1 and 2 move as many bytes as plain
+ * data parallelism and cost nothing); ties go to the smaller total.
+ * Returns true and fills *best / *est when one fits, false otherwise. */
+bool cllm_memory_suggest(const cllm_model_config *c, const cllm_mem_setup *start, size_t budget, cllm_mem_setup *best,
+                         cllm_mem_estimate *est);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

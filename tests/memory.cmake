@@ -1,0 +1,11 @@
+# Memory estimates (label: model): `cllm estimate` totals within 10% of the
+# peak RSS of short `cllm train` runs (gpt2/llama/bloom, B, T, optimizers,
+# checkpointing), with the process overhead measured on a tiny model.
+# Sanitizer builds keep only the exact activation-bytes check: shadow
+# memory and the allocation quarantine are not what the estimate models.
+if(CLLM_SANITIZE)
+  cllm_add_py_test(memory_estimate memory_test.py LABELS model ARGS --no-rss)
+else()
+  cllm_add_py_test(memory_estimate memory_test.py LABELS model)
+endif()
+set_tests_properties(memory_estimate PROPERTIES TIMEOUT 120)

@@ -1,0 +1,198 @@
+/*
+ * cllm estimate: per-rank memory of a training run (parameters, gradients,
+ * optimizer state, activations, logits chunk, other buffers) from a model
+ * folder or a preset, and with --memory the cheapest setup that fits. The
+ * numbers come from cllm/memory.h, which sizes activations with the same
+ * code cllm_model_prepare allocates with; docs/memory.md has the formulas
+ * and a validation against measured peak RSS.
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "args.h"
+#include "cllm/io.h"
+#include "cllm/json.h"
+#include "cllm/memory.h"
+#include "cllm/model.h"
+#include "commands.h"
+
+/* Measured peak RSS of `cllm train` on a 2-layer 64-wide model (libraries,
+ * OpenMP and oneDNN state, stacks); see docs/memory.md. */
+#define DEFAULT_OVERHEAD "17MB"
+
+/* The HF config of --model DIR, or of --arch/--preset with --set applied. */
+static int load_config(json_t **out, const char *model, const char *arch_name, const char *preset, const arg_list *sets) {
+    *out = NULL;
+    if (model) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/config.json", model);
+        if (cllm_json_load_file(out, path)) return tool_fail("estimate");
+    } else {
+        if (!arch_name) {
+            fprintf(stderr, "cllm estimate: give --model DIR or --arch A [--preset P]\n");
+            return 2;
+        }
+        cllm_arch arch = cllm_arch_from_name(arch_name);
+        if (arch == CLLM_ARCH_COUNT) {
+            fprintf(stderr, "cllm estimate: --arch: unknown family '%s' (gpt2, llama, bloom)\n", arch_name);
+            return 2;
+        }
+        if (cllm_model_preset(out, arch, preset)) {
+            fprintf(stderr, "cllm estimate: --preset: %s\n", cllm_last_error());
+            return 2;
+        }
+    }
+    for (int i = 0; i < sets->n; i++) {
+        const char *kv = sets->items[i], *eq = strchr(kv, '=');
+        if (!eq || eq == kv || (size_t)(eq - kv) >= 128) {
+            fprintf(stderr, "cllm estimate: --set '%s': expected key=value\n", kv);
+            return 2;
+        }
+        char key[128];
+        memcpy(key, kv, (size_t)(eq - kv));
+        key[eq - kv] = '\0';
+        json_t *v = json_loads(eq + 1, JSON_DECODE_ANY, NULL);
+        if (!v) v = json_string(eq + 1);
+        json_object_set_new(*out, key, v);
+    }
+    return 0;
+}
+
+static void row(const char *name, size_t bytes, size_t total, const char *note) {
+    printf("  %-22s %12.1f MB %6.1f%%  %s\n", name, (double)bytes / 1e6, total ? 100.0 * (double)bytes / (double)total : 0.0,
+           note);
+}
+
+static void print_setup(const cllm_mem_setup *s) {
+    printf("micro-batch %d x seq-len %d (accumulation %d), %s, grad-ckpt %s, ZeRO stage %d over %d rank%s%s\n",
+           s->micro_batch, s->seq_len, s->grad_accum, cllm_opt_name(s->optimizer), s->grad_ckpt ? "on" : "off",
+           s->zero_stage, s->dp, s->dp == 1 ? "" : "s", s->async_save ? ", async checkpoint snapshots" : "");
+}
+
+static void print_table(const cllm_mem_estimate *e) {
+    char act[160];
+    snprintf(act, sizeof act, "block inputs %.1f MB + saved %.1f MB + head %.1f MB + backward %.1f MB",
+             (double)e->act.block_inputs / 1e6, (double)e->act.block_saved / 1e6, (double)e->act.head / 1e6,
+             (double)e->act.backward / 1e6);
+    printf("  %-22s %15s %7s\n", "per rank", "bytes", "share");
+    row("parameters", e->params, e->total, "");
+    row("gradients", e->grads, e->total, "");
+    row("optimizer state", e->optim, e->total, "");
+    row("activations", e->activations, e->total, act);
+    row("logits chunk", e->logits, e->total, "");
+    row("checkpoint snapshot", e->snapshot, e->total, "");
+    row("other buffers", e->other, e->total, "token, label and target arrays");
+    row("process overhead", e->overhead, e->total, "libraries, threads (--overhead)");
+    row("total", e->total, e->total, "");
+}
+
+static json_t *to_json(const cllm_mem_estimate *e) {
+    return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsI}", "n_params", (json_int_t)e->n_params, "params", (json_int_t)e->params,
+                     "grads", (json_int_t)e->grads, "optim", (json_int_t)e->optim, "activations",
+                     (json_int_t)e->activations, "logits", (json_int_t)e->logits, "snapshot", (json_int_t)e->snapshot,
+                     "other", (json_int_t)e->other, "overhead", (json_int_t)e->overhead, "total",
+                     (json_int_t)e->total, "block_inputs", (json_int_t)e->act.block_inputs, "block_saved",
+                     (json_int_t)e->act.block_saved, "block_set", (json_int_t)e->act.block_set);
+}
+
+int cmd_estimate(int argc, char **argv) {
+    const char *model, *arch_name, *preset, *opt_name, *precision, *overhead_s, *memory_s;
+    int B, T, accum, stage, dp;
+    bool grad_ckpt = false, momentum = false, async_save = false, as_json = false;
+    arg_list sets;
+    arg_spec specs[] = {
+        {"model", ARG_STR, &model, NULL, false, "HF model folder (its config.json is read)"},
+        {"arch", ARG_STR, &arch_name, NULL, false, "model family without --model: gpt2, llama or bloom"},
+        {"preset", ARG_STR, &preset, "tiny", false, "shape preset of --arch (as cllm init)"},
+        {"set", ARG_LIST, &sets, NULL, false, "override config keys: key=value (as cllm init)"},
+        {"micro-batch", ARG_INT, &B, "8", false, "samples per forward/backward"},
+        {"seq-len", ARG_INT, &T, "128", false, "tokens per sample"},
+        {"grad-accum", ARG_INT, &accum, "1", false, "micro-batches per step"},
+        {"optimizer", ARG_STR, &opt_name, "adamw", false, "adamw, adam, sgd or lion"},
+        {"sgd-momentum", ARG_FLAG, &momentum, NULL, false, "SGD with momentum (one state buffer)"},
+        {"grad-ckpt", ARG_FLAG, &grad_ckpt, NULL, false, "activation checkpointing"},
+        {"zero-stage", ARG_INT, &stage, "0", false, "ZeRO stage 0..3 (shards optimizer state / gradients / parameters)"},
+        {"dp", ARG_INT, &dp, "1", false, "data-parallel ranks"},
+        {"precision", ARG_STR, &precision, "fp32", false, "fp32 (bf16 and fp16 are not supported yet)"},
+        {"async-save", ARG_FLAG, &async_save, NULL, false, "count the snapshot buffers of asynchronous checkpoints"},
+        {"overhead", ARG_STR, &overhead_s, DEFAULT_OVERHEAD, false, "fixed process memory to add"},
+        {"memory", ARG_STR, &memory_s, NULL, false, "budget per rank (e.g. 16GB): suggest the cheapest setup that fits"},
+        {"json", ARG_FLAG, &as_json, NULL, false, "print the estimate as JSON (bytes)"},
+    };
+    int rc = args_parse("estimate", "Estimates the per-rank memory of a training run.", argc, argv, specs,
+                        ARGS_COUNT(specs));
+    if (rc) return rc == 1 ? 0 : rc;
+    json_t *config = NULL;
+    cllm_model_config cfg;
+    cllm_mem_setup s = {.micro_batch = B, .grad_accum = accum, .seq_len = T, .grad_ckpt = grad_ckpt,
+                        .sgd_momentum = momentum, .zero_stage = stage, .dp = dp, .async_save = async_save};
+    size_t budget = 0;
+    if (strcmp(precision, "fp32") != 0) {
+        fprintf(stderr, "cllm estimate: --precision %s: not supported yet (fp32 only)\n", precision);
+        rc = 2;
+        goto done;
+    }
+    s.optimizer = cllm_opt_from_name(opt_name);
+    if (s.optimizer == CLLM_OPT_COUNT) {
+        fprintf(stderr, "cllm estimate: --optimizer: unknown optimizer '%s' (adamw, adam, sgd, lion)\n", opt_name);
+        rc = 2;
+        goto done;
+    }
+    if (cllm_parse_size(overhead_s, &s.overhead) || (memory_s && cllm_parse_size(memory_s, &budget))) {
+        fprintf(stderr, "cllm estimate: %s\n", cllm_last_error());
+        rc = 2;
+        goto done;
+    }
+    if ((rc = load_config(&config, model, arch_name, preset, &sets))) goto done;
+    if (cllm_model_config_from_json(&cfg, config, model ? model : "preset")) {
+        rc = tool_fail("estimate");
+        goto done;
+    }
+    cllm_mem_estimate e;
+    if (cllm_memory_estimate(&cfg, &s, &e)) {
+        fprintf(stderr, "cllm estimate: %s\n", cllm_last_error());
+        rc = 2;
+        goto done;
+    }
+    cllm_mem_setup best;
+    cllm_mem_estimate be;
+    bool fits = memory_s && cllm_memory_suggest(&cfg, &s, budget, &best, &be);
+    if (as_json) {
+        json_t *j = to_json(&e);
+        if (memory_s) json_object_set_new(j, "fits", json_boolean(e.total <= budget));
+        if (fits)
+            json_object_set_new(j, "suggest",
+                                json_pack("{sisisisbsisI}", "micro_batch", best.micro_batch, "grad_accum", best.grad_accum,
+                                          "seq_len", best.seq_len, "grad_ckpt", best.grad_ckpt, "zero_stage",
+                                          best.zero_stage, "total", (json_int_t)be.total));
+        char *out = json_dumps(j, JSON_COMPACT);
+        if (out) printf("%s\n", out);
+        free(out);
+        json_decref(j);
+        goto done;
+    }
+    printf("%s, %zu parameters (%d layers, hidden %d, vocab %d), fp32\n", cllm_arch_name(cfg.arch), e.n_params,
+           cfg.n_layer, cfg.n_embd, cfg.vocab_size);
+    print_setup(&s);
+    print_table(&e);
+    if (memory_s) {
+        if (e.total <= budget) {
+            printf("fits in %.1f MB as given\n", (double)budget / 1e6);
+        } else if (fits) {
+            printf("\ndoes not fit in %.1f MB; cheapest setup that fits:\n", (double)budget / 1e6);
+            print_setup(&best);
+            print_table(&be);
+        } else {
+            printf("\nno setup fits in %.1f MB (tried ZeRO stages up to 3 over %d ranks, grad-ckpt, micro-batch down "
+                   "to 1); add ranks with --dp or shorten --seq-len\n",
+                   (double)budget / 1e6, s.dp);
+            rc = 1;
+        }
+    }
+done:
+    json_decref(config);
+    args_free(specs, ARGS_COUNT(specs));
+    return rc;
+}
