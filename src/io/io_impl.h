@@ -7,6 +7,9 @@
 #ifndef CLLM_IO_IMPL_H
 #define CLLM_IO_IMPL_H
 
+#include <string.h>
+
+#include "cllm/io.h"
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -45,5 +48,21 @@ bool cllm_io_dtype_parse(const char *s, cllm_dtype *out);
 /* Joins dir + "/" + name into a malloc'd string (NULL on overflow/ENOMEM,
  * with an error recorded). */
 char *cllm_io_join(const char *dir, const char *name);
+
+/* Binary search of `name` among t[by_name[0..n)] (by_name sorted by name). */
+static inline const cllm_st_tensor *st_find_sorted(const cllm_st_tensor *t, const int *by_name, int n,
+                                                   const char *name) {
+    int lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        int c = strcmp(name, t[by_name[mid]].name);
+        if (c == 0) return &t[by_name[mid]];
+        if (c < 0)
+            hi = mid - 1;
+        else
+            lo = mid + 1;
+    }
+    return NULL;
+}
 
 #endif

@@ -363,17 +363,7 @@ const cllm_st_tensor *cllm_st_at(const cllm_st_file *f, int i) {
 
 const cllm_st_tensor *cllm_st_find(const cllm_st_file *f, const char *name) {
     if (!f || !name) return NULL;
-    int lo = 0, hi = f->n - 1;
-    while (lo <= hi) {
-        int mid = lo + (hi - lo) / 2;
-        int c = strcmp(name, f->t[f->by_name[mid]].name);
-        if (c == 0) return &f->t[f->by_name[mid]];
-        if (c < 0)
-            hi = mid - 1;
-        else
-            lo = mid + 1;
-    }
-    return NULL;
+    return st_find_sorted(f->t, f->by_name, f->n, name);
 }
 
 const char *cllm_st_metadata(const cllm_st_file *f, const char *key) {

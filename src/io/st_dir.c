@@ -217,15 +217,5 @@ const cllm_st_tensor *cllm_st_set_at(const cllm_st_set *s, int i) {
 
 const cllm_st_tensor *cllm_st_set_find(const cllm_st_set *s, const char *name) {
     if (!s || !name) return NULL;
-    int lo = 0, hi = s->n - 1;
-    while (lo <= hi) {
-        int mid = lo + (hi - lo) / 2;
-        int c = strcmp(name, s->t[s->by_name[mid]].name);
-        if (c == 0) return &s->t[s->by_name[mid]];
-        if (c < 0)
-            hi = mid - 1;
-        else
-            lo = mid + 1;
-    }
-    return NULL;
+    return st_find_sorted(s->t, s->by_name, s->n, name);
 }

@@ -245,6 +245,26 @@ typedef struct {
  * recompute each block gets its own set (interleaved, x first); with it,
  * the n_layer inputs come first and one set follows that every layer points
  * to. `layers` may be NULL when only measuring. */
+
+/* The activations one block saves for its backward (all but its input x). */
+static void carve_block_set(carver *cv, layer_acts *a, const cllm_model_config *c, int B, int T) {
+    size_t N = (size_t)B * T, C = (size_t)c->n_embd, F = (size_t)c->n_inner;
+    size_t QKV = (size_t)model_qkv_width(c), Q = (size_t)c->n_head * c->head_dim;
+    a->ln1 = carve(cv, N * C);
+    a->ln1_mean = carve(cv, N);
+    a->ln1_rstd = carve(cv, N);
+    a->qkv = carve(cv, N * QKV);
+    a->atty = carve(cv, N * Q);
+    a->lse = carve(cv, (size_t)B * c->n_head * T);
+    a->x1 = carve(cv, N * C);
+    a->ln2 = carve(cv, N * C);
+    a->ln2_mean = carve(cv, N);
+    a->ln2_rstd = carve(cv, N);
+    a->fc = carve(cv, N * F);
+    a->up = c->arch == CLLM_ARCH_LLAMA ? carve(cv, N * F) : NULL;
+    a->act = carve(cv, N * F);
+}
+
 static void assign_acts(const cllm_model_config *c, cllm_model *m, layer_acts *layers, carver *cv, int B, int T,
                         bool train, bool recompute, carve_parts *parts) {
     size_t N = (size_t)B * T, C = (size_t)c->n_embd, F = (size_t)c->n_inner;
@@ -259,19 +279,7 @@ static void assign_acts(const cllm_model_config *c, cllm_model *m, layer_acts *l
         inputs += cv->used - mark;
         if (recompute) continue; /* the shared set is carved after all inputs */
         mark = cv->used;
-        a->ln1 = carve(cv, N * C);
-        a->ln1_mean = carve(cv, N);
-        a->ln1_rstd = carve(cv, N);
-        a->qkv = carve(cv, N * QKV);
-        a->atty = carve(cv, N * Q);
-        a->lse = carve(cv, (size_t)B * c->n_head * T);
-        a->x1 = carve(cv, N * C);
-        a->ln2 = carve(cv, N * C);
-        a->ln2_mean = carve(cv, N);
-        a->ln2_rstd = carve(cv, N);
-        a->fc = carve(cv, N * F);
-        a->up = c->arch == CLLM_ARCH_LLAMA ? carve(cv, N * F) : NULL;
-        a->act = carve(cv, N * F);
+        carve_block_set(cv, a, c, B, T);
         set = cv->used - mark;
         saved += set;
     }
@@ -279,19 +287,7 @@ static void assign_acts(const cllm_model_config *c, cllm_model *m, layer_acts *l
         /* one set after the inputs; every layer points at it */
         layer_acts *a = &shared;
         mark = cv->used;
-        a->ln1 = carve(cv, N * C);
-        a->ln1_mean = carve(cv, N);
-        a->ln1_rstd = carve(cv, N);
-        a->qkv = carve(cv, N * QKV);
-        a->atty = carve(cv, N * Q);
-        a->lse = carve(cv, (size_t)B * c->n_head * T);
-        a->x1 = carve(cv, N * C);
-        a->ln2 = carve(cv, N * C);
-        a->ln2_mean = carve(cv, N);
-        a->ln2_rstd = carve(cv, N);
-        a->fc = carve(cv, N * F);
-        a->up = c->arch == CLLM_ARCH_LLAMA ? carve(cv, N * F) : NULL;
-        a->act = carve(cv, N * F);
+        carve_block_set(cv, a, c, B, T);
         set = saved = cv->used - mark;
         for (int l = 0; layers && l < c->n_layer; l++) {
             float *x = layers[l].x;
