@@ -71,6 +71,7 @@ cllm_status cllm_model_resize_vocab(cllm_model **pm, int new_vocab, float noise_
         cllm_model_free(nm);
         return st;
     }
+    nm->recompute = m->recompute; /* a setting, not a buffer: it carries over */
     cllm_model_free(m);
     *pm = nm;
     return CLLM_OK;
