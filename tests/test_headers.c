@@ -13,5 +13,6 @@
 #include "cllm/optim.h"
 #include "cllm/prepare.h"
 #include "cllm/sample.h"
+#include "cllm/topo.h"
 
 int main(void) { return cllm_dtype_size(CLLM_F32) == 4 ? 0 : 1; }

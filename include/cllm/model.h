@@ -208,6 +208,13 @@ size_t cllm_model_activation_alloc(const cllm_model *m);
  * without allocating its parameters. Fails only when out of memory. */
 cllm_status cllm_model_config_params(const cllm_model_config *c, size_t *n_params, size_t *buffer_len);
 
+/* Parameters of each unit of the layer sequence a pipeline splits: units[0]
+ * the embedding (with GPT-2's positions and BLOOM's embedding norm),
+ * units[1 + l] block l, units[n_layer + 1] the head (final norm and LM
+ * head; a tied head counts the embedding matrix again, since the stage that
+ * runs the head keeps a copy). units has n_layer + 2 entries. */
+cllm_status cllm_model_config_unit_params(const cllm_model_config *c, size_t *units);
+
 #ifdef __cplusplus
 }
 #endif

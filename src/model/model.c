@@ -385,6 +385,30 @@ cllm_status cllm_model_config_params(const cllm_model_config *c, size_t *n_param
     return st;
 }
 
+cllm_status cllm_model_config_unit_params(const cllm_model_config *c, size_t *units) {
+    cllm_model tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.cfg = *c;
+    cllm_status st = model_build_layout(&tmp);
+    if (!st) {
+        int L = c->n_layer;
+        for (int u = 0; u < L + 2; u++) units[u] = 0;
+        for (int l = 0; l < L; l++)
+            for (int s = 0; s < L_NSLOTS; s++)
+                if (tmp.lslot[l][s] >= 0) units[1 + l] += tmp.tensors[tmp.lslot[l][s]].numel;
+        static const int embed[] = {G_WTE, G_WPE, G_EMB_LN_W, G_EMB_LN_B}, head[] = {G_LNF_W, G_LNF_B, G_HEAD};
+        for (size_t i = 0; i < sizeof embed / sizeof *embed; i++)
+            if (tmp.gslot[embed[i]] >= 0) units[0] += tmp.tensors[tmp.gslot[embed[i]]].numel;
+        for (size_t i = 0; i < sizeof head / sizeof *head; i++)
+            if (tmp.gslot[head[i]] >= 0) units[L + 1] += tmp.tensors[tmp.gslot[head[i]]].numel;
+        /* a tied head still needs the embedding matrix on the head's stage */
+        if (tmp.gslot[G_HEAD] < 0) units[L + 1] += tmp.tensors[tmp.gslot[G_WTE]].numel;
+    }
+    free(tmp.tensors);
+    free(tmp.lslot);
+    return st;
+}
+
 cllm_status cllm_model_prepare(cllm_model *m, int B, int T, bool train) {
     const cllm_model_config *c = &m->cfg;
     if (B <= 0 || T <= 0) return CLLM_FAIL(CLLM_ERR_ARG, "batch size and sequence length must be positive");
