@@ -1,0 +1,86 @@
+/*
+ * cllm split: how tensor parallelism cuts each parameter (Megatron's 1-D
+ * scheme), and a model folder split into per-unit, per-tensor-rank files
+ * ("stage layout") and merged back.
+ *
+ * Tensor-parallel rules, with W in the layout its HF file stores:
+ *   column-parallel (output features split): QKV / q, k, v (by heads; for
+ *     GQA k and v by key/value heads), fc / gate, up; their biases too.
+ *   row-parallel (input features split): the attention output projection
+ *     and the down projection; their biases stay whole (added once, after
+ *     the all-reduce).
+ *   vocabulary-parallel: the token embedding and an untied LM head, by rows.
+ *   replicated: norms, GPT-2's position embedding.
+ * nn.Linear stores W[out,in], so column-parallel cuts its rows; GPT-2's
+ * Conv1D stores W[in,out], so there it cuts columns. Fused projections are
+ * cut per segment: GPT-2's c_attn columns are [Q|K|V] and each third is cut
+ * by heads; BLOOM's query_key_value rows are [head][q,k,v][head_dim], so a
+ * contiguous run of heads is a contiguous run of rows.
+ *
+ * A stage layout is a folder:
+ *   config.json, tokenizer files         as in the HF folder
+ *   layout.json                          {"format": "cllm-stage-layout", "version": 1,
+ *                                          "tensor": T, "units": U, "files": [...]}
+ *   unit_UUU-tp_RR.safetensors           the tensors of unit UUU (0 = embedding,
+ *                                        1..n_layer = blocks, n_layer + 1 = head) as
+ *                                        tensor rank RR holds them, HF names, F32
+ * Units do not depend on the pipeline split: a stage of any `parts` loads the
+ * files of its units, so one folder serves every pipe size; the tensor size
+ * is fixed by the folder (merge and split again to change it). Writing goes
+ * to a temporary folder renamed into place at the end.
+ */
+#ifndef CLLM_SPLIT_H
+#define CLLM_SPLIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cllm/core.h"
+#include "cllm/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    CLLM_TP_REPLICATE = 0, /* every rank holds the whole tensor */
+    CLLM_TP_ROWS,          /* cut along dim 0 (1-D tensors: their only dim) */
+    CLLM_TP_COLS           /* cut along dim 1 */
+} cllm_tp_cut;
+
+typedef struct {
+    cllm_tp_cut cut;
+    int segments; /* the cut dim is `segments` equal parts, each cut separately (GPT-2 c_attn: 3) */
+    int unit;     /* 0 embedding, 1 + l block l, n_layer + 1 head */
+} cllm_tp_rule;
+
+/* The rule of tensor i of model m (cllm_model_tensor order). */
+cllm_tp_rule cllm_tp_rule_of(const cllm_model *m, int i);
+
+/* Shape of rank r's part of tensor t under rule: out_shape[2]. */
+void cllm_tp_shape(const cllm_tensor_info *t, cllm_tp_rule rule, int tp, int64_t *out_shape);
+
+/* Copies rank r's part of full (t's whole tensor) into part, or (merge)
+ * the part back into its place in full. tp must divide the cut dimension
+ * per segment (cllm_topo_check_tensor checks the model). */
+void cllm_tp_slice(const cllm_tensor_info *t, cllm_tp_rule rule, int tp, int r, const float *full, float *part);
+void cllm_tp_unslice(const cllm_tensor_info *t, cllm_tp_rule rule, int tp, int r, const float *part, float *full);
+
+/* Writes model m as a stage layout for `tensor` ranks into out_dir (which
+ * must not exist yet, or be a previous stage layout: it is replaced). Files
+ * named in copy_files (NULL-terminated, may be NULL) are copied from
+ * src_dir when they exist there (tokenizer files). */
+cllm_status cllm_split_save(const cllm_model *m, int tensor, const char *src_dir, const char *const *copy_files,
+                            const char *out_dir);
+
+/* Reads a stage layout back into one model (every unit, every tensor rank);
+ * the result is the model the layout was made from, bit for bit. */
+cllm_status cllm_split_load(cllm_model **out, const char *dir);
+
+/* True when dir holds a stage layout (a layout.json of this format). */
+int cllm_split_is_layout(const char *dir);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

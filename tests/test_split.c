@@ -1,0 +1,127 @@
+/*
+ * Tensor-parallel cuts and stage-layout folders: every tensor of every
+ * family cut into tp parts and put back is the original bit for bit; the
+ * parts have the shapes Megatron's scheme gives; a layout written and read
+ * back is the model; damaged layouts are refused with the file named. (The
+ * cuts themselves are compared with an independent PyTorch slicing in
+ * tests/split_test.py.)
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "cllm/model.h"
+#include "cllm/split.h"
+
+static cllm_model *tiny(cllm_arch a, int tie) {
+    json_t *j = NULL;
+    cllm_model *m = NULL;
+    if (cllm_model_preset(&j, a, "tiny")) return NULL;
+    json_object_set_new(j, a == CLLM_ARCH_LLAMA ? "num_hidden_layers" : "n_layer", json_integer(3));
+    if (a == CLLM_ARCH_LLAMA) json_object_set_new(j, "tie_word_embeddings", json_boolean(tie));
+    if (a == CLLM_ARCH_LLAMA) json_object_set_new(j, "attention_bias", json_true());
+    CHECK(cllm_model_init_random(&m, j, 7) == CLLM_OK, "init: %s", cllm_last_error());
+    json_decref(j);
+    return m;
+}
+
+static void test_cuts(cllm_model *m, int tp) {
+    for (int i = 0; i < cllm_model_n_tensors(m); i++) {
+        const cllm_tensor_info *t = cllm_model_tensor(m, i);
+        cllm_tp_rule rule = cllm_tp_rule_of(m, i);
+        const float *full = cllm_model_params(m) + t->offset;
+        float *back = calloc(t->numel, sizeof(float)), *part = calloc(t->numel, sizeof(float));
+        int64_t shape[2];
+        cllm_tp_shape(t, rule, tp, shape);
+        size_t pn = (size_t)shape[0] * (size_t)(t->ndim > 1 ? shape[1] : 1);
+        CHECK(rule.cut == CLLM_TP_REPLICATE ? pn == t->numel : pn * (size_t)tp == t->numel, "%s: part of %zu", t->name,
+              pn);
+        for (int r = 0; r < tp; r++) {
+            cllm_tp_slice(t, rule, tp, r, full, part);
+            cllm_tp_unslice(t, rule, tp, r, part, back);
+        }
+        CHECK(memcmp(back, full, t->numel * sizeof(float)) == 0, "%s: tp %d round trip", t->name, tp);
+        free(back);
+        free(part);
+    }
+}
+
+static void expect_rule(cllm_model *m, const char *name, cllm_tp_cut cut, int segments, int unit) {
+    const cllm_tensor_info *t = cllm_model_find_tensor(m, name);
+    CHECK(t != NULL, "no tensor %s", name);
+    if (!t) return;
+    cllm_tp_rule r = cllm_tp_rule_of(m, (int)(t - cllm_model_tensor(m, 0)));
+    CHECK(r.cut == cut && r.segments == segments && r.unit == unit, "%s: cut %d segments %d unit %d", name, r.cut,
+          r.segments, r.unit);
+}
+
+static int same_params(cllm_model *a, cllm_model *b) {
+    return cllm_model_buffer_len(a) == cllm_model_buffer_len(b) &&
+           memcmp(cllm_model_params(a), cllm_model_params(b), cllm_model_buffer_len(a) * sizeof(float)) == 0;
+}
+
+int main(void) {
+    char dir[] = "/tmp/cllm_split_XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    char out[4200], path[4300];
+    snprintf(out, sizeof out, "%s/layout", dir);
+    for (int a = 0; a < CLLM_ARCH_COUNT; a++)
+        for (int tie = 0; tie < (a == CLLM_ARCH_LLAMA ? 2 : 1); tie++) {
+            cllm_model *m = tiny((cllm_arch)a, tie);
+            if (!m) continue;
+            for (int tp = 1; tp <= 4; tp *= 2) {
+                test_cuts(m, tp);
+                CHECK(cllm_split_save(m, tp, NULL, NULL, out) == CLLM_OK, "save tp %d: %s", tp, cllm_last_error());
+                CHECK(cllm_split_is_layout(out), "is a layout");
+                cllm_model *b = NULL;
+                CHECK(cllm_split_load(&b, out) == CLLM_OK, "load: %s", cllm_last_error());
+                CHECK(b && same_params(m, b), "%s tp %d: layout round trip", cllm_arch_name((cllm_arch)a), tp);
+                cllm_model_free(b);
+            }
+            cllm_model_free(m);
+        }
+    cllm_model *g = tiny(CLLM_ARCH_GPT2, 1), *l = tiny(CLLM_ARCH_LLAMA, 0), *bl = tiny(CLLM_ARCH_BLOOM, 1);
+    expect_rule(g, "transformer.h.1.attn.c_attn.weight", CLLM_TP_COLS, 3, 2);
+    expect_rule(g, "transformer.h.1.attn.c_attn.bias", CLLM_TP_ROWS, 3, 2);
+    expect_rule(g, "transformer.h.1.attn.c_proj.weight", CLLM_TP_ROWS, 1, 2);
+    expect_rule(g, "transformer.h.1.attn.c_proj.bias", CLLM_TP_REPLICATE, 1, 2);
+    expect_rule(g, "transformer.h.0.mlp.c_fc.weight", CLLM_TP_COLS, 1, 1);
+    expect_rule(g, "transformer.h.0.mlp.c_proj.weight", CLLM_TP_ROWS, 1, 1);
+    expect_rule(g, "transformer.wte.weight", CLLM_TP_ROWS, 1, 0);
+    expect_rule(g, "transformer.wpe.weight", CLLM_TP_REPLICATE, 1, 0);
+    expect_rule(g, "transformer.ln_f.weight", CLLM_TP_REPLICATE, 1, 4);
+    expect_rule(l, "model.layers.2.self_attn.k_proj.weight", CLLM_TP_ROWS, 1, 3);
+    expect_rule(l, "model.layers.2.self_attn.o_proj.weight", CLLM_TP_COLS, 1, 3);
+    expect_rule(l, "model.layers.2.self_attn.o_proj.bias", CLLM_TP_REPLICATE, 1, 3);
+    expect_rule(l, "model.layers.0.mlp.down_proj.weight", CLLM_TP_COLS, 1, 1);
+    expect_rule(l, "model.layers.0.mlp.up_proj.weight", CLLM_TP_ROWS, 1, 1);
+    expect_rule(l, "lm_head.weight", CLLM_TP_ROWS, 1, 4);
+    expect_rule(bl, "transformer.h.0.self_attention.query_key_value.weight", CLLM_TP_ROWS, 1, 1);
+    expect_rule(bl, "transformer.h.0.self_attention.dense.weight", CLLM_TP_COLS, 1, 1);
+    expect_rule(bl, "transformer.word_embeddings_layernorm.weight", CLLM_TP_REPLICATE, 1, 0);
+
+    /* damage: a missing unit file, a foreign folder */
+    CHECK(cllm_split_save(l, 2, NULL, NULL, out) == CLLM_OK, "save");
+    snprintf(path, sizeof path, "%s/unit_002-tp_01.safetensors", out);
+    CHECK(unlink(path) == 0, "remove a unit file");
+    cllm_model *x = NULL;
+    CHECK(cllm_split_load(&x, out) != CLLM_OK && strstr(cllm_last_error(), "unit_002-tp_01"),
+          "missing file named: %s", cllm_last_error());
+    CHECK(x == NULL, "no model on failure");
+    snprintf(path, sizeof path, "%s/plain", dir);
+    CHECK(cllm_model_save(l, path, 0) == CLLM_OK, "save hf");
+    CHECK(cllm_split_save(l, 2, NULL, NULL, path) != CLLM_OK && strstr(cllm_last_error(), "not a stage layout"),
+          "refuses to replace an HF folder: %s", cllm_last_error());
+    CHECK(cllm_split_save(l, 3, NULL, NULL, out) != CLLM_OK && strstr(cllm_last_error(), "cannot be cut into 3"),
+          "tp 3: %s", cllm_last_error());
+    cllm_model_free(g);
+    cllm_model_free(l);
+    cllm_model_free(bl);
+    char cmd[4400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    return check_summary();
+}
