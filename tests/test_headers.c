@@ -11,8 +11,10 @@
 #include "cllm/memory.h"
 #include "cllm/model.h"
 #include "cllm/optim.h"
+#include "cllm/pipe.h"
 #include "cllm/prepare.h"
 #include "cllm/sample.h"
+#include "cllm/split.h"
 #include "cllm/topo.h"
 
 int main(void) { return cllm_dtype_size(CLLM_F32) == 4 ? 0 : 1; }
