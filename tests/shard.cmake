@@ -9,3 +9,5 @@ if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
     set_tests_properties(shard_${case} PROPERTIES TIMEOUT 120)
   endforeach()
 endif()
+# The file format without MPI (one shard), also under the sanitizers.
+cllm_add_c_test(test_ckpt_shard LABELS train)
