@@ -85,6 +85,68 @@ cllm_status cllm_ckpt_read_state(const char *dir, cllm_ckpt_state *st);
  * no such buffer, and the file must not have it either). */
 cllm_status cllm_ckpt_read_optim(const char *dir, float *state0, float *state1, size_t n);
 
+/* ---------------------------------------------- sharded checkpoints
+ *
+ * When the optimizer state is partitioned (ZeRO stage >= 1 on several
+ * ranks) every rank writes its own slice [begin, end) of the flat buffers:
+ *   checkpoint-STEP/params-RRRRR-of-NNNNN.safetensors  "params" F32 [end-begin]
+ *   checkpoint-STEP/optim-RRRRR-of-NNNNN.safetensors   "state0", "state1" (those
+ *                                                      the optimizer has)
+ *   checkpoint-STEP/layout.json    n, the slices of every shard file, the
+ *                                  tensors (name, shape, flat offset)
+ *   checkpoint-STEP/config.json, trainer_state.json, manifest.json
+ * docs/training.md has the file table. The flat layout does not depend on
+ * the world size, so any world size or stage reads any checkpoint: a reader
+ * maps only the shard files that overlap the range it asks for. */
+
+/* One rank's part of the state, as slices of the flat buffer of n floats.
+ * params points at the slice itself (params[0] is flat element `begin`), so
+ * a rank that holds only its slice (ZeRO-3) passes that. state0/state1 are
+ * the optimizer buffers of the same slice, or NULL. */
+typedef struct {
+    const float *params, *state0, *state1;
+    size_t begin, end, n;
+} cllm_ckpt_slice;
+
+/* Collective: every rank calls it with its slice (the slices of all ranks,
+ * in rank order, must tile [0, n)). Each rank writes and fsyncs its two
+ * files into OUTPUT_DIR/.checkpoint-STEP.tmp and checksums them; rank 0 then
+ * writes config.json, trainer_state.json, layout.json and manifest.json,
+ * renames the folder into place and moves `latest` (as cllm_ckpt_write).
+ * Every rank returns the same status. Not thread-safe (MPI collectives). */
+cllm_status cllm_ckpt_write_sharded(const char *output_dir, const cllm_model *m, const cllm_ckpt_slice *s,
+                                    const cllm_ckpt_state *st, long keep_limit);
+
+/* True when dir holds a sharded checkpoint (dir/layout.json exists). */
+bool cllm_ckpt_is_sharded(const char *dir);
+
+/* Checks the manifest entries a reader of [begin, end) needs: every file
+ * that is not a shard, the params shards when `all_params` (else those that
+ * overlap [begin, end)), and the optim shards that overlap [begin, end).
+ * For a checkpoint that is not sharded this is cllm_ckpt_verify. */
+cllm_status cllm_ckpt_verify_range(const char *dir, bool all_params, size_t begin, size_t end);
+
+/* The model of any checkpoint (or an HF folder): its config.json and all
+ * of its parameters. A sharded checkpoint's layout must match the model its
+ * config.json describes. */
+cllm_status cllm_ckpt_load_model(cllm_model **out, const char *dir);
+
+/* Which flat buffer cllm_ckpt_read_range reads. */
+typedef enum { CLLM_CKPT_PARAMS, CLLM_CKPT_STATE0, CLLM_CKPT_STATE1 } cllm_ckpt_buffer;
+
+/* dst[0 .. end-begin) <- elements [begin, end) of a flat buffer of either
+ * checkpoint format; `m` supplies the tensor layout (names, offsets) and n.
+ * Only the files overlapping the range are opened (mmap). Missing files or
+ * tensors, and a layout of another model, fail naming the file. */
+cllm_status cllm_ckpt_read_range(const char *dir, const cllm_model *m, cllm_ckpt_buffer which, size_t begin,
+                                 size_t end, float *dst);
+
+/* The optimizer state of the slice [begin, end) from either format (state0,
+ * state1: end-begin floats, or NULL when the optimizer has no such buffer;
+ * the checkpoint must agree). Verifies the sharded files it reads first. */
+cllm_status cllm_ckpt_read_optim_range(const char *dir, const cllm_model *m, float *state0, float *state1,
+                                       size_t begin, size_t end);
+
 #ifdef __cplusplus
 }
 #endif

@@ -350,11 +350,10 @@ static cllm_status rotate(const char *out, long keep, long keep_step) {
 
 cllm_status cllm_ckpt_write(const char *out, const cllm_model *m, const cllm_ckpt_tensors *t,
                             const cllm_ckpt_state *s, size_t max_shard_bytes, long keep_limit) {
-    char tmp[4096], fin[4096], old[4096], path[4096];
+    char tmp[4096], fin[4096], path[4096];
     long step = s->global_step;
     snprintf(tmp, sizeof tmp, "%s/.checkpoint-%ld.tmp", out, step);
     snprintf(fin, sizeof fin, "%s/checkpoint-%ld", out, step);
-    snprintf(old, sizeof old, "%s/.checkpoint-%ld.old", out, step);
     cllm_status st = cllm_make_dirs(out);
     if (!st) st = remove_flat_dir(tmp);
     if (!st) st = cllm_make_dirs(tmp);
@@ -371,6 +370,15 @@ cllm_status cllm_ckpt_write(const char *out, const cllm_model *m, const cllm_ckp
         remove_flat_dir(tmp);
         return cllm_fail_context(st, "writing checkpoint %s", fin);
     }
+    return train_ckpt_publish(out, step, keep_limit);
+}
+
+cllm_status train_ckpt_publish(const char *out, long step, long keep_limit) {
+    char tmp[4096], fin[4096], old[4096], path[4096];
+    cllm_status st;
+    snprintf(tmp, sizeof tmp, "%s/.checkpoint-%ld.tmp", out, step);
+    snprintf(fin, sizeof fin, "%s/checkpoint-%ld", out, step);
+    snprintf(old, sizeof old, "%s/.checkpoint-%ld.old", out, step);
     /* An existing folder of the same step (a rerun) is replaced: moved
      * aside first, since rename() cannot replace a non-empty folder. */
     struct stat sb;
@@ -389,6 +397,11 @@ cllm_status cllm_ckpt_write(const char *out, const cllm_model *m, const cllm_ckp
     if (keep_limit > 0) st = rotate(out, keep_limit, step);
     return st;
 }
+
+/* The pieces the sharded writer (ckpt_shard.c) shares. */
+json_t *train_ckpt_state_json(const cllm_ckpt_state *s) { return state_to_json(s); }
+cllm_status train_ckpt_remove_dir(const char *dir) { return remove_flat_dir(dir); }
+cllm_status train_ckpt_fsync_dir(const char *dir) { return fsync_dir(dir); }
 
 /* ------------------------------------------------------------ reading */
 

@@ -57,7 +57,7 @@ typedef struct {
 
 static cllm_status open_model(trainer *tr, const char *resume_dir) {
     cllm_train_config *c = tr->cfg;
-    if (resume_dir) return cllm_model_load(&tr->m, resume_dir);
+    if (resume_dir) return cllm_ckpt_load_model(&tr->m, resume_dir); /* either checkpoint format */
     if (c->model_dir) return cllm_model_load(&tr->m, c->model_dir);
     if (!c->model_init)
         return CLLM_FAIL(CLLM_ERR_ARG, "no model: set \"model\" (an HF folder or an init spec) or --model");
@@ -127,8 +127,10 @@ static cllm_status resume_from(trainer *tr, const char *dir) {
     if (strcmp(tr->state.optimizer, cllm_opt_name(tr->cfg->optim.type)) != 0)
         return CLLM_FAIL(CLLM_ERR_ARG, "checkpoint %s was written by optimizer %s, the config asks for %s", dir,
                          tr->state.optimizer, cllm_opt_name(tr->cfg->optim.type));
-    st = cllm_ckpt_read_optim(dir, cllm_optim_state(tr->opt, 0), cllm_optim_state(tr->opt, 1),
-                              cllm_model_buffer_len(tr->m));
+    /* only this rank's slice of the state, whatever world size or stage
+     * wrote the checkpoint (the flat layout is the same for all) */
+    st = cllm_ckpt_read_optim_range(dir, tr->m, cllm_optim_state(tr->opt, 0), cllm_optim_state(tr->opt, 1),
+                                    tr->zero.begin, tr->zero.end);
     if (st) return st;
     cllm_optim_set_step_count(tr->opt, tr->state.optim_step);
     uint64_t h = cllm_train_config_hash(tr->cfg);
@@ -227,8 +229,30 @@ static cllm_status run_eval(trainer *tr, long step) {
 
 /* --------------------------------------------------------------- save */
 
+/* With the optimizer state partitioned over ranks, every rank writes its
+ * slice (collective, synchronous: the shard writer synchronizes the ranks
+ * with MPI calls, which must stay on this thread). */
+static bool sharded_save(const trainer *tr) { return tr->zero.stage >= 1 && tr->zero.size > 1; }
+
+static cllm_status save_sharded(trainer *tr) {
+    if (!tr->output_dir) return CLLM_OK; /* c->output_dir is NULL on ranks > 0 */
+    tr->state.optim_step = cllm_optim_step_count(tr->opt);
+    double t0 = cllm_time_sec();
+    const train_zero *z = &tr->zero;
+    cllm_ckpt_slice s = {cllm_model_params(tr->m) + z->begin, cllm_optim_state(tr->opt, 0),
+                         cllm_optim_state(tr->opt, 1), z->begin, z->end, z->n};
+    cllm_status st = cllm_ckpt_write_sharded(tr->output_dir, tr->m, &s, &tr->state, tr->cfg->save_total_limit);
+    double wait = cllm_time_sec() - t0;
+    tr->save_wait_total += wait;
+    tr->time_save_pending += wait;
+    tr->last_save_step = tr->state.global_step;
+    tr->n_saves++;
+    return st;
+}
+
 static cllm_status save_checkpoint(trainer *tr, bool sync) {
     cllm_train_config *c = tr->cfg;
+    if (sharded_save(tr)) return save_sharded(tr);
     if (!c->output_dir) return CLLM_OK;
     tr->state.optim_step = cllm_optim_step_count(tr->opt);
     double wait = 0;
@@ -375,7 +399,9 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if (st) return st;
     if (c->resume && !resume_dir)
         cllm_log(CLLM_LOG_INFO, "resume: no checkpoint in %s yet; starting from the beginning", c->output_dir);
-    if (resume_dir && (st = cllm_ckpt_verify(resume_dir))) goto done;
+    /* the optimizer shards of a sharded checkpoint are checked when this
+     * rank's slice of them is read (resume_from) */
+    if (resume_dir && (st = cllm_ckpt_verify_range(resume_dir, true, 0, 0))) goto done;
     if ((st = open_model(tr, resume_dir))) goto done;
     if ((st = open_data(tr))) goto done;
     if ((st = cllm_train_config_resolve(c, cllm_loader_size(tr->train)))) goto done;
@@ -403,14 +429,6 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), cllm_loader_size(tr->train)))) goto done;
     if ((st = cllm_optim_init(&tr->opt, &c->optim, train_zero_slice_len(&tr->zero)))) goto done;
     train_zero_count_optim(&tr->zero, tr->opt);
-    if (tr->zero.stage >= 1 && tr->zero.size > 1 && (c->save_interval > 0 || resume_dir)) {
-        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
-                       "checkpoints with ZeRO stage %d over %d ranks: the optimizer state is partitioned and sharded "
-                       "checkpoints are not implemented yet; set save_interval 0 (the final model is still saved) "
-                       "or use stage 0",
-                       tr->zero.stage, tr->zero.size);
-        goto done;
-    }
     memset(&tr->state, 0, sizeof tr->state);
     cllm_rng_seed(&tr->state.rng, c->seed);
     tr->state.data_seed = c->seed;
@@ -465,11 +483,8 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         if ((st = train_zero_agree(&tr->zero, &stop))) goto done;
         if (stop) {
             end_line(tr);
-            bool sharded = tr->zero.stage >= 1 && tr->zero.size > 1;
-            if (c->dp_rank == 0)
-                fprintf(stderr, "cllm train: stop requested; %s at step %ld\n",
-                        sharded ? "no checkpoint (partitioned optimizer state)" : "saving a checkpoint", step);
-            if (!sharded && (st = save_checkpoint(tr, true))) goto done;
+            if (c->dp_rank == 0) fprintf(stderr, "cllm train: stop requested; saving a checkpoint at step %ld\n", step);
+            if ((st = save_checkpoint(tr, true))) goto done;
             res->stopped = true;
             break;
         }

@@ -40,6 +40,18 @@ void rec_int(train_record *r, const char *key, long long v);
 void rec_bool(train_record *r, const char *key, bool v);
 const char *rec_end(train_record *r);
 
+/* ---- checkpoint pieces shared by checkpoint.c and ckpt_shard.c ---- */
+struct json_t;
+/* trainer_state.json as a new JSON object (NULL when out of memory). */
+struct json_t *train_ckpt_state_json(const cllm_ckpt_state *s);
+/* Removes a folder of plain files; a missing folder is fine. */
+cllm_status train_ckpt_remove_dir(const char *dir);
+cllm_status train_ckpt_fsync_dir(const char *dir);
+/* Moves the complete OUT/.checkpoint-STEP.tmp to OUT/checkpoint-STEP
+ * (replacing one of the same step), syncs OUT, then rewrites OUT/latest and
+ * rotates old folders beyond keep_limit (0 = keep all). */
+cllm_status train_ckpt_publish(const char *out, long step, long keep_limit);
+
 /* ---- the checkpoint saver ---- */
 typedef struct train_saver train_saver;
 

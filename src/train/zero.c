@@ -19,8 +19,7 @@
  * sums of squares. Weight-decay ranges are intersected with the slice.
  *
  * Not here: ZeRO-3 (parameter partitioning), overlapping communication with
- * the backward pass, sharded checkpoints (the engine refuses checkpoints
- * when the optimizer state is partitioned over several ranks).
+ * the backward pass, checkpoints of the slices (ckpt_shard.c).
  */
 #include <jansson.h>
 #include <math.h>

@@ -47,7 +47,7 @@ int cmd_eval(int argc, char **argv) {
         }
         model_dir = ckpt;
     }
-    if (cllm_model_load(&m, model_dir)) {
+    if (cllm_ckpt_load_model(&m, model_dir)) { /* an HF folder or either checkpoint format */
         rc = tool_fail("eval");
         goto done;
     }

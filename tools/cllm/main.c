@@ -22,6 +22,7 @@ static const command commands[] = {
     {"generate", cmd_generate, "continue a prompt with a model (KV cache, sampling), streaming text"},
     {"plot", cmd_plot, "draw loss and learning-rate curves of a training run as SVG"},
     {"estimate", cmd_estimate, "estimate the per-rank memory of a training run; suggest a setup that fits"},
+    {"convert", cmd_convert, "turn a training checkpoint (sharded or not) into an HF model folder"},
     {"grad", cmd_grad, "compute loss and parameter gradients for one batch (debugging, tests)"},
     {"data", cmd_data, "prepare datasets: cllm data prepare --input FILE... --tokenizer DIR --out PREFIX"},
     {"tokenize", cmd_tokenize, "encode text to token ids with an HF tokenizer.json"},

@@ -1,0 +1,113 @@
+/*
+ * cllm convert: a training checkpoint (sharded over ranks or single-process)
+ * to one HF model folder: config.json plus F32 safetensors, split into
+ * shards with model.safetensors.index.json above --max-shard-size, and the
+ * tokenizer files when the checkpoint or its run folder has them.
+ *
+ * The checkpoint is verified against its manifest first. The parameters are
+ * gathered from the shard files into one flat buffer (the model's own, so
+ * the model is in memory once) and written as cllm_model_save writes it: a
+ * converted folder is byte-identical to the model a run saves at that step.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "args.h"
+#include "cllm/checkpoint.h"
+#include "cllm/io.h"
+#include "cllm/model.h"
+#include "commands.h"
+
+static const char *const tokenizer_files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                              "vocab.json", "merges.txt", "tokenizer.model", NULL};
+
+/* Copies the tokenizer files found in the first of dirs that has
+ * tokenizer.json or tokenizer.model; returns how many were copied. */
+static cllm_status copy_tokenizer(const char *const *dirs, int n_dirs, const char *out, int *copied) {
+    *copied = 0;
+    char src[4096], dst[4096];
+    for (int d = 0; d < n_dirs; d++) {
+        if (!dirs[d]) continue;
+        int found = 0;
+        for (int i = 0; tokenizer_files[i]; i++) {
+            if (snprintf(src, sizeof src, "%s/%s", dirs[d], tokenizer_files[i]) >= (int)sizeof src) continue;
+            if (access(src, R_OK) != 0) continue;
+            char *data = NULL;
+            size_t len = 0;
+            cllm_status st = cllm_read_file(src, &data, &len);
+            if (!st) {
+                if (snprintf(dst, sizeof dst, "%s/%s", out, tokenizer_files[i]) >= (int)sizeof dst)
+                    st = CLLM_FAIL(CLLM_ERR_ARG, "output path too long: %s", out);
+                else
+                    st = cllm_write_file_atomic(dst, data, len);
+            }
+            free(data);
+            if (st) return st;
+            found++;
+        }
+        if (found) {
+            *copied = found;
+            return CLLM_OK;
+        }
+    }
+    return CLLM_OK;
+}
+
+int cmd_convert(int argc, char **argv) {
+    const char *ckpt_arg, *out, *shard;
+    arg_spec specs[] = {
+        {"checkpoint", ARG_STR, &ckpt_arg, NULL, true,
+         "checkpoint-STEP folder (sharded or not), or a training output folder (its `latest` checkpoint)"},
+        {"out", ARG_STR, &out, NULL, true, "HF folder to write (created if needed)"},
+        {"max-shard-size", ARG_STR, &shard, "2GB", false,
+         "split safetensors into shards of at most this size with model.safetensors.index.json; 0 = one file"},
+    };
+    int rc = args_parse("convert", "Converts a training checkpoint into an HF model folder (fp32 safetensors).", argc,
+                        argv, specs, ARGS_COUNT(specs));
+    if (rc) return rc == 1 ? 0 : rc;
+    size_t max_shard = 0;
+    char *dir = NULL;
+    cllm_model *m = NULL;
+    if (cllm_parse_size(shard, &max_shard)) {
+        fprintf(stderr, "cllm convert: --max-shard-size: %s\n", cllm_last_error());
+        rc = 2;
+        goto done;
+    }
+    /* an output folder with `latest` means its newest checkpoint */
+    char latest[4096];
+    bool run_dir = snprintf(latest, sizeof latest, "%s/latest", ckpt_arg) < (int)sizeof latest &&
+                   access(latest, F_OK) == 0;
+    if (cllm_ckpt_find(ckpt_arg, run_dir ? "auto" : ckpt_arg, &dir) || !dir) {
+        rc = tool_fail("convert");
+        goto done;
+    }
+    char manifest[4096];
+    if (snprintf(manifest, sizeof manifest, "%s/manifest.json", dir) >= (int)sizeof manifest ||
+        access(manifest, F_OK) != 0) {
+        fprintf(stderr, "cllm convert: %s is not a training checkpoint (no manifest.json); expected a checkpoint-STEP "
+                "folder or an output folder with `latest`\n", dir);
+        rc = 1;
+        goto done;
+    }
+    if (cllm_ckpt_verify_range(dir, true, 0, 0) || cllm_ckpt_load_model(&m, dir) ||
+        cllm_make_dirs(out) || cllm_model_save(m, out, max_shard)) {
+        rc = tool_fail("convert");
+        goto done;
+    }
+    const char *tok_dirs[2] = {dir, run_dir ? ckpt_arg : NULL};
+    int copied = 0;
+    if (copy_tokenizer(tok_dirs, 2, out, &copied)) {
+        rc = tool_fail("convert");
+        goto done;
+    }
+    fprintf(stderr, "cllm convert: %s (%s, %zu parameters) -> %s%s\n", dir,
+            cllm_ckpt_is_sharded(dir) ? "sharded" : "single-process", cllm_model_n_params(m), out,
+            copied ? " with its tokenizer" : "");
+done:
+    free(dir);
+    cllm_model_free(m);
+    args_free(specs, ARGS_COUNT(specs));
+    return rc;
+}
