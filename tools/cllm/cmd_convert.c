@@ -8,6 +8,11 @@
  * gathered from the shard files into one flat buffer (the model's own, so
  * the model is in memory once) and written as cllm_model_save writes it: a
  * converted folder is byte-identical to the model a run saves at that step.
+ *
+ * Stage layouts (cllm/split.h, seed 003's hg_to_pp / pp_to_hg): --model
+ * splits an HF folder into per-unit, per-tensor-rank files, --layout merges
+ * such a folder back into an HF folder, bit for bit. `cllm convert hg_to_pp
+ * --input-path A --save-path B` and `pp_to_hg` are accepted as those two.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +23,8 @@
 #include "cllm/checkpoint.h"
 #include "cllm/io.h"
 #include "cllm/model.h"
+#include "cllm/split.h"
+#include "cllm/topo.h"
 #include "commands.h"
 
 static const char *const tokenizer_files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -55,24 +62,87 @@ static cllm_status copy_tokenizer(const char *const *dirs, int n_dirs, const cha
     return CLLM_OK;
 }
 
+/* seed 003's spelling: convert hg_to_pp|pp_to_hg --input-path A --save-path B */
+static int seed_form(int argc, char **argv) {
+    bool to_pp = strcmp(argv[0], "hg_to_pp") == 0;
+    const char *in = NULL, *outp = NULL;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--input-path") == 0) in = argv[i + 1];
+        else if (strcmp(argv[i], "--save-path") == 0) outp = argv[i + 1];
+        else {
+            fprintf(stderr, "cllm convert %s: unknown flag %s (expected --input-path DIR --save-path DIR)\n", argv[0],
+                    argv[i]);
+            return 2;
+        }
+    }
+    if (!in || !outp || argc % 2 == 0) {
+        fprintf(stderr, "cllm convert %s: expected --input-path DIR --save-path DIR\n", argv[0]);
+        return 2;
+    }
+    char *args[] = {to_pp ? (char *)"--model" : (char *)"--layout", (char *)in, (char *)"--out", (char *)outp, NULL};
+    return cmd_convert(4, args);
+}
+
 int cmd_convert(int argc, char **argv) {
-    const char *ckpt_arg, *out, *shard;
+    if (argc > 0 && (strcmp(argv[0], "hg_to_pp") == 0 || strcmp(argv[0], "pp_to_hg") == 0))
+        return seed_form(argc, argv);
+    const char *ckpt_arg, *model_arg, *layout_arg, *out, *shard;
+    int tensor = 1;
     arg_spec specs[] = {
-        {"checkpoint", ARG_STR, &ckpt_arg, NULL, true,
-         "checkpoint-STEP folder (sharded or not), or a training output folder (its `latest` checkpoint)"},
-        {"out", ARG_STR, &out, NULL, true, "HF folder to write (created if needed)"},
+        {"checkpoint", ARG_STR, &ckpt_arg, NULL, false,
+         "checkpoint-STEP folder (sharded or not), or a training output folder (its `latest` checkpoint) -> HF folder"},
+        {"model", ARG_STR, &model_arg, NULL, false, "HF folder -> stage layout in --out (hg_to_pp)"},
+        {"layout", ARG_STR, &layout_arg, NULL, false, "stage layout -> HF folder in --out (pp_to_hg)"},
+        {"tensor", ARG_INT, &tensor, "1", false, "with --model: tensor-parallel ranks the layout is cut for"},
+        {"out", ARG_STR, &out, NULL, true, "folder to write (created if needed)"},
         {"max-shard-size", ARG_STR, &shard, "2GB", false,
          "split safetensors into shards of at most this size with model.safetensors.index.json; 0 = one file"},
     };
-    int rc = args_parse("convert", "Converts a training checkpoint into an HF model folder (fp32 safetensors).", argc,
-                        argv, specs, ARGS_COUNT(specs));
+    int rc = args_parse("convert",
+                        "Converts a training checkpoint or a stage layout into an HF model folder (fp32 safetensors), "
+                        "or an HF folder into a stage layout.",
+                        argc, argv, specs, ARGS_COUNT(specs));
     if (rc) return rc == 1 ? 0 : rc;
     size_t max_shard = 0;
     char *dir = NULL;
     cllm_model *m = NULL;
+    if ((ckpt_arg != NULL) + (model_arg != NULL) + (layout_arg != NULL) != 1) {
+        fprintf(stderr, "cllm convert: give exactly one of --checkpoint, --model and --layout\n");
+        rc = 2;
+        goto done;
+    }
     if (cllm_parse_size(shard, &max_shard)) {
         fprintf(stderr, "cllm convert: --max-shard-size: %s\n", cllm_last_error());
         rc = 2;
+        goto done;
+    }
+    if (tensor < 1 || (tensor > 1 && !model_arg)) {
+        fprintf(stderr, "cllm convert: --tensor %d: a positive size, with --model only\n", tensor);
+        rc = 2;
+        goto done;
+    }
+    if (model_arg) {
+        if (cllm_model_load(&m, model_arg) ||
+            cllm_topo_check_tensor(cllm_model_get_config(m), tensor, model_arg) ||
+            cllm_split_save(m, tensor, model_arg, tokenizer_files, out)) {
+            rc = tool_fail("convert");
+            goto done;
+        }
+        fprintf(stderr, "cllm convert: %s (%zu parameters) -> stage layout %s: %d units x %d tensor rank%s\n",
+                model_arg, cllm_model_n_params(m), out, cllm_model_get_config(m)->n_layer + 2, tensor,
+                tensor == 1 ? "" : "s");
+        goto done;
+    }
+    if (layout_arg) {
+        const char *tok_dirs[1] = {layout_arg};
+        int copied = 0;
+        if (cllm_split_load(&m, layout_arg) || cllm_make_dirs(out) || cllm_model_save(m, out, max_shard) ||
+            copy_tokenizer(tok_dirs, 1, out, &copied)) {
+            rc = tool_fail("convert");
+            goto done;
+        }
+        fprintf(stderr, "cllm convert: stage layout %s (%zu parameters) -> %s%s\n", layout_arg, cllm_model_n_params(m),
+                out, copied ? " with its tokenizer" : "");
         goto done;
     }
     /* an output folder with `latest` means its newest checkpoint */
