@@ -307,6 +307,7 @@ static cllm_status parse_precision(cllm_train_config *c, const json_t *j, const 
         TRY(get_int(fp16, "loss_scale_window", &c->fp16_loss_scale_window, 1, "fp16", path));
         TRY(get_int(fp16, "hysteresis", &c->fp16_hysteresis, 1, "fp16", path));
         TRY(get_num(fp16, "min_loss_scale", &c->fp16_min_loss_scale, 0.0, "fp16", path));
+        TRY(get_bool(fp16, "consecutive_hysteresis", &c->fp16_consecutive_hysteresis, "fp16", path));
     }
     if (bf16) {
         static const char *const k[] = {"enabled", "immediate_grad_update", "check_grad_overflow", NULL};
