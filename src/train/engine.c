@@ -50,6 +50,8 @@ typedef struct {
     double save_wait_total, time_save_pending;
     int n_saves;
     train_zero zero;        /* data parallelism: slices, buckets, memory */
+    bool fp16;              /* fp16.enabled: loss scaling (fp16_step.c) */
+    cllm_loss_scaler scaler;
     const char *output_dir; /* the caller's, restored at the end (ranks > 0 write nothing) */
 } trainer;
 
@@ -284,8 +286,10 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     double t1 = cllm_time_sec();
     cllm_model_zero_grads(tr->m);
     double loss_sum = 0;
+    const double loss_scale = tr->fp16 ? cllm_loss_scaler_scale(&tr->scaler) : 1.0;
     if (count > 0) {
         float scale = (float)(1.0 / (double)count);
+        if (tr->fp16) scale *= (float)loss_scale; /* a power of two: exact */
         for (long j = 0; j < c->gradient_accumulation_steps; j++) {
             size_t off = (size_t)j * (size_t)mb * (size_t)T;
             double s = 0;
@@ -301,8 +305,22 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     double t2 = cllm_time_sec();
     double loss = count > 0 ? loss_sum / (double)count : 0.0;
     double gnorm = 0;
+    bool overflow = false;
+    if (tr->fp16 && (st = train_fp16_unscale(&tr->zero, grads, loss_scale, &overflow)))
+        return cllm_fail_context(st, "step %ld", step);
     if ((st = train_zero_clip(&tr->zero, grads, c->gradient_clipping, &gnorm))) return cllm_fail_context(st, "step %ld", step);
-    bool finite = isfinite(loss) && isfinite(gnorm);
+    bool finite = !overflow && isfinite(loss) && isfinite(gnorm);
+    if (tr->fp16) {
+        bool skip = false;
+        if ((st = cllm_loss_scaler_update(&tr->scaler, !finite, &skip))) {
+            end_line(tr);
+            if (c->dp_rank == 0)
+                fprintf(stderr, "step %ld: gradient overflow at loss scale %g, the minimum (fp16.min_loss_scale)\n",
+                        step, loss_scale);
+            return st;
+        }
+        train_fp16_store(&tr->scaler, &tr->state);
+    }
     double lr = cllm_sched_lr(&c->sched, c->optim.lr, tr->state.sched_iter);
     if (finite && count > 0) {
         if ((st = train_zero_step(&tr->zero, tr->opt, cllm_model_params(tr->m), grads, lr)))
@@ -345,9 +363,18 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     rec_int(&r, "state_bytes_grads", (long long)tr->zero.mem.grads);
     rec_int(&r, "state_bytes_optim", (long long)tr->zero.mem.optim);
     rec_int(&r, "activation_bytes", (long long)tr->act_bytes);
+    if (tr->fp16) rec_num(&r, "loss_scale", loss_scale);
     if (!finite) rec_bool(&r, "skipped", true);
     tr->time_save_pending = 0;
     if ((st = train_metrics_write(&tr->metrics, rec_end(&r)))) return st;
+    if (!finite && tr->fp16 && tr->scaler.dynamic) {
+        /* an overflow is routine with dynamic scaling: the scaler's minimum is the stop */
+        end_line(tr);
+        if (c->dp_rank == 0 && c->log != CLLM_LOG_MODE_QUIET)
+            fprintf(stderr, "step %ld: gradient overflow, update skipped; loss scale %g -> %g\n", step, loss_scale,
+                    cllm_loss_scaler_scale(&tr->scaler));
+        return CLLM_OK;
+    }
     if (!finite) {
         end_line(tr);
         fprintf(stderr, "step %ld: non-finite %s (loss %g, grad norm %g): update skipped (%ld in a row)\n", step,
@@ -416,6 +443,11 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     tr->state.data_seed = c->seed;
     tr->state.loss_scale = 1.0;
     if (resume_dir && (st = resume_from(tr, resume_dir))) goto done;
+    tr->fp16 = c->fp16_enabled;
+    if (tr->fp16) {
+        if ((st = train_fp16_init(&tr->scaler, c, resume_dir ? &tr->state : NULL))) goto done;
+        train_fp16_store(&tr->scaler, &tr->state);
+    }
     tr->state.config_hash = cllm_train_config_hash(c);
     snprintf(tr->state.optimizer, sizeof tr->state.optimizer, "%s", cllm_opt_name(c->optim.type));
     tr->state.train_batch_size = c->train_batch_size;
