@@ -360,6 +360,11 @@ static cllm_status parse_zero(cllm_train_config *c, const json_t *j, const char 
     c->zero_stage = (int)stage;
     TRY(parse_offload(z, "offload_optimizer", &c->zero_offload_optimizer, path, strict));
     TRY(parse_offload(z, "offload_param", &c->zero_offload_param, path, strict));
+    if (c->zero_offload_param && strcmp(c->zero_offload_param, "nvme") == 0 && c->zero_stage < 3)
+        return CLLM_FAIL(CLLM_ERR_ARG,
+                         "%s: zero_optimization.offload_param: offloading parameters requires ZeRO stage 3 "
+                         "(zero_optimization.stage is %d); use offload_optimizer to offload the optimizer state",
+                         path, c->zero_stage);
     return CLLM_OK;
 }
 

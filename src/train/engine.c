@@ -23,6 +23,7 @@
 #include "cllm/io.h"
 #include "cllm/loader.h"
 #include "cllm/model.h"
+#include "offload.h"
 #include "train_impl.h"
 
 static volatile sig_atomic_t stop_requested;
@@ -52,6 +53,7 @@ typedef struct {
     train_zero zero;        /* data parallelism: slices, buckets, memory */
     bool fp16;              /* fp16.enabled: loss scaling (fp16_step.c) */
     cllm_loss_scaler scaler;
+    train_offload *offload; /* optimizer state in a file (offload_optimizer nvme), or NULL */
     const char *output_dir; /* the caller's, restored at the end (ranks > 0 write nothing) */
 } trainer;
 
@@ -129,8 +131,10 @@ static cllm_status resume_from(trainer *tr, const char *dir) {
     if (strcmp(tr->state.optimizer, cllm_opt_name(tr->cfg->optim.type)) != 0)
         return CLLM_FAIL(CLLM_ERR_ARG, "checkpoint %s was written by optimizer %s, the config asks for %s", dir,
                          tr->state.optimizer, cllm_opt_name(tr->cfg->optim.type));
-    st = cllm_ckpt_read_optim(dir, cllm_optim_state(tr->opt, 0), cllm_optim_state(tr->opt, 1),
-                              cllm_model_buffer_len(tr->m));
+    float *s0 = cllm_optim_state(tr->opt, 0), *s1 = cllm_optim_state(tr->opt, 1);
+    if (tr->offload && (st = train_offload_map(tr->offload, true, &s0, &s1))) return st;
+    st = cllm_ckpt_read_optim(dir, s0, s1, cllm_model_buffer_len(tr->m));
+    train_offload_unmap(tr->offload);
     if (st) return st;
     cllm_optim_set_step_count(tr->opt, tr->state.optim_step);
     uint64_t h = cllm_train_config_hash(tr->cfg);
@@ -234,9 +238,13 @@ static cllm_status save_checkpoint(trainer *tr, bool sync) {
     if (!c->output_dir) return CLLM_OK;
     tr->state.optim_step = cllm_optim_step_count(tr->opt);
     double wait = 0;
-    cllm_status st = train_saver_save(tr->saver, c->output_dir, tr->m, cllm_model_params(tr->m),
-                                      cllm_optim_state(tr->opt, 0), cllm_optim_state(tr->opt, 1), &tr->state,
-                                      c->max_shard_bytes, c->save_total_limit, &wait);
+    /* offloaded state: written straight from the mapped file (the saver is synchronous then) */
+    float *s0 = cllm_optim_state(tr->opt, 0), *s1 = cllm_optim_state(tr->opt, 1);
+    cllm_status st = tr->offload ? train_offload_map(tr->offload, false, &s0, &s1) : CLLM_OK;
+    if (!st)
+        st = train_saver_save(tr->saver, c->output_dir, tr->m, cllm_model_params(tr->m), s0, s1, &tr->state,
+                              c->max_shard_bytes, c->save_total_limit, &wait);
+    train_offload_unmap(tr->offload);
     if (!st && sync) st = train_saver_wait(tr->saver, &wait);
     tr->save_wait_total += wait;
     tr->time_save_pending += wait;
@@ -363,6 +371,12 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     rec_int(&r, "state_bytes_grads", (long long)tr->zero.mem.grads);
     rec_int(&r, "state_bytes_optim", (long long)tr->zero.mem.optim);
     rec_int(&r, "activation_bytes", (long long)tr->act_bytes);
+    if (tr->offload) {
+        double io = 0, wait = 0;
+        train_offload_take_step_times(tr->offload, &io, &wait);
+        rec_num(&r, "offload_io_time", io);
+        rec_num(&r, "offload_wait_time", wait);
+    }
     if (tr->fp16) rec_num(&r, "loss_scale", loss_scale);
     if (!finite) rec_bool(&r, "skipped", true);
     tr->time_save_pending = 0;
@@ -428,8 +442,18 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     /* the optimizer keeps state for this rank's slice only (all of it at ZeRO stage 0) */
     if ((st = train_zero_init(&tr->zero, c, n, tr->ranges, tr->n_ranges))) goto done;
     if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), cllm_loader_size(tr->train)))) goto done;
-    if ((st = cllm_optim_init(&tr->opt, &c->optim, train_zero_slice_len(&tr->zero)))) goto done;
+    train_offload_config oc;
+    if ((st = train_offload_config_get(c, &oc))) goto done;
+    if (oc.nvme) {
+        size_t slice = train_zero_slice_len(&tr->zero);
+        if ((st = cllm_optim_init_streamed(&tr->opt, &c->optim, slice))) goto done;
+        if ((st = train_offload_init(&tr->offload, &oc, &c->optim, slice, c->dp_rank))) goto done;
+        tr->zero.offload = tr->offload;
+    } else if ((st = cllm_optim_init(&tr->opt, &c->optim, train_zero_slice_len(&tr->zero)))) {
+        goto done;
+    }
     train_zero_count_optim(&tr->zero, tr->opt);
+    if (tr->offload) tr->zero.mem.optim = train_offload_buffer_bytes(tr->offload); /* what stays in RAM */
     if (tr->zero.stage >= 1 && tr->zero.size > 1 && (c->save_interval > 0 || resume_dir)) {
         st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
                        "checkpoints with ZeRO stage %d over %d ranks: the optimizer state is partitioned and sharded "
@@ -452,8 +476,8 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     snprintf(tr->state.optimizer, sizeof tr->state.optimizer, "%s", cllm_opt_name(c->optim.type));
     tr->state.train_batch_size = c->train_batch_size;
     tr->state.dp_size = c->dp_size;
-    if ((st = train_saver_init(&tr->saver, n, cllm_optim_state(tr->opt, 0) != NULL,
-                               cllm_optim_state(tr->opt, 1) != NULL, c->async_save)))
+    if ((st = train_saver_init(&tr->saver, n, cllm_optim_has_state(&c->optim, 0), cllm_optim_has_state(&c->optim, 1),
+                               c->async_save && !tr->offload)))
         goto done;
     if (c->dp_rank > 0) c->output_dir = NULL; /* only rank 0 writes: model, checkpoints, metrics */
     if (c->output_dir && (st = cllm_make_dirs(c->output_dir))) goto done;
@@ -509,6 +533,13 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     }
     end_line(tr);
     res->last_step = tr->state.global_step;
+    if (tr->offload && c->log != CLLM_LOG_MODE_QUIET && c->dp_rank == 0) {
+        double io = 0, wait = 0;
+        train_offload_times(tr->offload, &io, &wait);
+        fprintf(stderr, "cllm train: optimizer state offloaded (%.3f MB buffer): %.3f s of I/O, %.3f s waited for, "
+                "%.3f s (%.0f%%) hidden behind the update\n", (double)train_offload_buffer_bytes(tr->offload) / 1e6,
+                io, wait, io > wait ? io - wait : 0.0, io > 0 ? 100.0 * (io > wait ? io - wait : 0.0) / io : 0.0);
+    }
     if (!res->stopped) {
         long step = tr->state.global_step;
         if (c->eval_interval > 0 && tr->last_eval_step != step && step > first && (st = run_eval(tr, step))) goto done;
@@ -558,6 +589,7 @@ cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks
     free(tr.ranges);
     cllm_optim_free(tr.opt);
     train_zero_free(&tr.zero);
+    train_offload_free(tr.offload);
     cllm_loader_free(tr.train);
     cllm_loader_free(tr.eval);
     cllm_model_free(tr.m);

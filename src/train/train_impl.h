@@ -75,6 +75,7 @@ typedef struct {
     cllm_param_range *ranges;    /* decay ranges within the slice, slice-relative */
     int n_ranges;
     train_mem mem;
+    struct train_offload *offload; /* optimizer state streamed from a file (offload.h), or NULL */
 } train_zero;
 
 /* Partitions n floats over the world by c->zero_stage, checks the topology
