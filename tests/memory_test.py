@@ -106,6 +106,8 @@ def main():
     for i, (arch, B, T, opt, ckpt, *rest) in enumerate(CONFIGS):
         model = os.path.join(d, arch)
         off = rest[0] if rest else None
+        if off and a.no_rss:
+            continue  # only RSS tells the offload apart; tests/offload_test.py covers it under sanitizers
         e = estimate(model, B, T, opt, ckpt, overhead, off)
         rss, act = train(model, f"o{i}", B, T, opt, ckpt, off)
         err = (e["total"] - rss) / rss
