@@ -15,6 +15,10 @@ Cases:
               from such a checkpoint ends equal to the straight in-memory run.
   errors      missing / non-folder / unwritable nvme_path, no nvme_path,
               buffer_count below 3, offload_param nvme below stage 3.
+  dp          (mpirun) ZeRO-2 over 2 ranks with fp16 loss scaling and
+              overflows injected: offloaded slices equal the in-memory run
+              bit for bit, and the loss-scale sequence equals the
+              one-process run's.
 
 Usage: offload_test.py --cllm BIN --build DIR --case NAME
 """
@@ -47,9 +51,14 @@ class Env:
     def path(self, *p):
         return os.path.join(self.dir, *p)
 
-    def run(self, *args):
-        e = dict(os.environ, OMP_NUM_THREADS="2", OMP_WAIT_POLICY="PASSIVE")
-        return subprocess.run([self.cllm, *args], capture_output=True, text=True, env=e, timeout=120)
+    def run(self, *args, ranks=0, env=None):
+        e = dict(os.environ, OMP_NUM_THREADS="1" if ranks else "2", OMP_WAIT_POLICY="PASSIVE")
+        e.update(env or {})
+        pre = []
+        if ranks:
+            pre = ["timeout", "-k", "5", "60", "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+                   "-np", str(ranks)] + [x for k in (env or {}) for x in ("-x", k)]
+        return subprocess.run(pre + [self.cllm, *args], capture_output=True, text=True, env=e, timeout=120)
 
     def run_ok(self, *args):
         p = self.run(*args)
@@ -57,7 +66,7 @@ class Env:
             raise SystemExit(f"cllm {' '.join(args)} failed: {p.stderr}")
         return p
 
-    def train(self, out, offload=None, optimizer=None, extra=(), **kw):
+    def train(self, out, offload=None, optimizer=None, extra=(), ranks=0, env=None, **kw):
         c = {"model": self.model, "data": {"train": self.data, "seq_len": 32}, "output_dir": self.path(out),
              "train_micro_batch_size_per_gpu": 4, "train_iters": 6, "log": "plain", "peak_gflops": 1.0,
              "gradient_clipping": 1.0,
@@ -68,7 +77,7 @@ class Env:
         cfg = self.path(out + ".json")
         with open(cfg, "w") as f:
             json.dump(c, f)
-        return self.run("train", "--config", cfg, *extra)
+        return self.run("train", "--config", cfg, *extra, ranks=ranks, env=env)
 
     def read(self, *p):
         with open(self.path(*p), "rb") as f:
@@ -153,7 +162,29 @@ def case_errors(env):
           f"offload_param below stage 3: {p.stderr}")
 
 
-CASES = {"equal": case_equal, "checkpoint": case_checkpoint, "errors": case_errors}
+def case_dp(env):
+    poison = {"CLLM_TRAIN_POISON_STEPS": "3,4,7"}
+    fp16 = {"enabled": True, "initial_scale_power": 6, "loss_scale_window": 2, "hysteresis": 2}
+    kw = dict(train_micro_batch_size_per_gpu=2, train_batch_size=8, train_iters=8, fp16=fp16)
+    p = env.train("one", env=poison, zero_optimization={"stage": 2}, **kw)
+    check(p.returncode == 0, f"one process: {p.stderr}")
+    p = env.train("mem2", env=poison, ranks=2, zero_optimization={"stage": 2}, **kw)
+    check(p.returncode == 0, f"2 ranks in memory: {p.stderr}")
+    p = env.train("off2", env=poison, ranks=2, zero_optimization={
+        "stage": 2, "offload_optimizer": nvme(env, buffer_count=3, buffer_size=3000)}, **kw)
+    check(p.returncode == 0, f"2 ranks offloaded: {p.stderr}")
+    check(env.read("off2", "model.safetensors") == env.read("mem2", "model.safetensors"),
+          "offloaded ZeRO-2 slices: final weights equal the in-memory run's")
+
+    def seq(out):
+        with open(env.path(out, "metrics.jsonl")) as f:
+            return [(r["loss_scale"], r.get("skipped", False)) for r in map(json.loads, f)]
+    check(seq("off2") == seq("mem2") == seq("one") and sum(k for _, k in seq("one")) == 3,
+          f"loss-scale sequence: {seq('one')} {seq('mem2')} {seq('off2')}")
+    check(os.listdir(env.nvme) == [], "state files of both ranks removed")
+
+
+CASES = {"equal": case_equal, "checkpoint": case_checkpoint, "errors": case_errors, "dp": case_dp}
 
 
 def main():
