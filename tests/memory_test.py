@@ -13,7 +13,8 @@ activation-bytes check.
 """
 import argparse, json, os, random, shutil, subprocess, sys, tempfile
 
-CONFIGS = [  # (arch, micro-batch, seq-len, optimizer, grad-ckpt)
+OFFLOAD = {"buffer_count": 4, "buffer_size": 65536}
+CONFIGS = [  # (arch, micro-batch, seq-len, optimizer, grad-ckpt[, offload])
     ("gpt2", 4, 256, "adamw", False),
     ("gpt2", 4, 256, "adamw", True),
     ("llama", 2, 512, "sgd", False),
@@ -21,6 +22,8 @@ CONFIGS = [  # (arch, micro-batch, seq-len, optimizer, grad-ckpt)
     ("bloom", 8, 128, "lion", True),
     ("bloom", 8, 128, "adamw", False),
     ("llama", 8, 128, "lion", False),
+    # optimizer state offloaded to a file: only its stream buffer is resident
+    ("llama", 2, 512, "adamw", False, OFFLOAD),
 ]
 SETS = {
     "gpt2": ["n_embd=256", "n_layer=4", "n_head=4", "vocab_size=8192", "n_positions=512"],
@@ -64,8 +67,16 @@ def main():
             ids = [r.randrange(3, 500) for _ in range(r.randint(6, 30))]
             f.write(json.dumps({"input_ids": ids, "labels": ids}) + "\n")
 
-    def train(model, out, B, T, opt, ckpt):
-        args = ["train", "--model", model, "--data", data, "--out", os.path.join(d, out), "--steps", "2",
+    def train(model, out, B, T, opt, ckpt, offload=None):
+        cfg = []
+        if offload:
+            nvme = os.path.join(d, out + "_nvme")
+            os.makedirs(nvme)
+            cfg = ["--config", os.path.join(d, out + ".json")]
+            with open(cfg[1], "w") as f:
+                json.dump({"zero_optimization": {"offload_optimizer": dict(offload, device="nvme", nvme_path=nvme)}},
+                          f)
+        args = ["train"] + cfg + ["--model", model, "--data", data, "--out", os.path.join(d, out), "--steps", "2",
                 "--batch-size", str(B), "--seq-len", str(T), "--optimizer", opt, "--log", "quiet",
                 "--peak-gflops", "1"] + (["--grad-ckpt"] if ckpt else [])
         rss = peak_rss(a.cllm, *args)
@@ -73,9 +84,12 @@ def main():
             act = json.loads(f.readline())["activation_bytes"]
         return rss, act
 
-    def estimate(model, B, T, opt, ckpt, overhead):
+    def estimate(model, B, T, opt, ckpt, overhead, offload=None):
         args = ["estimate", "--json", "--model", model, "--micro-batch", str(B), "--seq-len", str(T),
                 "--optimizer", opt, "--overhead", str(overhead)] + (["--grad-ckpt"] if ckpt else [])
+        if offload:
+            args += ["--offload-optimizer", "--offload-buffer-count", str(offload["buffer_count"]),
+                     "--offload-buffer-size", str(offload["buffer_size"])]
         return json.loads(run(a.cllm, *args))
 
     tiny = os.path.join(d, "tiny")
@@ -89,11 +103,16 @@ def main():
     print("|---|---|---|---|---|---|---|")
     for arch in SETS:
         run(a.cllm, "init", "--arch", arch, "--out", os.path.join(d, arch), "--seed", "1", "--set", *SETS[arch])
-    for i, (arch, B, T, opt, ckpt) in enumerate(CONFIGS):
+    for i, (arch, B, T, opt, ckpt, *rest) in enumerate(CONFIGS):
         model = os.path.join(d, arch)
-        e = estimate(model, B, T, opt, ckpt, overhead)
-        rss, act = train(model, f"o{i}", B, T, opt, ckpt)
+        off = rest[0] if rest else None
+        if off and a.no_rss:
+            continue  # only RSS tells the offload apart; tests/offload_test.py covers it under sanitizers
+        e = estimate(model, B, T, opt, ckpt, overhead, off)
+        rss, act = train(model, f"o{i}", B, T, opt, ckpt, off)
         err = (e["total"] - rss) / rss
+        if off:
+            opt += " offload"
         print(f"| {arch} {e['n_params'] / 1e6:.1f}M | {B} x {T} | {opt} | {'on' if ckpt else 'off'} | "
               f"{e['total'] / 1e6:.1f} | {rss / 1e6:.1f} | {100 * err:+.1f}% |")
         if abs(err) > 0.10 and not a.no_rss:

@@ -8,6 +8,7 @@
 #include "cllm/json.h"
 #include "cllm/kernels.h"
 #include "cllm/loader.h"
+#include "cllm/loss_scale.h"
 #include "cllm/memory.h"
 #include "cllm/model.h"
 #include "cllm/optim.h"

@@ -46,7 +46,10 @@ typedef struct {
     long skipped_steps, consecutive_skips;
     double tokens_seen;      /* counted targets so far */
     double train_seconds;    /* wall time of the steps so far */
-    double loss_scale;       /* placeholder for fp16 (1.0) */
+    double loss_scale;       /* fp16: the current loss scale (1.0 without fp16) */
+    bool has_loss_scaler;    /* fp16: the scaler counters below are saved ("loss_scaler") */
+    long loss_scaler_iter, loss_scaler_last_overflow; /* cllm_loss_scaler's iter, last_overflow_iter */
+    int loss_scaler_hysteresis;                       /* and cur_hysteresis */
     uint64_t config_hash;
     char optimizer[16];      /* "adamw", "adam", "lion", "sgd" */
     long train_batch_size;

@@ -8,7 +8,10 @@
  * ZeRO sharding follows DeepSpeed's stages with N = dp ranks: stage 1
  * shards the optimizer state, stage 2 also the gradients, stage 3 also the
  * parameters; a shard is ceil(buffer / N) floats. Communication buckets and
- * the data set held by the loader are not counted.
+ * the data set held by the loader are not counted. With the optimizer state
+ * offloaded to a file only its stream buffer counts (buffer_count x
+ * min(buffer_size, shard) floats per state buffer), and checkpoints are
+ * written synchronously (no snapshot).
  */
 #ifndef CLLM_MEMORY_H
 #define CLLM_MEMORY_H
@@ -35,6 +38,8 @@ typedef struct {
     int zero_stage;        /* 0..3 */
     int dp;                /* data-parallel ranks, >= 1 */
     bool async_save;       /* checkpoints snapshot params + optimizer state */
+    bool offload_optimizer;/* optimizer state in a file (offload_optimizer nvme): not in RAM */
+    long offload_buffer_count, offload_buffer_size; /* its stream: slots x floats per state */
     size_t overhead;       /* fixed process memory (code, libraries, threads) */
 } cllm_mem_setup;
 
@@ -44,7 +49,9 @@ typedef struct {
     size_t n_params;    /* parameters of the model */
     size_t params;      /* parameter buffer (shard with ZeRO-3) */
     size_t grads;       /* gradient buffer (shard with ZeRO-2/3) */
-    size_t optim;       /* optimizer state (shard with ZeRO-1/2/3) */
+    size_t optim;       /* optimizer state (shard with ZeRO-1/2/3); 0 when offloaded */
+    size_t optim_disk;  /* offloaded optimizer state (on disk, not in total) */
+    size_t offload_buffer; /* the offload stream's buffer */
     size_t activations; /* activation buffer without the logits chunk */
     size_t logits;      /* logits chunk of the fused head + cross-entropy */
     size_t snapshot;    /* checkpoint snapshot buffers (async_save) */

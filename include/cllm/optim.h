@@ -70,6 +70,24 @@ const cllm_optim_params *cllm_optim_get_params(const cllm_optimizer *o);
  * second moment (or momentum) buffers, NULL where the optimizer has none. */
 float *cllm_optim_state(cllm_optimizer *o, int which);
 
+/* ---- streamed state (optimizer state kept outside, e.g. offloaded to a
+ * file and brought in window by window) ---- */
+/* Whether an optimizer of these parameters keeps state buffer `which`
+ * (0: momentum / first moment, 1: second moment). */
+bool cllm_optim_has_state(const cllm_optim_params *p, int which);
+/* Like cllm_optim_init, but allocates no state: cllm_optim_state returns
+ * NULL and updates go through cllm_optim_step_begin + _step_window. */
+cllm_status cllm_optim_init_streamed(cllm_optimizer **out, const cllm_optim_params *p, size_t n);
+/* Starts one update (increments the step count, as cllm_optim_step does). */
+void cllm_optim_step_begin(cllm_optimizer *o);
+/* The update of floats [begin, end) of params/grads (full-buffer pointers
+ * and ranges, as for cllm_optim_step), with that window's state in
+ * s0[end - begin] / s1[end - begin] (NULL where the optimizer has none).
+ * Windows covering the buffer give bit-identical results to one
+ * cllm_optim_step: the update is element-wise with the same coefficients. */
+void cllm_optim_step_window(cllm_optimizer *o, float *params, const float *grads, float *s0, float *s1, size_t begin,
+                            size_t end, const cllm_param_range *ranges, int n_ranges, double lr);
+
 /* L2 norm of grads[n] (accumulated in double). */
 double cllm_grad_norm(const float *grads, size_t n);
 /* clip_grad_norm_: if max_norm > 0, scales grads by

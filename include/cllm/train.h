@@ -48,10 +48,11 @@ typedef struct {
     const char *optimizer_name;          /* as written ("Adam", "AdamW", "Lion", "SGD") */
     bool adam_w_mode;                    /* DeepSpeed Adam: decoupled weight decay (default true) */
     cllm_sched_params sched;
-    bool fp16_enabled, bf16_enabled;     /* stored; training runs in fp32 */
+    bool fp16_enabled, bf16_enabled;     /* fp16: loss scaling (cllm/loss_scale.h) */
     double fp16_loss_scale;              /* 0 = dynamic */
     int fp16_initial_scale_power, fp16_loss_scale_window, fp16_hysteresis;
     double fp16_min_loss_scale;
+    bool fp16_consecutive_hysteresis;    /* refill the hysteresis on every clean step */
     int zero_stage;                      /* stored for the data-parallel work */
     const char *zero_offload_optimizer, *zero_offload_param; /* device or NULL */
     long steps_per_print;

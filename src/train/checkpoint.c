@@ -230,7 +230,7 @@ static bool hex_u64(const json_t *v, uint64_t *out) {
 static json_t *state_to_json(const cllm_ckpt_state *s) {
     json_t *rng = json_array();
     for (int i = 0; i < 4; i++) json_array_append_new(rng, u64_hex(s->rng.s[i]));
-    return json_pack("{si sI sI sI so so so sI sI sf sf sf so ss sI si}", "version", 1, "global_step",
+    json_t *j = json_pack("{si sI sI sI so so so sI sI sf sf sf so ss sI si}", "version", 1, "global_step",
                      (json_int_t)s->global_step, "optimizer_step", (json_int_t)s->optim_step, "scheduler_iteration",
                      (json_int_t)s->sched_iter, "next_sample", u64_hex(s->next_sample), "data_seed",
                      u64_hex(s->data_seed), "rng", rng, "skipped_steps", (json_int_t)s->skipped_steps,
@@ -238,6 +238,12 @@ static json_t *state_to_json(const cllm_ckpt_state *s) {
                      "train_seconds", s->train_seconds, "loss_scale", s->loss_scale, "config_hash",
                      u64_hex(s->config_hash), "optimizer", s->optimizer, "train_batch_size",
                      (json_int_t)s->train_batch_size, "dp_size", s->dp_size);
+    if (j && s->has_loss_scaler)
+        json_object_set_new(j, "loss_scaler",
+                            json_pack("{sI sI si}", "iter", (json_int_t)s->loss_scaler_iter, "last_overflow_iter",
+                                      (json_int_t)s->loss_scaler_last_overflow, "cur_hysteresis",
+                                      s->loss_scaler_hysteresis));
+    return j;
 }
 
 cllm_status cllm_ckpt_read_state(const char *dir, cllm_ckpt_state *s) {
@@ -279,6 +285,22 @@ cllm_status cllm_ckpt_read_state(const char *dir, cllm_ckpt_state *s) {
     s->train_batch_size = (long)tb;
     s->dp_size = dp;
     snprintf(s->optimizer, sizeof s->optimizer, "%s", opt);
+    json_t *ls = json_object_get(j, "loss_scaler"); /* optional: written by fp16 runs */
+    if (ls) {
+        json_int_t it = 0, last = 0;
+        int hy = 0;
+        if (json_unpack_ex(ls, &err, 0, "{sI sI si}", "iter", &it, "last_overflow_iter", &last, "cur_hysteresis",
+                           &hy) != 0 ||
+            it < 0 || last < -1 || hy < 1) {
+            st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: loss_scaler: malformed (expected iter >= 0, last_overflow_iter >= -1, "
+                           "cur_hysteresis >= 1)", path);
+            goto done;
+        }
+        s->has_loss_scaler = true;
+        s->loss_scaler_iter = (long)it;
+        s->loss_scaler_last_overflow = (long)last;
+        s->loss_scaler_hysteresis = hy;
+    }
 done:
     json_decref(j);
     return st;

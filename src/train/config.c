@@ -307,6 +307,7 @@ static cllm_status parse_precision(cllm_train_config *c, const json_t *j, const 
         TRY(get_int(fp16, "loss_scale_window", &c->fp16_loss_scale_window, 1, "fp16", path));
         TRY(get_int(fp16, "hysteresis", &c->fp16_hysteresis, 1, "fp16", path));
         TRY(get_num(fp16, "min_loss_scale", &c->fp16_min_loss_scale, 0.0, "fp16", path));
+        TRY(get_bool(fp16, "consecutive_hysteresis", &c->fp16_consecutive_hysteresis, "fp16", path));
     }
     if (bf16) {
         static const char *const k[] = {"enabled", "immediate_grad_update", "check_grad_overflow", NULL};
@@ -359,6 +360,11 @@ static cllm_status parse_zero(cllm_train_config *c, const json_t *j, const char 
     c->zero_stage = (int)stage;
     TRY(parse_offload(z, "offload_optimizer", &c->zero_offload_optimizer, path, strict));
     TRY(parse_offload(z, "offload_param", &c->zero_offload_param, path, strict));
+    if (c->zero_offload_param && strcmp(c->zero_offload_param, "nvme") == 0 && c->zero_stage < 3)
+        return CLLM_FAIL(CLLM_ERR_ARG,
+                         "%s: zero_optimization.offload_param: offloading parameters requires ZeRO stage 3 "
+                         "(zero_optimization.stage is %d); use offload_optimizer to offload the optimizer state",
+                         path, c->zero_stage);
     return CLLM_OK;
 }
 

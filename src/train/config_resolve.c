@@ -180,6 +180,7 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
     json_object_set_new(fp16, "loss_scale_window", json_integer(c->fp16_loss_scale_window));
     json_object_set_new(fp16, "hysteresis", json_integer(c->fp16_hysteresis));
     json_object_set_new(fp16, "min_loss_scale", json_real(c->fp16_min_loss_scale));
+    json_object_set_new(fp16, "consecutive_hysteresis", json_boolean(c->fp16_consecutive_hysteresis));
     json_object_set_new(j, "fp16", fp16);
     json_object_set_new(j, "bf16", json_pack("{sb}", "enabled", c->bf16_enabled));
     json_t *z = c->zero_optimization ? json_deep_copy(c->zero_optimization) : json_object();

@@ -23,6 +23,7 @@
 #include "cllm/io.h"
 #include "cllm/loader.h"
 #include "cllm/model.h"
+#include "offload.h"
 #include "train_impl.h"
 
 static volatile sig_atomic_t stop_requested;
@@ -50,6 +51,9 @@ typedef struct {
     double save_wait_total, time_save_pending;
     int n_saves;
     train_zero zero;        /* data parallelism: slices, buckets, memory */
+    bool fp16;              /* fp16.enabled: loss scaling (fp16_step.c) */
+    cllm_loss_scaler scaler;
+    train_offload *offload; /* optimizer state in a file (offload_optimizer nvme), or NULL */
     const char *output_dir; /* the caller's, restored at the end (ranks > 0 write nothing) */
 } trainer;
 
@@ -129,8 +133,10 @@ static cllm_status resume_from(trainer *tr, const char *dir) {
                          tr->state.optimizer, cllm_opt_name(tr->cfg->optim.type));
     /* only this rank's slice of the state, whatever world size or stage
      * wrote the checkpoint (the flat layout is the same for all) */
-    st = cllm_ckpt_read_optim_range(dir, tr->m, cllm_optim_state(tr->opt, 0), cllm_optim_state(tr->opt, 1),
-                                    tr->zero.begin, tr->zero.end);
+    float *s0 = cllm_optim_state(tr->opt, 0), *s1 = cllm_optim_state(tr->opt, 1);
+    if (tr->offload && (st = train_offload_map(tr->offload, true, &s0, &s1))) return st;
+    st = cllm_ckpt_read_optim_range(dir, tr->m, s0, s1, tr->zero.begin, tr->zero.end);
+    train_offload_unmap(tr->offload);
     if (st) return st;
     cllm_optim_set_step_count(tr->opt, tr->state.optim_step);
     uint64_t h = cllm_train_config_hash(tr->cfg);
@@ -239,9 +245,14 @@ static cllm_status save_sharded(trainer *tr) {
     tr->state.optim_step = cllm_optim_step_count(tr->opt);
     double t0 = cllm_time_sec();
     const train_zero *z = &tr->zero;
-    cllm_ckpt_slice s = {cllm_model_params(tr->m) + z->begin, cllm_optim_state(tr->opt, 0),
-                         cllm_optim_state(tr->opt, 1), z->begin, z->end, z->n};
-    cllm_status st = cllm_ckpt_write_sharded(tr->output_dir, tr->m, &s, &tr->state, tr->cfg->save_total_limit);
+    float *s0 = cllm_optim_state(tr->opt, 0), *s1 = cllm_optim_state(tr->opt, 1);
+    /* offloaded state: written from the mapped file (a failure here ends
+     * every rank through the front end's abort) */
+    cllm_status st = tr->offload ? train_offload_map(tr->offload, false, &s0, &s1) : CLLM_OK;
+    if (st) return st;
+    cllm_ckpt_slice s = {cllm_model_params(tr->m) + z->begin, s0, s1, z->begin, z->end, z->n};
+    st = cllm_ckpt_write_sharded(tr->output_dir, tr->m, &s, &tr->state, tr->cfg->save_total_limit);
+    train_offload_unmap(tr->offload);
     double wait = cllm_time_sec() - t0;
     tr->save_wait_total += wait;
     tr->time_save_pending += wait;
@@ -256,9 +267,13 @@ static cllm_status save_checkpoint(trainer *tr, bool sync) {
     if (!c->output_dir) return CLLM_OK;
     tr->state.optim_step = cllm_optim_step_count(tr->opt);
     double wait = 0;
-    cllm_status st = train_saver_save(tr->saver, c->output_dir, tr->m, cllm_model_params(tr->m),
-                                      cllm_optim_state(tr->opt, 0), cllm_optim_state(tr->opt, 1), &tr->state,
-                                      c->max_shard_bytes, c->save_total_limit, &wait);
+    /* offloaded state: written straight from the mapped file (the saver is synchronous then) */
+    float *s0 = cllm_optim_state(tr->opt, 0), *s1 = cllm_optim_state(tr->opt, 1);
+    cllm_status st = tr->offload ? train_offload_map(tr->offload, false, &s0, &s1) : CLLM_OK;
+    if (!st)
+        st = train_saver_save(tr->saver, c->output_dir, tr->m, cllm_model_params(tr->m), s0, s1, &tr->state,
+                              c->max_shard_bytes, c->save_total_limit, &wait);
+    train_offload_unmap(tr->offload);
     if (!st && sync) st = train_saver_wait(tr->saver, &wait);
     tr->save_wait_total += wait;
     tr->time_save_pending += wait;
@@ -308,8 +323,10 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     double t1 = cllm_time_sec();
     cllm_model_zero_grads(tr->m);
     double loss_sum = 0;
+    const double loss_scale = tr->fp16 ? cllm_loss_scaler_scale(&tr->scaler) : 1.0;
     if (count > 0) {
         float scale = (float)(1.0 / (double)count);
+        if (tr->fp16) scale *= (float)loss_scale; /* a power of two: exact */
         for (long j = 0; j < c->gradient_accumulation_steps; j++) {
             size_t off = (size_t)j * (size_t)mb * (size_t)T;
             double s = 0;
@@ -325,8 +342,22 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     double t2 = cllm_time_sec();
     double loss = count > 0 ? loss_sum / (double)count : 0.0;
     double gnorm = 0;
+    bool overflow = false;
+    if (tr->fp16 && (st = train_fp16_unscale(&tr->zero, grads, loss_scale, &overflow)))
+        return cllm_fail_context(st, "step %ld", step);
     if ((st = train_zero_clip(&tr->zero, grads, c->gradient_clipping, &gnorm))) return cllm_fail_context(st, "step %ld", step);
-    bool finite = isfinite(loss) && isfinite(gnorm);
+    bool finite = !overflow && isfinite(loss) && isfinite(gnorm);
+    if (tr->fp16) {
+        bool skip = false;
+        if ((st = cllm_loss_scaler_update(&tr->scaler, !finite, &skip))) {
+            end_line(tr);
+            if (c->dp_rank == 0)
+                fprintf(stderr, "step %ld: gradient overflow at loss scale %g, the minimum (fp16.min_loss_scale)\n",
+                        step, loss_scale);
+            return st;
+        }
+        train_fp16_store(&tr->scaler, &tr->state);
+    }
     double lr = cllm_sched_lr(&c->sched, c->optim.lr, tr->state.sched_iter);
     if (finite && count > 0) {
         if ((st = train_zero_step(&tr->zero, tr->opt, cllm_model_params(tr->m), grads, lr)))
@@ -369,9 +400,24 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     rec_int(&r, "state_bytes_grads", (long long)tr->zero.mem.grads);
     rec_int(&r, "state_bytes_optim", (long long)tr->zero.mem.optim);
     rec_int(&r, "activation_bytes", (long long)tr->act_bytes);
+    if (tr->offload) {
+        double io = 0, wait = 0;
+        train_offload_take_step_times(tr->offload, &io, &wait);
+        rec_num(&r, "offload_io_time", io);
+        rec_num(&r, "offload_wait_time", wait);
+    }
+    if (tr->fp16) rec_num(&r, "loss_scale", loss_scale);
     if (!finite) rec_bool(&r, "skipped", true);
     tr->time_save_pending = 0;
     if ((st = train_metrics_write(&tr->metrics, rec_end(&r)))) return st;
+    if (!finite && tr->fp16 && tr->scaler.dynamic) {
+        /* an overflow is routine with dynamic scaling: the scaler's minimum is the stop */
+        end_line(tr);
+        if (c->dp_rank == 0 && c->log != CLLM_LOG_MODE_QUIET)
+            fprintf(stderr, "step %ld: gradient overflow, update skipped; loss scale %g -> %g\n", step, loss_scale,
+                    cllm_loss_scaler_scale(&tr->scaler));
+        return CLLM_OK;
+    }
     if (!finite) {
         end_line(tr);
         fprintf(stderr, "step %ld: non-finite %s (loss %g, grad norm %g): update skipped (%ld in a row)\n", step,
@@ -427,19 +473,34 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     /* the optimizer keeps state for this rank's slice only (all of it at ZeRO stage 0) */
     if ((st = train_zero_init(&tr->zero, c, n, tr->ranges, tr->n_ranges))) goto done;
     if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), cllm_loader_size(tr->train)))) goto done;
-    if ((st = cllm_optim_init(&tr->opt, &c->optim, train_zero_slice_len(&tr->zero)))) goto done;
+    train_offload_config oc;
+    if ((st = train_offload_config_get(c, &oc))) goto done;
+    if (oc.nvme) {
+        size_t slice = train_zero_slice_len(&tr->zero);
+        if ((st = cllm_optim_init_streamed(&tr->opt, &c->optim, slice))) goto done;
+        if ((st = train_offload_init(&tr->offload, &oc, &c->optim, slice, c->dp_rank))) goto done;
+        tr->zero.offload = tr->offload;
+    } else if ((st = cllm_optim_init(&tr->opt, &c->optim, train_zero_slice_len(&tr->zero)))) {
+        goto done;
+    }
     train_zero_count_optim(&tr->zero, tr->opt);
+    if (tr->offload) tr->zero.mem.optim = train_offload_buffer_bytes(tr->offload); /* what stays in RAM */
     memset(&tr->state, 0, sizeof tr->state);
     cllm_rng_seed(&tr->state.rng, c->seed);
     tr->state.data_seed = c->seed;
     tr->state.loss_scale = 1.0;
     if (resume_dir && (st = resume_from(tr, resume_dir))) goto done;
+    tr->fp16 = c->fp16_enabled;
+    if (tr->fp16) {
+        if ((st = train_fp16_init(&tr->scaler, c, resume_dir ? &tr->state : NULL))) goto done;
+        train_fp16_store(&tr->scaler, &tr->state);
+    }
     tr->state.config_hash = cllm_train_config_hash(c);
     snprintf(tr->state.optimizer, sizeof tr->state.optimizer, "%s", cllm_opt_name(c->optim.type));
     tr->state.train_batch_size = c->train_batch_size;
     tr->state.dp_size = c->dp_size;
-    if ((st = train_saver_init(&tr->saver, n, cllm_optim_state(tr->opt, 0) != NULL,
-                               cllm_optim_state(tr->opt, 1) != NULL, c->async_save)))
+    if ((st = train_saver_init(&tr->saver, n, cllm_optim_has_state(&c->optim, 0), cllm_optim_has_state(&c->optim, 1),
+                               c->async_save && !tr->offload)))
         goto done;
     if (c->dp_rank > 0) c->output_dir = NULL; /* only rank 0 writes: model, checkpoints, metrics */
     if (c->output_dir && (st = cllm_make_dirs(c->output_dir))) goto done;
@@ -492,6 +553,13 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     }
     end_line(tr);
     res->last_step = tr->state.global_step;
+    if (tr->offload && c->log != CLLM_LOG_MODE_QUIET && c->dp_rank == 0) {
+        double io = 0, wait = 0;
+        train_offload_times(tr->offload, &io, &wait);
+        fprintf(stderr, "cllm train: optimizer state offloaded (%.3f MB buffer): %.3f s of I/O, %.3f s waited for, "
+                "%.3f s (%.0f%%) hidden behind the update\n", (double)train_offload_buffer_bytes(tr->offload) / 1e6,
+                io, wait, io > wait ? io - wait : 0.0, io > 0 ? 100.0 * (io > wait ? io - wait : 0.0) / io : 0.0);
+    }
     if (!res->stopped) {
         long step = tr->state.global_step;
         if (c->eval_interval > 0 && tr->last_eval_step != step && step > first && (st = run_eval(tr, step))) goto done;
@@ -541,6 +609,7 @@ cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks
     free(tr.ranges);
     cllm_optim_free(tr.opt);
     train_zero_free(&tr.zero);
+    train_offload_free(tr.offload);
     cllm_loader_free(tr.train);
     cllm_loader_free(tr.eval);
     cllm_model_free(tr.m);

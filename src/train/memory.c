@@ -34,14 +34,24 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     out->params = s->zero_stage >= 3 ? shard(len, s->dp) * sizeof(float) : bytes;
     out->grads = s->zero_stage >= 2 ? shard(len, s->dp) * sizeof(float) : bytes;
     out->optim = (size_t)states * (s->zero_stage >= 1 ? shard(len, s->dp) * sizeof(float) : bytes);
+    if (s->offload_optimizer) {
+        if (s->offload_buffer_count < 3 || s->offload_buffer_size < 1)
+            return CLLM_FAIL(CLLM_ERR_ARG, "offload buffer: %ld buffers of %ld floats (expected >= 3 and >= 1)",
+                             s->offload_buffer_count, s->offload_buffer_size);
+        size_t slice = s->zero_stage >= 1 ? shard(len, s->dp) : len;
+        size_t chunk = (size_t)s->offload_buffer_size < slice ? (size_t)s->offload_buffer_size : slice;
+        out->optim_disk = out->optim;
+        out->optim = 0;
+        out->offload_buffer = (size_t)s->offload_buffer_count * (size_t)states * chunk * sizeof(float);
+    }
     cllm_model_activation_bytes(c, s->micro_batch, s->seq_len, true, s->grad_ckpt, &out->act);
     out->logits = out->act.logits;
     out->activations = out->act.total - out->act.logits;
-    out->snapshot = s->async_save ? out->params + out->optim : 0;
+    out->snapshot = s->async_save && !s->offload_optimizer ? out->params + out->optim : 0;
     out->other = 3 * (size_t)s->micro_batch * (size_t)s->grad_accum * (size_t)s->seq_len * sizeof(int32_t);
     out->overhead = s->overhead;
-    out->total = out->params + out->grads + out->optim + out->activations + out->logits + out->snapshot + out->other +
-                 out->overhead;
+    out->total = out->params + out->grads + out->optim + out->offload_buffer + out->activations + out->logits +
+                 out->snapshot + out->other + out->overhead;
     return CLLM_OK;
 }
 

@@ -41,7 +41,7 @@ cllm_optim_params cllm_optim_defaults(cllm_opt_type t) {
     return p;
 }
 
-cllm_status cllm_optim_init(cllm_optimizer **out, const cllm_optim_params *p, size_t n) {
+static cllm_status optim_make(cllm_optimizer **out, const cllm_optim_params *p, size_t n, bool alloc_state) {
     *out = NULL;
     if (p->type >= CLLM_OPT_COUNT) return CLLM_FAIL(CLLM_ERR_ARG, "unknown optimizer type");
     if (p->type == CLLM_OPT_SGD && p->nesterov && (p->momentum <= 0 || p->dampening != 0))
@@ -50,8 +50,8 @@ cllm_status cllm_optim_init(cllm_optimizer **out, const cllm_optim_params *p, si
     if (!o) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     o->p = *p;
     o->n = n;
-    bool need0 = p->type != CLLM_OPT_SGD || p->momentum != 0;
-    bool need1 = p->type == CLLM_OPT_ADAM || p->type == CLLM_OPT_ADAMW;
+    bool need0 = alloc_state && cllm_optim_has_state(p, 0);
+    bool need1 = alloc_state && cllm_optim_has_state(p, 1);
     if ((need0 && !(o->s0 = cllm_calloc(n, sizeof(float), "optimizer state"))) ||
         (need1 && !(o->s1 = cllm_calloc(n, sizeof(float), "optimizer state")))) {
         cllm_optim_free(o);
@@ -59,6 +59,10 @@ cllm_status cllm_optim_init(cllm_optimizer **out, const cllm_optim_params *p, si
     }
     *out = o;
     return CLLM_OK;
+}
+
+cllm_status cllm_optim_init(cllm_optimizer **out, const cllm_optim_params *p, size_t n) {
+    return optim_make(out, p, n, true);
 }
 
 void cllm_optim_free(cllm_optimizer *o) {
@@ -152,20 +156,54 @@ static void lion_range(cllm_optimizer *o, float *p, const float *g, size_t b, si
     }
 }
 
+static void update_range(cllm_optimizer *o, float *params, const float *grads, size_t b, size_t e, double lr,
+                         bool decay) {
+    double wd = decay ? o->p.weight_decay : 0.0;
+    switch (o->p.type) {
+    case CLLM_OPT_SGD: sgd_range(o, params, grads, b, e, lr, wd); break;
+    case CLLM_OPT_ADAM: adam_range(o, params, grads, b, e, lr, wd, false); break;
+    case CLLM_OPT_ADAMW: adam_range(o, params, grads, b, e, lr, wd, true); break;
+    case CLLM_OPT_LION: lion_range(o, params, grads, b, e, lr, wd); break;
+    default: break;
+    }
+}
+
 void cllm_optim_step(cllm_optimizer *o, float *params, const float *grads, const cllm_param_range *ranges,
                      int n_ranges, double lr) {
     o->step++;
     for (int r = 0; r < n_ranges; r++) {
         size_t b = ranges[r].begin, e = ranges[r].end < o->n ? ranges[r].end : o->n;
-        double wd = ranges[r].decay ? o->p.weight_decay : 0.0;
-        switch (o->p.type) {
-        case CLLM_OPT_SGD: sgd_range(o, params, grads, b, e, lr, wd); break;
-        case CLLM_OPT_ADAM: adam_range(o, params, grads, b, e, lr, wd, false); break;
-        case CLLM_OPT_ADAMW: adam_range(o, params, grads, b, e, lr, wd, true); break;
-        case CLLM_OPT_LION: lion_range(o, params, grads, b, e, lr, wd); break;
-        default: break;
-        }
+        update_range(o, params, grads, b, e, lr, ranges[r].decay);
     }
+}
+
+bool cllm_optim_has_state(const cllm_optim_params *p, int which) {
+    if (which == 0) return p->type != CLLM_OPT_SGD || p->momentum != 0;
+    return which == 1 && (p->type == CLLM_OPT_ADAM || p->type == CLLM_OPT_ADAMW);
+}
+
+cllm_status cllm_optim_init_streamed(cllm_optimizer **out, const cllm_optim_params *p, size_t n) {
+    return optim_make(out, p, n, false);
+}
+
+void cllm_optim_step_begin(cllm_optimizer *o) { o->step++; }
+
+void cllm_optim_step_window(cllm_optimizer *o, float *params, const float *grads, float *s0, float *s1, size_t begin,
+                            size_t end, const cllm_param_range *ranges, int n_ranges, double lr) {
+    /* the range kernels index the state like the parameters: point them at
+     * the window, with the window's start as index 0 */
+    float *keep0 = o->s0, *keep1 = o->s1;
+    o->s0 = s0;
+    o->s1 = s1;
+    if (end > o->n) end = o->n;
+    for (int r = 0; r < n_ranges; r++) {
+        size_t b = ranges[r].begin > begin ? ranges[r].begin : begin;
+        size_t e = ranges[r].end < end ? ranges[r].end : end;
+        if (b >= e) continue;
+        update_range(o, params + begin, grads + begin, b - begin, e - begin, lr, ranges[r].decay);
+    }
+    o->s0 = keep0;
+    o->s1 = keep1;
 }
 
 double cllm_grad_norm(const float *grads, size_t n) {

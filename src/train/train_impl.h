@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "cllm/checkpoint.h"
+#include "cllm/loss_scale.h"
 #include "cllm/model.h"
 #include "cllm/optim.h"
 #include "cllm/train.h"
@@ -86,6 +87,7 @@ typedef struct {
     cllm_param_range *ranges;    /* decay ranges within the slice, slice-relative */
     int n_ranges;
     train_mem mem;
+    struct train_offload *offload; /* optimizer state streamed from a file (offload.h), or NULL */
 } train_zero;
 
 /* Partitions n floats over the world by c->zero_stage, checks the topology
@@ -111,5 +113,16 @@ cllm_status train_zero_clip(train_zero *z, float *grads, double max_norm, double
 cllm_status train_zero_step(train_zero *z, cllm_optimizer *opt, float *params, const float *grads, double lr);
 /* *flag <- true if it is true on any rank. */
 cllm_status train_zero_agree(const train_zero *z, bool *flag);
+
+/* ---- fp16 loss scaling in the step (fp16_step.c) ---- */
+/* Sets the scaler up from the fp16 keys; `resumed` (or NULL) is a restored
+ * trainer state whose scaler counters, when saved, are continued. */
+cllm_status train_fp16_init(cllm_loss_scaler *s, const cllm_train_config *c, const cllm_ckpt_state *resumed);
+/* Copies the scale and counters into the trainer state (checkpoints). */
+void train_fp16_store(const cllm_loss_scaler *s, cllm_ckpt_state *st);
+/* Checks this rank's part of the reduced gradient for non-finite values,
+ * agrees over ranks (*overflow true on every rank if on any), and when
+ * there is none multiplies that part by 1/scale. Collective. */
+cllm_status train_fp16_unscale(const train_zero *z, float *grads, double scale, bool *overflow);
 
 #endif

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "cllm/dist.h"
+#include "offload.h"
 #include "train_impl.h"
 
 #define SLICE_ALIGN 16 /* floats: 64 bytes, the alignment of tensors in the flat buffer */
@@ -228,7 +229,13 @@ cllm_status train_zero_clip(train_zero *z, float *grads, double max_norm, double
 }
 
 cllm_status train_zero_step(train_zero *z, cllm_optimizer *opt, float *params, const float *grads, double lr) {
-    cllm_optim_step(opt, params + z->begin, grads + z->begin, z->ranges, z->n_ranges, lr);
+    if (z->offload) {
+        cllm_status st = train_offload_step(z->offload, opt, params + z->begin, grads + z->begin, z->ranges,
+                                            z->n_ranges, lr);
+        if (st) return st;
+    } else {
+        cllm_optim_step(opt, params + z->begin, grads + z->begin, z->ranges, z->n_ranges, lr);
+    }
     if (z->stage == 0 || z->size == 1) return CLLM_OK;
     for (size_t b0 = 0; b0 < z->n; b0 += z->gather_bucket) {
         size_t b1 = z->n - b0 > z->gather_bucket ? b0 + z->gather_bucket : z->n;

@@ -66,9 +66,10 @@ static void row(const char *name, size_t bytes, size_t total, const char *note) 
 }
 
 static void print_setup(const cllm_mem_setup *s) {
-    printf("micro-batch %d x seq-len %d (accumulation %d), %s, grad-ckpt %s, ZeRO stage %d over %d rank%s%s\n",
+    printf("micro-batch %d x seq-len %d (accumulation %d), %s, grad-ckpt %s, ZeRO stage %d over %d rank%s%s%s\n",
            s->micro_batch, s->seq_len, s->grad_accum, cllm_opt_name(s->optimizer), s->grad_ckpt ? "on" : "off",
-           s->zero_stage, s->dp, s->dp == 1 ? "" : "s", s->async_save ? ", async checkpoint snapshots" : "");
+           s->zero_stage, s->dp, s->dp == 1 ? "" : "s", s->async_save ? ", async checkpoint snapshots" : "",
+           s->offload_optimizer ? ", optimizer state offloaded" : "");
 }
 
 static void print_table(const cllm_mem_estimate *e) {
@@ -79,28 +80,32 @@ static void print_table(const cllm_mem_estimate *e) {
     printf("  %-22s %15s %7s\n", "per rank", "bytes", "share");
     row("parameters", e->params, e->total, "");
     row("gradients", e->grads, e->total, "");
-    row("optimizer state", e->optim, e->total, "");
+    row("optimizer state", e->optim, e->total, e->optim_disk ? "offloaded: see below" : "");
+    if (e->optim_disk) row("offload buffer", e->offload_buffer, e->total, "stream of the offloaded state");
     row("activations", e->activations, e->total, act);
     row("logits chunk", e->logits, e->total, "");
     row("checkpoint snapshot", e->snapshot, e->total, "");
     row("other buffers", e->other, e->total, "token, label and target arrays");
     row("process overhead", e->overhead, e->total, "libraries, threads (--overhead)");
     row("total", e->total, e->total, "");
+    if (e->optim_disk) printf("  %-22s %12.1f MB on disk under nvme_path (not in the total)\n", "offloaded state",
+                              (double)e->optim_disk / 1e6);
 }
 
 static json_t *to_json(const cllm_mem_estimate *e) {
-    return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsI}", "n_params", (json_int_t)e->n_params, "params", (json_int_t)e->params,
+    return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsIsIsI}", "n_params", (json_int_t)e->n_params, "params", (json_int_t)e->params,
                      "grads", (json_int_t)e->grads, "optim", (json_int_t)e->optim, "activations",
                      (json_int_t)e->activations, "logits", (json_int_t)e->logits, "snapshot", (json_int_t)e->snapshot,
                      "other", (json_int_t)e->other, "overhead", (json_int_t)e->overhead, "total",
                      (json_int_t)e->total, "block_inputs", (json_int_t)e->act.block_inputs, "block_saved",
-                     (json_int_t)e->act.block_saved, "block_set", (json_int_t)e->act.block_set);
+                     (json_int_t)e->act.block_saved, "block_set", (json_int_t)e->act.block_set, "optim_disk",
+                     (json_int_t)e->optim_disk, "offload_buffer", (json_int_t)e->offload_buffer);
 }
 
 int cmd_estimate(int argc, char **argv) {
     const char *model, *arch_name, *preset, *opt_name, *precision, *overhead_s, *memory_s;
-    int B, T, accum, stage, dp;
-    bool grad_ckpt = false, momentum = false, async_save = false, as_json = false;
+    int B, T, accum, stage, dp, off_count, off_size;
+    bool grad_ckpt = false, momentum = false, async_save = false, as_json = false, offload = false;
     arg_list sets;
     arg_spec specs[] = {
         {"model", ARG_STR, &model, NULL, false, "HF model folder (its config.json is read)"},
@@ -116,6 +121,10 @@ int cmd_estimate(int argc, char **argv) {
         {"zero-stage", ARG_INT, &stage, "0", false, "ZeRO stage 0..3 (shards optimizer state / gradients / parameters)"},
         {"dp", ARG_INT, &dp, "1", false, "data-parallel ranks"},
         {"precision", ARG_STR, &precision, "fp32", false, "fp32 (bf16 and fp16 are not supported yet)"},
+        {"offload-optimizer", ARG_FLAG, &offload, NULL, false,
+         "optimizer state offloaded to a file (offload_optimizer device nvme)"},
+        {"offload-buffer-count", ARG_INT, &off_count, "4", false, "offload stream buffers (buffer_count, >= 3)"},
+        {"offload-buffer-size", ARG_INT, &off_size, "1048576", false, "floats per state per buffer (buffer_size)"},
         {"async-save", ARG_FLAG, &async_save, NULL, false, "count the snapshot buffers of asynchronous checkpoints"},
         {"overhead", ARG_STR, &overhead_s, DEFAULT_OVERHEAD, false, "fixed process memory to add"},
         {"memory", ARG_STR, &memory_s, NULL, false, "budget per rank (e.g. 16GB): suggest the cheapest setup that fits"},
@@ -127,7 +136,9 @@ int cmd_estimate(int argc, char **argv) {
     json_t *config = NULL;
     cllm_model_config cfg;
     cllm_mem_setup s = {.micro_batch = B, .grad_accum = accum, .seq_len = T, .grad_ckpt = grad_ckpt,
-                        .sgd_momentum = momentum, .zero_stage = stage, .dp = dp, .async_save = async_save};
+                        .sgd_momentum = momentum, .zero_stage = stage, .dp = dp, .async_save = async_save,
+                        .offload_optimizer = offload, .offload_buffer_count = off_count,
+                        .offload_buffer_size = off_size};
     size_t budget = 0;
     if (strcmp(precision, "fp32") != 0) {
         fprintf(stderr, "cllm estimate: --precision %s: not supported yet (fp32 only)\n", precision);
