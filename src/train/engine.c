@@ -50,6 +50,8 @@ typedef struct {
     double save_wait_total, time_save_pending;
     int n_saves;
     train_zero zero;        /* data parallelism: slices, buckets, memory */
+    train_shard *shard;     /* ZeRO 2-3: per-layer reduction, partitioned parameters (zero3.c); else NULL */
+    double comm_seconds;    /* stages 0-1: time in the gradient reduction and parameter all-gather */
     const char *output_dir; /* the caller's, restored at the end (ranks > 0 write nothing) */
 } trainer;
 
@@ -182,7 +184,9 @@ static void show_step(trainer *tr, long step, double loss, double lr, double gno
 /* --------------------------------------------------------------- eval */
 
 static cllm_status run_eval(trainer *tr, long step) {
-    if (!tr->eval || tr->cfg->dp_rank > 0) return CLLM_OK; /* rank 0 evaluates alone */
+    /* rank 0 evaluates alone, except at ZeRO-3 where every rank takes part
+     * in the parameter gathers (and computes the same batches) */
+    if (!tr->eval || (tr->cfg->dp_rank > 0 && tr->zero.stage < 3)) return CLLM_OK;
     double t0 = cllm_time_sec();
     long B = tr->cfg->train_micro_batch_size_per_gpu;
     int T = tr->cfg->seq_len;
@@ -218,7 +222,7 @@ static cllm_status run_eval(trainer *tr, long step) {
     rec_int(&r, "eval_batches", (long long)batches);
     rec_num(&r, "eval_time", dt);
     tr->last_eval_step = step;
-    if (tr->cfg->log != CLLM_LOG_MODE_QUIET) {
+    if (tr->cfg->log != CLLM_LOG_MODE_QUIET && tr->cfg->dp_rank == 0) {
         end_line(tr);
         fprintf(stderr, "eval  %5ld | loss %.4f | ppl %.3f | %ld tokens | %.2f s\n", step, loss, exp(loss), count, dt);
     }
@@ -269,7 +273,15 @@ static cllm_status reduce_count(long *count) {
 }
 static cllm_status reduce_grads(trainer *tr, float *grads, double *loss_sum) {
     cllm_status st = cllm_dist_allreduce_sum_f64(loss_sum, 1);
-    return st ? st : train_zero_reduce_grads(&tr->zero, grads);
+    if (st || tr->shard) return st; /* stages 2-3 reduced during the backward pass */
+    double t0 = cllm_time_sec();
+    st = train_zero_reduce_grads(&tr->zero, grads);
+    tr->comm_seconds += cllm_time_sec() - t0;
+    return st;
+}
+
+static double comm_seconds(const trainer *tr) {
+    return tr->shard ? train_shard_comm_seconds(tr->shard) : tr->comm_seconds;
 }
 
 static cllm_status train_step(trainer *tr, double *avg_step) {
@@ -281,8 +293,9 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     cllm_status st = load_rows(tr, tr->state.next_sample, &count);
     if (st) return cllm_fail_context(st, "step %ld", step);
     if ((st = reduce_count(&count))) return cllm_fail_context(st, "step %ld", step);
-    double t1 = cllm_time_sec();
+    double t1 = cllm_time_sec(), comm0 = comm_seconds(tr);
     cllm_model_zero_grads(tr->m);
+    if (tr->shard) train_shard_zero_grads(tr->shard);
     double loss_sum = 0;
     if (count > 0) {
         float scale = (float)(1.0 / (double)count);
@@ -295,18 +308,23 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
             loss_sum += s;
         }
     }
-    float *grads = cllm_model_grads(tr->m);
-    if (tr->hooks && tr->hooks->poison_grads && tr->hooks->poison_grads(step, tr->hooks->ctx)) grads[0] = NAN;
+    float *grads = tr->shard ? train_shard_grads(tr->shard) : cllm_model_grads(tr->m);
+    if (grads && tr->hooks && tr->hooks->poison_grads && tr->hooks->poison_grads(step, tr->hooks->ctx)) grads[0] = NAN;
     if ((st = reduce_grads(tr, grads, &loss_sum))) return cllm_fail_context(st, "step %ld", step);
     double t2 = cllm_time_sec();
     double loss = count > 0 ? loss_sum / (double)count : 0.0;
     double gnorm = 0;
-    if ((st = train_zero_clip(&tr->zero, grads, c->gradient_clipping, &gnorm))) return cllm_fail_context(st, "step %ld", step);
+    st = tr->shard ? train_shard_clip(tr->shard, c->gradient_clipping, &gnorm)
+                   : train_zero_clip(&tr->zero, grads, c->gradient_clipping, &gnorm);
+    if (st) return cllm_fail_context(st, "step %ld", step);
     bool finite = isfinite(loss) && isfinite(gnorm);
     double lr = cllm_sched_lr(&c->sched, c->optim.lr, tr->state.sched_iter);
     if (finite && count > 0) {
-        if ((st = train_zero_step(&tr->zero, tr->opt, cllm_model_params(tr->m), grads, lr)))
-            return cllm_fail_context(st, "step %ld", step);
+        double tc = cllm_time_sec();
+        st = tr->shard ? train_shard_step(tr->shard, tr->opt, lr)
+                       : train_zero_step(&tr->zero, tr->opt, cllm_model_params(tr->m), grads, lr);
+        if (!tr->shard) tr->comm_seconds += cllm_time_sec() - tc; /* the update is small next to the gather */
+        if (st) return cllm_fail_context(st, "step %ld", step);
         tr->state.sched_iter++;
         tr->state.consecutive_skips = 0;
     } else if (!finite) {
@@ -344,6 +362,11 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     rec_int(&r, "state_bytes_params", (long long)tr->zero.mem.params);
     rec_int(&r, "state_bytes_grads", (long long)tr->zero.mem.grads);
     rec_int(&r, "state_bytes_optim", (long long)tr->zero.mem.optim);
+    rec_int(&r, "state_bytes_work", (long long)tr->zero.mem.work);
+    /* collectives are blocking (overlap_comm is not implemented): none of
+     * their time is hidden behind computation */
+    rec_num(&r, "time_comm", comm_seconds(tr) - comm0);
+    rec_num(&r, "comm_hidden_fraction", 0.0);
     rec_int(&r, "activation_bytes", (long long)tr->act_bytes);
     if (!finite) rec_bool(&r, "skipped", true);
     tr->time_save_pending = 0;
@@ -393,16 +416,29 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for %zu batch rows", rows);
         goto done;
     }
-    cllm_model_set_recompute(tr->m, c->use_grad_ckpt);
-    if ((st = cllm_model_prepare(tr->m, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true))) goto done;
-    tr->act_bytes = cllm_model_activation_alloc(tr->m);
     size_t n = cllm_model_buffer_len(tr->m);
     if ((st = make_ranges(tr))) goto done;
     /* the optimizer keeps state for this rank's slice only (all of it at ZeRO stage 0) */
     if ((st = train_zero_init(&tr->zero, c, n, tr->ranges, tr->n_ranges))) goto done;
     if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), cllm_loader_size(tr->train)))) goto done;
+    if (tr->zero.stage == 3 && (c->save_interval > 0 || resume_dir)) {
+        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
+                       "checkpoints with ZeRO stage 3: the parameters are partitioned and sharded checkpoints are "
+                       "not implemented yet; set save_interval 0 (the final model is still saved) or use stage 0");
+        goto done;
+    }
+    /* stages 2-3: layer hooks before prepare (no flat gradient buffer); at
+     * stage 3 the model's flat parameters are freed here */
+    if (tr->zero.stage >= 2 && (st = train_shard_init(&tr->shard, &tr->zero, tr->m, c, tr->ranges, tr->n_ranges)))
+        goto done;
+    cllm_model_set_recompute(tr->m, c->use_grad_ckpt);
+    if ((st = cllm_model_prepare(tr->m, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true))) goto done;
+    tr->act_bytes = cllm_model_activation_alloc(tr->m);
     if ((st = cllm_optim_init(&tr->opt, &c->optim, train_zero_slice_len(&tr->zero)))) goto done;
-    train_zero_count_optim(&tr->zero, tr->opt);
+    if (tr->shard)
+        train_shard_count_optim(tr->shard, tr->opt);
+    else
+        train_zero_count_optim(&tr->zero, tr->opt);
     if (tr->zero.stage >= 1 && tr->zero.size > 1 && (c->save_interval > 0 || resume_dir)) {
         st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
                        "checkpoints with ZeRO stage %d over %d ranks: the optimizer state is partitioned and sharded "
@@ -465,7 +501,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         if ((st = train_zero_agree(&tr->zero, &stop))) goto done;
         if (stop) {
             end_line(tr);
-            bool sharded = tr->zero.stage >= 1 && tr->zero.size > 1;
+            bool sharded = (tr->zero.stage >= 1 && tr->zero.size > 1) || tr->zero.stage == 3;
             if (c->dp_rank == 0)
                 fprintf(stderr, "cllm train: stop requested; %s at step %ld\n",
                         sharded ? "no checkpoint (partitioned optimizer state)" : "saving a checkpoint", step);
@@ -477,6 +513,9 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     }
     end_line(tr);
     res->last_step = tr->state.global_step;
+    if (c->dp_size > 1 && c->log != CLLM_LOG_MODE_QUIET && c->dp_rank == 0)
+        fprintf(stderr, "cllm train: %.2f s in gradient/parameter collectives on rank 0, 0%% of it hidden behind "
+                "computation (blocking collectives)\n", comm_seconds(tr));
     if (!res->stopped) {
         long step = tr->state.global_step;
         if (c->eval_interval > 0 && tr->last_eval_step != step && step > first && (st = run_eval(tr, step))) goto done;
@@ -486,6 +525,8 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         double wait = 0;
         if ((st = train_saver_wait(tr->saver, &wait))) goto done;
         tr->save_wait_total += wait;
+        /* ZeRO-3: every rank takes part in gathering the whole model; rank 0 writes it */
+        if (tr->shard && (st = train_shard_gather_model(tr->shard))) goto done;
         if (c->output_dir && (st = cllm_model_save(tr->m, c->output_dir, c->max_shard_bytes))) goto done;
     } else {
         double wait = 0;
@@ -525,6 +566,7 @@ cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks
     free(tr.targets);
     free(tr.ranges);
     cllm_optim_free(tr.opt);
+    train_shard_free(tr.shard);
     train_zero_free(&tr.zero);
     cllm_loader_free(tr.train);
     cllm_loader_free(tr.eval);
