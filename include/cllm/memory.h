@@ -45,6 +45,8 @@ typedef struct {
     size_t params;      /* parameter buffer (shard with ZeRO-3) */
     size_t grads;       /* gradient buffer (shard with ZeRO-2/3) */
     size_t optim;       /* optimizer state (shard with ZeRO-1/2/3) */
+    size_t work;        /* ZeRO-2/3 working buffers: one group's gradient (first, last, largest block),
+                           at stage 3 also gathered parameters (first, last, two blocks) */
     size_t activations; /* activation buffer without the logits chunk */
     size_t logits;      /* logits chunk of the fused head + cross-entropy */
     size_t snapshot;    /* checkpoint snapshot buffers (async_save) */

@@ -258,6 +258,11 @@ size_t cllm_model_activation_alloc(const cllm_model *m);
  * without allocating its parameters. Fails only when out of memory. */
 cllm_status cllm_model_config_params(const cllm_model_config *c, size_t *n_params, size_t *buffer_len);
 
+/* Floats of parameter group 0 (embeddings), of the last group (final norm,
+ * untied head) and of the largest block group of a model of config c (see
+ * cllm_model_n_groups), without allocating its parameters. */
+cllm_status cllm_model_config_groups(const cllm_model_config *c, size_t *first, size_t *last, size_t *max_block);
+
 #ifdef __cplusplus
 }
 #endif

@@ -408,6 +408,27 @@ cllm_status cllm_model_config_params(const cllm_model_config *c, size_t *n_param
     return st;
 }
 
+cllm_status cllm_model_config_groups(const cllm_model_config *c, size_t *first, size_t *last, size_t *max_block) {
+    cllm_model tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.cfg = *c;
+    cllm_status st = model_build_layout(&tmp);
+    if (!st) {
+        const struct model_group *g = tmp.groups;
+        int L = c->n_layer;
+        *first = g[0].end - g[0].begin;
+        *last = g[L + 1].end - g[L + 1].begin;
+        *max_block = 0;
+        for (int l = 1; l <= L; l++)
+            if (g[l].end - g[l].begin > *max_block) *max_block = g[l].end - g[l].begin;
+    }
+    free(tmp.tensors);
+    free(tmp.lslot);
+    free(tmp.tgroup);
+    free(tmp.groups);
+    return st;
+}
+
 cllm_status cllm_model_prepare(cllm_model *m, int B, int T, bool train) {
     const cllm_model_config *c = &m->cfg;
     if (B <= 0 || T <= 0) return CLLM_FAIL(CLLM_ERR_ARG, "batch size and sequence length must be positive");

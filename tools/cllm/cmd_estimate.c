@@ -80,6 +80,7 @@ static void print_table(const cllm_mem_estimate *e) {
     row("parameters", e->params, e->total, "");
     row("gradients", e->grads, e->total, "");
     row("optimizer state", e->optim, e->total, "");
+    row("ZeRO working buffers", e->work, e->total, "stages 2-3: one group's gradient; stage 3 gathered groups");
     row("activations", e->activations, e->total, act);
     row("logits chunk", e->logits, e->total, "");
     row("checkpoint snapshot", e->snapshot, e->total, "");
@@ -89,8 +90,9 @@ static void print_table(const cllm_mem_estimate *e) {
 }
 
 static json_t *to_json(const cllm_mem_estimate *e) {
-    return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsI}", "n_params", (json_int_t)e->n_params, "params", (json_int_t)e->params,
-                     "grads", (json_int_t)e->grads, "optim", (json_int_t)e->optim, "activations",
+    return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsIsI}", "n_params", (json_int_t)e->n_params, "params", (json_int_t)e->params,
+                     "grads", (json_int_t)e->grads, "optim", (json_int_t)e->optim, "work", (json_int_t)e->work,
+                     "activations",
                      (json_int_t)e->activations, "logits", (json_int_t)e->logits, "snapshot", (json_int_t)e->snapshot,
                      "other", (json_int_t)e->other, "overhead", (json_int_t)e->overhead, "total",
                      (json_int_t)e->total, "block_inputs", (json_int_t)e->act.block_inputs, "block_saved",
