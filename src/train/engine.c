@@ -525,7 +525,13 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         double wait = 0;
         if ((st = train_saver_wait(tr->saver, &wait))) goto done;
         tr->save_wait_total += wait;
-        /* ZeRO-3: every rank takes part in gathering the whole model; rank 0 writes it */
+        /* ZeRO-3: every rank takes part in gathering the whole model; rank 0
+         * writes it. The optimizer state is not needed any more (no
+         * checkpoints at stage 3): freed first, to lower the peak. */
+        if (tr->zero.stage == 3) {
+            cllm_optim_free(tr->opt);
+            tr->opt = NULL;
+        }
         if (tr->shard && (st = train_shard_gather_model(tr->shard))) goto done;
         if (c->output_dir && (st = cllm_model_save(tr->m, c->output_dir, c->max_shard_bytes))) goto done;
     } else {

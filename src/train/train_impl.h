@@ -128,7 +128,8 @@ cllm_status train_shard_clip(train_shard *s, double max_norm, double *norm);
 /* Optimizer update of the slice (and the replicated tensors); stage 2 then
  * all-gathers the flat parameters, stage 3 marks gathered groups stale. */
 cllm_status train_shard_step(train_shard *s, cllm_optimizer *opt, double lr);
-/* Stage 3: all-gathers the whole parameters back into the model (for
+/* Stage 3, after the last step: frees the working buffers, removes the
+ * hooks and all-gathers the whole parameters back into the model (for
  * saving; every rank calls it). Nothing at stage 2. */
 cllm_status train_shard_gather_model(train_shard *s);
 /* Seconds spent in this object's collectives so far. */

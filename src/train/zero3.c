@@ -255,18 +255,21 @@ static cllm_status init_stage3(train_shard *s, const cllm_train_config *c, const
     if (slice) memcpy(s->pslice, full + z->begin, slice * sizeof(float));
     for (int i = 0; i < s->n_pers; i++)
         memcpy(s->pparams + s->pers[i].compact, full + s->pers[i].flat, s->pers[i].numel * sizeof(float));
+    /* from here on the rank holds only its slice (freed before the working
+     * buffers are allocated, so that the start-up peak stays lower) */
+    cllm_model_drop_params(m);
     size_t len[N_PSLOTS] = {gsize(s, 0), gsize(s, s->n_groups - 1), s->max_block, s->max_block};
     for (int k = 0; k < N_PSLOTS; k++) {
         if (!(s->pwork[k] = alloc_floats(len[k], "gathered parameters"))) return CLLM_ERR_NOMEM;
         s->slot_group[k] = -1;
-        z->mem.work += len[k] * sizeof(float);
     }
     if (s->n_pers && (st = cllm_optim_init(&s->popt, &c->optim, s->n_compact))) return st;
-    /* from here on the rank holds only its slice */
-    cllm_model_drop_params(m);
-    z->mem.params = (slice + s->n_compact) * sizeof(float);
-    z->mem.grads += s->n_compact * sizeof(float);
     return CLLM_OK;
+}
+
+static size_t work_floats(const train_shard *s) {
+    size_t g = gsize(s, 0) + gsize(s, s->n_groups - 1);
+    return s->stage == 3 ? 2 * g + 3 * s->max_block : g + s->max_block;
 }
 
 cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, const cllm_train_config *c,
@@ -288,17 +291,16 @@ cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, co
         if (g > 0 && g + 1 < s->n_groups && gsize(s, g) > s->max_block) s->max_block = gsize(s, g);
     }
     size_t slice = z->end - z->begin;
+    cllm_status st = s->stage == 3 ? init_stage3(s, c, ranges, n_ranges) : CLLM_OK;
+    if (st) return st;
     size_t glen[3] = {gsize(s, 0), gsize(s, s->n_groups - 1), s->max_block};
     s->gslice = alloc_floats(slice, "gradient slice");
     if (!s->gslice) return CLLM_ERR_NOMEM;
-    z->mem.work = 0;
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 3; k++)
         if (!(s->gwork[k] = alloc_floats(glen[k], "working gradients"))) return CLLM_ERR_NOMEM;
-        z->mem.work += glen[k] * sizeof(float);
-    }
-    z->mem.grads = z->mem.grads_reduced = slice * sizeof(float);
-    cllm_status st = s->stage == 3 ? init_stage3(s, c, ranges, n_ranges) : CLLM_OK;
-    if (st) return st;
+    z->mem.work = work_floats(s) * sizeof(float);
+    z->mem.grads = z->mem.grads_reduced = (slice + s->n_compact) * sizeof(float);
+    if (s->stage == 3) z->mem.params = (slice + s->n_compact) * sizeof(float);
     cllm_model_hooks h = {.ctx = s, .fetch_grads = hook_fetch_grads, .grads_ready = hook_grads_ready};
     if (s->stage == 3) {
         h.fetch_params = hook_fetch_params;
@@ -385,6 +387,17 @@ double train_shard_comm_seconds(const train_shard *s) { return s->comm_seconds; 
 
 cllm_status train_shard_gather_model(train_shard *s) {
     if (s->stage < 3 || cllm_model_params(s->m)) return CLLM_OK;
+    /* training is over: the working buffers go first, to lower the peak */
+    cllm_model_set_hooks(s->m, NULL);
+    for (int k = 0; k < N_PSLOTS; k++) {
+        cllm_free(s->pwork[k]);
+        s->pwork[k] = NULL;
+        s->slot_group[k] = -1;
+    }
+    for (int k = 0; k < 3; k++) {
+        cllm_free(s->gwork[k]);
+        s->gwork[k] = NULL;
+    }
     size_t n = s->z->n;
     float *full = cllm_alloc(n * sizeof(float), "gathered model");
     if (!full) return CLLM_ERR_NOMEM;
