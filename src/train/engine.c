@@ -283,6 +283,11 @@ static cllm_status reduce_grads(trainer *tr, float *grads, double *loss_sum) {
 static double comm_seconds(const trainer *tr) {
     return tr->shard ? train_shard_comm_seconds(tr->shard) : tr->comm_seconds;
 }
+static double wait_seconds(const trainer *tr) {
+    return tr->shard ? train_shard_wait_seconds(tr->shard) : tr->comm_seconds;
+}
+/* The part of the communication time the computation did not wait for. */
+static double hidden_fraction(double comm, double wait) { return comm > 0 && wait < comm ? 1.0 - wait / comm : 0.0; }
 
 static cllm_status train_step(trainer *tr, double *avg_step) {
     cllm_train_config *c = tr->cfg;
@@ -293,7 +298,7 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     cllm_status st = load_rows(tr, tr->state.next_sample, &count);
     if (st) return cllm_fail_context(st, "step %ld", step);
     if ((st = reduce_count(&count))) return cllm_fail_context(st, "step %ld", step);
-    double t1 = cllm_time_sec(), comm0 = comm_seconds(tr);
+    double t1 = cllm_time_sec(), comm0 = comm_seconds(tr), wait0 = wait_seconds(tr);
     cllm_model_zero_grads(tr->m);
     if (tr->shard) train_shard_zero_grads(tr->shard);
     double loss_sum = 0;
@@ -363,10 +368,10 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     rec_int(&r, "state_bytes_grads", (long long)tr->zero.mem.grads);
     rec_int(&r, "state_bytes_optim", (long long)tr->zero.mem.optim);
     rec_int(&r, "state_bytes_work", (long long)tr->zero.mem.work);
-    /* collectives are blocking (overlap_comm is not implemented): none of
-     * their time is hidden behind computation */
+    /* communication: each collective from start to completion, and the
+     * part of it the computation did not wait for (overlap_comm) */
     rec_num(&r, "time_comm", comm_seconds(tr) - comm0);
-    rec_num(&r, "comm_hidden_fraction", 0.0);
+    rec_num(&r, "comm_hidden_fraction", hidden_fraction(comm_seconds(tr) - comm0, wait_seconds(tr) - wait0));
     rec_int(&r, "activation_bytes", (long long)tr->act_bytes);
     if (!finite) rec_bool(&r, "skipped", true);
     tr->time_save_pending = 0;
@@ -514,8 +519,8 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     end_line(tr);
     res->last_step = tr->state.global_step;
     if (c->dp_size > 1 && c->log != CLLM_LOG_MODE_QUIET && c->dp_rank == 0)
-        fprintf(stderr, "cllm train: %.2f s in gradient/parameter collectives on rank 0, 0%% of it hidden behind "
-                "computation (blocking collectives)\n", comm_seconds(tr));
+        fprintf(stderr, "cllm train: %.2f s in gradient/parameter collectives on rank 0, %.0f%% of it hidden behind "
+                "computation\n", comm_seconds(tr), 100.0 * hidden_fraction(comm_seconds(tr), wait_seconds(tr)));
     if (!res->stopped) {
         long step = tr->state.global_step;
         if (c->eval_interval > 0 && tr->last_eval_step != step && step > first && (st = run_eval(tr, step))) goto done;

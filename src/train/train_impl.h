@@ -132,7 +132,10 @@ cllm_status train_shard_step(train_shard *s, cllm_optimizer *opt, double lr);
  * hooks and all-gathers the whole parameters back into the model (for
  * saving; every rank calls it). Nothing at stage 2. */
 cllm_status train_shard_gather_model(train_shard *s);
-/* Seconds spent in this object's collectives so far. */
+/* Seconds this object's collectives took so far, each from its start to
+ * its completion, and of those the seconds the computation waited for them
+ * (the same when the collectives are blocking: without overlap_comm). */
 double train_shard_comm_seconds(const train_shard *s);
+double train_shard_wait_seconds(const train_shard *s);
 
 #endif

@@ -41,6 +41,15 @@
 
 #define DEFAULT_PERSISTENCE 100000.0 /* DeepSpeed's stage3_param_persistence_threshold */
 #define N_PSLOTS 4                   /* group 0, last group, two blocks */
+#define N_GSLOTS 4                   /* group 0, last group, two blocks (the second one with overlap_comm) */
+
+/* The collectives of one group in flight: one request per bucket. */
+typedef struct {
+    cllm_dist_request **req;
+    int n;
+    bool pending;
+    double start;
+} inflight;
 
 typedef struct {
     size_t flat, compact, numel; /* offset in the flat buffer, in the compact one */
@@ -55,11 +64,16 @@ struct train_shard {
     size_t *gb, *ge;        /* [n_groups] group ranges */
     size_t max_block;       /* floats of the largest block group */
     float *gslice;          /* [slice] summed gradient of this rank's slice */
-    float *gwork[3];        /* working gradients: group 0, last group, blocks */
+    float *gwork[N_GSLOTS]; /* working gradients: group 0, last group, blocks */
+    int gwork_group[N_GSLOTS];
+    inflight gfly[N_GSLOTS];  /* reduce-scatters in flight (overlap_comm) */
+    bool overlap;             /* overlap_comm: nonblocking collectives */
+    int max_chunks;           /* requests per group at most */
     /* stage 3 */
     float *pslice;          /* [slice] this rank's parameters */
     float *pwork[N_PSLOTS]; /* working parameters */
     int slot_group[N_PSLOTS];
+    inflight pfly[N_PSLOTS];  /* gathers in flight (prefetches) */
     bool slot_busy[N_PSLOTS];
     long slot_used[N_PSLOTS], clock;
     cllm_param_range *ranges; /* decayed/updated ranges of the slice, slice-relative, persistent tensors left out */
@@ -71,7 +85,8 @@ struct train_shard {
     cllm_param_range *pranges;
     cllm_optimizer *popt;
     size_t *counts;           /* [size] scratch */
-    double comm_seconds;
+    double comm_seconds;      /* collectives from start to completion */
+    double wait_seconds;      /* of which the computation waited */
 };
 
 /* ------------------------------------------------------------ helpers */
@@ -89,30 +104,65 @@ static void parts(train_shard *s, size_t c0, size_t c1) {
     }
 }
 
-/* Gathers flat range [b, e) into buf[e - b]: this rank's slice part is
- * copied in, every other part comes from its owner. */
-static cllm_status gather_range(train_shard *s, float *buf, size_t b, size_t e) {
+/* Starts gathering flat range [b, e) into buf[e - b]: this rank's slice
+ * part is copied in, every other part comes from its owner, one call per
+ * allgather_bucket_size chunk. Blocking (and finished on return) without
+ * overlap_comm. */
+static cllm_status gather_start(train_shard *s, inflight *f, float *buf, size_t b, size_t e) {
     const train_zero *z = s->z;
+    size_t ob = z->begin > b ? z->begin : b, oe = z->end < e ? z->end : e;
+    if (ob < oe) memcpy(buf + (ob - b), s->pslice + (ob - z->begin), (oe - ob) * sizeof(float));
     double t0 = cllm_time_sec();
+    f->n = 0;
+    f->start = t0;
     for (size_t c0 = b; c0 < e; c0 += z->gather_bucket) {
         size_t c1 = e - c0 > z->gather_bucket ? c0 + z->gather_bucket : e;
         parts(s, c0, c1);
-        size_t k = s->counts[z->rank];
-        if (k) {
-            size_t at = z->begin > c0 ? z->begin : c0;
-            memcpy(buf + (at - b), s->pslice + (at - z->begin), k * sizeof(float));
-        }
-        cllm_status st = cllm_dist_allgather_f32(buf + (c0 - b), s->counts);
+        cllm_status st = s->overlap && f->req ? cllm_dist_iallgather_f32(buf + (c0 - b), s->counts, &f->req[f->n++])
+                                              : cllm_dist_allgather_f32(buf + (c0 - b), s->counts);
         if (st) return cllm_fail_context(st, "parameter all-gather at %zu", c0);
     }
-    /* replicated tensors: the whole copy, not the (stale) slice values */
+    f->pending = f->n > 0;
+    if (!f->pending) {
+        double dt = cllm_time_sec() - t0;
+        s->comm_seconds += dt;
+        s->wait_seconds += dt;
+    }
+    return CLLM_OK;
+}
+
+/* Waits for a gather started by gather_start (if it is in flight) and
+ * copies the replicated tensors in: the whole copy, not the stale slice
+ * values. */
+static cllm_status gather_finish(train_shard *s, inflight *f, float *buf, size_t b, size_t e) {
+    if (f->pending) {
+        double t0 = cllm_time_sec(), last = f->start;
+        cllm_status st = CLLM_OK;
+        for (int i = 0; i < f->n; i++) {
+            double done = 0;
+            cllm_status sti = cllm_dist_wait(f->req[i], &done);
+            if (!st) st = sti;
+            if (done > last) last = done;
+        }
+        f->pending = false;
+        f->n = 0;
+        double t1 = cllm_time_sec();
+        s->wait_seconds += t1 - t0;
+        s->comm_seconds += (last > t0 ? last : t0) - f->start;
+        if (st) return cllm_fail_context(st, "parameter all-gather");
+    }
     for (int i = 0; i < s->n_pers; i++) {
         const persistent *p = &s->pers[i];
         if (p->flat >= b && p->flat + p->numel <= e)
             memcpy(buf + (p->flat - b), s->pparams + p->compact, p->numel * sizeof(float));
     }
-    s->comm_seconds += cllm_time_sec() - t0;
     return CLLM_OK;
+}
+
+static cllm_status gather_range(train_shard *s, float *buf, size_t b, size_t e) {
+    inflight f = {NULL, 0, false, 0};
+    cllm_status st = gather_start(s, &f, buf, b, e);
+    return st ? st : gather_finish(s, &f, buf, b, e);
 }
 
 /* zero_optimization[key] as a non-negative number, or `def`. */
@@ -134,29 +184,50 @@ static int pslot_of(const train_shard *s, int g) {
     return -1; /* a block: slot 2 or 3 */
 }
 
+/* The parameter slot that holds or will hold group g (current: the slot
+ * the passes are using, not to be taken). */
+static int pslot_pick(const train_shard *s, int g, int current) {
+    int k = pslot_of(s, g);
+    if (k >= 0) return k;
+    if (s->slot_group[2] == g) return 2;
+    if (s->slot_group[3] == g) return 3;
+    bool free2 = !s->slot_busy[2] && current != 2, free3 = !s->slot_busy[3] && current != 3;
+    if (free2 && free3) return s->slot_used[2] <= s->slot_used[3] ? 2 : 3; /* least recently used */
+    return free2 ? 2 : free3 ? 3 : -1;
+}
+
+/* Slot k is to hold group g: finishes a gather in flight there, and starts
+ * gathering g unless the slot holds it already. */
+static cllm_status pslot_load(train_shard *s, int k, int g) {
+    if (s->slot_group[k] == g) return CLLM_OK;
+    int old = s->slot_group[k];
+    if (s->pfly[k].pending) {
+        cllm_status st = gather_finish(s, &s->pfly[k], s->pwork[k], s->gb[old], s->ge[old]);
+        if (st) return st;
+    }
+    s->slot_group[k] = -1;
+    cllm_status st = gather_start(s, &s->pfly[k], s->pwork[k], s->gb[g], s->ge[g]);
+    if (st) return st;
+    s->slot_group[k] = g;
+    return CLLM_OK;
+}
+
 static cllm_status hook_fetch_params(void *ctx, int g, int next, float **out) {
     train_shard *s = ctx;
-    (void)next; /* no prefetching: gathers are synchronous */
-    int k = pslot_of(s, g);
-    if (k < 0) {
-        if (s->slot_group[2] == g) k = 2;
-        else if (s->slot_group[3] == g) k = 3;
-        else if (s->slot_busy[2]) k = 3;
-        else if (s->slot_busy[3]) k = 2;
-        else k = s->slot_used[2] <= s->slot_used[3] ? 2 : 3; /* least recently used */
-    }
-    if (s->slot_busy[k])
-        return CLLM_FAIL(CLLM_ERR_INTERNAL, "parameter group %d fetched while the working buffer holds group %d", g,
-                         s->slot_group[k]);
-    if (s->slot_group[k] != g) {
-        s->slot_group[k] = -1;
-        cllm_status st = gather_range(s, s->pwork[k], s->gb[g], s->ge[g]);
-        if (st) return st;
-        s->slot_group[k] = g;
-    }
+    int k = pslot_pick(s, g, -1);
+    if (k < 0 || s->slot_busy[k])
+        return CLLM_FAIL(CLLM_ERR_INTERNAL, "parameter group %d fetched while its working buffer is in use", g);
+    cllm_status st = pslot_load(s, k, g);
+    if (!st) st = gather_finish(s, &s->pfly[k], s->pwork[k], s->gb[g], s->ge[g]);
+    if (st) return st;
     s->slot_busy[k] = true;
     s->slot_used[k] = ++s->clock;
     *out = s->pwork[k];
+    /* overlap_comm: prefetch the next group while this one computes */
+    if (s->overlap && next >= 0 && next != g) {
+        int j = pslot_pick(s, next, k);
+        if (j >= 0 && !s->slot_busy[j] && (st = pslot_load(s, j, next))) return st;
+    }
     return CLLM_OK;
 }
 
@@ -167,47 +238,121 @@ static cllm_status hook_release_params(void *ctx, int g) {
     return CLLM_OK;
 }
 
-static float *gwork_of(train_shard *s, int g) {
-    return s->gwork[g == 0 ? 0 : g == s->n_groups - 1 ? 1 : 2];
-}
-
-static cllm_status hook_fetch_grads(void *ctx, int g, float **out) {
-    train_shard *s = ctx;
-    float *w = gwork_of(s, g);
-    memset(w, 0, gsize(s, g) * sizeof(float));
-    *out = w;
-    return CLLM_OK;
-}
-
-/* The group's gradient of this micro-batch: replicated tensors into the
- * compact buffer, then reduce-scatter in buckets and add this rank's part
- * into its slice. */
-static cllm_status hook_grads_ready(void *ctx, int g) {
-    train_shard *s = ctx;
+/* The group's gradient of this micro-batch is in gwork[i]: replicated
+ * tensors go into the compact buffer, then the reduce-scatter starts (one
+ * call per reduce_bucket_size chunk; blocking and finished on return
+ * without overlap_comm). */
+static cllm_status reduce_start(train_shard *s, int i, int g) {
     const train_zero *z = s->z;
-    float *w = gwork_of(s, g);
+    float *w = s->gwork[i];
+    inflight *f = &s->gfly[i];
     size_t b = s->gb[g], e = s->ge[g];
-    for (int i = 0; i < s->n_pers; i++) {
-        const persistent *p = &s->pers[i];
+    for (int t = 0; t < s->n_pers; t++) {
+        const persistent *p = &s->pers[t];
         if (p->group != g) continue;
         float *d = s->pgrads + p->compact;
         const float *x = w + (p->flat - b);
         for (size_t j = 0; j < p->numel; j++) d[j] += x[j];
     }
     double t0 = cllm_time_sec();
+    f->n = 0;
+    f->start = t0;
+    s->gwork_group[i] = g;
     for (size_t c0 = b; c0 < e; c0 += z->bucket) {
         size_t c1 = e - c0 > z->bucket ? c0 + z->bucket : e;
         parts(s, c0, c1);
         float *buf = w + (c0 - b);
-        cllm_status st = cllm_dist_reduce_scatter_sum_f32(buf, buf, s->counts);
+        cllm_status st = s->overlap && f->req ? cllm_dist_ireduce_scatter_sum_f32(buf, s->counts, &f->req[f->n++])
+                                              : cllm_dist_reduce_scatter_sum_f32(buf, buf, s->counts);
         if (st) return cllm_fail_context(st, "gradient reduce-scatter of group %d at %zu", g, c0);
+    }
+    f->pending = true;
+    if (!f->n) {
+        double dt = cllm_time_sec() - t0;
+        s->comm_seconds += dt;
+        s->wait_seconds += dt;
+    }
+    return CLLM_OK;
+}
+
+/* Waits for gwork[i]'s reduce-scatter and adds this rank's parts into its
+ * slice. */
+static cllm_status reduce_finish(train_shard *s, int i) {
+    const train_zero *z = s->z;
+    inflight *f = &s->gfly[i];
+    if (!f->pending) return CLLM_OK;
+    if (f->n) {
+        double t0 = cllm_time_sec(), last = f->start;
+        cllm_status st = CLLM_OK;
+        for (int r = 0; r < f->n; r++) {
+            double done = 0;
+            cllm_status str = cllm_dist_wait(f->req[r], &done);
+            if (!st) st = str;
+            if (done > last) last = done;
+        }
+        f->n = 0;
+        s->wait_seconds += cllm_time_sec() - t0;
+        s->comm_seconds += (last > t0 ? last : t0) - f->start;
+        if (st) {
+            f->pending = false;
+            return cllm_fail_context(st, "gradient reduce-scatter");
+        }
+    }
+    f->pending = false;
+    int g = s->gwork_group[i];
+    size_t b = s->gb[g], e = s->ge[g];
+    for (size_t c0 = b; c0 < e; c0 += z->bucket) {
+        size_t c1 = e - c0 > z->bucket ? c0 + z->bucket : e;
+        parts(s, c0, c1);
         size_t k = s->counts[z->rank];
         if (!k) continue;
+        const float *buf = s->gwork[i] + (c0 - b);
         float *d = s->gslice + ((z->begin > c0 ? z->begin : c0) - z->begin);
         for (size_t j = 0; j < k; j++) d[j] += buf[j];
     }
-    s->comm_seconds += cllm_time_sec() - t0;
     return CLLM_OK;
+}
+
+/* Blocks alternate between two buffers with overlap_comm, so that block
+ * l's reduction runs while block l - 1's backward writes the other. */
+static int gslot_of(const train_shard *s, int g) {
+    if (g == 0) return 0;
+    if (g == s->n_groups - 1) return 1;
+    return s->overlap ? 2 + (g & 1) : 2;
+}
+
+static cllm_status hook_fetch_grads(void *ctx, int g, float **out) {
+    train_shard *s = ctx;
+    int i = gslot_of(s, g);
+    cllm_status st = reduce_finish(s, i);
+    if (st) return st;
+    memset(s->gwork[i], 0, gsize(s, g) * sizeof(float));
+    *out = s->gwork[i];
+    return CLLM_OK;
+}
+
+static cllm_status hook_grads_ready(void *ctx, int g) {
+    train_shard *s = ctx;
+    int i = gslot_of(s, g);
+    cllm_status st = reduce_start(s, i, g);
+    return st ? st : s->overlap ? CLLM_OK : reduce_finish(s, i);
+}
+
+/* Everything in flight, finished (before the optimizer step reads the
+ * slices, and before buffers go away). */
+static cllm_status finish_all(train_shard *s) {
+    cllm_status st = CLLM_OK;
+    for (int i = 0; i < N_GSLOTS; i++) {
+        cllm_status sti = reduce_finish(s, i);
+        if (!st) st = sti;
+    }
+    for (int k = 0; k < N_PSLOTS; k++) {
+        int g = s->slot_group[k];
+        if (!s->pfly[k].pending) continue;
+        cllm_status stk = gather_finish(s, &s->pfly[k], s->pwork[k], s->gb[g], s->ge[g]);
+        if (!st) st = stk;
+    }
+    return st;
 }
 
 /* --------------------------------------------------------------- init */
@@ -269,7 +414,8 @@ static cllm_status init_stage3(train_shard *s, const cllm_train_config *c, const
 
 static size_t work_floats(const train_shard *s) {
     size_t g = gsize(s, 0) + gsize(s, s->n_groups - 1);
-    return s->stage == 3 ? 2 * g + 3 * s->max_block : g + s->max_block;
+    size_t blocks = s->overlap ? 2 : 1;
+    return s->stage == 3 ? 2 * g + (blocks + 2) * s->max_block : g + blocks * s->max_block;
 }
 
 cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, const cllm_train_config *c,
@@ -291,12 +437,28 @@ cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, co
         if (g > 0 && g + 1 < s->n_groups && gsize(s, g) > s->max_block) s->max_block = gsize(s, g);
     }
     size_t slice = z->end - z->begin;
+    json_t *ov = c->zero_optimization ? json_object_get(c->zero_optimization, "overlap_comm") : NULL;
+    if (ov && !json_is_boolean(ov)) return CLLM_FAIL(CLLM_ERR_ARG, "zero_optimization.overlap_comm: expected true or false");
+    s->overlap = json_is_true(ov) && z->size > 1;
+    size_t chunk = z->bucket < z->gather_bucket ? z->bucket : z->gather_bucket, longest = s->max_block;
+    if (gsize(s, 0) > longest) longest = gsize(s, 0);
+    if (gsize(s, s->n_groups - 1) > longest) longest = gsize(s, s->n_groups - 1);
+    s->max_chunks = (int)((longest + chunk - 1) / chunk) + 1;
+    if (s->overlap) {
+        for (int i = 0; i < N_GSLOTS; i++)
+            if (!(s->gfly[i].req = calloc((size_t)s->max_chunks, sizeof *s->gfly[i].req)))
+                return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        for (int k = 0; k < N_PSLOTS; k++)
+            if (!(s->pfly[k].req = calloc((size_t)s->max_chunks, sizeof *s->pfly[k].req)))
+                return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        cllm_dist_progress_start(); /* without it, the collectives advance only inside MPI calls */
+    }
     cllm_status st = s->stage == 3 ? init_stage3(s, c, ranges, n_ranges) : CLLM_OK;
     if (st) return st;
-    size_t glen[3] = {gsize(s, 0), gsize(s, s->n_groups - 1), s->max_block};
+    size_t glen[N_GSLOTS] = {gsize(s, 0), gsize(s, s->n_groups - 1), s->max_block, s->overlap ? s->max_block : 0};
     s->gslice = alloc_floats(slice, "gradient slice");
     if (!s->gslice) return CLLM_ERR_NOMEM;
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < N_GSLOTS; k++)
         if (!(s->gwork[k] = alloc_floats(glen[k], "working gradients"))) return CLLM_ERR_NOMEM;
     z->mem.work = work_floats(s) * sizeof(float);
     z->mem.grads = z->mem.grads_reduced = (slice + s->n_compact) * sizeof(float);
@@ -313,8 +475,14 @@ cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, co
 void train_shard_free(train_shard *s) {
     if (!s) return;
     cllm_model_set_hooks(s->m, NULL);
+    if (s->overlap) {
+        finish_all(s); /* nothing is in flight after a complete step */
+        cllm_dist_progress_stop();
+    }
+    for (int k = 0; k < N_GSLOTS; k++) free(s->gfly[k].req);
+    for (int k = 0; k < N_PSLOTS; k++) free(s->pfly[k].req);
     cllm_free(s->gslice);
-    for (int k = 0; k < 3; k++) cllm_free(s->gwork[k]);
+    for (int k = 0; k < N_GSLOTS; k++) cllm_free(s->gwork[k]);
     for (int k = 0; k < N_PSLOTS; k++) cllm_free(s->pwork[k]);
     cllm_free(s->pslice);
     cllm_free(s->pparams);
@@ -345,9 +513,12 @@ float *train_shard_grads(train_shard *s) { return s->z->end > s->z->begin ? s->g
 
 cllm_status train_shard_clip(train_shard *s, double max_norm, double *norm) {
     const size_t k = s->z->end - s->z->begin;
+    cllm_status st = finish_all(s);
+    if (st) return st;
     double t0 = cllm_time_sec();
-    cllm_status st = s->n_compact ? cllm_dist_allreduce_sum_f32(s->pgrads, s->n_compact) : CLLM_OK;
+    st = s->n_compact ? cllm_dist_allreduce_sum_f32(s->pgrads, s->n_compact) : CLLM_OK;
     s->comm_seconds += cllm_time_sec() - t0;
+    s->wait_seconds += cllm_time_sec() - t0;
     if (st) return cllm_fail_context(st, "replicated gradients");
     float *g = s->gslice;
     double sum = 0;
@@ -375,8 +546,11 @@ cllm_status train_shard_step(train_shard *s, cllm_optimizer *opt, double lr) {
         double t0 = cllm_time_sec();
         cllm_status st = train_zero_gather_params(z, params);
         s->comm_seconds += cllm_time_sec() - t0;
+        s->wait_seconds += cllm_time_sec() - t0;
         return st;
     }
+    cllm_status st = finish_all(s);
+    if (st) return st;
     cllm_optim_step(opt, s->pslice, s->gslice, s->ranges, s->n_ranges, lr);
     if (s->popt) cllm_optim_step(s->popt, s->pparams, s->pgrads, s->pranges, s->n_pers, lr);
     for (int k = 0; k < N_PSLOTS; k++) s->slot_group[k] = -1; /* gathered copies are stale now */
@@ -384,24 +558,27 @@ cllm_status train_shard_step(train_shard *s, cllm_optimizer *opt, double lr) {
 }
 
 double train_shard_comm_seconds(const train_shard *s) { return s->comm_seconds; }
+double train_shard_wait_seconds(const train_shard *s) { return s->wait_seconds; }
 
 cllm_status train_shard_gather_model(train_shard *s) {
     if (s->stage < 3 || cllm_model_params(s->m)) return CLLM_OK;
     /* training is over: the working buffers go first, to lower the peak */
+    cllm_status st = finish_all(s);
+    if (st) return st;
     cllm_model_set_hooks(s->m, NULL);
     for (int k = 0; k < N_PSLOTS; k++) {
         cllm_free(s->pwork[k]);
         s->pwork[k] = NULL;
         s->slot_group[k] = -1;
     }
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < N_GSLOTS; k++) {
         cllm_free(s->gwork[k]);
         s->gwork[k] = NULL;
     }
     size_t n = s->z->n;
     float *full = cllm_alloc(n * sizeof(float), "gathered model");
     if (!full) return CLLM_ERR_NOMEM;
-    cllm_status st = gather_range(s, full, 0, n);
+    st = gather_range(s, full, 0, n);
     if (st) {
         cllm_free(full);
         return st;
