@@ -137,5 +137,15 @@ cllm_status train_shard_gather_model(train_shard *s);
  * (the same when the collectives are blocking: without overlap_comm). */
 double train_shard_comm_seconds(const train_shard *s);
 double train_shard_wait_seconds(const train_shard *s);
+/* Stage 3 state, for checkpoints of partitioned runs: this rank's
+ * parameter slice, floats [z->begin, z->end) of the flat buffer (its
+ * optimizer state is the engine's optimizer, of the same length); NULL at
+ * stage 2, where the model's flat buffer holds all parameters. Positions of
+ * replicated tensors inside the slice are stale: the replicated tensors
+ * live whole, back to back (each rounded up to 16 floats, in tensor order),
+ * in the buffer train_shard_replicated returns (*n floats, NULL when none),
+ * updated by their own optimizer (*opt). */
+float *train_shard_param_slice(train_shard *s);
+float *train_shard_replicated(train_shard *s, size_t *n, cllm_optimizer **opt);
 
 #endif

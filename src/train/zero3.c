@@ -15,8 +15,8 @@
  * flat fp32 parameters, and before a group is used the forward/backward
  * passes get it all-gathered (allgather_bucket_size chunks) into a working
  * buffer: one for group 0, one for the last group, two for blocks (so the
- * last block survives from forward to backward, and a block can stay while
- * its neighbour is gathered). Gathered groups stay valid until the next
+ * last block survives from forward to backward, and the next block can be
+ * gathered while one computes). Gathered groups stay valid until the next
  * optimizer step. Tensors with fewer than
  * stage3_param_persistence_threshold elements (DeepSpeed's default 1e5) are
  * replicated instead: every rank keeps them whole in a compact buffer, adds
@@ -26,8 +26,12 @@
  * The gradient norm is the sum of the slices' squares (every element of the
  * flat buffer, persistent ones included, is in exactly one slice).
  *
- * Collectives are blocking here: overlapping them with computation
- * (overlap_comm) is not implemented; the time spent in them is measured.
+ * With overlap_comm the per-group collectives are nonblocking: a group's
+ * reduce-scatter is waited for only when its gradient buffer is needed
+ * again (blocks alternate between two), and fetching a group at stage 3
+ * starts gathering the next one into a free working buffer. Each
+ * collective's time from start to completion, and the time the computation
+ * waited for it, are measured (comm_hidden_fraction).
  * Not here: checkpoints of partitioned state (the engine refuses them).
  */
 #include <jansson.h>
@@ -148,7 +152,7 @@ static cllm_status gather_finish(train_shard *s, inflight *f, float *buf, size_t
         f->n = 0;
         double t1 = cllm_time_sec();
         s->wait_seconds += t1 - t0;
-        s->comm_seconds += (last > t0 ? last : t0) - f->start;
+        s->comm_seconds += last - f->start; /* completion as seen by the progress thread */
         if (st) return cllm_fail_context(st, "parameter all-gather");
     }
     for (int i = 0; i < s->n_pers; i++) {
@@ -292,7 +296,7 @@ static cllm_status reduce_finish(train_shard *s, int i) {
         }
         f->n = 0;
         s->wait_seconds += cllm_time_sec() - t0;
-        s->comm_seconds += (last > t0 ? last : t0) - f->start;
+        s->comm_seconds += last - f->start; /* completion as seen by the progress thread */
         if (st) {
             f->pending = false;
             return cllm_fail_context(st, "gradient reduce-scatter");
@@ -559,6 +563,14 @@ cllm_status train_shard_step(train_shard *s, cllm_optimizer *opt, double lr) {
 
 double train_shard_comm_seconds(const train_shard *s) { return s->comm_seconds; }
 double train_shard_wait_seconds(const train_shard *s) { return s->wait_seconds; }
+
+float *train_shard_param_slice(train_shard *s) { return s->stage == 3 ? s->pslice : NULL; }
+
+float *train_shard_replicated(train_shard *s, size_t *n, cllm_optimizer **opt) {
+    *n = s->n_compact;
+    if (opt) *opt = s->popt;
+    return s->n_compact ? s->pparams : NULL;
+}
 
 cllm_status train_shard_gather_model(train_shard *s) {
     if (s->stage < 3 || cllm_model_params(s->m)) return CLLM_OK;
