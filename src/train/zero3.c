@@ -479,15 +479,21 @@ cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, co
 void train_shard_free(train_shard *s) {
     if (!s) return;
     cllm_model_set_hooks(s->m, NULL);
-    if (s->overlap) {
-        finish_all(s); /* nothing is in flight after a complete step */
-        cllm_dist_progress_stop();
+    cllm_dist_progress_stop();
+    /* Collectives still in flight mean a failed step: another rank may
+     * never join them, so they are not waited for (the front end ends the
+     * world with MPI_Abort), and their buffers are left to MPI rather than
+     * freed under it. After a complete step nothing is in flight. */
+    bool abandoned = false;
+    for (int k = 0; k < N_GSLOTS; k++) abandoned |= s->gfly[k].pending && s->gfly[k].n > 0;
+    for (int k = 0; k < N_PSLOTS; k++) abandoned |= s->pfly[k].pending;
+    if (!abandoned) {
+        for (int k = 0; k < N_GSLOTS; k++) cllm_free(s->gwork[k]);
+        for (int k = 0; k < N_PSLOTS; k++) cllm_free(s->pwork[k]);
     }
     for (int k = 0; k < N_GSLOTS; k++) free(s->gfly[k].req);
     for (int k = 0; k < N_PSLOTS; k++) free(s->pfly[k].req);
     cllm_free(s->gslice);
-    for (int k = 0; k < N_GSLOTS; k++) cllm_free(s->gwork[k]);
-    for (int k = 0; k < N_PSLOTS; k++) cllm_free(s->pwork[k]);
     cllm_free(s->pslice);
     cllm_free(s->pparams);
     cllm_free(s->pgrads);
