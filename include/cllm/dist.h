@@ -71,6 +71,32 @@ cllm_status cllm_dist_allgather_u64(const uint64_t *mine, size_t n, uint64_t *al
 cllm_status cllm_dist_bcast(void *buf, size_t bytes, int root);
 cllm_status cllm_dist_barrier(void);
 
+/* ---- nonblocking collectives (src/dist/async_mpi.c, async_none.c) ----
+ * Started by the calling thread, which must not touch the buffer until
+ * cllm_dist_wait returns. Other collectives may be called in between (the
+ * order of all collective calls must be the same on every rank). With a
+ * progress thread running (cllm_dist_progress_start: needs an MPI with
+ * MPI_THREAD_MULTIPLE), the operations advance while the caller computes;
+ * without one, only inside cllm_dist_test / cllm_dist_wait calls. Without
+ * MPI or with one rank the operations complete at once (*req = NULL). */
+typedef struct cllm_dist_request cllm_dist_request;
+
+/* As cllm_dist_allgather_f32, nonblocking; counts are copied. */
+cllm_status cllm_dist_iallgather_f32(float *buf, const size_t *counts, cllm_dist_request **req);
+/* As cllm_dist_reduce_scatter_sum_f32 in place (result at buf's start). */
+cllm_status cllm_dist_ireduce_scatter_sum_f32(float *buf, const size_t *counts, cllm_dist_request **req);
+/* *done <- whether the operation has finished (advancing it). NULL: done. */
+cllm_status cllm_dist_test(cllm_dist_request *req, bool *done);
+/* Waits for the operation and frees req (NULL: nothing). *finished (may
+ * be NULL) receives the cllm_time_sec() at which it was seen complete:
+ * by the progress thread, or on return. */
+cllm_status cllm_dist_wait(cllm_dist_request *req, double *finished);
+/* Starts the progress thread; false (and nothing started) when MPI does not
+ * provide MPI_THREAD_MULTIPLE, without MPI, or with one rank. */
+bool cllm_dist_progress_start(void);
+/* Stops and joins it (no operation may be outstanding). Idempotent. */
+void cllm_dist_progress_stop(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -52,6 +52,8 @@ typedef struct {
     size_t optim;       /* optimizer state (shard with ZeRO-1/2/3); 0 when offloaded */
     size_t optim_disk;  /* offloaded optimizer state (on disk, not in total) */
     size_t offload_buffer; /* the offload stream's buffer */
+    size_t work;        /* ZeRO-2/3 working buffers: one group's gradient (first, last, largest block),
+                           at stage 3 also gathered parameters (first, last, two blocks) */
     size_t activations; /* activation buffer without the logits chunk */
     size_t logits;      /* logits chunk of the fused head + cross-entropy */
     size_t snapshot;    /* checkpoint snapshot buffers (async_save) */

@@ -146,6 +146,56 @@ cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int 
  * matmuls and attention (2 FLOPs per multiply-add, backward = 2x forward). */
 double cllm_model_train_flops(const cllm_model *m, int B, int T);
 
+/* ---- parameter groups and layer hooks (ZeRO-3, per-layer gradient reduction) ---- */
+
+/* The flat buffer in groups: group 0 holds the tensors before the blocks
+ * (embeddings, BLOOM's embedding norm), group 1 + l block l's tensors, group
+ * n_layer + 1 those after the blocks (final norm, an untied head). Each group
+ * is one contiguous range [begin, end) of the flat buffer (64-byte aligned
+ * tensors back to back, gaps included). n_groups = n_layer + 2. */
+int cllm_model_n_groups(const cllm_model *m);
+void cllm_model_group_range(const cllm_model *m, int group, size_t *begin, size_t *end);
+
+/* Optional callbacks around the use of each group by the forward and
+ * backward passes (cllm_model_forward_backward, cllm_model_forward_logits).
+ * Every member may be NULL; without hooks the flat buffers are used and
+ * nothing changes (bit for bit).
+ *   fetch_params(ctx, g, next, &p): before group g's parameters are read
+ *     (forward, recomputation or backward). *p receives a buffer of the
+ *     group's length (end - begin floats, laid out as the flat buffer from
+ *     `begin`) that the passes read until release_params(g); `next` is the
+ *     group the passes will fetch next (-1: none), for prefetching.
+ *   release_params(ctx, g): group g's parameters are no longer read.
+ *   fetch_grads(ctx, g, &gr): before group g's gradients are written in a
+ *     backward pass; *gr receives a ZEROED buffer of the group's length that
+ *     the backward accumulates into until grads_ready(g). With this hook,
+ *     cllm_model_prepare allocates no flat gradient buffer.
+ *   grads_ready(ctx, g): group g's gradient of this backward pass is
+ *     complete (blocks right after their backward, group n_layer + 1 after
+ *     the final norm's, group 0 last). The buffer is not touched again.
+ * Order: forward fetches 0, 1, ..., n_layer + 1 (and 0 again with a tied
+ * head); backward fetches n_layer + 1 (and 0 when tied) for the head, then
+ * n_layer, ..., 1, then 0; each fetch is released before the same group is
+ * fetched again. A failing hook's status is returned by the pass. */
+typedef struct {
+    void *ctx;
+    cllm_status (*fetch_params)(void *ctx, int group, int next, float **params);
+    cllm_status (*release_params)(void *ctx, int group);
+    cllm_status (*fetch_grads)(void *ctx, int group, float **grads);
+    cllm_status (*grads_ready)(void *ctx, int group);
+} cllm_model_hooks;
+
+/* Installs (copies) the hooks; NULL removes them. Set fetch_grads before
+ * cllm_model_prepare to avoid the flat gradient buffer. */
+void cllm_model_set_hooks(cllm_model *m, const cllm_model_hooks *hooks);
+/* Frees the flat parameter buffer (ZeRO-3: the ranks keep slices, and the
+ * hooks hand out gathered groups); cllm_model_params returns NULL after it,
+ * and loading, saving and generation need cllm_model_set_params first. */
+void cllm_model_drop_params(cllm_model *m);
+/* Replaces the flat parameter buffer with `params` (cllm_model_buffer_len
+ * floats from cllm_alloc/malloc), taking ownership of it. */
+void cllm_model_set_params(cllm_model *m, float *params);
+
 /* ---- presets for `cllm init` ---- */
 /* Fills `config` (a new JSON object the caller json_decref()s) with the HF
  * config.json of a named preset of an architecture: "tiny" (for tests),
@@ -214,6 +264,11 @@ cllm_status cllm_model_config_params(const cllm_model_config *c, size_t *n_param
  * head; a tied head counts the embedding matrix again, since the stage that
  * runs the head keeps a copy). units has n_layer + 2 entries. */
 cllm_status cllm_model_config_unit_params(const cllm_model_config *c, size_t *units);
+
+/* Floats of parameter group 0 (embeddings), of the last group (final norm,
+ * untied head) and of the largest block group of a model of config c (see
+ * cllm_model_n_groups), without allocating its parameters. */
+cllm_status cllm_model_config_groups(const cllm_model_config *c, size_t *first, size_t *last, size_t *max_block);
 
 #ifdef __cplusplus
 }

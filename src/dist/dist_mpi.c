@@ -6,7 +6,8 @@
  * `cllm train` never touches MPI (no singleton runtime, no network probing)
  * and behaves exactly as a build without MPI. Counts larger than INT_MAX
  * are refused: callers bucket their buffers (reduce_bucket_size) well below.
- * Not here: communicators other than the world, non-blocking overlap.
+ * Not here: communicators other than the world, nonblocking collectives
+ * (async_mpi.c).
  */
 #include <limits.h>
 #include <mpi.h>
@@ -39,7 +40,9 @@ cllm_status cllm_dist_init(void) {
     if (started || !launched_by_mpi()) return CLLM_OK;
     int already = 0;
     MPI_Initialized(&already);
-    if (!already) MPI_TRY(MPI_Init(NULL, NULL));
+    /* threads: a progress thread may test nonblocking collectives (async_mpi.c) */
+    int provided = 0;
+    if (!already) MPI_TRY(MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided));
     started = true;
     /* errors come back as codes, turned into cllm statuses above */
     MPI_TRY(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));

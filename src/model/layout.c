@@ -131,7 +131,7 @@ static bool rule_present(const cllm_model_config *c, const tensor_rule *r, bool 
     }
 }
 
-static void add_tensor(cllm_model *m, const tensor_rule *r, int layer, size_t *offset) {
+static void add_tensor(cllm_model *m, const tensor_rule *r, int layer, int group, size_t *offset) {
     cllm_tensor_info *t = &m->tensors[m->n_tensors];
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, r->fmt, layer);
@@ -148,6 +148,8 @@ static void add_tensor(cllm_model *m, const tensor_rule *r, int layer, size_t *o
         m->lslot[layer][r->slot] = m->n_tensors;
     else
         m->gslot[r->slot] = m->n_tensors;
+    m->tgroup[m->n_tensors] = group;
+    m->groups[group].end = *offset;
     m->n_tensors++;
 }
 
@@ -157,18 +159,25 @@ cllm_status model_build_layout(cllm_model *m) {
     int cap = tb->n_pre + tb->n_post + tb->n_block * c->n_layer;
     m->tensors = cllm_calloc((size_t)cap, sizeof *m->tensors, "tensor table");
     m->lslot = cllm_calloc((size_t)c->n_layer, sizeof *m->lslot, "layer slots");
-    if (!m->tensors || !m->lslot) return CLLM_ERR_NOMEM;
+    m->tgroup = cllm_calloc((size_t)cap, sizeof *m->tgroup, "tensor groups");
+    m->groups = cllm_calloc((size_t)c->n_layer + 2, sizeof *m->groups, "parameter groups");
+    if (!m->tensors || !m->lslot || !m->tgroup || !m->groups) return CLLM_ERR_NOMEM;
     for (int l = 0; l < c->n_layer; l++)
         for (int s = 0; s < L_NSLOTS; s++) m->lslot[l][s] = -1;
     for (int s = 0; s < G_NSLOTS; s++) m->gslot[s] = -1;
+    /* groups: the tensors of one block are added back to back, so each
+     * group (pre, block l, post) is one contiguous range */
     size_t offset = 0;
     for (int i = 0; i < tb->n_pre; i++)
-        if (rule_present(c, &tb->pre[i], false)) add_tensor(m, &tb->pre[i], -1, &offset);
-    for (int l = 0; l < c->n_layer; l++)
+        if (rule_present(c, &tb->pre[i], false)) add_tensor(m, &tb->pre[i], -1, 0, &offset);
+    for (int l = 0; l < c->n_layer; l++) {
+        m->groups[l + 1].begin = m->groups[l + 1].end = offset;
         for (int i = 0; i < tb->n_block; i++)
-            if (rule_present(c, &tb->block[i], true)) add_tensor(m, &tb->block[i], l, &offset);
+            if (rule_present(c, &tb->block[i], true)) add_tensor(m, &tb->block[i], l, l + 1, &offset);
+    }
+    m->groups[c->n_layer + 1].begin = m->groups[c->n_layer + 1].end = offset;
     for (int i = 0; i < tb->n_post; i++)
-        if (rule_present(c, &tb->post[i], false)) add_tensor(m, &tb->post[i], -1, &offset);
+        if (rule_present(c, &tb->post[i], false)) add_tensor(m, &tb->post[i], -1, c->n_layer + 1, &offset);
     m->n_params = offset;
     return CLLM_OK;
 }

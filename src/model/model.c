@@ -44,6 +44,8 @@ void cllm_model_free(cllm_model *m) {
     json_decref(m->config_json);
     free(m->tensors);
     free(m->lslot);
+    free(m->tgroup);
+    free(m->groups);
     cllm_free(m->params);
     cllm_free(m->grads);
     cllm_free(m->acts);
@@ -217,6 +219,25 @@ size_t cllm_model_buffer_len(const cllm_model *m) { return m->n_params; }
 float *cllm_model_params(cllm_model *m) { return m->params; }
 float *cllm_model_grads(cllm_model *m) { return m->grads; }
 
+int cllm_model_n_groups(const cllm_model *m) { return m->cfg.n_layer + 2; }
+void cllm_model_group_range(const cllm_model *m, int group, size_t *begin, size_t *end) {
+    *begin = m->groups[group].begin;
+    *end = m->groups[group].end;
+}
+void cllm_model_set_hooks(cllm_model *m, const cllm_model_hooks *hooks) {
+    memset(&m->hooks, 0, sizeof m->hooks);
+    if (hooks) m->hooks = *hooks;
+    for (int g = 0; g < m->cfg.n_layer + 2; g++) m->groups[g].p = m->groups[g].g = NULL;
+}
+void cllm_model_drop_params(cllm_model *m) {
+    cllm_free(m->params);
+    m->params = NULL;
+}
+void cllm_model_set_params(cllm_model *m, float *params) {
+    cllm_free(m->params);
+    m->params = params;
+}
+
 void cllm_model_zero_grads(cllm_model *m) {
     if (m->grads) memset(m->grads, 0, m->n_params * sizeof(float));
 }
@@ -382,6 +403,29 @@ cllm_status cllm_model_config_params(const cllm_model_config *c, size_t *n_param
     }
     free(tmp.tensors);
     free(tmp.lslot);
+    free(tmp.tgroup);
+    free(tmp.groups);
+    return st;
+}
+
+cllm_status cllm_model_config_groups(const cllm_model_config *c, size_t *first, size_t *last, size_t *max_block) {
+    cllm_model tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.cfg = *c;
+    cllm_status st = model_build_layout(&tmp);
+    if (!st) {
+        const struct model_group *g = tmp.groups;
+        int L = c->n_layer;
+        *first = g[0].end - g[0].begin;
+        *last = g[L + 1].end - g[L + 1].begin;
+        *max_block = 0;
+        for (int l = 1; l <= L; l++)
+            if (g[l].end - g[l].begin > *max_block) *max_block = g[l].end - g[l].begin;
+    }
+    free(tmp.tensors);
+    free(tmp.lslot);
+    free(tmp.tgroup);
+    free(tmp.groups);
     return st;
 }
 
@@ -415,7 +459,7 @@ cllm_status cllm_model_prepare(cllm_model *m, int B, int T, bool train) {
     if (c->n_ctx > 0 && T > c->n_ctx)
         return CLLM_FAIL(CLLM_ERR_ARG, "sequence length %d exceeds the model's maximum of %d positions", T, c->n_ctx);
     if ((size_t)B * (size_t)T > (size_t)1 << 28) return CLLM_FAIL(CLLM_ERR_ARG, "batch of %d x %d tokens is too large", B, T);
-    if (train && !m->grads) {
+    if (train && !m->grads && !m->hooks.fetch_grads) {
         m->grads = cllm_calloc(m->n_params, sizeof(float), "gradients");
         if (!m->grads) return CLLM_ERR_NOMEM;
     }

@@ -50,9 +50,20 @@ struct cllm_model {
     int (*lslot)[L_NSLOTS]; /* [n_layer][L_NSLOTS] tensor index or -1 */
     int gslot[G_NSLOTS];
 
-    float *params;
-    float *grads;
+    float *params;            /* flat parameters; NULL after cllm_model_drop_params */
+    float *grads;             /* flat gradients; not allocated when hooks.fetch_grads is set */
     size_t n_params;
+
+    /* parameter groups (cllm_model_n_groups): 0 = before the blocks, 1..L =
+     * blocks, L+1 = after them; each a contiguous range of the flat buffer.
+     * p / g: the group's working buffers handed out by the hooks (NULL:
+     * the flat buffers). tgroup[tensor] = its group. */
+    struct model_group {
+        size_t begin, end;
+        float *p, *g;
+    } *groups;
+    int *tgroup;
+    cllm_model_hooks hooks;
 
     /* activations, all carved from one buffer */
     bool recompute;           /* requested by cllm_model_set_recompute */
@@ -93,9 +104,18 @@ static inline int model_logit_chunk(const cllm_model_config *c, int N) {
     return rows < N ? rows : N;
 }
 
-static inline float *model_param(cllm_model *m, int idx) { return idx < 0 ? NULL : m->params + m->tensors[idx].offset; }
+/* A tensor's parameters (gradients): in its group's working buffer while
+ * the hooks have one out, else in the flat buffer. */
+static inline float *model_param(cllm_model *m, int idx) {
+    if (idx < 0) return NULL;
+    const struct model_group *g = &m->groups[m->tgroup[idx]];
+    return g->p ? g->p + (m->tensors[idx].offset - g->begin) : m->params + m->tensors[idx].offset;
+}
 static inline float *model_grad(cllm_model *m, int idx) {
-    return (idx < 0 || !m->grads) ? NULL : m->grads + m->tensors[idx].offset;
+    if (idx < 0) return NULL;
+    const struct model_group *g = &m->groups[m->tgroup[idx]];
+    if (g->g) return g->g + (m->tensors[idx].offset - g->begin);
+    return m->grads ? m->grads + m->tensors[idx].offset : NULL;
 }
 
 #endif

@@ -15,6 +15,9 @@
  * With activation checkpointing (cllm_model_set_recompute) the blocks share
  * one set of saved activations and the backward pass refills it from each
  * block's saved input just before that block's backward.
+ * Optional hooks (cllm_model_hooks) run around each parameter group's use:
+ * ZeRO-3 gathers a group's parameters into a working buffer and the
+ * per-layer gradient reduction takes a block's gradient when it is done.
  */
 #include <math.h>
 #include <string.h>
@@ -212,6 +215,48 @@ static void embed_backward(cllm_model *m, const int32_t *tokens, int B, int T) {
 
 static int head_slot(const cllm_model *m) { return m->gslot[G_HEAD] >= 0 ? m->gslot[G_HEAD] : m->gslot[G_WTE]; }
 
+/* The layer hooks (cllm_model_hooks): no-ops without them. Group 0 is the
+ * embeddings, 1 + l block l, n_layer + 1 the final norm and untied head. */
+static cllm_status fetch(cllm_model *m, int g, int next) {
+    if (!m->hooks.fetch_params) return CLLM_OK;
+    float *p = NULL;
+    TRY(m->hooks.fetch_params(m->hooks.ctx, g, next, &p));
+    m->groups[g].p = p;
+    return CLLM_OK;
+}
+static cllm_status release(cllm_model *m, int g) {
+    if (!m->hooks.fetch_params) return CLLM_OK;
+    m->groups[g].p = NULL;
+    return m->hooks.release_params ? m->hooks.release_params(m->hooks.ctx, g) : CLLM_OK;
+}
+static cllm_status fetch_grads(cllm_model *m, int g) {
+    if (!m->hooks.fetch_grads) return CLLM_OK;
+    float *p = NULL;
+    TRY(m->hooks.fetch_grads(m->hooks.ctx, g, &p));
+    m->groups[g].g = p;
+    return CLLM_OK;
+}
+static cllm_status grads_ready(cllm_model *m, int g) {
+    if (!m->hooks.fetch_grads) return CLLM_OK;
+    m->groups[g].g = NULL;
+    return m->hooks.grads_ready ? m->hooks.grads_ready(m->hooks.ctx, g) : CLLM_OK;
+}
+
+/* Embeddings and blocks, group by group; leaves the last block's output in
+ * x_out. */
+static cllm_status forward_blocks(cllm_model *m, const int32_t *tokens, int B, int T) {
+    int L = m->cfg.n_layer;
+    TRY(fetch(m, 0, 1));
+    embed_forward(m, tokens, B, T);
+    TRY(release(m, 0));
+    for (int l = 0; l < L; l++) {
+        TRY(fetch(m, l + 1, l + 2));
+        TRY(block_forward(m, l, B, T, false));
+        TRY(release(m, l + 1));
+    }
+    return CLLM_OK;
+}
+
 static cllm_status check_prepared(const cllm_model *m, int B, int T, bool backward) {
     if (!m->acts || B > m->act_B || T > m->act_T)
         return CLLM_FAIL(CLLM_ERR_ARG, "model prepared for %d x %d tokens, called with %d x %d (call cllm_model_prepare)",
@@ -225,14 +270,20 @@ cllm_status cllm_model_forward_backward(cllm_model *m, const int32_t *tokens, co
                                         bool backward, float grad_scale, double *loss_sum, long *n_counted) {
     TRY(check_prepared(m, B, T, backward));
     const cllm_model_config *c = &m->cfg;
-    int N = B * T, C = c->n_embd, V = c->vocab_size;
-    embed_forward(m, tokens, B, T);
-    for (int l = 0; l < c->n_layer; l++) TRY(block_forward(m, l, B, T, false));
+    int N = B * T, C = c->n_embd, V = c->vocab_size, L = c->n_layer;
+    int hs = head_slot(m);
+    bool tied = m->tgroup[hs] == 0; /* the head is the embedding: group 0 again */
+    TRY(forward_blocks(m, tokens, B, T));
+    TRY(fetch(m, L + 1, tied ? 0 : backward ? L : -1));
+    if (tied) TRY(fetch(m, 0, backward ? L : -1));
     norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, model_param(m, m->gslot[G_LNF_W]),
                  model_param(m, m->gslot[G_LNF_B]), N);
 
     /* fused head + cross-entropy, chunk by chunk */
-    int hs = head_slot(m);
+    if (backward) {
+        TRY(fetch_grads(m, L + 1));
+        if (tied) TRY(fetch_grads(m, 0));
+    }
     const float *W = model_param(m, hs);
     float *dW = backward ? model_grad(m, hs) : NULL;
     int chunk = model_logit_chunk(c, N);
@@ -254,32 +305,46 @@ cllm_status cllm_model_forward_backward(cllm_model *m, const int32_t *tokens, co
     }
     *loss_sum = total;
     *n_counted = count;
-    if (!backward) return CLLM_OK;
+    if (tied) TRY(release(m, 0));
+    if (!backward) return release(m, L + 1);
 
     memset(m->dx, 0, (size_t)N * C * sizeof(float));
     norm_backward(m, m->dx, model_grad(m, m->gslot[G_LNF_W]), model_grad(m, m->gslot[G_LNF_B]), m->dlnf, m->x_out,
                   model_param(m, m->gslot[G_LNF_W]), m->lnf_mean, m->lnf_rstd, N);
-    for (int l = c->n_layer - 1; l >= 0; l--) {
+    TRY(grads_ready(m, L + 1));
+    TRY(release(m, L + 1));
+    for (int l = L - 1; l >= 0; l--) {
+        TRY(fetch(m, l + 1, l));
         /* checkpointing: the shared set still holds the last block's */
-        if (m->acts_recompute && l + 1 < c->n_layer) TRY(block_forward(m, l, B, T, true));
+        if (m->acts_recompute && l + 1 < L) TRY(block_forward(m, l, B, T, true));
+        TRY(fetch_grads(m, l + 1));
         TRY(block_backward(m, l, B, T));
+        TRY(grads_ready(m, l + 1));
+        TRY(release(m, l + 1));
     }
+    TRY(fetch(m, 0, -1));
+    if (!tied) TRY(fetch_grads(m, 0));
     embed_backward(m, tokens, B, T);
-    return CLLM_OK;
+    TRY(grads_ready(m, 0));
+    return release(m, 0);
 }
 
 cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int B, int T, float *logits) {
     TRY(check_prepared(m, B, T, false));
     const cllm_model_config *c = &m->cfg;
-    int N = B * T, C = c->n_embd, V = c->vocab_size;
-    embed_forward(m, tokens, B, T);
-    for (int l = 0; l < c->n_layer; l++) TRY(block_forward(m, l, B, T, false));
+    int N = B * T, C = c->n_embd, V = c->vocab_size, L = c->n_layer;
+    int hs = head_slot(m);
+    bool tied = m->tgroup[hs] == 0;
+    TRY(forward_blocks(m, tokens, B, T));
+    TRY(fetch(m, L + 1, tied ? 0 : -1));
+    if (tied) TRY(fetch(m, 0, -1));
     norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, model_param(m, m->gslot[G_LNF_W]),
                  model_param(m, m->gslot[G_LNF_B]), N);
-    const float *W = model_param(m, head_slot(m));
+    const float *W = model_param(m, hs);
     for (int b = 0; b < B; b++)
         TRY(cllm_linear_forward(logits + (size_t)b * V, m->lnf + ((size_t)b * T + T - 1) * C, W, NULL, 1, C, V, false));
-    return CLLM_OK;
+    if (tied) TRY(release(m, 0));
+    return release(m, L + 1);
 }
 
 double cllm_model_train_flops(const cllm_model *m, int B, int T) {

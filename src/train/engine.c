@@ -54,6 +54,8 @@ typedef struct {
     bool fp16;              /* fp16.enabled: loss scaling (fp16_step.c) */
     cllm_loss_scaler scaler;
     train_offload *offload; /* optimizer state in a file (offload_optimizer nvme), or NULL */
+    train_shard *shard;     /* ZeRO 2-3: per-layer reduction, partitioned parameters (zero3.c); else NULL */
+    double comm_seconds;    /* stages 0-1: time in the gradient reduction and parameter all-gather */
     const char *output_dir; /* the caller's, restored at the end (ranks > 0 write nothing) */
 } trainer;
 
@@ -190,7 +192,9 @@ static void show_step(trainer *tr, long step, double loss, double lr, double gno
 /* --------------------------------------------------------------- eval */
 
 static cllm_status run_eval(trainer *tr, long step) {
-    if (!tr->eval || tr->cfg->dp_rank > 0) return CLLM_OK; /* rank 0 evaluates alone */
+    /* rank 0 evaluates alone, except at ZeRO-3 where every rank takes part
+     * in the parameter gathers (and computes the same batches) */
+    if (!tr->eval || (tr->cfg->dp_rank > 0 && tr->zero.stage < 3)) return CLLM_OK;
     double t0 = cllm_time_sec();
     long B = tr->cfg->train_micro_batch_size_per_gpu;
     int T = tr->cfg->seq_len;
@@ -226,7 +230,7 @@ static cllm_status run_eval(trainer *tr, long step) {
     rec_int(&r, "eval_batches", (long long)batches);
     rec_num(&r, "eval_time", dt);
     tr->last_eval_step = step;
-    if (tr->cfg->log != CLLM_LOG_MODE_QUIET) {
+    if (tr->cfg->log != CLLM_LOG_MODE_QUIET && tr->cfg->dp_rank == 0) {
         end_line(tr);
         fprintf(stderr, "eval  %5ld | loss %.4f | ppl %.3f | %ld tokens | %.2f s\n", step, loss, exp(loss), count, dt);
     }
@@ -308,8 +312,21 @@ static cllm_status reduce_count(long *count) {
 }
 static cllm_status reduce_grads(trainer *tr, float *grads, double *loss_sum) {
     cllm_status st = cllm_dist_allreduce_sum_f64(loss_sum, 1);
-    return st ? st : train_zero_reduce_grads(&tr->zero, grads);
+    if (st || tr->shard) return st; /* stages 2-3 reduced during the backward pass */
+    double t0 = cllm_time_sec();
+    st = train_zero_reduce_grads(&tr->zero, grads);
+    tr->comm_seconds += cllm_time_sec() - t0;
+    return st;
 }
+
+static double comm_seconds(const trainer *tr) {
+    return tr->shard ? train_shard_comm_seconds(tr->shard) : tr->comm_seconds;
+}
+static double wait_seconds(const trainer *tr) {
+    return tr->shard ? train_shard_wait_seconds(tr->shard) : tr->comm_seconds;
+}
+/* The part of the communication time the computation did not wait for. */
+static double hidden_fraction(double comm, double wait) { return comm > 0 && wait < comm ? 1.0 - wait / comm : 0.0; }
 
 static cllm_status train_step(trainer *tr, double *avg_step) {
     cllm_train_config *c = tr->cfg;
@@ -320,8 +337,9 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     cllm_status st = load_rows(tr, tr->state.next_sample, &count);
     if (st) return cllm_fail_context(st, "step %ld", step);
     if ((st = reduce_count(&count))) return cllm_fail_context(st, "step %ld", step);
-    double t1 = cllm_time_sec();
+    double t1 = cllm_time_sec(), comm0 = comm_seconds(tr), wait0 = wait_seconds(tr);
     cllm_model_zero_grads(tr->m);
+    if (tr->shard) train_shard_zero_grads(tr->shard);
     double loss_sum = 0;
     const double loss_scale = tr->fp16 ? cllm_loss_scaler_scale(&tr->scaler) : 1.0;
     if (count > 0) {
@@ -336,16 +354,21 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
             loss_sum += s;
         }
     }
-    float *grads = cllm_model_grads(tr->m);
-    if (tr->hooks && tr->hooks->poison_grads && tr->hooks->poison_grads(step, tr->hooks->ctx)) grads[0] = NAN;
+    float *grads = tr->shard ? train_shard_grads(tr->shard) : cllm_model_grads(tr->m);
+    if (grads && tr->hooks && tr->hooks->poison_grads && tr->hooks->poison_grads(step, tr->hooks->ctx)) grads[0] = NAN;
     if ((st = reduce_grads(tr, grads, &loss_sum))) return cllm_fail_context(st, "step %ld", step);
     double t2 = cllm_time_sec();
     double loss = count > 0 ? loss_sum / (double)count : 0.0;
     double gnorm = 0;
     bool overflow = false;
-    if (tr->fp16 && (st = train_fp16_unscale(&tr->zero, grads, loss_scale, &overflow)))
-        return cllm_fail_context(st, "step %ld", step);
-    if ((st = train_zero_clip(&tr->zero, grads, c->gradient_clipping, &gnorm))) return cllm_fail_context(st, "step %ld", step);
+    if (tr->fp16) {
+        st = tr->shard ? train_shard_unscale(tr->shard, loss_scale, &overflow)
+                       : train_fp16_unscale(&tr->zero, grads, loss_scale, &overflow);
+        if (st) return cllm_fail_context(st, "step %ld", step);
+    }
+    st = tr->shard ? train_shard_clip(tr->shard, c->gradient_clipping, &gnorm)
+                   : train_zero_clip(&tr->zero, grads, c->gradient_clipping, &gnorm);
+    if (st) return cllm_fail_context(st, "step %ld", step);
     bool finite = !overflow && isfinite(loss) && isfinite(gnorm);
     if (tr->fp16) {
         bool skip = false;
@@ -360,8 +383,11 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     }
     double lr = cllm_sched_lr(&c->sched, c->optim.lr, tr->state.sched_iter);
     if (finite && count > 0) {
-        if ((st = train_zero_step(&tr->zero, tr->opt, cllm_model_params(tr->m), grads, lr)))
-            return cllm_fail_context(st, "step %ld", step);
+        double tc = cllm_time_sec();
+        st = tr->shard ? train_shard_step(tr->shard, tr->opt, lr)
+                       : train_zero_step(&tr->zero, tr->opt, cllm_model_params(tr->m), grads, lr);
+        if (!tr->shard) tr->comm_seconds += cllm_time_sec() - tc; /* the update is small next to the gather */
+        if (st) return cllm_fail_context(st, "step %ld", step);
         tr->state.sched_iter++;
         tr->state.consecutive_skips = 0;
     } else if (!finite) {
@@ -399,6 +425,11 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     rec_int(&r, "state_bytes_params", (long long)tr->zero.mem.params);
     rec_int(&r, "state_bytes_grads", (long long)tr->zero.mem.grads);
     rec_int(&r, "state_bytes_optim", (long long)tr->zero.mem.optim);
+    rec_int(&r, "state_bytes_work", (long long)tr->zero.mem.work);
+    /* communication: each collective from start to completion, and the
+     * part of it the computation did not wait for (overlap_comm) */
+    rec_num(&r, "time_comm", comm_seconds(tr) - comm0);
+    rec_num(&r, "comm_hidden_fraction", hidden_fraction(comm_seconds(tr) - comm0, wait_seconds(tr) - wait0));
     rec_int(&r, "activation_bytes", (long long)tr->act_bytes);
     if (tr->offload) {
         double io = 0, wait = 0;
@@ -465,14 +496,24 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for %zu batch rows", rows);
         goto done;
     }
-    cllm_model_set_recompute(tr->m, c->use_grad_ckpt);
-    if ((st = cllm_model_prepare(tr->m, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true))) goto done;
-    tr->act_bytes = cllm_model_activation_alloc(tr->m);
     size_t n = cllm_model_buffer_len(tr->m);
     if ((st = make_ranges(tr))) goto done;
     /* the optimizer keeps state for this rank's slice only (all of it at ZeRO stage 0) */
     if ((st = train_zero_init(&tr->zero, c, n, tr->ranges, tr->n_ranges))) goto done;
     if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), cllm_loader_size(tr->train)))) goto done;
+    if (tr->zero.stage == 3 && (c->save_interval > 0 || resume_dir)) {
+        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
+                       "checkpoints with ZeRO stage 3: the parameters are partitioned and sharded checkpoints do "
+                       "not cover them yet; set save_interval 0 (the final model is still saved) or use stage 1 or 2");
+        goto done;
+    }
+    /* stages 2-3: layer hooks before prepare (no flat gradient buffer); at
+     * stage 3 the model's flat parameters are freed here */
+    if (tr->zero.stage >= 2 && (st = train_shard_init(&tr->shard, &tr->zero, tr->m, c, tr->ranges, tr->n_ranges)))
+        goto done;
+    cllm_model_set_recompute(tr->m, c->use_grad_ckpt);
+    if ((st = cllm_model_prepare(tr->m, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true))) goto done;
+    tr->act_bytes = cllm_model_activation_alloc(tr->m);
     train_offload_config oc;
     if ((st = train_offload_config_get(c, &oc))) goto done;
     if (oc.nvme) {
@@ -483,7 +524,10 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     } else if ((st = cllm_optim_init(&tr->opt, &c->optim, train_zero_slice_len(&tr->zero)))) {
         goto done;
     }
-    train_zero_count_optim(&tr->zero, tr->opt);
+    if (tr->shard)
+        train_shard_count_optim(tr->shard, tr->opt);
+    else
+        train_zero_count_optim(&tr->zero, tr->opt);
     if (tr->offload) tr->zero.mem.optim = train_offload_buffer_bytes(tr->offload); /* what stays in RAM */
     memset(&tr->state, 0, sizeof tr->state);
     cllm_rng_seed(&tr->state.rng, c->seed);
@@ -544,8 +588,11 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         if ((st = train_zero_agree(&tr->zero, &stop))) goto done;
         if (stop) {
             end_line(tr);
-            if (c->dp_rank == 0) fprintf(stderr, "cllm train: stop requested; saving a checkpoint at step %ld\n", step);
-            if ((st = save_checkpoint(tr, true))) goto done;
+            bool can_save = tr->zero.stage < 3; /* ZeRO-3 parameter slices have no checkpoint format yet */
+            if (c->dp_rank == 0)
+                fprintf(stderr, "cllm train: stop requested; %s at step %ld\n",
+                        can_save ? "saving a checkpoint" : "no checkpoint (ZeRO-3 partitioned parameters)", step);
+            if (can_save && (st = save_checkpoint(tr, true))) goto done;
             res->stopped = true;
             break;
         }
@@ -560,6 +607,9 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
                 "%.3f s (%.0f%%) hidden behind the update\n", (double)train_offload_buffer_bytes(tr->offload) / 1e6,
                 io, wait, io > wait ? io - wait : 0.0, io > 0 ? 100.0 * (io > wait ? io - wait : 0.0) / io : 0.0);
     }
+    if (c->dp_size > 1 && c->log != CLLM_LOG_MODE_QUIET && c->dp_rank == 0)
+        fprintf(stderr, "cllm train: %.2f s in gradient/parameter collectives on rank 0, %.0f%% of it hidden behind "
+                "computation\n", comm_seconds(tr), 100.0 * hidden_fraction(comm_seconds(tr), wait_seconds(tr)));
     if (!res->stopped) {
         long step = tr->state.global_step;
         if (c->eval_interval > 0 && tr->last_eval_step != step && step > first && (st = run_eval(tr, step))) goto done;
@@ -569,6 +619,14 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         double wait = 0;
         if ((st = train_saver_wait(tr->saver, &wait))) goto done;
         tr->save_wait_total += wait;
+        /* ZeRO-3: every rank takes part in gathering the whole model; rank 0
+         * writes it. The optimizer state is not needed any more (no
+         * checkpoints at stage 3): freed first, to lower the peak. */
+        if (tr->zero.stage == 3) {
+            cllm_optim_free(tr->opt);
+            tr->opt = NULL;
+        }
+        if (tr->shard && (st = train_shard_gather_model(tr->shard))) goto done;
         if (c->output_dir && (st = cllm_model_save(tr->m, c->output_dir, c->max_shard_bytes))) goto done;
     } else {
         double wait = 0;
@@ -608,6 +666,7 @@ cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks
     free(tr.targets);
     free(tr.ranges);
     cllm_optim_free(tr.opt);
+    train_shard_free(tr.shard);
     train_zero_free(&tr.zero);
     train_offload_free(tr.offload);
     cllm_loader_free(tr.train);

@@ -7,7 +7,14 @@
 
 #include "cllm/memory.h"
 
-static size_t shard(size_t n, int dp) { return (n + (size_t)dp - 1) / (size_t)dp; }
+/* Rank 0's slice (the largest): ceil(n / dp) rounded up to 16 floats, as
+ * train_zero_init partitions the flat buffer. */
+static size_t shard(size_t n, int dp) {
+    if (dp <= 1) return n;
+    size_t s = (n + (size_t)dp - 1) / (size_t)dp;
+    s = (s + 15) / 16 * 16;
+    return s < n ? s : n;
+}
 
 cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setup *s, cllm_mem_estimate *out) {
     memset(out, 0, sizeof *out);
@@ -44,14 +51,23 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
         out->optim = 0;
         out->offload_buffer = (size_t)s->offload_buffer_count * (size_t)states * chunk * sizeof(float);
     }
+    if (s->zero_stage >= 2) {
+        /* stages 2-3 reduce per group: a group's gradient is written into a
+         * working buffer (group 0, last group, blocks); stage 3 also gathers
+         * parameters into working buffers (group 0, last group, two blocks) */
+        size_t first, last, block;
+        if ((st = cllm_model_config_groups(c, &first, &last, &block))) return st;
+        out->work = (first + last + block) * sizeof(float);
+        if (s->zero_stage >= 3) out->work += (first + last + 2 * block) * sizeof(float);
+    }
     cllm_model_activation_bytes(c, s->micro_batch, s->seq_len, true, s->grad_ckpt, &out->act);
     out->logits = out->act.logits;
     out->activations = out->act.total - out->act.logits;
     out->snapshot = s->async_save && !s->offload_optimizer ? out->params + out->optim : 0;
     out->other = 3 * (size_t)s->micro_batch * (size_t)s->grad_accum * (size_t)s->seq_len * sizeof(int32_t);
     out->overhead = s->overhead;
-    out->total = out->params + out->grads + out->optim + out->offload_buffer + out->activations + out->logits +
-                 out->snapshot + out->other + out->overhead;
+    out->total = out->params + out->grads + out->optim + out->offload_buffer + out->work + out->activations +
+                 out->logits + out->snapshot + out->other + out->overhead;
     return CLLM_OK;
 }
 

@@ -75,6 +75,7 @@ typedef struct {
     size_t grads;         /* the backward's flat gradient buffer (all stages: see docs/distributed.md) */
     size_t grads_reduced; /* of the summed gradient, what this rank holds: all, or its slice (stage 2) */
     size_t optim;         /* optimizer state: for all parameters (stage 0) or the slice */
+    size_t work;          /* stages 2-3: per-group working buffers (gathered params, a group's gradient) */
 } train_mem;
 
 typedef struct {
@@ -113,6 +114,57 @@ cllm_status train_zero_clip(train_zero *z, float *grads, double max_norm, double
 cllm_status train_zero_step(train_zero *z, cllm_optimizer *opt, float *params, const float *grads, double lr);
 /* *flag <- true if it is true on any rank. */
 cllm_status train_zero_agree(const train_zero *z, bool *flag);
+/* All-gathers params[n] from the slices (allgather_bucket_size calls). */
+cllm_status train_zero_gather_params(train_zero *z, float *params);
+
+/* ---- stages 2 and 3: per-layer gradient reduction, partitioned parameters (zero3.c) ---- */
+typedef struct train_shard train_shard;
+
+/* Installs the model's layer hooks for z->stage 2 or 3 (call before
+ * cllm_model_prepare, so that no flat gradient buffer is allocated). At
+ * stage 3 it copies this rank's parameter slice and the replicated small
+ * tensors (numel < zero_optimization.stage3_param_persistence_threshold,
+ * default 1e5) out of the model and frees the model's flat parameters.
+ * ranges[i] are tensor i's decay ranges (n_ranges = tensors). Fills z->mem.
+ * train_shard_free also after a failure (removes the hooks). */
+cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, const cllm_train_config *c,
+                             const cllm_param_range *ranges, int n_ranges);
+void train_shard_free(train_shard *s);
+/* mem.optim: the slice's state plus that of the replicated tensors. */
+void train_shard_count_optim(train_shard *s, cllm_optimizer *opt);
+/* Zeroes the summed gradient slice (once per optimizer step). */
+void train_shard_zero_grads(train_shard *s);
+/* This rank's slice of the summed gradient (NULL when the slice is empty). */
+float *train_shard_grads(train_shard *s);
+/* fp16: finishes the reduction, agrees over ranks whether any gradient of
+ * the slice or of the replicated tensors is non-finite (*overflow), and if
+ * none is, multiplies them by 1/scale. */
+cllm_status train_shard_unscale(train_shard *s, double scale, bool *overflow);
+/* Finishes the reduction (replicated tensors' all-reduce) and clips with
+ * the global norm; *norm before clipping. */
+cllm_status train_shard_clip(train_shard *s, double max_norm, double *norm);
+/* Optimizer update of the slice (and the replicated tensors); stage 2 then
+ * all-gathers the flat parameters, stage 3 marks gathered groups stale. */
+cllm_status train_shard_step(train_shard *s, cllm_optimizer *opt, double lr);
+/* Stage 3, after the last step: frees the working buffers, removes the
+ * hooks and all-gathers the whole parameters back into the model (for
+ * saving; every rank calls it). Nothing at stage 2. */
+cllm_status train_shard_gather_model(train_shard *s);
+/* Seconds this object's collectives took so far, each from its start to
+ * its completion, and of those the seconds the computation waited for them
+ * (the same when the collectives are blocking: without overlap_comm). */
+double train_shard_comm_seconds(const train_shard *s);
+double train_shard_wait_seconds(const train_shard *s);
+/* Stage 3 state, for checkpoints of partitioned runs: this rank's
+ * parameter slice, floats [z->begin, z->end) of the flat buffer (its
+ * optimizer state is the engine's optimizer, of the same length); NULL at
+ * stage 2, where the model's flat buffer holds all parameters. Positions of
+ * replicated tensors inside the slice are stale: the replicated tensors
+ * live whole, back to back (each rounded up to 16 floats, in tensor order),
+ * in the buffer train_shard_replicated returns (*n floats, NULL when none),
+ * updated by their own optimizer (*opt). */
+float *train_shard_param_slice(train_shard *s);
+float *train_shard_replicated(train_shard *s, size_t *n, cllm_optimizer **opt);
 
 /* ---- fp16 loss scaling in the step (fp16_step.c) ---- */
 /* Sets the scaler up from the fp16 keys; `resumed` (or NULL) is a restored

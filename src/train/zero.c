@@ -1,5 +1,5 @@
 /*
- * Data parallelism and ZeRO stages 1 and 2 for the training step.
+ * Data parallelism and ZeRO stages 0-2 for the training step.
  *
  * Every rank holds the whole model (params) and runs forward/backward on its
  * own rows of the global batch into the flat gradient buffer (scaled by
@@ -18,8 +18,10 @@
  * gradient norm is the square root of the all-reduced sum of the slices'
  * sums of squares. Weight-decay ranges are intersected with the slice.
  *
- * Not here: ZeRO-3 (parameter partitioning), overlapping communication with
- * the backward pass, checkpoints of the slices (ckpt_shard.c).
+ * Stages 2 and 3 reduce per layer during the backward pass instead of
+ * after it (zero3.c, through the model's layer hooks); the partition, the
+ * buckets, the world checks and the memory report are shared from here.
+ * Checkpoints of the slices: ckpt_shard.c.
  */
 #include <jansson.h>
 #include <math.h>
@@ -82,9 +84,6 @@ cllm_status train_zero_init(train_zero *z, const cllm_train_config *c, size_t n,
     z->size = cllm_dist_size();
     z->stage = c->zero_stage;
     z->n = n;
-    if (z->stage > 2)
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
-                         "zero_optimization.stage 3 (partitioned parameters) is not implemented; use stage 0, 1 or 2");
     cllm_status st = check_topology(c, z->size);
     if (!st) st = bucket_size(c, "reduce_bucket_size", &z->bucket);
     if (!st) st = bucket_size(c, "allgather_bucket_size", &z->gather_bucket);
@@ -132,18 +131,18 @@ void train_zero_count_optim(train_zero *z, cllm_optimizer *opt) {
 }
 
 cllm_status train_zero_report(const train_zero *z, bool print) {
-    uint64_t mine[4] = {z->mem.params, z->mem.grads, z->mem.grads_reduced, z->mem.optim};
+    uint64_t mine[5] = {z->mem.params, z->mem.grads, z->mem.grads_reduced, z->mem.optim, z->mem.work};
     uint64_t *all = malloc((size_t)z->size * sizeof mine);
     if (!all) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
-    cllm_status st = cllm_dist_allgather_u64(mine, 4, all);
+    cllm_status st = cllm_dist_allgather_u64(mine, 5, all);
     for (int r = 0; r < z->size && !st && print; r++) {
-        const uint64_t *m = all + 4 * (size_t)r;
+        const uint64_t *m = all + 5 * (size_t)r;
         const double mib = 1.0 / (1024.0 * 1024.0);
         fprintf(stderr,
                 "cllm train: rank %d/%d, ZeRO stage %d: model state %.2f MiB = params %.2f + grads %.2f (summed "
-                "gradient kept %.2f) + optimizer %.2f\n",
+                "gradient kept %.2f) + optimizer %.2f; working buffers %.2f MiB\n",
                 r, z->size, z->stage, (double)(m[0] + m[1] + m[3]) * mib, (double)m[0] * mib, (double)m[1] * mib,
-                (double)m[2] * mib, (double)m[3] * mib);
+                (double)m[2] * mib, (double)m[3] * mib, (double)m[4] * mib);
     }
     free(all);
     return st;
@@ -236,6 +235,10 @@ cllm_status train_zero_step(train_zero *z, cllm_optimizer *opt, float *params, c
     } else {
         cllm_optim_step(opt, params + z->begin, grads + z->begin, z->ranges, z->n_ranges, lr);
     }
+    return train_zero_gather_params(z, params);
+}
+
+cllm_status train_zero_gather_params(train_zero *z, float *params) {
     if (z->stage == 0 || z->size == 1) return CLLM_OK;
     for (size_t b0 = 0; b0 < z->n; b0 += z->gather_bucket) {
         size_t b1 = z->n - b0 > z->gather_bucket ? b0 + z->gather_bucket : z->n;

@@ -82,6 +82,7 @@ static void print_table(const cllm_mem_estimate *e) {
     row("gradients", e->grads, e->total, "");
     row("optimizer state", e->optim, e->total, e->optim_disk ? "offloaded: see below" : "");
     if (e->optim_disk) row("offload buffer", e->offload_buffer, e->total, "stream of the offloaded state");
+    row("ZeRO working buffers", e->work, e->total, "stages 2-3: one group's gradient; stage 3 gathered groups");
     row("activations", e->activations, e->total, act);
     row("logits chunk", e->logits, e->total, "");
     row("checkpoint snapshot", e->snapshot, e->total, "");
@@ -93,8 +94,9 @@ static void print_table(const cllm_mem_estimate *e) {
 }
 
 static json_t *to_json(const cllm_mem_estimate *e) {
-    return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsIsIsI}", "n_params", (json_int_t)e->n_params, "params", (json_int_t)e->params,
-                     "grads", (json_int_t)e->grads, "optim", (json_int_t)e->optim, "activations",
+    return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsIsIsIsI}", "n_params", (json_int_t)e->n_params, "params", (json_int_t)e->params,
+                     "grads", (json_int_t)e->grads, "optim", (json_int_t)e->optim, "work", (json_int_t)e->work,
+                     "activations",
                      (json_int_t)e->activations, "logits", (json_int_t)e->logits, "snapshot", (json_int_t)e->snapshot,
                      "other", (json_int_t)e->other, "overhead", (json_int_t)e->overhead, "total",
                      (json_int_t)e->total, "block_inputs", (json_int_t)e->act.block_inputs, "block_saved",

@@ -1,0 +1,649 @@
+/*
+ * Per-layer gradient reduction (ZeRO stage 2) and partitioned parameters
+ * (ZeRO stage 3), through the model's layer hooks (cllm_model_hooks).
+ *
+ * Both stages keep, per rank, only the slice [begin, end) of the summed
+ * gradient (train_zero's slices of the flat buffer). The backward pass
+ * writes each parameter group (embeddings, one block, final norm + head)
+ * into a group-sized working gradient buffer; when the group is done
+ * (grads_ready) the buffer is reduce-scattered in reduce_bucket_size chunks
+ * and this rank's part is added into its slice. Micro-batches accumulate
+ * into the slice (DeepSpeed's reduction per micro-batch), so no full-size
+ * gradient exists.
+ *
+ * Stage 3 also partitions the parameters: the rank keeps its slice of the
+ * flat fp32 parameters, and before a group is used the forward/backward
+ * passes get it all-gathered (allgather_bucket_size chunks) into a working
+ * buffer: one for group 0, one for the last group, two for blocks (so the
+ * last block survives from forward to backward, and the next block can be
+ * gathered while one computes). Gathered groups stay valid until the next
+ * optimizer step. Tensors with fewer than
+ * stage3_param_persistence_threshold elements (DeepSpeed's default 1e5) are
+ * replicated instead: every rank keeps them whole in a compact buffer, adds
+ * their gradients into a compact buffer that is all-reduced once per step,
+ * and updates them with its own optimizer state (the same on every rank).
+ *
+ * The gradient norm is the sum of the slices' squares (every element of the
+ * flat buffer, persistent ones included, is in exactly one slice).
+ *
+ * With overlap_comm the per-group collectives are nonblocking: a group's
+ * reduce-scatter is waited for only when its gradient buffer is needed
+ * again (blocks alternate between two), and fetching a group at stage 3
+ * starts gathering the next one into a free working buffer. Each
+ * collective's time from start to completion, and the time the computation
+ * waited for it, are measured (comm_hidden_fraction).
+ * Not here: checkpoints of partitioned state (the engine refuses them).
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cllm/dist.h"
+#include "offload.h"
+#include "train_impl.h"
+
+#define DEFAULT_PERSISTENCE 100000.0 /* DeepSpeed's stage3_param_persistence_threshold */
+#define N_PSLOTS 4                   /* group 0, last group, two blocks */
+#define N_GSLOTS 4                   /* group 0, last group, two blocks (the second one with overlap_comm) */
+
+/* The collectives of one group in flight: one request per bucket. */
+typedef struct {
+    cllm_dist_request **req;
+    int n;
+    bool pending;
+    double start;
+} inflight;
+
+typedef struct {
+    size_t flat, compact, numel; /* offset in the flat buffer, in the compact one */
+    int group;
+    bool decay;
+} persistent;
+
+struct train_shard {
+    train_zero *z;
+    cllm_model *m;
+    int stage, n_groups;
+    size_t *gb, *ge;        /* [n_groups] group ranges */
+    size_t max_block;       /* floats of the largest block group */
+    float *gslice;          /* [slice] summed gradient of this rank's slice */
+    float *gwork[N_GSLOTS]; /* working gradients: group 0, last group, blocks */
+    int gwork_group[N_GSLOTS];
+    inflight gfly[N_GSLOTS];  /* reduce-scatters in flight (overlap_comm) */
+    bool overlap;             /* overlap_comm: nonblocking collectives */
+    int max_chunks;           /* requests per group at most */
+    /* stage 3 */
+    float *pslice;          /* [slice] this rank's parameters */
+    float *pwork[N_PSLOTS]; /* working parameters */
+    int slot_group[N_PSLOTS];
+    inflight pfly[N_PSLOTS];  /* gathers in flight (prefetches) */
+    bool slot_busy[N_PSLOTS];
+    long slot_used[N_PSLOTS], clock;
+    cllm_param_range *ranges; /* decayed/updated ranges of the slice, slice-relative, persistent tensors left out */
+    int n_ranges;
+    persistent *pers;
+    int n_pers;
+    size_t n_compact;
+    float *pparams, *pgrads;  /* [n_compact] replicated persistent tensors and their gradient */
+    cllm_param_range *pranges;
+    cllm_optimizer *popt;
+    size_t *counts;           /* [size] scratch */
+    bool reduced;             /* this step's reductions are finished (finish_reduction) */
+    double comm_seconds;      /* collectives from start to completion */
+    double wait_seconds;      /* of which the computation waited */
+};
+
+/* ------------------------------------------------------------ helpers */
+
+static size_t gsize(const train_shard *s, int g) { return s->ge[g] - s->gb[g]; }
+
+/* counts[r] <- floats of rank r's slice inside [c0, c1) */
+static void parts(train_shard *s, size_t c0, size_t c1) {
+    const train_zero *z = s->z;
+    size_t off = 0;
+    for (int r = 0; r < z->size; r++) {
+        size_t b = off > c0 ? off : c0, e = off + z->counts[r] < c1 ? off + z->counts[r] : c1;
+        s->counts[r] = e > b ? e - b : 0;
+        off += z->counts[r];
+    }
+}
+
+/* Starts gathering flat range [b, e) into buf[e - b]: this rank's slice
+ * part is copied in, every other part comes from its owner, one call per
+ * allgather_bucket_size chunk. Blocking (and finished on return) without
+ * overlap_comm. */
+static cllm_status gather_start(train_shard *s, inflight *f, float *buf, size_t b, size_t e) {
+    const train_zero *z = s->z;
+    size_t ob = z->begin > b ? z->begin : b, oe = z->end < e ? z->end : e;
+    if (ob < oe) memcpy(buf + (ob - b), s->pslice + (ob - z->begin), (oe - ob) * sizeof(float));
+    double t0 = cllm_time_sec();
+    f->n = 0;
+    f->start = t0;
+    for (size_t c0 = b; c0 < e; c0 += z->gather_bucket) {
+        size_t c1 = e - c0 > z->gather_bucket ? c0 + z->gather_bucket : e;
+        parts(s, c0, c1);
+        cllm_status st = s->overlap && f->req ? cllm_dist_iallgather_f32(buf + (c0 - b), s->counts, &f->req[f->n++])
+                                              : cllm_dist_allgather_f32(buf + (c0 - b), s->counts);
+        if (st) return cllm_fail_context(st, "parameter all-gather at %zu", c0);
+    }
+    f->pending = f->n > 0;
+    if (!f->pending) {
+        double dt = cllm_time_sec() - t0;
+        s->comm_seconds += dt;
+        s->wait_seconds += dt;
+    }
+    return CLLM_OK;
+}
+
+/* Waits for a gather started by gather_start (if it is in flight) and
+ * copies the replicated tensors in: the whole copy, not the stale slice
+ * values. */
+static cllm_status gather_finish(train_shard *s, inflight *f, float *buf, size_t b, size_t e) {
+    if (f->pending) {
+        double t0 = cllm_time_sec(), last = f->start;
+        cllm_status st = CLLM_OK;
+        for (int i = 0; i < f->n; i++) {
+            double done = 0;
+            cllm_status sti = cllm_dist_wait(f->req[i], &done);
+            if (!st) st = sti;
+            if (done > last) last = done;
+        }
+        f->pending = false;
+        f->n = 0;
+        double t1 = cllm_time_sec();
+        s->wait_seconds += t1 - t0;
+        s->comm_seconds += last - f->start; /* completion as seen by the progress thread */
+        if (st) return cllm_fail_context(st, "parameter all-gather");
+    }
+    for (int i = 0; i < s->n_pers; i++) {
+        const persistent *p = &s->pers[i];
+        if (p->flat >= b && p->flat + p->numel <= e)
+            memcpy(buf + (p->flat - b), s->pparams + p->compact, p->numel * sizeof(float));
+    }
+    return CLLM_OK;
+}
+
+static cllm_status gather_range(train_shard *s, float *buf, size_t b, size_t e) {
+    inflight f = {NULL, 0, false, 0};
+    cllm_status st = gather_start(s, &f, buf, b, e);
+    return st ? st : gather_finish(s, &f, buf, b, e);
+}
+
+/* zero_optimization[key] as a non-negative number, or `def`. */
+static cllm_status zero_number(const cllm_train_config *c, const char *key, double def, double *out) {
+    json_t *v = c->zero_optimization ? json_object_get(c->zero_optimization, key) : NULL;
+    *out = def;
+    if (!v) return CLLM_OK;
+    if (!json_is_number(v) || !(json_number_value(v) >= 0))
+        return CLLM_FAIL(CLLM_ERR_ARG, "zero_optimization.%s: expected a non-negative number of elements", key);
+    *out = json_number_value(v);
+    return CLLM_OK;
+}
+
+/* -------------------------------------------------------------- hooks */
+
+static int pslot_of(const train_shard *s, int g) {
+    if (g == 0) return 0;
+    if (g == s->n_groups - 1) return 1;
+    return -1; /* a block: slot 2 or 3 */
+}
+
+/* The parameter slot that holds or will hold group g (current: the slot
+ * the passes are using, not to be taken). */
+static int pslot_pick(const train_shard *s, int g, int current) {
+    int k = pslot_of(s, g);
+    if (k >= 0) return k;
+    if (s->slot_group[2] == g) return 2;
+    if (s->slot_group[3] == g) return 3;
+    bool free2 = !s->slot_busy[2] && current != 2, free3 = !s->slot_busy[3] && current != 3;
+    if (free2 && free3) return s->slot_used[2] <= s->slot_used[3] ? 2 : 3; /* least recently used */
+    return free2 ? 2 : free3 ? 3 : -1;
+}
+
+/* Slot k is to hold group g: finishes a gather in flight there, and starts
+ * gathering g unless the slot holds it already. */
+static cllm_status pslot_load(train_shard *s, int k, int g) {
+    if (s->slot_group[k] == g) return CLLM_OK;
+    int old = s->slot_group[k];
+    if (s->pfly[k].pending) {
+        cllm_status st = gather_finish(s, &s->pfly[k], s->pwork[k], s->gb[old], s->ge[old]);
+        if (st) return st;
+    }
+    s->slot_group[k] = -1;
+    cllm_status st = gather_start(s, &s->pfly[k], s->pwork[k], s->gb[g], s->ge[g]);
+    if (st) return st;
+    s->slot_group[k] = g;
+    return CLLM_OK;
+}
+
+static cllm_status hook_fetch_params(void *ctx, int g, int next, float **out) {
+    train_shard *s = ctx;
+    int k = pslot_pick(s, g, -1);
+    if (k < 0 || s->slot_busy[k])
+        return CLLM_FAIL(CLLM_ERR_INTERNAL, "parameter group %d fetched while its working buffer is in use", g);
+    cllm_status st = pslot_load(s, k, g);
+    if (!st) st = gather_finish(s, &s->pfly[k], s->pwork[k], s->gb[g], s->ge[g]);
+    if (st) return st;
+    s->slot_busy[k] = true;
+    s->slot_used[k] = ++s->clock;
+    *out = s->pwork[k];
+    /* overlap_comm: prefetch the next group while this one computes */
+    if (s->overlap && next >= 0 && next != g) {
+        int j = pslot_pick(s, next, k);
+        if (j >= 0 && !s->slot_busy[j] && (st = pslot_load(s, j, next))) return st;
+    }
+    return CLLM_OK;
+}
+
+static cllm_status hook_release_params(void *ctx, int g) {
+    train_shard *s = ctx;
+    for (int k = 0; k < N_PSLOTS; k++)
+        if (s->slot_group[k] == g) s->slot_busy[k] = false;
+    return CLLM_OK;
+}
+
+/* The group's gradient of this micro-batch is in gwork[i]: replicated
+ * tensors go into the compact buffer, then the reduce-scatter starts (one
+ * call per reduce_bucket_size chunk; blocking and finished on return
+ * without overlap_comm). */
+static cllm_status reduce_start(train_shard *s, int i, int g) {
+    const train_zero *z = s->z;
+    float *w = s->gwork[i];
+    inflight *f = &s->gfly[i];
+    size_t b = s->gb[g], e = s->ge[g];
+    for (int t = 0; t < s->n_pers; t++) {
+        const persistent *p = &s->pers[t];
+        if (p->group != g) continue;
+        float *d = s->pgrads + p->compact;
+        const float *x = w + (p->flat - b);
+        for (size_t j = 0; j < p->numel; j++) d[j] += x[j];
+    }
+    double t0 = cllm_time_sec();
+    f->n = 0;
+    f->start = t0;
+    s->gwork_group[i] = g;
+    for (size_t c0 = b; c0 < e; c0 += z->bucket) {
+        size_t c1 = e - c0 > z->bucket ? c0 + z->bucket : e;
+        parts(s, c0, c1);
+        float *buf = w + (c0 - b);
+        cllm_status st = s->overlap && f->req ? cllm_dist_ireduce_scatter_sum_f32(buf, s->counts, &f->req[f->n++])
+                                              : cllm_dist_reduce_scatter_sum_f32(buf, buf, s->counts);
+        if (st) return cllm_fail_context(st, "gradient reduce-scatter of group %d at %zu", g, c0);
+    }
+    f->pending = true;
+    if (!f->n) {
+        double dt = cllm_time_sec() - t0;
+        s->comm_seconds += dt;
+        s->wait_seconds += dt;
+    }
+    return CLLM_OK;
+}
+
+/* Waits for gwork[i]'s reduce-scatter and adds this rank's parts into its
+ * slice. */
+static cllm_status reduce_finish(train_shard *s, int i) {
+    const train_zero *z = s->z;
+    inflight *f = &s->gfly[i];
+    if (!f->pending) return CLLM_OK;
+    if (f->n) {
+        double t0 = cllm_time_sec(), last = f->start;
+        cllm_status st = CLLM_OK;
+        for (int r = 0; r < f->n; r++) {
+            double done = 0;
+            cllm_status str = cllm_dist_wait(f->req[r], &done);
+            if (!st) st = str;
+            if (done > last) last = done;
+        }
+        f->n = 0;
+        s->wait_seconds += cllm_time_sec() - t0;
+        s->comm_seconds += last - f->start; /* completion as seen by the progress thread */
+        if (st) {
+            f->pending = false;
+            return cllm_fail_context(st, "gradient reduce-scatter");
+        }
+    }
+    f->pending = false;
+    int g = s->gwork_group[i];
+    size_t b = s->gb[g], e = s->ge[g];
+    for (size_t c0 = b; c0 < e; c0 += z->bucket) {
+        size_t c1 = e - c0 > z->bucket ? c0 + z->bucket : e;
+        parts(s, c0, c1);
+        size_t k = s->counts[z->rank];
+        if (!k) continue;
+        const float *buf = s->gwork[i] + (c0 - b);
+        float *d = s->gslice + ((z->begin > c0 ? z->begin : c0) - z->begin);
+        for (size_t j = 0; j < k; j++) d[j] += buf[j];
+    }
+    return CLLM_OK;
+}
+
+/* Blocks alternate between two buffers with overlap_comm, so that block
+ * l's reduction runs while block l - 1's backward writes the other. */
+static int gslot_of(const train_shard *s, int g) {
+    if (g == 0) return 0;
+    if (g == s->n_groups - 1) return 1;
+    return s->overlap ? 2 + (g & 1) : 2;
+}
+
+static cllm_status hook_fetch_grads(void *ctx, int g, float **out) {
+    train_shard *s = ctx;
+    int i = gslot_of(s, g);
+    cllm_status st = reduce_finish(s, i);
+    if (st) return st;
+    memset(s->gwork[i], 0, gsize(s, g) * sizeof(float));
+    *out = s->gwork[i];
+    return CLLM_OK;
+}
+
+static cllm_status hook_grads_ready(void *ctx, int g) {
+    train_shard *s = ctx;
+    int i = gslot_of(s, g);
+    cllm_status st = reduce_start(s, i, g);
+    return st ? st : s->overlap ? CLLM_OK : reduce_finish(s, i);
+}
+
+/* Everything in flight, finished (before the optimizer step reads the
+ * slices, and before buffers go away). */
+static cllm_status finish_all(train_shard *s) {
+    cllm_status st = CLLM_OK;
+    for (int i = 0; i < N_GSLOTS; i++) {
+        cllm_status sti = reduce_finish(s, i);
+        if (!st) st = sti;
+    }
+    for (int k = 0; k < N_PSLOTS; k++) {
+        int g = s->slot_group[k];
+        if (!s->pfly[k].pending) continue;
+        cllm_status stk = gather_finish(s, &s->pfly[k], s->pwork[k], s->gb[g], s->ge[g]);
+        if (!st) st = stk;
+    }
+    return st;
+}
+
+/* --------------------------------------------------------------- init */
+
+static void *alloc_floats(size_t n, const char *what) { return cllm_calloc(n ? n : 1, sizeof(float), what); }
+
+static cllm_status init_stage3(train_shard *s, const cllm_train_config *c, const cllm_param_range *ranges,
+                               int n_ranges) {
+    train_zero *z = s->z;
+    cllm_model *m = s->m;
+    double thr;
+    cllm_status st = zero_number(c, "stage3_param_persistence_threshold", DEFAULT_PERSISTENCE, &thr);
+    if (st) return st;
+    int nt = cllm_model_n_tensors(m);
+    if (n_ranges != nt) return CLLM_FAIL(CLLM_ERR_INTERNAL, "%d ranges for %d tensors", n_ranges, nt);
+    s->pers = calloc((size_t)nt, sizeof *s->pers);
+    s->pranges = calloc((size_t)nt, sizeof *s->pranges);
+    s->ranges = calloc((size_t)nt, sizeof *s->ranges);
+    if (!s->pers || !s->pranges || !s->ranges) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < nt; i++) {
+        const cllm_tensor_info *t = cllm_model_tensor(m, i);
+        if ((double)t->numel < thr) {
+            persistent *p = &s->pers[s->n_pers++];
+            p->flat = t->offset;
+            p->numel = t->numel;
+            p->compact = s->n_compact;
+            p->decay = ranges[i].decay;
+            p->group = 0;
+            for (int g = 0; g < s->n_groups; g++)
+                if (t->offset >= s->gb[g] && t->offset < s->ge[g]) p->group = g;
+            s->pranges[s->n_pers - 1] = (cllm_param_range){p->compact, p->compact + p->numel, p->decay};
+            s->n_compact += (t->numel + 15) & ~(size_t)15;
+        } else {
+            size_t b = ranges[i].begin > z->begin ? ranges[i].begin : z->begin;
+            size_t e = ranges[i].end < z->end ? ranges[i].end : z->end;
+            if (b < e) s->ranges[s->n_ranges++] = (cllm_param_range){b - z->begin, e - z->begin, ranges[i].decay};
+        }
+    }
+    size_t slice = z->end - z->begin;
+    const float *full = cllm_model_params(m);
+    s->pslice = alloc_floats(slice, "parameter slice");
+    s->pparams = alloc_floats(s->n_compact, "replicated parameters");
+    s->pgrads = alloc_floats(s->n_compact, "replicated gradients");
+    if (!s->pslice || !s->pparams || !s->pgrads) return CLLM_ERR_NOMEM;
+    if (slice) memcpy(s->pslice, full + z->begin, slice * sizeof(float));
+    for (int i = 0; i < s->n_pers; i++)
+        memcpy(s->pparams + s->pers[i].compact, full + s->pers[i].flat, s->pers[i].numel * sizeof(float));
+    /* from here on the rank holds only its slice (freed before the working
+     * buffers are allocated, so that the start-up peak stays lower) */
+    cllm_model_drop_params(m);
+    size_t len[N_PSLOTS] = {gsize(s, 0), gsize(s, s->n_groups - 1), s->max_block, s->max_block};
+    for (int k = 0; k < N_PSLOTS; k++) {
+        if (!(s->pwork[k] = alloc_floats(len[k], "gathered parameters"))) return CLLM_ERR_NOMEM;
+        s->slot_group[k] = -1;
+    }
+    if (s->n_pers && (st = cllm_optim_init(&s->popt, &c->optim, s->n_compact))) return st;
+    return CLLM_OK;
+}
+
+static size_t work_floats(const train_shard *s) {
+    size_t g = gsize(s, 0) + gsize(s, s->n_groups - 1);
+    size_t blocks = s->overlap ? 2 : 1;
+    return s->stage == 3 ? 2 * g + (blocks + 2) * s->max_block : g + blocks * s->max_block;
+}
+
+cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, const cllm_train_config *c,
+                             const cllm_param_range *ranges, int n_ranges) {
+    *out = NULL;
+    train_shard *s = calloc(1, sizeof *s);
+    if (!s) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    *out = s;
+    s->z = z;
+    s->m = m;
+    s->stage = z->stage;
+    s->n_groups = cllm_model_n_groups(m);
+    s->gb = calloc(2 * (size_t)s->n_groups, sizeof *s->gb);
+    s->counts = calloc((size_t)z->size, sizeof *s->counts);
+    if (!s->gb || !s->counts) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    s->ge = s->gb + s->n_groups;
+    for (int g = 0; g < s->n_groups; g++) {
+        cllm_model_group_range(m, g, &s->gb[g], &s->ge[g]);
+        if (g > 0 && g + 1 < s->n_groups && gsize(s, g) > s->max_block) s->max_block = gsize(s, g);
+    }
+    size_t slice = z->end - z->begin;
+    json_t *ov = c->zero_optimization ? json_object_get(c->zero_optimization, "overlap_comm") : NULL;
+    if (ov && !json_is_boolean(ov)) return CLLM_FAIL(CLLM_ERR_ARG, "zero_optimization.overlap_comm: expected true or false");
+    s->overlap = json_is_true(ov) && z->size > 1;
+    size_t chunk = z->bucket < z->gather_bucket ? z->bucket : z->gather_bucket, longest = s->max_block;
+    if (gsize(s, 0) > longest) longest = gsize(s, 0);
+    if (gsize(s, s->n_groups - 1) > longest) longest = gsize(s, s->n_groups - 1);
+    s->max_chunks = (int)((longest + chunk - 1) / chunk) + 1;
+    if (s->overlap) {
+        for (int i = 0; i < N_GSLOTS; i++)
+            if (!(s->gfly[i].req = calloc((size_t)s->max_chunks, sizeof *s->gfly[i].req)))
+                return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        for (int k = 0; k < N_PSLOTS; k++)
+            if (!(s->pfly[k].req = calloc((size_t)s->max_chunks, sizeof *s->pfly[k].req)))
+                return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        cllm_dist_progress_start(); /* without it, the collectives advance only inside MPI calls */
+    }
+    cllm_status st = s->stage == 3 ? init_stage3(s, c, ranges, n_ranges) : CLLM_OK;
+    if (st) return st;
+    size_t glen[N_GSLOTS] = {gsize(s, 0), gsize(s, s->n_groups - 1), s->max_block, s->overlap ? s->max_block : 0};
+    s->gslice = alloc_floats(slice, "gradient slice");
+    if (!s->gslice) return CLLM_ERR_NOMEM;
+    for (int k = 0; k < N_GSLOTS; k++)
+        if (!(s->gwork[k] = alloc_floats(glen[k], "working gradients"))) return CLLM_ERR_NOMEM;
+    z->mem.work = work_floats(s) * sizeof(float);
+    z->mem.grads = z->mem.grads_reduced = (slice + s->n_compact) * sizeof(float);
+    if (s->stage == 3) z->mem.params = (slice + s->n_compact) * sizeof(float);
+    cllm_model_hooks h = {.ctx = s, .fetch_grads = hook_fetch_grads, .grads_ready = hook_grads_ready};
+    if (s->stage == 3) {
+        h.fetch_params = hook_fetch_params;
+        h.release_params = hook_release_params;
+    }
+    cllm_model_set_hooks(m, &h);
+    return CLLM_OK;
+}
+
+void train_shard_free(train_shard *s) {
+    if (!s) return;
+    cllm_model_set_hooks(s->m, NULL);
+    cllm_dist_progress_stop();
+    /* Collectives still in flight mean a failed step: another rank may
+     * never join them, so they are not waited for (the front end ends the
+     * world with MPI_Abort), and their buffers are left to MPI rather than
+     * freed under it. After a complete step nothing is in flight. */
+    bool abandoned = false;
+    for (int k = 0; k < N_GSLOTS; k++) abandoned |= s->gfly[k].pending && s->gfly[k].n > 0;
+    for (int k = 0; k < N_PSLOTS; k++) abandoned |= s->pfly[k].pending;
+    if (!abandoned) {
+        for (int k = 0; k < N_GSLOTS; k++) cllm_free(s->gwork[k]);
+        for (int k = 0; k < N_PSLOTS; k++) cllm_free(s->pwork[k]);
+    }
+    for (int k = 0; k < N_GSLOTS; k++) free(s->gfly[k].req);
+    for (int k = 0; k < N_PSLOTS; k++) free(s->pfly[k].req);
+    cllm_free(s->gslice);
+    cllm_free(s->pslice);
+    cllm_free(s->pparams);
+    cllm_free(s->pgrads);
+    cllm_optim_free(s->popt);
+    free(s->pers);
+    free(s->pranges);
+    free(s->ranges);
+    free(s->gb);
+    free(s->counts);
+    free(s);
+}
+
+void train_shard_count_optim(train_shard *s, cllm_optimizer *opt) {
+    size_t k = (cllm_optim_state(opt, 0) != NULL) + (cllm_optim_state(opt, 1) != NULL);
+    s->z->mem.optim = k * (s->z->end - s->z->begin + s->n_compact) * sizeof(float);
+}
+
+/* --------------------------------------------------------------- step */
+
+void train_shard_zero_grads(train_shard *s) {
+    size_t slice = s->z->end - s->z->begin;
+    if (slice) memset(s->gslice, 0, slice * sizeof(float));
+    if (s->n_compact) memset(s->pgrads, 0, s->n_compact * sizeof(float));
+    s->reduced = false;
+}
+
+float *train_shard_grads(train_shard *s) { return s->z->end > s->z->begin ? s->gslice : NULL; }
+
+/* Completes the step's reductions once: collectives in flight and the
+ * replicated tensors' all-reduce. */
+static cllm_status finish_reduction(train_shard *s) {
+    if (s->reduced) return CLLM_OK;
+    cllm_status st = finish_all(s);
+    if (st) return st;
+    double t0 = cllm_time_sec();
+    st = s->n_compact ? cllm_dist_allreduce_sum_f32(s->pgrads, s->n_compact) : CLLM_OK;
+    s->comm_seconds += cllm_time_sec() - t0;
+    s->wait_seconds += cllm_time_sec() - t0;
+    if (st) return cllm_fail_context(st, "replicated gradients");
+    s->reduced = true;
+    return CLLM_OK;
+}
+
+cllm_status train_shard_unscale(train_shard *s, double scale, bool *overflow) {
+    cllm_status st = finish_reduction(s);
+    if (st) return st;
+    const size_t k = s->z->end - s->z->begin;
+    float *g = s->gslice;
+    int bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static)
+    for (size_t i = 0; i < k; i++) bad |= !isfinite(g[i]);
+    for (size_t i = 0; i < s->n_compact; i++) bad |= !isfinite(s->pgrads[i]);
+    bool flag = bad != 0;
+    if ((st = train_zero_agree(s->z, &flag))) return cllm_fail_context(st, "gradient overflow check");
+    *overflow = flag;
+    if (flag) return CLLM_OK;
+    const float inv = (float)(1.0 / scale);
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < k; i++) g[i] *= inv;
+    for (size_t i = 0; i < s->n_compact; i++) s->pgrads[i] *= inv;
+    return CLLM_OK;
+}
+
+cllm_status train_shard_clip(train_shard *s, double max_norm, double *norm) {
+    const size_t k = s->z->end - s->z->begin;
+    cllm_status st = finish_reduction(s);
+    if (st) return st;
+    float *g = s->gslice;
+    double sum = 0;
+#pragma omp parallel for simd reduction(+ : sum) schedule(static)
+    for (size_t i = 0; i < k; i++) sum += (double)g[i] * g[i];
+    if ((st = cllm_dist_allreduce_sum_f64(&sum, 1))) return cllm_fail_context(st, "gradient norm");
+    *norm = sqrt(sum);
+    if (max_norm > 0) {
+        double coef = max_norm / (*norm + 1e-6);
+        if (coef < 1.0) {
+            const float cf = (float)coef;
+#pragma omp parallel for simd schedule(static)
+            for (size_t i = 0; i < k; i++) g[i] *= cf;
+            for (size_t i = 0; i < s->n_compact; i++) s->pgrads[i] *= cf;
+        }
+    }
+    return CLLM_OK;
+}
+
+/* The slice's optimizer update, through the offload stream when the state
+ * lives in a file. */
+static cllm_status update(train_zero *z, cllm_optimizer *opt, float *p, const float *g, const cllm_param_range *r,
+                          int n, double lr) {
+    if (z->offload) return train_offload_step(z->offload, opt, p, g, r, n, lr);
+    cllm_optim_step(opt, p, g, r, n, lr);
+    return CLLM_OK;
+}
+
+cllm_status train_shard_step(train_shard *s, cllm_optimizer *opt, double lr) {
+    train_zero *z = s->z;
+    if (s->stage < 3) {
+        float *params = cllm_model_params(s->m);
+        cllm_status so = update(z, opt, params + z->begin, s->gslice, z->ranges, z->n_ranges, lr);
+        if (so) return so;
+        double t0 = cllm_time_sec();
+        cllm_status st = train_zero_gather_params(z, params);
+        s->comm_seconds += cllm_time_sec() - t0;
+        s->wait_seconds += cllm_time_sec() - t0;
+        return st;
+    }
+    cllm_status st = finish_all(s);
+    if (st) return st;
+    if ((st = update(z, opt, s->pslice, s->gslice, s->ranges, s->n_ranges, lr))) return st;
+    if (s->popt) cllm_optim_step(s->popt, s->pparams, s->pgrads, s->pranges, s->n_pers, lr);
+    for (int k = 0; k < N_PSLOTS; k++) s->slot_group[k] = -1; /* gathered copies are stale now */
+    return CLLM_OK;
+}
+
+double train_shard_comm_seconds(const train_shard *s) { return s->comm_seconds; }
+double train_shard_wait_seconds(const train_shard *s) { return s->wait_seconds; }
+
+float *train_shard_param_slice(train_shard *s) { return s->stage == 3 ? s->pslice : NULL; }
+
+float *train_shard_replicated(train_shard *s, size_t *n, cllm_optimizer **opt) {
+    *n = s->n_compact;
+    if (opt) *opt = s->popt;
+    return s->n_compact ? s->pparams : NULL;
+}
+
+cllm_status train_shard_gather_model(train_shard *s) {
+    if (s->stage < 3 || cllm_model_params(s->m)) return CLLM_OK;
+    /* training is over: the working buffers go first, to lower the peak */
+    cllm_status st = finish_all(s);
+    if (st) return st;
+    cllm_model_set_hooks(s->m, NULL);
+    for (int k = 0; k < N_PSLOTS; k++) {
+        cllm_free(s->pwork[k]);
+        s->pwork[k] = NULL;
+        s->slot_group[k] = -1;
+    }
+    for (int k = 0; k < N_GSLOTS; k++) {
+        cllm_free(s->gwork[k]);
+        s->gwork[k] = NULL;
+    }
+    size_t n = s->z->n;
+    float *full = cllm_alloc(n * sizeof(float), "gathered model");
+    if (!full) return CLLM_ERR_NOMEM;
+    st = gather_range(s, full, 0, n);
+    if (st) {
+        cllm_free(full);
+        return st;
+    }
+    cllm_model_set_params(s->m, full);
+    return CLLM_OK;
+}
