@@ -5,7 +5,9 @@ resume   a 10-step run checkpointed at step 5 on 4 ranks at ZeRO stage 2 is
          resumed on 2 ranks at stage 1, on one process and on 4 ranks at
          stage 0; one checkpointed on 2 ranks at stage 1 is resumed on 4 at
          stage 2; a single-process checkpoint is resumed on 2 ranks at
-         stage 2. Losses of steps 6-10 and the final weights equal the
+         stages 2 and 3; one checkpointed on 4 ranks at stage 3 (matrices
+         partitioned, small tensors replicated) is resumed on 2 ranks at
+         stages 1 and 3 and on one process. Losses of steps 6-10 and the final weights equal the
          uninterrupted one-process run within 1e-5 relative (the tolerance of
          dist_test.py: the ranks' partial sums are added in MPI's order).
 convert  `cllm convert` of a sharded checkpoint (one file, and shards with
@@ -36,7 +38,10 @@ def check(cond, msg):
 
 
 def zero(stage):
-    return {"stage": stage, "reduce_bucket_size": 3000, "allgather_bucket_size": 5000}
+    z = {"stage": stage, "reduce_bucket_size": 3000, "allgather_bucket_size": 5000}
+    if stage == 3:  # matrices partitioned, norms kept whole on every rank
+        z["stage3_param_persistence_threshold"] = 1000
+    return z
 
 
 def train(env, tag, model, out, np_, stage, *extra, **kw):
@@ -75,13 +80,14 @@ def reference(env, model):
 def case_resume(env):
     model = env.init("llama")
     ref_m, ref_w = reference(env, model)
-    plans = [((4, 2), [(2, 1), (1, 0), (4, 0)]), ((2, 1), [(4, 2)]), ((1, 0), [(2, 2)])]
+    plans = [((4, 2), [(2, 1), (1, 0), (4, 0)]), ((2, 1), [(4, 2)]), ((1, 0), [(2, 2), (2, 3)]),
+             ((4, 3), [(2, 1), (1, 0), (2, 3)])]
     for (n, s), targets in plans:
         src = env.path(f"src_n{n}_s{s}")
         if not train(env, f"src_n{n}_s{s}", model, src, n, s, save_interval=5):
             continue
         ck = os.path.join(src, "checkpoint-5")
-        sharded = n > 1 and s > 0
+        sharded = (n > 1 and s > 0) or s == 3
         check(os.path.isfile(os.path.join(ck, "layout.json")) == sharded,
               f"{n} ranks stage {s}: layout.json {'missing' if sharded else 'present'}")
         if sharded:

@@ -141,6 +141,7 @@ static cllm_status resume_from(trainer *tr, const char *dir) {
     train_offload_unmap(tr->offload);
     if (st) return st;
     cllm_optim_set_step_count(tr->opt, tr->state.optim_step);
+    if (tr->shard && (st = train_shard_ckpt_load(tr->shard, dir, tr->state.optim_step))) return st;
     uint64_t h = cllm_train_config_hash(tr->cfg);
     if (h != tr->state.config_hash)
         cllm_log(CLLM_LOG_WARN, "resume: the optimizer, schedule, batch or data settings differ from those of %s; "
@@ -242,7 +243,7 @@ static cllm_status run_eval(trainer *tr, long step) {
 /* With the optimizer state partitioned over ranks, every rank writes its
  * slice (collective, synchronous: the shard writer synchronizes the ranks
  * with MPI calls, which must stay on this thread). */
-static bool sharded_save(const trainer *tr) { return tr->zero.stage >= 1 && tr->zero.size > 1; }
+static bool sharded_save(const trainer *tr) { return (tr->zero.stage >= 1 && tr->zero.size > 1) || tr->zero.stage == 3; }
 
 static cllm_status save_sharded(trainer *tr) {
     if (!tr->output_dir) return CLLM_OK; /* c->output_dir is NULL on ranks > 0 */
@@ -254,7 +255,11 @@ static cllm_status save_sharded(trainer *tr) {
      * every rank through the front end's abort) */
     cllm_status st = tr->offload ? train_offload_map(tr->offload, false, &s0, &s1) : CLLM_OK;
     if (st) return st;
-    cllm_ckpt_slice s = {cllm_model_params(tr->m) + z->begin, s0, s1, z->begin, z->end, z->n};
+    /* stage 3: the rank holds only its parameter slice; the replicated small
+     * tensors are copied into their places in it first */
+    float *pslice = tr->shard ? train_shard_param_slice(tr->shard) : NULL;
+    if (tr->shard) train_shard_ckpt_fill(tr->shard, s0, s1);
+    cllm_ckpt_slice s = {pslice ? pslice : cllm_model_params(tr->m) + z->begin, s0, s1, z->begin, z->end, z->n};
     st = cllm_ckpt_write_sharded(tr->output_dir, tr->m, &s, &tr->state, tr->cfg->save_total_limit);
     train_offload_unmap(tr->offload);
     double wait = cllm_time_sec() - t0;
@@ -501,12 +506,6 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     /* the optimizer keeps state for this rank's slice only (all of it at ZeRO stage 0) */
     if ((st = train_zero_init(&tr->zero, c, n, tr->ranges, tr->n_ranges))) goto done;
     if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), cllm_loader_size(tr->train)))) goto done;
-    if (tr->zero.stage == 3 && (c->save_interval > 0 || resume_dir)) {
-        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
-                       "checkpoints with ZeRO stage 3: the parameters are partitioned and sharded checkpoints do "
-                       "not cover them yet; set save_interval 0 (the final model is still saved) or use stage 1 or 2");
-        goto done;
-    }
     /* stages 2-3: layer hooks before prepare (no flat gradient buffer); at
      * stage 3 the model's flat parameters are freed here */
     if (tr->zero.stage >= 2 && (st = train_shard_init(&tr->shard, &tr->zero, tr->m, c, tr->ranges, tr->n_ranges)))
@@ -588,11 +587,8 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         if ((st = train_zero_agree(&tr->zero, &stop))) goto done;
         if (stop) {
             end_line(tr);
-            bool can_save = tr->zero.stage < 3; /* ZeRO-3 parameter slices have no checkpoint format yet */
-            if (c->dp_rank == 0)
-                fprintf(stderr, "cllm train: stop requested; %s at step %ld\n",
-                        can_save ? "saving a checkpoint" : "no checkpoint (ZeRO-3 partitioned parameters)", step);
-            if (can_save && (st = save_checkpoint(tr, true))) goto done;
+            if (c->dp_rank == 0) fprintf(stderr, "cllm train: stop requested; saving a checkpoint at step %ld\n", step);
+            if ((st = save_checkpoint(tr, true))) goto done;
             res->stopped = true;
             break;
         }

@@ -165,6 +165,15 @@ double train_shard_wait_seconds(const train_shard *s);
  * updated by their own optimizer (*opt). */
 float *train_shard_param_slice(train_shard *s);
 float *train_shard_replicated(train_shard *s, size_t *n, cllm_optimizer **opt);
+/* Stage 3 checkpoints: writes the replicated tensors' values and optimizer
+ * state (state0/state1: the slice's optimizer buffers, may be NULL) into
+ * their places in the rank's slice buffers, which the main update leaves
+ * alone, so that the slices are what the sharded writer stores. Nothing
+ * below stage 3. */
+void train_shard_ckpt_fill(train_shard *s, float *state0, float *state1);
+/* Stage 3 resume: the replicated tensors' optimizer state from checkpoint
+ * dir (any format), and their optimizer's step count. */
+cllm_status train_shard_ckpt_load(train_shard *s, const char *dir, long optim_step);
 
 /* ---- fp16 loss scaling in the step (fp16_step.c) ---- */
 /* Sets the scaler up from the fp16 keys; `resumed` (or NULL) is a restored

@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cllm/checkpoint.h"
 #include "cllm/dist.h"
 #include "offload.h"
 #include "train_impl.h"
@@ -645,5 +646,38 @@ cllm_status train_shard_gather_model(train_shard *s) {
         return st;
     }
     cllm_model_set_params(s->m, full);
+    return CLLM_OK;
+}
+
+/* ---------------------------------------------------------- checkpoints */
+
+void train_shard_ckpt_fill(train_shard *s, float *state0, float *state1) {
+    if (s->stage != 3) return;
+    const size_t b = s->z->begin, e = s->z->end;
+    float *ps0 = s->popt ? cllm_optim_state(s->popt, 0) : NULL, *ps1 = s->popt ? cllm_optim_state(s->popt, 1) : NULL;
+    for (int i = 0; i < s->n_pers; i++) {
+        const persistent *p = &s->pers[i];
+        size_t lo = p->flat > b ? p->flat : b, hi = p->flat + p->numel < e ? p->flat + p->numel : e;
+        if (lo >= hi) continue;
+        size_t from = p->compact + (lo - p->flat), n = hi - lo;
+        memcpy(s->pslice + (lo - b), s->pparams + from, n * sizeof(float));
+        if (state0 && ps0) memcpy(state0 + (lo - b), ps0 + from, n * sizeof(float));
+        if (state1 && ps1) memcpy(state1 + (lo - b), ps1 + from, n * sizeof(float));
+    }
+}
+
+cllm_status train_shard_ckpt_load(train_shard *s, const char *dir, long optim_step) {
+    if (s->stage != 3 || !s->popt) return CLLM_OK;
+    float *ps[2] = {cllm_optim_state(s->popt, 0), cllm_optim_state(s->popt, 1)};
+    const cllm_ckpt_buffer which[2] = {CLLM_CKPT_STATE0, CLLM_CKPT_STATE1};
+    for (int i = 0; i < s->n_pers; i++) {
+        const persistent *p = &s->pers[i];
+        for (int k = 0; k < 2; k++) {
+            if (!ps[k]) continue;
+            cllm_status st = cllm_ckpt_read_range(dir, s->m, which[k], p->flat, p->flat + p->numel, ps[k] + p->compact);
+            if (st) return cllm_fail_context(st, "replicated tensor state");
+        }
+    }
+    cllm_optim_set_step_count(s->popt, optim_step);
     return CLLM_OK;
 }
