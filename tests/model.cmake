@@ -4,3 +4,4 @@
 cllm_add_py_test(selfcheck_hf_models ref/selfcheck_hf_models.py LABELS model)
 cllm_add_py_test(test_model_vs_torch test_model_vs_torch.py LABELS model)
 cllm_add_c_test(test_split LABELS model)
+cllm_add_c_test(test_stage LABELS model)
