@@ -77,16 +77,26 @@ static cllm_status check_topology(const cllm_train_config *c, int size) {
 
 cllm_status train_zero_init(train_zero *z, const cllm_train_config *c, size_t n, const cllm_param_range *ranges,
                             int n_ranges) {
+    cllm_status st = check_topology(c, cllm_dist_size());
+    return st ? st : train_zero_init_group(z, c, n, n, ranges, n_ranges, NULL, NULL);
+}
+
+cllm_status train_zero_init_group(train_zero *z, const cllm_train_config *c, size_t n, size_t n_total,
+                                  const cllm_param_range *ranges, int n_ranges, const cllm_dist_group *grp,
+                                  const cllm_dist_group *norm_grp) {
     memset(z, 0, sizeof *z);
-    z->rank = cllm_dist_rank();
-    z->size = cllm_dist_size();
+    z->grp = grp;
+    z->norm_grp = norm_grp;
+    z->rank = cllm_dist_group_rank(grp);
+    z->size = cllm_dist_group_size(grp);
+    z->world = cllm_dist_size();
     z->stage = c->zero_stage;
     z->n = n;
+    z->n_total = n_total;
     if (z->stage > 2)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
                          "zero_optimization.stage 3 (partitioned parameters) is not implemented; use stage 0, 1 or 2");
-    cllm_status st = check_topology(c, z->size);
-    if (!st) st = bucket_size(c, "reduce_bucket_size", &z->bucket);
+    cllm_status st = bucket_size(c, "reduce_bucket_size", &z->bucket);
     if (!st) st = bucket_size(c, "allgather_bucket_size", &z->gather_bucket);
     if (st) return st;
     z->counts = calloc(2 * (size_t)z->size, sizeof *z->counts);
@@ -133,16 +143,16 @@ void train_zero_count_optim(train_zero *z, cllm_optimizer *opt) {
 
 cllm_status train_zero_report(const train_zero *z, bool print) {
     uint64_t mine[4] = {z->mem.params, z->mem.grads, z->mem.grads_reduced, z->mem.optim};
-    uint64_t *all = malloc((size_t)z->size * sizeof mine);
+    uint64_t *all = malloc((size_t)z->world * sizeof mine);
     if (!all) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     cllm_status st = cllm_dist_allgather_u64(mine, 4, all);
-    for (int r = 0; r < z->size && !st && print; r++) {
+    for (int r = 0; r < z->world && !st && print; r++) {
         const uint64_t *m = all + 4 * (size_t)r;
         const double mib = 1.0 / (1024.0 * 1024.0);
         fprintf(stderr,
                 "cllm train: rank %d/%d, ZeRO stage %d: model state %.2f MiB = params %.2f + grads %.2f (summed "
                 "gradient kept %.2f) + optimizer %.2f\n",
-                r, z->size, z->stage, (double)(m[0] + m[1] + m[3]) * mib, (double)m[0] * mib, (double)m[1] * mib,
+                r, z->world, z->stage, (double)(m[0] + m[1] + m[3]) * mib, (double)m[0] * mib, (double)m[1] * mib,
                 (double)m[2] * mib, (double)m[3] * mib);
     }
     free(all);
@@ -160,12 +170,12 @@ static void bucket_parts(train_zero *z, size_t b0, size_t b1) {
 }
 
 cllm_status train_zero_check_world(const train_zero *z, uint64_t config_hash, uint64_t data_size) {
-    if (z->size == 1) return CLLM_OK;
-    uint64_t mine[3] = {config_hash, data_size, (uint64_t)z->n};
-    uint64_t *all = malloc((size_t)z->size * sizeof mine);
+    if (z->world == 1) return CLLM_OK;
+    uint64_t mine[3] = {config_hash, data_size, (uint64_t)z->n_total};
+    uint64_t *all = malloc((size_t)z->world * sizeof mine);
     if (!all) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     cllm_status st = cllm_dist_allgather_u64(mine, 3, all);
-    for (int r = 1; r < z->size && !st; r++) {
+    for (int r = 1; r < z->world && !st; r++) {
         const uint64_t *o = all + 3 * (size_t)r;
         if (o[0] != all[0])
             st = CLLM_FAIL(CLLM_ERR_ARG, "rank %d has a different training config than rank 0 (hash %016llx vs "
@@ -188,13 +198,13 @@ cllm_status train_zero_reduce_grads(train_zero *z, float *grads) {
         size_t b1 = z->n - b0 > z->bucket ? b0 + z->bucket : z->n;
         cllm_status st;
         if (z->stage < 2) {
-            st = cllm_dist_allreduce_sum_f32(grads + b0, b1 - b0);
+            st = cllm_dist_g_allreduce_sum_f32(z->grp, grads + b0, b1 - b0);
         } else {
             /* in place: only this rank's part of the bucket comes back, at
              * the bucket's start; it moves to its place in the slice (the
              * other ranks' parts of the bucket are dead from here on) */
             bucket_parts(z, b0, b1);
-            st = cllm_dist_reduce_scatter_sum_f32(grads + b0, grads + b0, z->bucket_counts);
+            st = cllm_dist_g_reduce_scatter_sum_f32(z->grp, grads + b0, grads + b0, z->bucket_counts);
             size_t k = z->bucket_counts[z->rank];
             if (!st && k) memmove(grads + (z->begin > b0 ? z->begin : b0), grads + b0, k * sizeof(float));
         }
@@ -204,7 +214,7 @@ cllm_status train_zero_reduce_grads(train_zero *z, float *grads) {
 }
 
 cllm_status train_zero_clip(train_zero *z, float *grads, double max_norm, double *norm) {
-    if (z->stage == 0) {
+    if (z->stage == 0 && !z->norm_grp) {
         /* the reduced gradient is whole on every rank: the one-process code */
         *norm = cllm_grad_clip(grads, z->n, max_norm);
         return CLLM_OK;
@@ -214,7 +224,9 @@ cllm_status train_zero_clip(train_zero *z, float *grads, double max_norm, double
     double s = 0;
 #pragma omp parallel for simd reduction(+ : s) schedule(static)
     for (size_t i = 0; i < k; i++) s += (double)g[i] * g[i];
-    cllm_status st = cllm_dist_allreduce_sum_f64(&s, 1);
+    /* stage 0: every data rank holds its stage's whole gradient, the pipe
+     * group holds the model once; sliced: the world holds it once */
+    cllm_status st = z->stage == 0 ? cllm_dist_g_allreduce_sum_f64(z->norm_grp, &s, 1) : cllm_dist_allreduce_sum_f64(&s, 1);
     if (st) return cllm_fail_context(st, "gradient norm");
     *norm = sqrt(s);
     if (max_norm > 0) {
@@ -234,7 +246,7 @@ cllm_status train_zero_step(train_zero *z, cllm_optimizer *opt, float *params, c
     for (size_t b0 = 0; b0 < z->n; b0 += z->gather_bucket) {
         size_t b1 = z->n - b0 > z->gather_bucket ? b0 + z->gather_bucket : z->n;
         bucket_parts(z, b0, b1);
-        cllm_status st = cllm_dist_allgather_f32(params + b0, z->bucket_counts);
+        cllm_status st = cllm_dist_g_allgather_f32(z->grp, params + b0, z->bucket_counts);
         if (st) return cllm_fail_context(st, "parameter all-gather (bucket at %zu)", b0);
     }
     return CLLM_OK;
