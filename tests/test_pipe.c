@@ -54,6 +54,46 @@ static double simulate(cllm_pipe_schedule sch, int K, int M, double f, double b)
     return t;
 }
 
+
+/* Progress check with rendezvous sends and bounded send buffers: a stage
+ * sending micro-batch i's activation (or input gradient) through buffer
+ * i % S must first see micro-batch i - S's message received, S being its
+ * in-flight bound. Returns 1 when every stage finishes. */
+static int rendezvous_ok(cllm_pipe_schedule sch, int K, int M) {
+    cllm_pipe_op ops[MAXK][2 * MAXM];
+    int next[MAXK], S[MAXK];
+    /* done[s][kind][i]: stage s has run op (kind, i) */
+    static char done[MAXK][2][MAXM];
+    memset(done, 0, sizeof done);
+    for (int s = 0; s < K; s++) {
+        cllm_pipe_ops(sch, K, s, M, ops[s]);
+        next[s] = 0;
+        S[s] = cllm_pipe_max_in_flight(sch, K, s, M);
+    }
+    for (;;) {
+        int progressed = 0, finished = 1;
+        for (int s = 0; s < K; s++) {
+            if (next[s] == 2 * M) continue;
+            finished = 0;
+            cllm_pipe_op op = ops[s][next[s]];
+            int i = op.micro, ok = 1;
+            if (op.kind == CLLM_PIPE_FWD) {
+                if (s > 0 && !done[s - 1][0][i]) ok = 0;                          /* input not sent yet */
+                if (s < K - 1 && i >= S[s] && !done[s + 1][0][i - S[s]]) ok = 0;   /* buffer still in flight */
+            } else {
+                if (s < K - 1 && !done[s + 1][1][i]) ok = 0;
+                if (s > 0 && i >= S[s] && !done[s - 1][1][i - S[s]]) ok = 0;
+            }
+            if (!ok) continue;
+            done[s][op.kind][i] = 1;
+            next[s]++;
+            progressed = 1;
+        }
+        if (finished) return 1;
+        if (!progressed) return 0;
+    }
+}
+
 int main(void) {
     for (int sch = 0; sch < 2; sch++)
         for (int K = 1; K <= MAXK; K++)
@@ -84,6 +124,8 @@ int main(void) {
                     CHECK(peak == want && cllm_pipe_max_in_flight((cllm_pipe_schedule)sch, K, s, M) == want,
                           "%s K=%d s=%d M=%d: %d in flight, expected %d", name, K, s, M, peak, want);
                 }
+                CHECK(rendezvous_ok((cllm_pipe_schedule)sch, K, M), "%s K=%d M=%d: deadlock with %s", name, K, M,
+                      "rendezvous sends through in-flight-bounded buffers");
                 for (int fb = 0; fb < 2; fb++) {
                     double f = 1.0, b = fb ? 2.0 : 1.0;
                     double t = simulate((cllm_pipe_schedule)sch, K, M, f, b);

@@ -97,6 +97,43 @@ bool cllm_dist_progress_start(void);
 /* Stops and joins it (no operation may be outstanding). Idempotent. */
 void cllm_dist_progress_stop(void);
 
+/* ---- groups: the data, pipe and tensor groups of a topology ----
+ * A group is a subset of the world with its own ranks 0..n-1. The world
+ * collectives above are those of the group of every rank; the g_ ones run
+ * over one group (NULL means the world). Creating a group is collective over
+ * the WORLD: every rank calls it at the same point, each with the world ranks
+ * of its own group (groups must partition the world; a rank's position in
+ * `ranks` is its group rank). Without MPI, or with one rank, a group of one
+ * behaves as the world does. */
+typedef struct cllm_dist_group cllm_dist_group;
+cllm_status cllm_dist_group_init(cllm_dist_group **out, const int *ranks, int n);
+void cllm_dist_group_free(cllm_dist_group *g); /* NULL is a no-op */
+int cllm_dist_group_rank(const cllm_dist_group *g);
+int cllm_dist_group_size(const cllm_dist_group *g);
+
+cllm_status cllm_dist_g_allreduce_sum_f32(const cllm_dist_group *g, float *buf, size_t n);
+cllm_status cllm_dist_g_allreduce_sum_f64(const cllm_dist_group *g, double *buf, size_t n);
+/* counts[group size]: as cllm_dist_reduce_scatter_sum_f32 / allgather_f32. */
+cllm_status cllm_dist_g_reduce_scatter_sum_f32(const cllm_dist_group *g, const float *send, float *recv,
+                                               const size_t *counts);
+cllm_status cllm_dist_g_allgather_f32(const cllm_dist_group *g, float *buf, const size_t *counts);
+/* root is a group rank. */
+cllm_status cllm_dist_g_bcast(const cllm_dist_group *g, void *buf, size_t bytes, int root);
+
+/* ---- point to point (world ranks) ----
+ * Sends are nonblocking: the buffer must stay untouched until
+ * cllm_dist_send_wait on its request returns. Receives block until the message
+ * (same tag, exactly n floats) has arrived. Messages between two ranks with
+ * the same tag arrive in the order they were sent. */
+typedef struct {
+    uint64_t handle;
+    bool active;
+} cllm_dist_req;
+cllm_status cllm_dist_isend_f32(const float *buf, size_t n, int dest, int tag, cllm_dist_req *req);
+cllm_status cllm_dist_recv_f32(float *buf, size_t n, int src, int tag);
+/* Completes a send; an inactive request returns at once. */
+cllm_status cllm_dist_send_wait(cllm_dist_req *req);
+
 #ifdef __cplusplus
 }
 #endif

@@ -138,6 +138,33 @@ cllm_status cllm_model_forward_backward(cllm_model *m, const int32_t *tokens,
                                         float grad_scale, double *loss_sum, long *n_counted);
 void cllm_model_zero_grads(cllm_model *m);
 
+/* ---- pipeline stages ----
+ * A stage runs units [u0, u1) of the layer sequence (0 the embedding,
+ * 1 + l block l, n_layer + 1 the final norm, head and loss; see
+ * cllm/topo.h). Its input is the token ids (u0 == 0) or x_in[B*T, C], the
+ * previous stage's output; its output is x_out[B*T, C], or the loss (the
+ * stage holding the head: *loss_sum and *n_counted as in
+ * cllm_model_forward_backward, with targets). With `backward` the same call
+ * continues into the backward pass: dx_out[B*T, C] is the gradient of the
+ * stage's output (unused on the head's stage), parameter gradients of the
+ * stage's tensors ACCUMULATE into the gradient buffer (scaled by grad_scale
+ * at the loss), and dx_in[B*T, C] receives the gradient of its input
+ * (unused on the embedding's stage). Running every stage in order, each on
+ * the previous one's output and gradient, gives exactly the values of
+ * cllm_model_forward_backward (the same kernels in the same order). Only
+ * the stage's parameters are read, plus the embedding matrix on a tied
+ * head's stage. */
+typedef struct {
+    int u0, u1;
+    const int32_t *tokens, *targets; /* [B*T]: tokens on the first stage, targets on the head's */
+    const float *x_in, *dx_out;
+    float *x_out, *dx_in;
+    bool backward;
+    float grad_scale;
+} cllm_model_stage_io;
+cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, int B, int T, double *loss_sum,
+                                 long *n_counted);
+
 /* Logits of the last position of each row, for generation: logits[B,V]. */
 cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int B, int T,
                                       float *logits);

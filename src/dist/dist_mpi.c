@@ -157,3 +157,184 @@ cllm_status cllm_dist_barrier(void) {
     MPI_TRY(MPI_Barrier(MPI_COMM_WORLD));
     return CLLM_OK;
 }
+
+/* ------------------------------------------------------------- groups */
+
+struct cllm_dist_group {
+    MPI_Comm comm; /* MPI_COMM_NULL: not started (one rank) */
+    int rank, size;
+};
+
+cllm_status cllm_dist_group_init(cllm_dist_group **out, const int *ranks, int n) {
+    *out = NULL;
+    int me = -1, color = INT_MAX;
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0 || ranks[i] >= w_size)
+            return CLLM_FAIL(CLLM_ERR_ARG, "group member %d outside the world of %d ranks", ranks[i], w_size);
+        if (ranks[i] == w_rank) me = i;
+        if (ranks[i] < color) color = ranks[i];
+    }
+    if (me < 0) return CLLM_FAIL(CLLM_ERR_ARG, "rank %d is not in the group it asked for", w_rank);
+    cllm_dist_group *g = calloc(1, sizeof *g);
+    if (!g) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    g->comm = MPI_COMM_NULL;
+    g->rank = me;
+    g->size = n;
+    if (cllm_dist_active()) {
+        /* the smallest member names the group; the position orders it */
+        int rc = MPI_Comm_split(MPI_COMM_WORLD, color, me, &g->comm);
+        if (rc != MPI_SUCCESS) {
+            free(g);
+            return mpi_fail(rc, __func__, "MPI_Comm_split");
+        }
+        int size = 0;
+        MPI_Comm_size(g->comm, &size);
+        MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
+        if (size != n) {
+            MPI_Comm_free(&g->comm);
+            free(g);
+            return CLLM_FAIL(CLLM_ERR_ARG, "rank %d asked for a group of %d ranks but %d joined it: the groups do not "
+                             "partition the world", w_rank, n, size);
+        }
+    } else if (n != 1) {
+        free(g);
+        return CLLM_FAIL(CLLM_ERR_ARG, "a group of %d ranks in a world of 1", n);
+    }
+    *out = g;
+    return CLLM_OK;
+}
+
+void cllm_dist_group_free(cllm_dist_group *g) {
+    if (!g) return;
+    int done = 0;
+    MPI_Finalized(&done);
+    if (g->comm != MPI_COMM_NULL && !done) MPI_Comm_free(&g->comm);
+    free(g);
+}
+
+int cllm_dist_group_rank(const cllm_dist_group *g) { return g ? g->rank : w_rank; }
+int cllm_dist_group_size(const cllm_dist_group *g) { return g ? g->size : w_size; }
+
+/* The communicator of g, or MPI_COMM_NULL when it has one rank (nothing to do). */
+static MPI_Comm comm_of(const cllm_dist_group *g) {
+    if (!g) return cllm_dist_active() ? MPI_COMM_WORLD : MPI_COMM_NULL;
+    return g->size > 1 ? g->comm : MPI_COMM_NULL;
+}
+
+static cllm_status g_allreduce(const cllm_dist_group *g, void *buf, size_t n, size_t elem, MPI_Datatype t) {
+    MPI_Comm c = comm_of(g);
+    if (c == MPI_COMM_NULL) return CLLM_OK;
+    char *p = buf;
+    while (n > 0) {
+        int k = n > (size_t)INT_MAX ? INT_MAX : (int)n;
+        MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, p, k, t, MPI_SUM, c));
+        p += (size_t)k * elem;
+        n -= (size_t)k;
+    }
+    return CLLM_OK;
+}
+
+cllm_status cllm_dist_g_allreduce_sum_f32(const cllm_dist_group *g, float *buf, size_t n) {
+    return g_allreduce(g, buf, n, sizeof *buf, MPI_FLOAT);
+}
+cllm_status cllm_dist_g_allreduce_sum_f64(const cllm_dist_group *g, double *buf, size_t n) {
+    return g_allreduce(g, buf, n, sizeof *buf, MPI_DOUBLE);
+}
+
+/* int counts and displacements for a group of `size` ranks */
+static cllm_status g_counts(const size_t *counts, int size, int *ic, int *displs, const char *func) {
+    size_t off = 0;
+    for (int r = 0; r < size; r++) {
+        if (counts[r] > (size_t)INT_MAX || off > (size_t)INT_MAX)
+            return cllm_fail(CLLM_ERR_ARG, func, "part %d (%zu floats at %zu) exceeds MPI's int counts", r, counts[r],
+                             off);
+        ic[r] = (int)counts[r];
+        if (displs) displs[r] = (int)off;
+        off += counts[r];
+    }
+    return CLLM_OK;
+}
+
+cllm_status cllm_dist_g_reduce_scatter_sum_f32(const cllm_dist_group *g, const float *send, float *recv,
+                                               const size_t *counts) {
+    MPI_Comm c = comm_of(g);
+    if (c == MPI_COMM_NULL) {
+        if (counts[0] && send != recv) memmove(recv, send, counts[0] * sizeof *recv);
+        return CLLM_OK;
+    }
+    int size = cllm_dist_group_size(g);
+    int *ic = malloc((size_t)size * sizeof *ic);
+    if (!ic) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    cllm_status st = g_counts(counts, size, ic, NULL, __func__);
+    int rc = st ? MPI_SUCCESS : MPI_Reduce_scatter(send == recv ? MPI_IN_PLACE : send, recv, ic, MPI_FLOAT, MPI_SUM, c);
+    free(ic);
+    if (!st && rc != MPI_SUCCESS) st = mpi_fail(rc, __func__, "MPI_Reduce_scatter");
+    return st;
+}
+
+cllm_status cllm_dist_g_allgather_f32(const cllm_dist_group *g, float *buf, const size_t *counts) {
+    MPI_Comm c = comm_of(g);
+    if (c == MPI_COMM_NULL) return CLLM_OK;
+    int size = cllm_dist_group_size(g);
+    int *ic = malloc(2 * (size_t)size * sizeof *ic);
+    if (!ic) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    cllm_status st = g_counts(counts, size, ic, ic + size, __func__);
+    int rc = st ? MPI_SUCCESS : MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, ic, ic + size, MPI_FLOAT, c);
+    free(ic);
+    if (!st && rc != MPI_SUCCESS) st = mpi_fail(rc, __func__, "MPI_Allgatherv");
+    return st;
+}
+
+cllm_status cllm_dist_g_bcast(const cllm_dist_group *g, void *buf, size_t bytes, int root) {
+    MPI_Comm c = comm_of(g);
+    if (c == MPI_COMM_NULL) return CLLM_OK;
+    if (root < 0 || root >= cllm_dist_group_size(g)) return CLLM_FAIL(CLLM_ERR_ARG, "root %d outside the group", root);
+    char *p = buf;
+    while (bytes > 0) {
+        int k = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
+        MPI_TRY(MPI_Bcast(p, k, MPI_BYTE, root, c));
+        p += k;
+        bytes -= (size_t)k;
+    }
+    return CLLM_OK;
+}
+
+/* ------------------------------------------------------ point to point */
+
+_Static_assert(sizeof(MPI_Request) <= sizeof(uint64_t), "MPI_Request must fit a cllm_dist_req handle");
+
+cllm_status cllm_dist_isend_f32(const float *buf, size_t n, int dest, int tag, cllm_dist_req *req) {
+    req->active = false;
+    if (!cllm_dist_active() || dest < 0 || dest >= w_size || dest == w_rank)
+        return CLLM_FAIL(CLLM_ERR_ARG, "send from rank %d to rank %d in a world of %d", w_rank, dest, w_size);
+    if (n > (size_t)INT_MAX) return CLLM_FAIL(CLLM_ERR_ARG, "message of %zu floats exceeds MPI's int counts", n);
+    MPI_Request r;
+    MPI_TRY(MPI_Isend(buf, (int)n, MPI_FLOAT, dest, tag, MPI_COMM_WORLD, &r));
+    req->handle = 0;
+    memcpy(&req->handle, &r, sizeof r);
+    req->active = true;
+    return CLLM_OK;
+}
+
+cllm_status cllm_dist_recv_f32(float *buf, size_t n, int src, int tag) {
+    if (!cllm_dist_active() || src < 0 || src >= w_size || src == w_rank)
+        return CLLM_FAIL(CLLM_ERR_ARG, "receive on rank %d from rank %d in a world of %d", w_rank, src, w_size);
+    if (n > (size_t)INT_MAX) return CLLM_FAIL(CLLM_ERR_ARG, "message of %zu floats exceeds MPI's int counts", n);
+    MPI_Status s;
+    MPI_TRY(MPI_Recv(buf, (int)n, MPI_FLOAT, src, tag, MPI_COMM_WORLD, &s));
+    int got = 0;
+    MPI_Get_count(&s, MPI_FLOAT, &got);
+    if ((size_t)got != n)
+        return CLLM_FAIL(CLLM_ERR_INTERNAL, "rank %d expected %zu floats from rank %d (tag %d), got %d", w_rank, n, src,
+                         tag, got);
+    return CLLM_OK;
+}
+
+cllm_status cllm_dist_send_wait(cllm_dist_req *req) {
+    if (!req->active) return CLLM_OK;
+    MPI_Request r;
+    memcpy(&r, &req->handle, sizeof r);
+    req->active = false;
+    MPI_TRY(MPI_Wait(&r, MPI_STATUS_IGNORE));
+    return CLLM_OK;
+}

@@ -3,6 +3,7 @@
  * is the identity. Built instead of dist_mpi.c when CMake does not find MPI
  * (or CLLM_MPI is OFF), so callers never #ifdef.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "cllm/dist.h"
@@ -34,3 +35,43 @@ cllm_status cllm_dist_allgather_u64(const uint64_t *mine, size_t n, uint64_t *al
 
 cllm_status cllm_dist_bcast(void *buf, size_t bytes, int root) { (void)buf, (void)bytes, (void)root; return CLLM_OK; }
 cllm_status cllm_dist_barrier(void) { return CLLM_OK; }
+
+/* ---- groups and point to point: one rank, so every group is {0} and no
+ * message can have a peer. */
+struct cllm_dist_group {
+    int n;
+};
+
+cllm_status cllm_dist_group_init(cllm_dist_group **out, const int *ranks, int n) {
+    *out = NULL;
+    if (n != 1 || ranks[0] != 0) return CLLM_FAIL(CLLM_ERR_ARG, "a group of %d ranks in a world of 1", n);
+    *out = calloc(1, sizeof **out);
+    if (!*out) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    (*out)->n = 1;
+    return CLLM_OK;
+}
+void cllm_dist_group_free(cllm_dist_group *g) { free(g); }
+int cllm_dist_group_rank(const cllm_dist_group *g) { (void)g; return 0; }
+int cllm_dist_group_size(const cllm_dist_group *g) { (void)g; return 1; }
+cllm_status cllm_dist_g_allreduce_sum_f32(const cllm_dist_group *g, float *buf, size_t n) { (void)g, (void)buf, (void)n; return CLLM_OK; }
+cllm_status cllm_dist_g_allreduce_sum_f64(const cllm_dist_group *g, double *buf, size_t n) { (void)g, (void)buf, (void)n; return CLLM_OK; }
+cllm_status cllm_dist_g_reduce_scatter_sum_f32(const cllm_dist_group *g, const float *send, float *recv, const size_t *counts) {
+    (void)g;
+    return cllm_dist_reduce_scatter_sum_f32(send, recv, counts);
+}
+cllm_status cllm_dist_g_allgather_f32(const cllm_dist_group *g, float *buf, const size_t *counts) { (void)g, (void)buf, (void)counts; return CLLM_OK; }
+cllm_status cllm_dist_g_bcast(const cllm_dist_group *g, void *buf, size_t bytes, int root) { (void)g, (void)buf, (void)bytes, (void)root; return CLLM_OK; }
+
+cllm_status cllm_dist_isend_f32(const float *buf, size_t n, int dest, int tag, cllm_dist_req *req) {
+    (void)buf, (void)n, (void)tag;
+    req->active = false;
+    return CLLM_FAIL(CLLM_ERR_ARG, "send to rank %d in a world of 1", dest);
+}
+cllm_status cllm_dist_recv_f32(float *buf, size_t n, int src, int tag) {
+    (void)buf, (void)n, (void)tag;
+    return CLLM_FAIL(CLLM_ERR_ARG, "receive from rank %d in a world of 1", src);
+}
+cllm_status cllm_dist_send_wait(cllm_dist_req *req) {
+    req->active = false;
+    return CLLM_OK;
+}

@@ -329,6 +329,76 @@ cllm_status cllm_model_forward_backward(cllm_model *m, const int32_t *tokens, co
     return release(m, 0);
 }
 
+/* ------------------------------------------------------ pipeline stages */
+
+cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, int B, int T, double *loss_sum,
+                                 long *n_counted) {
+    const cllm_model_config *c = &m->cfg;
+    const int L = c->n_layer, u0 = io->u0, u1 = io->u1;
+    if (u0 < 0 || u1 > L + 2 || u0 >= u1)
+        return CLLM_FAIL(CLLM_ERR_ARG, "stage units [%d, %d) outside the model's %d", u0, u1, L + 2);
+    TRY(check_prepared(m, B, T, io->backward));
+    const bool embed = u0 == 0, head = u1 == L + 2;
+    const int l0 = u0 < 1 ? 0 : u0 - 1, l1 = u1 > L + 1 ? L : u1 - 1; /* blocks [l0, l1) */
+    const int N = B * T, C = c->n_embd, V = c->vocab_size;
+    const size_t NC = (size_t)N * C;
+    if ((!embed && !io->x_in) || (embed && !io->tokens) || (head && !io->targets) || (!head && !io->x_out) ||
+        (io->backward && !head && !io->dx_out) || (io->backward && !embed && !io->dx_in))
+        return CLLM_FAIL(CLLM_ERR_ARG, "stage [%d, %d): a required input or output buffer is NULL", u0, u1);
+    /* the stage's input lands where its first unit reads it */
+    float *in = l0 < L ? m->layers[l0].x : m->x_out;
+    if (embed) embed_forward(m, io->tokens, B, T);
+    else memcpy(in, io->x_in, NC * sizeof(float));
+    for (int l = l0; l < l1; l++) TRY(block_forward(m, l, B, T, false));
+    float *out = l1 < L ? m->layers[l1].x : m->x_out;
+    *loss_sum = 0;
+    *n_counted = 0;
+    if (head) {
+        norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, model_param(m, m->gslot[G_LNF_W]),
+                     model_param(m, m->gslot[G_LNF_B]), N);
+        int hs = head_slot(m);
+        const float *W = model_param(m, hs);
+        float *dW = io->backward ? model_grad(m, hs) : NULL;
+        int chunk = model_logit_chunk(c, N);
+        if (io->backward) memset(m->dlnf, 0, NC * sizeof(float));
+        double total = 0;
+        long count = 0;
+        for (int r0 = 0; r0 < N; r0 += chunk) {
+            int rows = N - r0 < chunk ? N - r0 : chunk;
+            const float *h = m->lnf + (size_t)r0 * C;
+            TRY(cllm_linear_forward(m->logits, h, W, NULL, rows, C, V, false));
+            long k;
+            if (io->backward) {
+                k = cllm_xent_forward_backward(m->losses + r0, m->logits, io->targets + r0, rows, V, io->grad_scale);
+                if (k) TRY(cllm_linear_backward(m->dlnf + (size_t)r0 * C, dW, NULL, m->logits, h, W, rows, C, V, false));
+            } else {
+                k = cllm_xent_forward(m->losses + r0, m->logits, io->targets + r0, rows, V);
+            }
+            count += k;
+            for (int i = 0; i < rows; i++) total += m->losses[r0 + i];
+        }
+        *loss_sum = total;
+        *n_counted = count;
+    } else {
+        memcpy(io->x_out, out, NC * sizeof(float));
+    }
+    if (!io->backward) return CLLM_OK;
+    if (head) {
+        memset(m->dx, 0, NC * sizeof(float));
+        norm_backward(m, m->dx, model_grad(m, m->gslot[G_LNF_W]), model_grad(m, m->gslot[G_LNF_B]), m->dlnf, m->x_out,
+                      model_param(m, m->gslot[G_LNF_W]), m->lnf_mean, m->lnf_rstd, N);
+    } else {
+        memcpy(m->dx, io->dx_out, NC * sizeof(float));
+    }
+    for (int l = l1 - 1; l >= l0; l--) {
+        if (m->acts_recompute && l + 1 < l1) TRY(block_forward(m, l, B, T, true));
+        TRY(block_backward(m, l, B, T));
+    }
+    if (embed) embed_backward(m, io->tokens, B, T);
+    else memcpy(io->dx_in, m->dx, NC * sizeof(float));
+    return CLLM_OK;
+}
+
 cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int B, int T, float *logits) {
     TRY(check_prepared(m, B, T, false));
     const cllm_model_config *c = &m->cfg;

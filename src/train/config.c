@@ -15,6 +15,7 @@
 
 #include "cllm/io.h"
 #include "cllm/json.h"
+#include "cllm/pipe.h"
 #include "cllm/train.h"
 
 /* ---------------------------------------------------------------- keys */
@@ -400,12 +401,14 @@ static cllm_status parse_act_ckpt(cllm_train_config *c, const json_t *j, const c
 
 /* model_topo (seed-003 pipeline configs): {"process_topology": {"axis":
  * [...], "dims": [...]}, "parts": [...]}; checked for shape, stored. */
+/* model_topo: the structure is checked here (names, types); the sizes
+ * against the world and the model when training starts (cllm/topo.h). */
 static cllm_status parse_topo(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
     json_t *t = NULL;
     TRY(get_obj(j, "model_topo", &t, path));
     c->model_topo = t;
     if (!t) return CLLM_OK;
-    static const char *const k[] = {"process_topology", "parts", NULL};
+    static const char *const k[] = {"process_topology", "parts", "schedule", NULL};
     TRY(check_keys(t, k, NULL, "model_topo", path, strict));
     json_t *pt = json_object_get(t, "process_topology");
     if (pt) {
@@ -419,23 +422,38 @@ static cllm_status parse_topo(cllm_train_config *c, const json_t *j, const char 
         size_t i;
         json_t *v;
         json_array_foreach(dims, i, v) {
-            if (!json_is_integer(v) || json_integer_value(v) < 1)
-                return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.process_topology.dims[%zu]: expected a positive integer",
-                                 path, i);
-            if (!json_is_string(json_array_get(axis, i)))
-                return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.process_topology.axis[%zu]: expected a string", path, i);
-            if (strcmp(json_string_value(json_array_get(axis, i)), "pipe") == 0 && json_integer_value(v) > 1)
-                cllm_log(CLLM_LOG_WARN, "%s: model_topo: pipeline parallelism is stored but not implemented; the "
-                         "model runs as one stage", path);
+            const char *name = json_string_value(json_array_get(axis, i));
+            if (!name || (strcmp(name, "pipe") != 0 && strcmp(name, "data") != 0 && strcmp(name, "tensor") != 0 &&
+                          strcmp(name, "model") != 0))
+                return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.process_topology.axis[%zu]: expected \"pipe\", "
+                                 "\"data\" or \"tensor\"", path, i);
+            bool is_auto = json_is_string(v) && strcmp(json_string_value(v), "auto") == 0 && strcmp(name, "data") == 0;
+            if (!is_auto && (!json_is_integer(v) || (json_integer_value(v) < 1 &&
+                                                     !(json_integer_value(v) == -1 && strcmp(name, "data") == 0))))
+                return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.process_topology.dims[%zu]: expected a positive integer%s",
+                                 path, i, strcmp(name, "data") == 0 ? " or \"auto\"" : "");
         }
     }
     json_t *parts = json_object_get(t, "parts");
-    if (parts) {
+    if (parts && json_is_string(parts)) {
+        const char *m = json_string_value(parts);
+        if (strcmp(m, "uniform") != 0 && strcmp(m, "parameters") != 0)
+            return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.parts: '%s' (expected an array of block counts, "
+                             "\"uniform\" or \"parameters\")", path, m);
+    } else if (parts) {
         size_t i;
         json_t *v;
-        if (!json_is_array(parts)) return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.parts: expected an array", path);
-        json_array_foreach(parts, i, v) if (!json_is_integer(v) || json_integer_value(v) < 0) return CLLM_FAIL(
-            CLLM_ERR_ARG, "%s: model_topo.parts[%zu]: expected a non-negative integer", path, i);
+        if (!json_is_array(parts))
+            return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.parts: expected an array of block counts, \"uniform\" or "
+                             "\"parameters\"", path);
+        json_array_foreach(parts, i, v) if (!json_is_integer(v) || json_integer_value(v) < 1) return CLLM_FAIL(
+            CLLM_ERR_ARG, "%s: model_topo.parts[%zu]: expected a positive number of blocks", path, i);
+    }
+    json_t *sched = json_object_get(t, "schedule");
+    if (sched) {
+        cllm_pipe_schedule ps;
+        if (!json_is_string(sched) || cllm_pipe_schedule_parse(json_string_value(sched), &ps) != CLLM_OK)
+            return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.schedule: expected \"gpipe\" or \"1f1b\"", path);
     }
     return CLLM_OK;
 }

@@ -56,6 +56,10 @@ typedef struct {
     train_offload *offload; /* optimizer state in a file (offload_optimizer nvme), or NULL */
     train_shard *shard;     /* ZeRO 2-3: per-layer reduction, partitioned parameters (zero3.c); else NULL */
     double comm_seconds;    /* stages 0-1: time in the gradient reduction and parameter all-gather */
+    cllm_topo topo;         /* pipe x data x tensor */
+    train_pipe *pipe;       /* pipeline parallelism: this rank's stage (NULL without) */
+    cllm_dist_group *data_grp; /* with a pipeline: the ranks of this stage (NULL: the world) */
+    size_t base;            /* start of this rank's stage in the flat buffers (0 without a pipeline) */
     const char *output_dir; /* the caller's, restored at the end (ranks > 0 write nothing) */
 } trainer;
 
@@ -193,9 +197,14 @@ static void show_step(trainer *tr, long step, double loss, double lr, double gno
 /* --------------------------------------------------------------- eval */
 
 static cllm_status run_eval(trainer *tr, long step) {
+    /* with a pipeline every stage's part of the model comes to every rank */
+    if (tr->pipe) {
+        cllm_status gs = train_pipe_gather_params(tr->pipe, cllm_model_params(tr->m));
+        if (gs) return cllm_fail_context(gs, "evaluation at step %ld", step);
+    }
     /* rank 0 evaluates alone, except at ZeRO-3 where every rank takes part
      * in the parameter gathers (and computes the same batches) */
-    if (!tr->eval || (tr->cfg->dp_rank > 0 && tr->zero.stage < 3)) return CLLM_OK;
+    if (!tr->eval || (cllm_dist_rank() > 0 && tr->zero.stage < 3)) return CLLM_OK;
     double t0 = cllm_time_sec();
     long B = tr->cfg->train_micro_batch_size_per_gpu;
     int T = tr->cfg->seq_len;
@@ -309,7 +318,13 @@ static cllm_status load_rows(trainer *tr, uint64_t g0, long *count) {
 
 /* The data-parallel reductions (sums over ranks, zero.c); identities with
  * one rank. The target count comes first: it sets every rank's grad_scale. */
-static cllm_status reduce_count(long *count) {
+static cllm_status reduce_count(trainer *tr, long *count) {
+    if (tr->pipe) { /* the stages of one pipeline read the same rows: sum over the data group */
+        double v = (double)*count;
+        cllm_status st = cllm_dist_g_allreduce_sum_f64(tr->data_grp, &v, 1);
+        *count = (long)v;
+        return st;
+    }
     int64_t v = *count;
     cllm_status st = cllm_dist_allreduce_sum_i64(&v, 1);
     *count = (long)v;
@@ -341,7 +356,7 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     long count = 0;
     cllm_status st = load_rows(tr, tr->state.next_sample, &count);
     if (st) return cllm_fail_context(st, "step %ld", step);
-    if ((st = reduce_count(&count))) return cllm_fail_context(st, "step %ld", step);
+    if ((st = reduce_count(tr, &count))) return cllm_fail_context(st, "step %ld", step);
     double t1 = cllm_time_sec(), comm0 = comm_seconds(tr), wait0 = wait_seconds(tr);
     cllm_model_zero_grads(tr->m);
     if (tr->shard) train_shard_zero_grads(tr->shard);
@@ -350,7 +365,9 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     if (count > 0) {
         float scale = (float)(1.0 / (double)count);
         if (tr->fp16) scale *= (float)loss_scale; /* a power of two: exact */
-        for (long j = 0; j < c->gradient_accumulation_steps; j++) {
+        if (tr->pipe && (st = train_pipe_run(tr->pipe, tr->m, tr->tokens, tr->targets, scale, &loss_sum)))
+            return cllm_fail_context(st, "step %ld", step);
+        for (long j = 0; j < c->gradient_accumulation_steps && !tr->pipe; j++) {
             size_t off = (size_t)j * (size_t)mb * (size_t)T;
             double s = 0;
             long k = 0;
@@ -361,18 +378,21 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     }
     float *grads = tr->shard ? train_shard_grads(tr->shard) : cllm_model_grads(tr->m);
     if (grads && tr->hooks && tr->hooks->poison_grads && tr->hooks->poison_grads(step, tr->hooks->ctx)) grads[0] = NAN;
-    if ((st = reduce_grads(tr, grads, &loss_sum))) return cllm_fail_context(st, "step %ld", step);
+    if (tr->pipe && (st = train_pipe_sync_tied_grads(tr->pipe, grads))) return cllm_fail_context(st, "step %ld", step);
+    /* with a pipeline this rank's ZeRO partition covers its stage's range */
+    float *g = grads && !tr->shard ? grads + tr->base : grads;
+    if ((st = reduce_grads(tr, g, &loss_sum))) return cllm_fail_context(st, "step %ld", step);
     double t2 = cllm_time_sec();
     double loss = count > 0 ? loss_sum / (double)count : 0.0;
     double gnorm = 0;
     bool overflow = false;
     if (tr->fp16) {
         st = tr->shard ? train_shard_unscale(tr->shard, loss_scale, &overflow)
-                       : train_fp16_unscale(&tr->zero, grads, loss_scale, &overflow);
+                       : train_fp16_unscale(&tr->zero, g, loss_scale, &overflow);
         if (st) return cllm_fail_context(st, "step %ld", step);
     }
     st = tr->shard ? train_shard_clip(tr->shard, c->gradient_clipping, &gnorm)
-                   : train_zero_clip(&tr->zero, grads, c->gradient_clipping, &gnorm);
+                   : train_zero_clip(&tr->zero, g, c->gradient_clipping, &gnorm);
     if (st) return cllm_fail_context(st, "step %ld", step);
     bool finite = !overflow && isfinite(loss) && isfinite(gnorm);
     if (tr->fp16) {
@@ -389,10 +409,13 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     double lr = cllm_sched_lr(&c->sched, c->optim.lr, tr->state.sched_iter);
     if (finite && count > 0) {
         double tc = cllm_time_sec();
+        float *params = cllm_model_params(tr->m);
         st = tr->shard ? train_shard_step(tr->shard, tr->opt, lr)
-                       : train_zero_step(&tr->zero, tr->opt, cllm_model_params(tr->m), grads, lr);
+                       : train_zero_step(&tr->zero, tr->opt, params + tr->base, g, lr);
         if (!tr->shard) tr->comm_seconds += cllm_time_sec() - tc; /* the update is small next to the gather */
         if (st) return cllm_fail_context(st, "step %ld", step);
+        if (tr->pipe && (st = train_pipe_sync_tied_params(tr->pipe, params)))
+            return cllm_fail_context(st, "step %ld", step);
         tr->state.sched_iter++;
         tr->state.consecutive_skips = 0;
     } else if (!finite) {
@@ -470,14 +493,87 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     return CLLM_OK;
 }
 
+/* ----------------------------------------------------------- pipeline */
+
+/* This rank's stage, its data-parallel group, and ZeRO over the stage's
+ * range of the flat buffer. */
+static cllm_status setup_pipeline(trainer *tr) {
+    cllm_train_config *c = tr->cfg;
+    if (c->zero_stage >= 2)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "zero_optimization.stage %d with pipeline parallelism: stages 2 and 3 "
+                         "reduce per layer inside the whole-model pass; use stage 0 or 1", c->zero_stage);
+    cllm_status st = train_pipe_init(&tr->pipe, c, tr->m, &tr->topo, "config");
+    if (st) return st;
+    int D = tr->topo.dims[CLLM_AXIS_DATA];
+    int *ranks = calloc((size_t)D, sizeof *ranks);
+    if (!ranks) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    cllm_topo_group(&tr->topo, CLLM_AXIS_DATA, ranks);
+    st = cllm_dist_group_init(&tr->data_grp, ranks, D);
+    free(ranks);
+    if (st) return st;
+    size_t b, e;
+    train_pipe_range(tr->pipe, &b, &e);
+    tr->base = b;
+    /* decay ranges relative to the stage */
+    int k = 0;
+    for (int i = 0; i < tr->n_ranges; i++) {
+        cllm_param_range r = tr->ranges[i];
+        if (r.end <= b || r.begin >= e) continue;
+        r.begin = (r.begin > b ? r.begin : b) - b;
+        r.end = (r.end < e ? r.end : e) - b;
+        tr->ranges[k++] = r;
+    }
+    tr->n_ranges = k;
+    return train_zero_init_group(&tr->zero, c, e - b, cllm_model_buffer_len(tr->m), tr->ranges, tr->n_ranges,
+                                 tr->data_grp, train_pipe_group(tr->pipe));
+}
+
+/* Rank 0 prints each rank's stage; at the end, the time each stage computed
+ * and waited (the bubble). Collective. */
+static cllm_status pipe_report(trainer *tr, bool times) {
+    int W = cllm_dist_size(), me = cllm_dist_rank();
+    double *v = calloc(4 * (size_t)W, sizeof *v);
+    if (!v) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    const cllm_stage *sg = train_pipe_stage(tr->pipe);
+    double busy, wait;
+    train_pipe_times(tr->pipe, &busy, &wait);
+    v[4 * me] = times ? busy : (double)sg->first_unit;
+    v[4 * me + 1] = times ? wait : (double)sg->n_units;
+    v[4 * me + 2] = (double)train_pipe_slots(tr->pipe);
+    v[4 * me + 3] = (double)train_pipe_inflight_bytes(tr->pipe);
+    cllm_status st = cllm_dist_allreduce_sum_f64(v, 4 * (size_t)W);
+    if (!st && me == 0 && tr->cfg->log != CLLM_LOG_MODE_QUIET) {
+        end_line(tr);
+        for (int r = 0; r < W; r++) {
+            const double *x = v + 4 * r;
+            if (times)
+                fprintf(stderr, "cllm train: rank %d: stage computed %.2f s, waited %.2f s for its neighbours (%.1f%% "
+                        "idle)\n", r, x[0], x[1], x[0] + x[1] > 0 ? 100.0 * x[1] / (x[0] + x[1]) : 0.0);
+            else
+                fprintf(stderr, "cllm train: rank %d: pipeline stage of units %d..%d (%s schedule), up to %d "
+                        "micro-batches in flight holding %.2f MB of stage inputs\n", r, (int)x[0],
+                        (int)(x[0] + x[1]) - 1, train_pipe_schedule(tr->pipe), (int)x[2], x[3] / 1e6);
+        }
+    }
+    free(v);
+    return st;
+}
+
 /* ---------------------------------------------------------------- run */
 
 static cllm_status run(trainer *tr, cllm_train_result *res) {
     cllm_train_config *c = tr->cfg;
     char *resume_dir = NULL;
-    c->dp_size = cllm_dist_size();
-    c->dp_rank = cllm_dist_rank();
-    cllm_status st = cllm_ckpt_find(c->output_dir, c->resume, &resume_dir);
+    json_t *ptopo = c->model_topo ? json_object_get(c->model_topo, "process_topology") : NULL;
+    cllm_status st = cllm_topo_init(&tr->topo, ptopo, cllm_dist_size(), cllm_dist_rank(), "config");
+    if (st) return st;
+    if (tr->topo.dims[CLLM_AXIS_TENSOR] > 1)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "model_topo.process_topology: a tensor axis of size %d: tensor "
+                         "parallelism is not implemented yet (pipe and data axes are)", tr->topo.dims[CLLM_AXIS_TENSOR]);
+    c->dp_size = tr->topo.dims[CLLM_AXIS_DATA];
+    c->dp_rank = tr->topo.coord[CLLM_AXIS_DATA];
+    const bool piped = tr->topo.dims[CLLM_AXIS_PIPE] > 1;
+    st = cllm_ckpt_find(c->output_dir, c->resume, &resume_dir);
     if (st) return st;
     if (c->resume && !resume_dir)
         cllm_log(CLLM_LOG_INFO, "resume: no checkpoint in %s yet; starting from the beginning", c->output_dir);
@@ -504,7 +600,11 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     size_t n = cllm_model_buffer_len(tr->m);
     if ((st = make_ranges(tr))) goto done;
     /* the optimizer keeps state for this rank's slice only (all of it at ZeRO stage 0) */
-    if ((st = train_zero_init(&tr->zero, c, n, tr->ranges, tr->n_ranges))) goto done;
+    if (piped) {
+        if ((st = setup_pipeline(tr))) goto done;
+    } else if ((st = train_zero_init(&tr->zero, c, n, tr->ranges, tr->n_ranges))) {
+        goto done;
+    }
     if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), cllm_loader_size(tr->train)))) goto done;
     /* stages 2-3: layer hooks before prepare (no flat gradient buffer); at
      * stage 3 the model's flat parameters are freed here */
@@ -528,6 +628,13 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     else
         train_zero_count_optim(&tr->zero, tr->opt);
     if (tr->offload) tr->zero.mem.optim = train_offload_buffer_bytes(tr->offload); /* what stays in RAM */
+    if (piped && (c->save_interval > 0 || resume_dir)) {
+        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
+                       "checkpoints with pipeline parallelism: every stage holds part of the optimizer state and "
+                       "sharded checkpoints are not wired to pipelines yet; set save_interval 0 (the final model is "
+                       "still saved)");
+        goto done;
+    }
     memset(&tr->state, 0, sizeof tr->state);
     cllm_rng_seed(&tr->state.rng, c->seed);
     tr->state.data_seed = c->seed;
@@ -545,7 +652,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if ((st = train_saver_init(&tr->saver, n, cllm_optim_has_state(&c->optim, 0), cllm_optim_has_state(&c->optim, 1),
                                c->async_save && !tr->offload)))
         goto done;
-    if (c->dp_rank > 0) c->output_dir = NULL; /* only rank 0 writes: model, checkpoints, metrics */
+    if (cllm_dist_rank() > 0) c->output_dir = NULL; /* only rank 0 writes: model, checkpoints, metrics */
     if (c->output_dir && (st = cllm_make_dirs(c->output_dir))) goto done;
     if (c->output_dir && (st = train_metrics_open(&tr->metrics, c->output_dir, resume_dir ? tr->state.global_step : -1)))
         goto done;
@@ -568,8 +675,9 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
                 c->gradient_accumulation_steps, c->dp_size, cllm_opt_name(c->optim.type),
                 cllm_sched_name(c->sched.type), c->optim.lr, tr->peak_gflops,
                 resume_dir ? " (resumed)" : "");
-    if ((st = train_zero_report(&tr->zero, c->log != CLLM_LOG_MODE_QUIET && c->dp_rank == 0))) goto done;
-    if (c->log != CLLM_LOG_MODE_QUIET && c->dp_rank == 0) {
+    if ((st = train_zero_report(&tr->zero, c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0))) goto done;
+    if (tr->pipe && (st = pipe_report(tr, false))) goto done;
+    if (c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0) {
         cllm_act_bytes other;
         cllm_model_activation_bytes(mc, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true, !c->use_grad_ckpt,
                                     &other);
@@ -587,8 +695,11 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         if ((st = train_zero_agree(&tr->zero, &stop))) goto done;
         if (stop) {
             end_line(tr);
-            if (c->dp_rank == 0) fprintf(stderr, "cllm train: stop requested; saving a checkpoint at step %ld\n", step);
-            if ((st = save_checkpoint(tr, true))) goto done;
+            bool can_save = !tr->pipe; /* pipeline checkpoints: not yet */
+            if (cllm_dist_rank() == 0)
+                fprintf(stderr, "cllm train: stop requested; %s at step %ld\n",
+                        can_save ? "saving a checkpoint" : "no checkpoint (pipeline parallelism)", step);
+            if (can_save && (st = save_checkpoint(tr, true))) goto done;
             res->stopped = true;
             break;
         }
@@ -623,6 +734,8 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
             tr->opt = NULL;
         }
         if (tr->shard && (st = train_shard_gather_model(tr->shard))) goto done;
+        if (tr->pipe && (st = train_pipe_gather_params(tr->pipe, cllm_model_params(tr->m)))) goto done;
+        if (tr->pipe && (st = pipe_report(tr, true))) goto done;
         if (c->output_dir && (st = cllm_model_save(tr->m, c->output_dir, c->max_shard_bytes))) goto done;
     } else {
         double wait = 0;
@@ -665,6 +778,8 @@ cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks
     train_shard_free(tr.shard);
     train_zero_free(&tr.zero);
     train_offload_free(tr.offload);
+    train_pipe_free(tr.pipe);
+    cllm_dist_group_free(tr.data_grp);
     cllm_loader_free(tr.train);
     cllm_loader_free(tr.eval);
     cllm_model_free(tr.m);

@@ -12,6 +12,9 @@
 
 #include "cllm/checkpoint.h"
 #include "cllm/loss_scale.h"
+#include "cllm/dist.h"
+#include "cllm/pipe.h"
+#include "cllm/topo.h"
 #include "cllm/model.h"
 #include "cllm/optim.h"
 #include "cllm/train.h"
@@ -79,7 +82,11 @@ typedef struct {
 } train_mem;
 
 typedef struct {
-    int rank, size, stage;
+    int rank, size, stage;       /* in the data-parallel group */
+    int world;                   /* all ranks */
+    const cllm_dist_group *grp;  /* the data-parallel group (NULL: the world) */
+    const cllm_dist_group *norm_grp; /* stage 0 with a pipeline: the stages whose norms add up */
+    size_t n_total;              /* floats of the whole flat buffer (n: the part this group reduces) */
     size_t n;                    /* floats in the flat buffers */
     size_t begin, end;           /* this rank's slice of them (all of them at stage 0) */
     size_t *counts;              /* [size] slice lengths, in rank order */
@@ -95,6 +102,14 @@ typedef struct {
  * and bucket sizes. Call train_zero_free also after a failure. */
 cllm_status train_zero_init(train_zero *z, const cllm_train_config *c, size_t n, const cllm_param_range *ranges,
                             int n_ranges);
+/* The same over a data-parallel group (NULL: the world) for a part of n
+ * floats of a flat buffer of n_total; with a pipeline, norm_grp is the pipe
+ * group (gradient norms are summed over it at stage 0). The caller passes
+ * pointers to the part's start to the functions below, and handles the
+ * topology check. */
+cllm_status train_zero_init_group(train_zero *z, const cllm_train_config *c, size_t n, size_t n_total,
+                                  const cllm_param_range *ranges, int n_ranges, const cllm_dist_group *grp,
+                                  const cllm_dist_group *norm_grp);
 /* Fills mem.optim from the state buffers the optimizer has. */
 void train_zero_count_optim(train_zero *z, cllm_optimizer *opt);
 /* Gathers every rank's train_mem; rank 0 prints one line per rank when
@@ -185,5 +200,34 @@ void train_fp16_store(const cllm_loss_scaler *s, cllm_ckpt_state *st);
  * agrees over ranks (*overflow true on every rank if on any), and when
  * there is none multiplies that part by 1/scale. Collective. */
 cllm_status train_fp16_unscale(const train_zero *z, float *grads, double scale, bool *overflow);
+
+/* ---- pipeline parallelism (pipe_train.c) ---- */
+typedef struct train_pipe train_pipe;
+/* This rank's stage from the topology and model_topo.parts /
+ * model_topo.schedule ("1f1b" by default, or "gpipe"); collective over the
+ * world (creates the pipe group and the tied-embedding pairs). */
+cllm_status train_pipe_init(train_pipe **out, const cllm_train_config *c, cllm_model *m, const cllm_topo *topo,
+                            const char *where);
+void train_pipe_free(train_pipe *p);
+/* The stage's range of the flat buffer. */
+void train_pipe_range(const train_pipe *p, size_t *begin, size_t *end);
+const cllm_stage *train_pipe_stage(const train_pipe *p);
+int train_pipe_slots(const train_pipe *p);
+size_t train_pipe_inflight_bytes(const train_pipe *p);
+const char *train_pipe_schedule(const train_pipe *p);
+/* Seconds this stage computed and waited for its neighbours, summed. */
+void train_pipe_times(const train_pipe *p, double *busy, double *wait);
+/* One step's forwards and backwards of gradient_accumulation_steps
+ * micro-batches (tokens/targets: [M * micro, T]); accumulates the stage's
+ * gradients; *loss_sum is the sum of losses on the last stage, 0 elsewhere. */
+cllm_status train_pipe_run(train_pipe *p, cllm_model *m, const int32_t *tokens, const int32_t *targets,
+                           float grad_scale, double *loss_sum);
+/* Tied head: sums the embedding gradient of the first and last stage. */
+cllm_status train_pipe_sync_tied_grads(train_pipe *p, float *grads);
+/* Tied head: the first stage's updated embedding to the last stage. */
+cllm_status train_pipe_sync_tied_params(train_pipe *p, float *params);
+/* Every stage's range to every rank of the pipeline: the whole model. */
+cllm_status train_pipe_gather_params(train_pipe *p, float *params);
+const cllm_dist_group *train_pipe_group(const train_pipe *p);
 
 #endif

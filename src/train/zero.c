@@ -52,40 +52,25 @@ static cllm_status bucket_size(const cllm_train_config *c, const char *key, size
     return CLLM_OK;
 }
 
-/* model_topo.process_topology: the data axis is the MPI world; pipe and
- * tensor (model) axes are not implemented and must be 1. */
-static cllm_status check_topology(const cllm_train_config *c, int size) {
-    json_t *pt = c->model_topo ? json_object_get(c->model_topo, "process_topology") : NULL;
-    if (!pt) return CLLM_OK;
-    json_t *axis = json_object_get(pt, "axis"), *dims = json_object_get(pt, "dims");
-    for (size_t i = 0; i < json_array_size(axis); i++) {
-        const char *name = json_string_value(json_array_get(axis, i));
-        long d = (long)json_integer_value(json_array_get(dims, i));
-        if (name && strcmp(name, "data") == 0) {
-            if (d != size)
-                return CLLM_FAIL(CLLM_ERR_ARG,
-                                 "model_topo.process_topology: data axis %ld, but %d rank%s running; the data axis is "
-                                 "the MPI world (mpirun -np %ld, or set dims to %d)",
-                                 d, size, size == 1 ? " is" : "s are", d, size);
-        } else if (d != 1) {
-            return CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
-                             "model_topo.process_topology: axis '%s' of size %ld: only data parallelism is "
-                             "implemented; set the pipe and model/tensor dims to 1",
-                             name ? name : "?", d);
-        }
-    }
-    return CLLM_OK;
-}
-
 cllm_status train_zero_init(train_zero *z, const cllm_train_config *c, size_t n, const cllm_param_range *ranges,
                             int n_ranges) {
+    /* the topology (model_topo) is checked by the engine (cllm/topo.h) */
+    return train_zero_init_group(z, c, n, n, ranges, n_ranges, NULL, NULL);
+}
+
+cllm_status train_zero_init_group(train_zero *z, const cllm_train_config *c, size_t n, size_t n_total,
+                                  const cllm_param_range *ranges, int n_ranges, const cllm_dist_group *grp,
+                                  const cllm_dist_group *norm_grp) {
     memset(z, 0, sizeof *z);
-    z->rank = cllm_dist_rank();
-    z->size = cllm_dist_size();
+    z->grp = grp;
+    z->norm_grp = norm_grp;
+    z->rank = cllm_dist_group_rank(grp);
+    z->size = cllm_dist_group_size(grp);
+    z->world = cllm_dist_size();
     z->stage = c->zero_stage;
     z->n = n;
-    cllm_status st = check_topology(c, z->size);
-    if (!st) st = bucket_size(c, "reduce_bucket_size", &z->bucket);
+    z->n_total = n_total;
+    cllm_status st = bucket_size(c, "reduce_bucket_size", &z->bucket);
     if (!st) st = bucket_size(c, "allgather_bucket_size", &z->gather_bucket);
     if (st) return st;
     z->counts = calloc(2 * (size_t)z->size, sizeof *z->counts);
@@ -132,16 +117,16 @@ void train_zero_count_optim(train_zero *z, cllm_optimizer *opt) {
 
 cllm_status train_zero_report(const train_zero *z, bool print) {
     uint64_t mine[5] = {z->mem.params, z->mem.grads, z->mem.grads_reduced, z->mem.optim, z->mem.work};
-    uint64_t *all = malloc((size_t)z->size * sizeof mine);
+    uint64_t *all = malloc((size_t)z->world * sizeof mine);
     if (!all) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     cllm_status st = cllm_dist_allgather_u64(mine, 5, all);
-    for (int r = 0; r < z->size && !st && print; r++) {
+    for (int r = 0; r < z->world && !st && print; r++) {
         const uint64_t *m = all + 5 * (size_t)r;
         const double mib = 1.0 / (1024.0 * 1024.0);
         fprintf(stderr,
                 "cllm train: rank %d/%d, ZeRO stage %d: model state %.2f MiB = params %.2f + grads %.2f (summed "
                 "gradient kept %.2f) + optimizer %.2f; working buffers %.2f MiB\n",
-                r, z->size, z->stage, (double)(m[0] + m[1] + m[3]) * mib, (double)m[0] * mib, (double)m[1] * mib,
+                r, z->world, z->stage, (double)(m[0] + m[1] + m[3]) * mib, (double)m[0] * mib, (double)m[1] * mib,
                 (double)m[2] * mib, (double)m[3] * mib, (double)m[4] * mib);
     }
     free(all);
@@ -159,12 +144,12 @@ static void bucket_parts(train_zero *z, size_t b0, size_t b1) {
 }
 
 cllm_status train_zero_check_world(const train_zero *z, uint64_t config_hash, uint64_t data_size) {
-    if (z->size == 1) return CLLM_OK;
-    uint64_t mine[3] = {config_hash, data_size, (uint64_t)z->n};
-    uint64_t *all = malloc((size_t)z->size * sizeof mine);
+    if (z->world == 1) return CLLM_OK;
+    uint64_t mine[3] = {config_hash, data_size, (uint64_t)z->n_total};
+    uint64_t *all = malloc((size_t)z->world * sizeof mine);
     if (!all) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     cllm_status st = cllm_dist_allgather_u64(mine, 3, all);
-    for (int r = 1; r < z->size && !st; r++) {
+    for (int r = 1; r < z->world && !st; r++) {
         const uint64_t *o = all + 3 * (size_t)r;
         if (o[0] != all[0])
             st = CLLM_FAIL(CLLM_ERR_ARG, "rank %d has a different training config than rank 0 (hash %016llx vs "
@@ -187,13 +172,13 @@ cllm_status train_zero_reduce_grads(train_zero *z, float *grads) {
         size_t b1 = z->n - b0 > z->bucket ? b0 + z->bucket : z->n;
         cllm_status st;
         if (z->stage < 2) {
-            st = cllm_dist_allreduce_sum_f32(grads + b0, b1 - b0);
+            st = cllm_dist_g_allreduce_sum_f32(z->grp, grads + b0, b1 - b0);
         } else {
             /* in place: only this rank's part of the bucket comes back, at
              * the bucket's start; it moves to its place in the slice (the
              * other ranks' parts of the bucket are dead from here on) */
             bucket_parts(z, b0, b1);
-            st = cllm_dist_reduce_scatter_sum_f32(grads + b0, grads + b0, z->bucket_counts);
+            st = cllm_dist_g_reduce_scatter_sum_f32(z->grp, grads + b0, grads + b0, z->bucket_counts);
             size_t k = z->bucket_counts[z->rank];
             if (!st && k) memmove(grads + (z->begin > b0 ? z->begin : b0), grads + b0, k * sizeof(float));
         }
@@ -203,7 +188,7 @@ cllm_status train_zero_reduce_grads(train_zero *z, float *grads) {
 }
 
 cllm_status train_zero_clip(train_zero *z, float *grads, double max_norm, double *norm) {
-    if (z->stage == 0) {
+    if (z->stage == 0 && !z->norm_grp) {
         /* the reduced gradient is whole on every rank: the one-process code */
         *norm = cllm_grad_clip(grads, z->n, max_norm);
         return CLLM_OK;
@@ -213,7 +198,9 @@ cllm_status train_zero_clip(train_zero *z, float *grads, double max_norm, double
     double s = 0;
 #pragma omp parallel for simd reduction(+ : s) schedule(static)
     for (size_t i = 0; i < k; i++) s += (double)g[i] * g[i];
-    cllm_status st = cllm_dist_allreduce_sum_f64(&s, 1);
+    /* stage 0: every data rank holds its stage's whole gradient, the pipe
+     * group holds the model once; sliced: the world holds it once */
+    cllm_status st = z->stage == 0 ? cllm_dist_g_allreduce_sum_f64(z->norm_grp, &s, 1) : cllm_dist_allreduce_sum_f64(&s, 1);
     if (st) return cllm_fail_context(st, "gradient norm");
     *norm = sqrt(s);
     if (max_norm > 0) {
@@ -243,7 +230,7 @@ cllm_status train_zero_gather_params(train_zero *z, float *params) {
     for (size_t b0 = 0; b0 < z->n; b0 += z->gather_bucket) {
         size_t b1 = z->n - b0 > z->gather_bucket ? b0 + z->gather_bucket : z->n;
         bucket_parts(z, b0, b1);
-        cllm_status st = cllm_dist_allgather_f32(params + b0, z->bucket_counts);
+        cllm_status st = cllm_dist_g_allgather_f32(z->grp, params + b0, z->bucket_counts);
         if (st) return cllm_fail_context(st, "parameter all-gather (bucket at %zu)", b0);
     }
     return CLLM_OK;
