@@ -71,6 +71,16 @@ cllm_status cllm_dist_allgather_u64(const uint64_t *mine, size_t n, uint64_t *al
 cllm_status cllm_dist_bcast(void *buf, size_t bytes, int root);
 cllm_status cllm_dist_barrier(void);
 
+/* Collective timeout, in seconds (default 600; the environment variable
+ * CLLM_DIST_TIMEOUT, when set, wins). Every collective first waits until all
+ * ranks have reached it; past the timeout the job ends with a message naming
+ * the ranks that did not arrive and the operation (docs/distributed.md).
+ * Takes effect at cllm_dist_init; values <= 0 restore the default. */
+void cllm_dist_set_timeout(double seconds);
+/* The training step that the next collectives belong to, for those messages
+ * (0: before the first step). */
+void cllm_dist_set_step(long step);
+
 #ifdef __cplusplus
 }
 #endif
