@@ -131,6 +131,12 @@ int cmd_launch(int argc, char **argv) {
             sep = i;
             break;
         }
+    bool help = false;
+    for (int i = 0; i < (sep < 0 ? argc : sep); i++) help |= strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0;
+    if (sep < 0 && !help) {
+        fprintf(stderr, "cllm launch: no command: put it after '--' (cllm launch -n 2 -- train --config run.json)\n");
+        return 2;
+    }
     int nflags = sep < 0 ? argc : sep;
     /* -n N is the short form of --np N */
     char **flags = malloc((size_t)(nflags + 1) * sizeof *flags);
