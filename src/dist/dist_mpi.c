@@ -6,7 +6,9 @@
  * `cllm train` never touches MPI (no singleton runtime, no network probing)
  * and behaves exactly as a build without MPI. Counts larger than INT_MAX
  * are refused: callers bucket their buffers (reduce_bucket_size) well below.
- * Not here: communicators other than the world, non-blocking overlap.
+ * Every collective is announced to the watchdog first (watchdog_mpi.c: the
+ * collective timeout). Not here: communicators other than the world (the
+ * watchdog keeps a private duplicate), non-blocking overlap.
  */
 #include <limits.h>
 #include <mpi.h>
