@@ -11,6 +11,7 @@ PKGS=(
   libunistring-dev     # Unicode normal forms (NFC/NFKC...) and lowercasing for tokenizer normalizers
   libmicrohttpd-dev    # HTTP server
   libopenmpi-dev openmpi-bin   # MPI
+  iproute2             # ip netns: the two-host launcher test builds hosts as network namespaces
   python3-torch python3-numpy  # PyTorch references in tests and benchmarks (/usr/bin/python3)
   libopenblas0-pthread         # the BLAS Debian's torch uses for fp32 matmuls (else the slow reference BLAS)
   librsvg2-bin         # rsvg-convert: the trainer test renders the `cllm plot` SVG when present

@@ -7,6 +7,7 @@
 #include "cllm/io.h"
 #include "cllm/json.h"
 #include "cllm/kernels.h"
+#include "cllm/launch.h"
 #include "cllm/loader.h"
 #include "cllm/loss_scale.h"
 #include "cllm/memory.h"

@@ -134,6 +134,16 @@ cllm_status cllm_dist_recv_f32(float *buf, size_t n, int src, int tag);
 /* Completes a send; an inactive request returns at once. */
 cllm_status cllm_dist_send_wait(cllm_dist_req *req);
 
+/* Collective timeout, in seconds (default 600; the environment variable
+ * CLLM_DIST_TIMEOUT, when set, wins). Every collective first waits until all
+ * ranks have reached it; past the timeout the job ends with a message naming
+ * the ranks that did not arrive and the operation (docs/distributed.md).
+ * Takes effect at cllm_dist_init; values <= 0 restore the default. */
+void cllm_dist_set_timeout(double seconds);
+/* The training step that the next collectives belong to, for those messages
+ * (0: before the first step). */
+void cllm_dist_set_step(long step);
+
 #ifdef __cplusplus
 }
 #endif

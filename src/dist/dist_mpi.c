@@ -6,8 +6,10 @@
  * `cllm train` never touches MPI (no singleton runtime, no network probing)
  * and behaves exactly as a build without MPI. Counts larger than INT_MAX
  * are refused: callers bucket their buffers (reduce_bucket_size) well below.
- * Not here: communicators other than the world, nonblocking collectives
- * (async_mpi.c).
+ * Every world collective is announced to the watchdog first (watchdog_mpi.c:
+ * the collective timeout). Not here: nonblocking collectives (async_mpi.c).
+ * Group collectives and point-to-point messages (at the end) are not
+ * covered by the watchdog.
  */
 #include <limits.h>
 #include <mpi.h>
@@ -16,6 +18,7 @@
 #include <string.h>
 
 #include "cllm/dist.h"
+#include "dist/watchdog.h"
 
 static bool started;  /* we called MPI_Init */
 static int w_rank, w_size = 1;
@@ -48,14 +51,18 @@ cllm_status cllm_dist_init(void) {
     MPI_TRY(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     MPI_TRY(MPI_Comm_rank(MPI_COMM_WORLD, &w_rank));
     MPI_TRY(MPI_Comm_size(MPI_COMM_WORLD, &w_size));
-    return CLLM_OK;
+    /* every collective below is announced to the watchdog (watchdog_mpi.c) */
+    return dist_watch_init(w_rank, w_size);
 }
 
 void cllm_dist_finalize(void) {
     if (!started) return;
     int done = 0;
     MPI_Finalized(&done);
-    if (!done) MPI_Finalize();
+    if (!done) {
+        dist_watch_finalize();
+        MPI_Finalize();
+    }
     started = false;
     w_rank = 0;
     w_size = 1;
@@ -71,22 +78,27 @@ bool cllm_dist_active(void) { return started && w_size > 1; }
 const char *cllm_dist_backend(void) { return "MPI"; }
 
 /* Buffers are split into <= INT_MAX-element calls so that any n works. */
-static cllm_status allreduce(void *buf, size_t n, size_t elem, MPI_Datatype t, MPI_Op op) {
+static cllm_status allreduce(void *buf, size_t n, size_t elem, MPI_Datatype t, MPI_Op op, const char *what,
+                             const char *unit) {
     if (!cllm_dist_active()) return CLLM_OK;
     char *p = buf;
     while (n > 0) {
         int k = n > (size_t)INT_MAX ? INT_MAX : (int)n;
-        MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, p, k, t, op, MPI_COMM_WORLD));
+        cllm_status st = dist_watch_enter(what, (size_t)k, unit);
+        if (st) return st;
+        int rc = MPI_Allreduce(MPI_IN_PLACE, p, k, t, op, MPI_COMM_WORLD);
+        dist_watch_leave();
+        if (rc != MPI_SUCCESS) return mpi_fail(rc, __func__, "MPI_Allreduce");
         p += (size_t)k * elem;
         n -= (size_t)k;
     }
     return CLLM_OK;
 }
 
-cllm_status cllm_dist_allreduce_sum_f32(float *buf, size_t n) { return allreduce(buf, n, sizeof *buf, MPI_FLOAT, MPI_SUM); }
-cllm_status cllm_dist_allreduce_sum_f64(double *buf, size_t n) { return allreduce(buf, n, sizeof *buf, MPI_DOUBLE, MPI_SUM); }
-cllm_status cllm_dist_allreduce_sum_i64(int64_t *buf, size_t n) { return allreduce(buf, n, sizeof *buf, MPI_INT64_T, MPI_SUM); }
-cllm_status cllm_dist_allreduce_max_i64(int64_t *buf, size_t n) { return allreduce(buf, n, sizeof *buf, MPI_INT64_T, MPI_MAX); }
+cllm_status cllm_dist_allreduce_sum_f32(float *buf, size_t n) { return allreduce(buf, n, sizeof *buf, MPI_FLOAT, MPI_SUM, "allreduce", "floats"); }
+cllm_status cllm_dist_allreduce_sum_f64(double *buf, size_t n) { return allreduce(buf, n, sizeof *buf, MPI_DOUBLE, MPI_SUM, "allreduce", "doubles"); }
+cllm_status cllm_dist_allreduce_sum_i64(int64_t *buf, size_t n) { return allreduce(buf, n, sizeof *buf, MPI_INT64_T, MPI_SUM, "allreduce", "int64s"); }
+cllm_status cllm_dist_allreduce_max_i64(int64_t *buf, size_t n) { return allreduce(buf, n, sizeof *buf, MPI_INT64_T, MPI_MAX, "allreduce (max)", "int64s"); }
 
 /* counts as ints, and their prefix sums as displacements */
 static cllm_status int_counts(const size_t *counts, int *ic, int *displs, const char *func) {
@@ -110,8 +122,12 @@ cllm_status cllm_dist_reduce_scatter_sum_f32(const float *send, float *recv, con
     int *ic = malloc((size_t)w_size * sizeof *ic);
     if (!ic) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     cllm_status st = int_counts(counts, ic, NULL, __func__);
+    size_t total = 0;
+    for (int r = 0; r < w_size; r++) total += counts[r];
+    if (!st) st = dist_watch_enter("reduce-scatter", total, "floats");
     int rc = st ? MPI_SUCCESS : MPI_Reduce_scatter(send == recv ? MPI_IN_PLACE : send, recv, ic, MPI_FLOAT,
                                                         MPI_SUM, MPI_COMM_WORLD);
+    dist_watch_leave();
     free(ic);
     if (!st && rc != MPI_SUCCESS) st = mpi_fail(rc, __func__, "MPI_Reduce_scatter");
     return st;
@@ -122,8 +138,12 @@ cllm_status cllm_dist_allgather_f32(float *buf, const size_t *counts) {
     int *ic = malloc(2 * (size_t)w_size * sizeof *ic);
     if (!ic) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     cllm_status st = int_counts(counts, ic, ic + w_size, __func__);
+    size_t total = 0;
+    for (int r = 0; r < w_size; r++) total += counts[r];
+    if (!st) st = dist_watch_enter("allgather", total, "floats");
     int rc = st ? MPI_SUCCESS
                 : MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, ic, ic + w_size, MPI_FLOAT, MPI_COMM_WORLD);
+    dist_watch_leave();
     free(ic);
     if (!st && rc != MPI_SUCCESS) st = mpi_fail(rc, __func__, "MPI_Allgatherv");
     return st;
@@ -135,7 +155,11 @@ cllm_status cllm_dist_allgather_u64(const uint64_t *mine, size_t n, uint64_t *al
         return CLLM_OK;
     }
     if (n > (size_t)INT_MAX) return CLLM_FAIL(CLLM_ERR_ARG, "%zu values exceed MPI's int counts", n);
-    MPI_TRY(MPI_Allgather(mine, (int)n, MPI_UINT64_T, all, (int)n, MPI_UINT64_T, MPI_COMM_WORLD));
+    cllm_status st = dist_watch_enter("allgather", n * (size_t)w_size, "uint64s");
+    if (st) return st;
+    int rc = MPI_Allgather(mine, (int)n, MPI_UINT64_T, all, (int)n, MPI_UINT64_T, MPI_COMM_WORLD);
+    dist_watch_leave();
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, __func__, "MPI_Allgather");
     return CLLM_OK;
 }
 
@@ -145,7 +169,11 @@ cllm_status cllm_dist_bcast(void *buf, size_t bytes, int root) {
     char *p = buf;
     while (bytes > 0) {
         int k = bytes > (size_t)INT_MAX ? INT_MAX : (int)bytes;
-        MPI_TRY(MPI_Bcast(p, k, MPI_BYTE, root, MPI_COMM_WORLD));
+        cllm_status st = dist_watch_enter("broadcast", (size_t)k, "bytes");
+        if (st) return st;
+        int rc = MPI_Bcast(p, k, MPI_BYTE, root, MPI_COMM_WORLD);
+        dist_watch_leave();
+        if (rc != MPI_SUCCESS) return mpi_fail(rc, __func__, "MPI_Bcast");
         p += k;
         bytes -= (size_t)k;
     }
@@ -154,7 +182,11 @@ cllm_status cllm_dist_bcast(void *buf, size_t bytes, int root) {
 
 cllm_status cllm_dist_barrier(void) {
     if (!cllm_dist_active()) return CLLM_OK;
-    MPI_TRY(MPI_Barrier(MPI_COMM_WORLD));
+    cllm_status st = dist_watch_enter("barrier", 0, "bytes");
+    if (st) return st;
+    int rc = MPI_Barrier(MPI_COMM_WORLD);
+    dist_watch_leave();
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, __func__, "MPI_Barrier");
     return CLLM_OK;
 }
 

@@ -353,6 +353,7 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     const long step = tr->state.global_step + 1;
     const int T = c->seq_len, mb = (int)c->train_micro_batch_size_per_gpu;
     double t0 = cllm_time_sec();
+    cllm_dist_set_step(step); /* named by the collective timeout's message */
     long count = 0;
     cllm_status st = load_rows(tr, tr->state.next_sample, &count);
     if (st) return cllm_fail_context(st, "step %ld", step);

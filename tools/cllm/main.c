@@ -21,6 +21,7 @@ static const command commands[] = {
     {"eval", cmd_eval, "report loss and perplexity of a model (or checkpoint) on data"},
     {"generate", cmd_generate, "continue a prompt with a model (KV cache, sampling), streaming text"},
     {"plot", cmd_plot, "draw loss and learning-rate curves of a training run as SVG"},
+    {"launch", cmd_launch, "run a command on N ranks / several hosts through mpirun (hostfile, include/exclude)"},
     {"estimate", cmd_estimate, "estimate the per-rank memory of a training run; suggest a setup that fits"},
     {"convert", cmd_convert, "turn a training checkpoint (sharded or not) into an HF model folder"},
     {"grad", cmd_grad, "compute loss and parameter gradients for one batch (debugging, tests)"},
