@@ -48,7 +48,7 @@ typedef struct {
     const char *optimizer_name;          /* as written ("Adam", "AdamW", "Lion", "SGD") */
     bool adam_w_mode;                    /* DeepSpeed Adam: decoupled weight decay (default true) */
     cllm_sched_params sched;
-    bool fp16_enabled, bf16_enabled;     /* stored; training runs in fp32 */
+    bool fp16_enabled, bf16_enabled;     /* matmul precision (cllm_model_set_precision) */
     double fp16_loss_scale;              /* 0 = dynamic */
     int fp16_initial_scale_power, fp16_loss_scale_window, fp16_hysteresis;
     double fp16_min_loss_scale;

@@ -315,9 +315,6 @@ static cllm_status parse_precision(cllm_train_config *c, const json_t *j, const 
     }
     if (c->fp16_enabled && c->bf16_enabled)
         return CLLM_FAIL(CLLM_ERR_ARG, "%s: fp16.enabled and bf16.enabled cannot both be true", path);
-    if (c->fp16_enabled || c->bf16_enabled)
-        cllm_log(CLLM_LOG_WARN, "%s: %s.enabled is stored, but training runs in fp32 on CPU", path,
-                 c->fp16_enabled ? "fp16" : "bf16");
     return CLLM_OK;
 }
 

@@ -307,6 +307,7 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     if (finite && count > 0) {
         if ((st = train_zero_step(&tr->zero, tr->opt, cllm_model_params(tr->m), grads, lr)))
             return cllm_fail_context(st, "step %ld", step);
+        cllm_model_params_updated(tr->m); /* refreshes the bf16/fp16 weight copy */
         tr->state.sched_iter++;
         tr->state.consecutive_skips = 0;
     } else if (!finite) {
@@ -394,6 +395,10 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         goto done;
     }
     cllm_model_set_recompute(tr->m, c->use_grad_ckpt);
+    if ((st = cllm_model_set_precision(tr->m, c->bf16_enabled   ? CLLM_PREC_BF16
+                                              : c->fp16_enabled ? CLLM_PREC_FP16
+                                                                : CLLM_PREC_FP32)))
+        goto done;
     if ((st = cllm_model_prepare(tr->m, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true))) goto done;
     tr->act_bytes = cllm_model_activation_alloc(tr->m);
     size_t n = cllm_model_buffer_len(tr->m);
