@@ -52,6 +52,8 @@ typedef struct {
     double fp16_loss_scale;              /* 0 = dynamic */
     int fp16_initial_scale_power, fp16_loss_scale_window, fp16_hysteresis;
     double fp16_min_loss_scale;
+    cllm_dtype comm_dtype;               /* communication_data_type: gradient sums over ranks in
+                                            CLLM_F32 (default), CLLM_BF16 or CLLM_F16 */
     int zero_stage;                      /* stored for the data-parallel work */
     const char *zero_offload_optimizer, *zero_offload_param; /* device or NULL */
     long steps_per_print;
