@@ -84,12 +84,13 @@ static void print_table(const cllm_mem_estimate *e) {
     row("logits chunk", e->logits, e->total, "");
     row("checkpoint snapshot", e->snapshot, e->total, "");
     row("other buffers", e->other, e->total, "token, label and target arrays");
+    if (e->precision) row("low-precision copy", e->precision, e->total, "bf16/fp16 weights and matmul operand scratch");
     row("process overhead", e->overhead, e->total, "libraries, threads (--overhead)");
     row("total", e->total, e->total, "");
 }
 
 static json_t *to_json(const cllm_mem_estimate *e) {
-    return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsI}", "n_params", (json_int_t)e->n_params, "params", (json_int_t)e->params,
+    return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsIsI}", "precision", (json_int_t)e->precision, "n_params", (json_int_t)e->n_params, "params", (json_int_t)e->params,
                      "grads", (json_int_t)e->grads, "optim", (json_int_t)e->optim, "activations",
                      (json_int_t)e->activations, "logits", (json_int_t)e->logits, "snapshot", (json_int_t)e->snapshot,
                      "other", (json_int_t)e->other, "overhead", (json_int_t)e->overhead, "total",
@@ -115,7 +116,7 @@ int cmd_estimate(int argc, char **argv) {
         {"grad-ckpt", ARG_FLAG, &grad_ckpt, NULL, false, "activation checkpointing"},
         {"zero-stage", ARG_INT, &stage, "0", false, "ZeRO stage 0..3 (shards optimizer state / gradients / parameters)"},
         {"dp", ARG_INT, &dp, "1", false, "data-parallel ranks"},
-        {"precision", ARG_STR, &precision, "fp32", false, "fp32 (bf16 and fp16 are not supported yet)"},
+        {"precision", ARG_STR, &precision, "fp32", false, "matmul precision: fp32, bf16 or fp16 (bf16.enabled / fp16.enabled)"},
         {"async-save", ARG_FLAG, &async_save, NULL, false, "count the snapshot buffers of asynchronous checkpoints"},
         {"overhead", ARG_STR, &overhead_s, DEFAULT_OVERHEAD, false, "fixed process memory to add"},
         {"memory", ARG_STR, &memory_s, NULL, false, "budget per rank (e.g. 16GB): suggest the cheapest setup that fits"},
@@ -129,8 +130,8 @@ int cmd_estimate(int argc, char **argv) {
     cllm_mem_setup s = {.micro_batch = B, .grad_accum = accum, .seq_len = T, .grad_ckpt = grad_ckpt,
                         .sgd_momentum = momentum, .zero_stage = stage, .dp = dp, .async_save = async_save};
     size_t budget = 0;
-    if (strcmp(precision, "fp32") != 0) {
-        fprintf(stderr, "cllm estimate: --precision %s: not supported yet (fp32 only)\n", precision);
+    if (!cllm_precision_from_name(precision, &s.precision)) {
+        fprintf(stderr, "cllm estimate: --precision must be fp32, bf16 or fp16, got '%s'\n", precision);
         rc = 2;
         goto done;
     }
@@ -173,8 +174,8 @@ int cmd_estimate(int argc, char **argv) {
         json_decref(j);
         goto done;
     }
-    printf("%s, %zu parameters (%d layers, hidden %d, vocab %d), fp32\n", cllm_arch_name(cfg.arch), e.n_params,
-           cfg.n_layer, cfg.n_embd, cfg.vocab_size);
+    printf("%s, %zu parameters (%d layers, hidden %d, vocab %d), %s matmuls, fp32 master weights\n",
+           cllm_arch_name(cfg.arch), e.n_params, cfg.n_layer, cfg.n_embd, cfg.vocab_size, cllm_precision_name(s.precision));
     print_setup(&s);
     print_table(&e);
     if (memory_s) {
