@@ -409,7 +409,7 @@ def main():
     print("FLOPs per step = 6*P_mm*B*T + 6*L*B*T^2*A (see the script's docstring).")
     print("of matmul peak: achieved GFLOP/s over the fp32 GEMM peak cllm measures at start-up (same threads, same run);")
     print("for the bf16 rows, over torch's bf16 GEMM on the model's MLP shapes (measured after the runs).")
-    print("torch BLAS: %s" % ", ".join(rows[0][6]) if rows else "")
+    print("torch BLAS: %s" % ", ".join(rows[0][5]) if rows else "")
     return 0
 
 
