@@ -155,6 +155,9 @@ cllm_status cllm_train_plot(const char *metrics_path, const char *svg_path);
 /* Measures fp32 GEMM throughput with cllm_matmul for about `seconds`;
  * returns GFLOP/s (0 on failure). */
 double cllm_train_measure_peak_gflops(double seconds);
+/* The same for the bf16 GEMM (cllm_matmul_bf16, 1024^3: AMX needs larger
+ * shapes than fp32 to approach its peak); the MFU base of bf16 runs. */
+double cllm_train_measure_peak_gflops_bf16(double seconds);
 
 #ifdef __cplusplus
 }

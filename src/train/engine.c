@@ -438,7 +438,8 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     const char *env = getenv("CLLM_PEAK_GFLOPS");
     double envv;
     if (!(tr->peak_gflops > 0) && env && cllm_parse_f64(env, &envv) && envv > 0) tr->peak_gflops = envv;
-    if (!(tr->peak_gflops > 0)) tr->peak_gflops = cllm_train_measure_peak_gflops(0.2);
+    if (!(tr->peak_gflops > 0))
+        tr->peak_gflops = c->bf16_enabled ? cllm_train_measure_peak_gflops_bf16(0.2) : cllm_train_measure_peak_gflops(0.2);
     tr->progress = c->log == CLLM_LOG_MODE_PROGRESS || (c->log == CLLM_LOG_MODE_AUTO && isatty(2));
     tr->last_save_step = tr->last_eval_step = -1;
     long first = tr->state.global_step;
