@@ -26,7 +26,10 @@ Each config is PRESET:BATCH:SEQ_LEN. For each one the driver
      With --precision bf16 each repetition runs four processes in turn:
      torch fp32, torch under torch.autocast("cpu", dtype=torch.bfloat16)
      (forward and backward; fp32 weights and AdamW), cllm fp32, and cllm
-     with a config file {"bf16": {"enabled": true}}.
+     with a config file {"bf16": {"enabled": true}}. cllm inherits
+     OMP_WAIT_POLICY from the environment (torch always gets PASSIVE): on a
+     loaded machine run the driver under OMP_WAIT_POLICY=PASSIVE so both
+     wait alike, or cllm's spinning barriers dominate its step time.
      The first step of every run is warm-up and is discarded; the figure
      reported is the median over the remaining steps of all runs.
   4. prints a markdown table: median step time, tokens/s, cllm/torch
