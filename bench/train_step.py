@@ -6,6 +6,7 @@ folder and the same token data.
   /usr/bin/python3 bench/train_step.py --cllm build/cllm [--threads 2]
       [--configs gpt2-124M:4:64,gpt2-124M:4:256,llama-100M:4:256]
       [--steps N] [--reps R] [--torch-only] [--openblas-coretype auto|NAME]
+      [--precision fp32|bf16]
 
 Each config is PRESET:BATCH:SEQ_LEN. For each one the driver
   1. creates the model folder with
@@ -22,6 +23,13 @@ Each config is PRESET:BATCH:SEQ_LEN. For each one the driver
          --lr 1e-4 --steps N --batch-size B --seq-len T --no-shuffle with
          OMP_NUM_THREADS=T; per-step times come from TMP/metrics.jsonl
          ("step_time", seconds).
+     With --precision bf16 each repetition runs four processes in turn:
+     torch fp32, torch under torch.autocast("cpu", dtype=torch.bfloat16)
+     (forward and backward; fp32 weights and AdamW), cllm fp32, and cllm
+     with a config file {"bf16": {"enabled": true}}. cllm inherits
+     OMP_WAIT_POLICY from the environment (torch always gets PASSIVE): on a
+     loaded machine run the driver under OMP_WAIT_POLICY=PASSIVE so both
+     wait alike, or cllm's spinning barriers dominate its step time.
      The first step of every run is warm-up and is discarded; the figure
      reported is the median over the remaining steps of all runs.
   4. prints a markdown table: median step time, tokens/s, cllm/torch
@@ -44,6 +52,12 @@ times an sgemm under HASWELL and SKYLAKEX and keeps the faster one when
 OpenBLAS is loaded, and otherwise sets SKYLAKEX (the AVX-512 kernels, the
 expected best on AVX-512 CPUs) and reports that the setting is inert. The
 header of the report names the BLAS library torch actually loaded.
+
+bf16 peak: a cllm bf16 run measures its bf16 GEMM rate (1024^3) at
+start-up, and the bf16 rows report their model FLOP rate as a fraction of
+it (MFU). The driver also times torch's bf16 matmul (oneDNN) on the MLP
+shapes of the model, [B*T, C] x [C, 4C] and [B*T, 4C] x [4C, C], printed on
+stderr and used only if cllm reported no peak.
 """
 
 import argparse
@@ -83,6 +97,7 @@ def loaded_blas():
 
 
 def worker_torch(args):
+    import contextlib
     import torch
     import hf_models as hm
     torch.set_num_threads(args.threads)
@@ -93,9 +108,12 @@ def worker_torch(args):
     def hook(step, loss, dt):
         times.append(dt)
         losses.append(loss)
-    hm.reference_train(cfg, params, samples, "adamw", 1e-4, args.steps, args.batch_size,
-                       args.seq_len, weight_decay=0.0, grad_clip=0.0, dtype=torch.float32,
-                       step_hook=hook)
+    ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if args.autocast == "bf16"
+           else contextlib.nullcontext())
+    with ctx:
+        hm.reference_train(cfg, params, samples, "adamw", 1e-4, args.steps, args.batch_size,
+                           args.seq_len, weight_decay=0.0, grad_clip=0.0, dtype=torch.float32,
+                           step_hook=hook)
     ru = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({"step_times": times, "losses": losses, "maxrss_kb": ru.ru_maxrss,
                       "threads": torch.get_num_threads(), "blas": loaded_blas()}))
@@ -115,6 +133,27 @@ def worker_sgemm(args):
         n += 1
     dt = (time.perf_counter() - t) / n
     print(json.dumps({"gflops": 2 * 512 * 768 * 3072 / dt / 1e9, "blas": loaded_blas()}))
+    return 0
+
+
+def worker_bf16gemm(args):
+    """GFLOP/s of torch's bf16 matmul on the two MLP shapes of a model
+    (M = B*T rows, C = args.batch_size holds the width): the best of both."""
+    import torch
+    torch.set_num_threads(args.threads)
+    M, C = args.seq_len, args.batch_size
+    best = 0.0
+    for K, N in ((C, 4 * C), (4 * C, C)):
+        a = torch.randn(M, K).bfloat16()
+        b = torch.randn(K, N).bfloat16()
+        for _ in range(3):
+            a @ b
+        n, t = 0, time.perf_counter()
+        while time.perf_counter() - t < 1.0:
+            a @ b
+            n += 1
+        best = max(best, 2 * M * K * N / ((time.perf_counter() - t) / n) / 1e9)
+    print(json.dumps({"gflops": best}))
     return 0
 
 
@@ -191,9 +230,10 @@ def make_data(path, vocab, n, T, seed):
             f.write(json.dumps({"input_ids": [rng.randrange(vocab) for _ in range(T)]}) + "\n")
 
 
-def run_torch(args, d, data, B, T, coretype):
+def run_torch(args, d, data, B, T, coretype, autocast="none"):
     cmd = [PY, __file__, "--worker", "torch", "--model", d, "--data", data, "--steps", str(args.steps),
-           "--batch-size", str(B), "--seq-len", str(T), "--threads", str(args.threads)]
+           "--batch-size", str(B), "--seq-len", str(T), "--threads", str(args.threads),
+           "--autocast", autocast]
     rc, out, err, rss = run_child(cmd, torch_env(args.threads, coretype))
     if rc != 0:
         sys.exit("torch worker failed (%d): %s" % (rc, err.strip()[-2000:]))
@@ -202,7 +242,7 @@ def run_torch(args, d, data, B, T, coretype):
     return r
 
 
-def run_cllm(args, d, data, B, T, workdir):
+def run_cllm(args, d, data, B, T, workdir, precision="fp32"):
     out = os.path.join(workdir, "cllm-out")
     shutil.rmtree(out, ignore_errors=True)
     env = dict(os.environ)
@@ -210,6 +250,11 @@ def run_cllm(args, d, data, B, T, workdir):
     cmd = [args.cllm, "train", "--model", d, "--data", data, "--out", out, "--optimizer", "adamw",
            "--lr", "1e-4", "--steps", str(args.steps), "--batch-size", str(B), "--seq-len", str(T),
            "--no-shuffle"]
+    if precision == "bf16":
+        conf = os.path.join(workdir, "bf16.json")
+        with open(conf, "w") as f:
+            json.dump({"bf16": {"enabled": True}}, f)
+        cmd += ["--config", conf]
     rc, _, err, rss = run_child(cmd, env)
     if rc != 0:
         sys.exit("%s failed (%d): %s" % (" ".join(cmd), rc, err.strip()[-2000:]))
@@ -234,6 +279,10 @@ def summarize(runs):
             "loss": (runs[0]["losses"][0], runs[0]["losses"][-1])}
 
 
+def cfg_width(cfg):
+    return cfg.get("n_embd") or cfg.get("hidden_size")
+
+
 def cpu_model():
     try:
         with open("/proc/cpuinfo") as f:
@@ -255,8 +304,11 @@ def main():
     ap.add_argument("--torch-only", action="store_true")
     ap.add_argument("--openblas-coretype", default="auto")
     ap.add_argument("--workdir", help="keep models and data here (default: a temporary dir)")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: also time torch bf16 autocast and cllm with bf16.enabled")
     # Internal: the measured processes.
-    ap.add_argument("--worker", choices=["torch", "sgemm"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["torch", "sgemm", "bf16gemm"], help=argparse.SUPPRESS)
+    ap.add_argument("--autocast", choices=["none", "bf16"], default="none", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--batch-size", type=int, help=argparse.SUPPRESS)
@@ -266,6 +318,8 @@ def main():
         return worker_torch(args)
     if args.worker == "sgemm":
         return worker_sgemm(args)
+    if args.worker == "bf16gemm":
+        return worker_bf16gemm(args)
     if args.steps < 2:
         ap.error("--steps must be at least 2 (the first step is discarded)")
 
@@ -290,7 +344,8 @@ def main():
     print("- torch env: OMP_WAIT_POLICY=PASSIVE, OMP_NUM_THREADS=%d, OPENBLAS_CORETYPE=%s (%s)"
           % (args.threads, coretype, why))
     print("- cllm env: OMP_NUM_THREADS=%d" % args.threads)
-    print("- steps per run: %d (first discarded), runs per impl: %d, interleaved" % (args.steps, args.reps))
+    print("- steps per run: %d (first discarded), runs per impl: %d, interleaved; precision: %s"
+          % (args.steps, args.reps, args.precision))
     sys.stdout.flush()
 
     rows = []
@@ -303,22 +358,35 @@ def main():
             hm.validate_config(cfg)
             data = os.path.join(workdir, "%s-%d-%d.jsonl" % (preset, B, T))
             make_data(data, cfg["vocab_size"], B * args.steps, T, seed=1)
-            torch_runs, cllm_runs = [], []
+            impls = [("torch", "none"), ("cllm", "fp32")]
+            if args.precision == "bf16":
+                impls = [("torch", "none"), ("torch-bf16", "bf16"), ("cllm", "fp32"), ("cllm-bf16", "bf16")]
+            if args.torch_only:
+                impls = [x for x in impls if x[0].startswith("torch")]
+            runs = {name: [] for name, _ in impls}
             for rep in range(args.reps):
-                t0 = time.time()
-                torch_runs.append(run_torch(args, d, data, B, T, coretype))
-                print("  %s B=%d T=%d rep %d torch: steps %s (%.0fs)"
-                      % (preset, B, T, rep + 1, ["%.2f" % x for x in torch_runs[-1]["step_times"]],
-                         time.time() - t0), file=sys.stderr)
-                if not args.torch_only:
+                for name, mode in impls:
                     t0 = time.time()
-                    cllm_runs.append(run_cllm(args, d, data, B, T, workdir))
-                    print("  %s B=%d T=%d rep %d cllm:  steps %s (%.0fs)"
-                          % (preset, B, T, rep + 1, ["%.3f" % x for x in cllm_runs[-1]["step_times"]],
+                    if name.startswith("torch"):
+                        runs[name].append(run_torch(args, d, data, B, T, coretype, mode))
+                    else:
+                        runs[name].append(run_cllm(args, d, data, B, T, workdir, mode))
+                    print("  %s B=%d T=%d rep %d %s: steps %s (%.0fs)"
+                          % (preset, B, T, rep + 1, name, ["%.3f" % x for x in runs[name][-1]["step_times"]],
                              time.time() - t0), file=sys.stderr)
+            bf16_peak = None
+            if args.precision == "bf16":
+                rc, out, err, _ = run_child([PY, __file__, "--worker", "bf16gemm", "--threads", str(args.threads),
+                                             "--seq-len", str(B * T), "--batch-size", str(cfg_width(cfg))],
+                                            torch_env(args.threads, coretype))
+                if rc != 0:
+                    sys.exit("bf16 GEMM probe failed: %s" % err.strip()[-2000:])
+                bf16_peak = json.loads(out.strip().splitlines()[-1])["gflops"]
             flops = hm.train_step_flops(cfg, B, T)
-            rows.append((preset, B, T, flops, summarize(torch_runs),
-                         summarize(cllm_runs) if cllm_runs else None, torch_runs[0]["blas"]))
+            if bf16_peak:
+                print("  torch bf16 GEMM probe: %.0f GFLOP/s" % bf16_peak, file=sys.stderr)
+            rows.append((preset, B, T, flops, {k: summarize(v) for k, v in runs.items()},
+                         runs["torch"][0]["blas"], bf16_peak))
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -326,23 +394,32 @@ def main():
     print()
     print("| config | impl | median step (s) | min..max (s) | tokens/s | cllm/torch | GFLOP/step | GFLOP/s | of matmul peak | peak RSS (MiB) | loss first..last |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    for preset, B, T, flops, ts, cs, blas in rows:
+    for preset, B, T, flops, res, blas, bf16_peak in rows:
         name = "%s B=%d T=%d" % (preset, B, T)
-        for impl, s in (("torch", ts), ("cllm", cs)):
-            if s is None:
-                continue
+        ts = res["torch"]
+        fp32_peak = res["cllm"]["peak"] if "cllm" in res else None
+        # bf16 runs of cllm measure their own bf16 GEMM peak at start-up;
+        # torch's bf16 GEMM probe is the fallback (and is printed below)
+        if res.get("cllm-bf16", {}).get("peak"):
+            bf16_peak = res["cllm-bf16"]["peak"]
+        for impl, s in res.items():
             tps = B * T / s["median"]
-            ratio = "%.2fx" % (ts["median"] / s["median"]) if impl == "cllm" else ""
-            peak = cs["peak"] if cs else None
+            ratio = "%.2fx" % (ts["median"] / s["median"]) if impl.startswith("cllm") else ""
+            peak = bf16_peak if impl.endswith("bf16") else fp32_peak
             frac = "%.0f%% of %.0f" % (100 * flops / s["median"] / 1e9 / peak, peak) if peak else ""
             print("| %s | %s | %.3f | %.3f..%.3f | %.0f | %s | %.1f | %.1f | %s | %.0f | %.4f..%.4f |"
                   % (name, impl, s["median"], s["min"], s["max"], tps, ratio, flops / 1e9,
                      flops / s["median"] / 1e9, frac, s["rss_mib"], s["loss"][0], s["loss"][1]))
+        if "cllm-bf16" in res and "torch-bf16" in res:
+            b = res["cllm-bf16"]["median"]
+            print("| %s | cllm-bf16 speed-up | | | | %.2fx vs cllm fp32, %.2fx vs torch fp32, %.2fx vs torch bf16 autocast | | | | | |"
+                  % (name, res["cllm"]["median"] / b, ts["median"] / b, res["torch-bf16"]["median"] / b))
     print()
     print("cllm/torch = torch median step time / cllm median step time (throughput ratio, >1 means cllm is faster).")
     print("FLOPs per step = 6*P_mm*B*T + 6*L*B*T^2*A (see the script's docstring).")
-    print("of matmul peak: achieved GFLOP/s over the fp32 GEMM peak cllm measures at start-up (same threads, same run).")
-    print("torch BLAS: %s" % ", ".join(rows[0][6]) if rows else "")
+    print("of matmul peak: achieved GFLOP/s over the fp32 GEMM peak cllm measures at start-up (same threads, same run);")
+    print("for the bf16 rows, over the bf16 GEMM peak cllm measures at start-up of its bf16 runs (1024^3, AMX).")
+    print("torch BLAS: %s" % ", ".join(rows[0][5]) if rows else "")
     return 0
 
 

@@ -7,7 +7,7 @@
 # ASAN_OPTIONS=detect_leaks=0 these tests pass under ASan+UBSan.
 find_program(CLLM_MPIRUN mpirun)
 if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
-  foreach(case llama bloom zero3 errors)
+  foreach(case llama bloom zero3 errors commtype)
     cllm_add_py_test(dist_${case} dist_test.py LABELS mpi nosan ARGS --case ${case})
     set_tests_properties(dist_${case} PROPERTIES TIMEOUT 120)
   endforeach()

@@ -190,7 +190,11 @@ class Env:
         cfg = self.path(out + ".json")
         with open(cfg, "w") as f:
             json.dump(c, f)
-        env = {"CLLM_TRAIN_POISON_STEPS": ",".join(map(str, poison))} if poison else None
+        # loss scaling on its own: fp16.enabled also switches the matmuls to
+        # (emulated) fp16, which CLLM_TRAIN_PRECISION keeps at fp32 here
+        env = {"CLLM_TRAIN_PRECISION": "fp32"}
+        if poison:
+            env["CLLM_TRAIN_POISON_STEPS"] = ",".join(map(str, poison))
         return self.run("train", "--config", cfg, *extra, env=env)
 
     def weights(self, out):

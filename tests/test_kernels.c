@@ -134,6 +134,76 @@ static void test_matmul_naive(void) {
                                   (t + b) % 3 == 2 ? 0.5f : 1.0f, (float)b);
 }
 
+/* bf16 GEMM: the naive double GEMM of the bf16-rounded operands is the
+ * reference (products of bf16 values are exact; only fp32 accumulation
+ * order differs), so the tolerance is fp32's, not bf16's. */
+static void check_matmul_bf16_case(cllm_rng *r, int M, int N, int K, bool ta, bool tb, float beta) {
+    size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
+    float *A = xmalloc(na * sizeof *A), *B = xmalloc(nb * sizeof *B);
+    float *C = xmalloc(nc * sizeof *C), *want = xmalloc(nc * sizeof *want);
+    uint16_t *A16 = xmalloc(na * sizeof *A16), *B16 = xmalloc(nb * sizeof *B16);
+    rand_fill(r, A, na);
+    rand_fill(r, B, nb);
+    rand_fill(r, C, nc);
+    cllm_to_bf16(A16, A, (long)na);
+    cllm_to_bf16(B16, B, (long)nb);
+    for (size_t i = 0; i < na; i++) A[i] = cllm_bf16_to_f32(A16[i]);
+    for (size_t i = 0; i < nb; i++) B[i] = cllm_bf16_to_f32(B16[i]);
+    naive_gemm(want, C, A, B, M, N, K, ta, tb, 1.0f, beta);
+    cllm_status st = cllm_matmul_bf16(C, A16, B16, M, N, K, ta, tb, 1.0f, beta);
+    char cs[96];
+    snprintf(cs, sizeof cs, "bf16 matmul M=%d N=%d K=%d ta=%d tb=%d beta=%g", M, N, K, ta, tb, (double)beta);
+    CHECK(st == CLLM_OK, "%s: %s", cs, cllm_last_error());
+    if (st == CLLM_OK) expect_close(cs, "C", C, want, nc, 1e-4, 1e-5);
+    free(A);
+    free(B);
+    free(C);
+    free(want);
+    free(A16);
+    free(B16);
+}
+
+static void test_matmul_bf16(void) {
+    cllm_rng r;
+    cllm_rng_seed(&r, 7);
+    const int shapes[][3] = {{1, 1, 1}, {7, 37, 101}, {64, 33, 128}, {130, 70, 9}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int t = 0; t < 4; t++)
+            for (int b = 0; b < 2; b++)
+                check_matmul_bf16_case(&r, shapes[s][0], shapes[s][1], shapes[s][2], t & 1, t >> 1, (float)b);
+}
+
+/* The array conversions agree bit for bit with the scalar converters of
+ * core (tested against exact values in test_core), on random values of
+ * every magnitude and on the special cases. */
+static void test_precision_conversions(void) {
+    enum { N = 4096 };
+    static float x[N], y[N];
+    static uint16_t h[N];
+    cllm_rng r;
+    cllm_rng_seed(&r, 11);
+    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 65504.0f, 65520.0f, -65519.0f, 1e-8f,
+                             5.96e-8f, 2.98e-8f, 6.1e-5f, 3.4e38f, 1.00390625f, 1.01171875f};
+    size_t ns = sizeof special / sizeof special[0];
+    for (size_t i = 0; i < N; i++) {
+        uint32_t bits = (uint32_t)cllm_rng_u64(&r);
+        memcpy(&x[i], &bits, sizeof bits);
+        if (i < ns) x[i] = special[i];
+    }
+    cllm_to_bf16(h, x, N);
+    cllm_round_f16(y, x, N);
+    int bad16 = 0, badh = 0;
+    for (size_t i = 0; i < N; i++) {
+        bad16 += h[i] != cllm_f32_to_bf16(x[i]);
+        float want = cllm_f16_to_f32(cllm_f32_to_f16(x[i]));
+        badh += !(want == y[i] || (isnan(want) && isnan(y[i])));
+    }
+    CHECK(bad16 == 0, "cllm_to_bf16: %d of %d values differ from cllm_f32_to_bf16", bad16, N);
+    CHECK(badh == 0, "cllm_round_f16: %d of %d values differ from the scalar round trip", badh, N);
+    CHECK(y[5] == 65504.0f && isinf(y[6]) && y[7] == -65504.0f, "fp16 range edge: %g %g %g", (double)y[5],
+          (double)y[6], (double)y[7]);
+}
+
 static void test_matmul_args(void) {
     float a = 1, b = 2, c = 3;
     CHECK(cllm_matmul(&c, &a, &b, 1, 1, 1, false, false, 1.0f, 0.5f) == CLLM_ERR_ARG,
@@ -547,6 +617,8 @@ int main(int argc, char **argv) {
         run_manifest(argv[1]);
     } else {
         test_matmul_naive();
+        test_matmul_bf16();
+        test_precision_conversions();
         test_matmul_args();
         test_matmul_cache();
         test_matmul_cache_key();

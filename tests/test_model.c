@@ -195,6 +195,53 @@ static void test_presets(void) {
     }
 }
 
+static double loss_of(cllm_model *m, const int32_t *tok, const int32_t *tgt) {
+    double sum = -1;
+    long k = 0;
+    if (cllm_model_forward_backward(m, tok, tgt, 2, 8, false, 0.0f, &sum, &k)) return -1;
+    return sum / (double)k;
+}
+
+/* The bf16 weight copy follows the fp32 parameters: after a write and
+ * cllm_model_params_updated, a model gives exactly the loss of a model
+ * built with those parameters and switched to bf16 afterwards; switching
+ * back to fp32 gives the fp32 loss; resize keeps the precision. */
+static void test_precision_refresh(cllm_arch arch) {
+    cllm_model *a = make(arch, NULL), *b = make(arch, NULL);
+    CHECK(a && b, "make %s", cllm_arch_name(arch));
+    if (!a || !b) goto done;
+    int32_t tok[16], tgt[16];
+    for (int i = 0; i < 16; i++) tok[i] = (i * 7 + 3) % cllm_model_get_config(a)->vocab_size;
+    cllm_model_make_targets(tgt, tok, 2, 8);
+    CHECK(cllm_model_set_precision(a, CLLM_PREC_BF16) == CLLM_OK, "%s", cllm_last_error());
+    CHECK(cllm_model_set_precision(a, (cllm_precision)7) == CLLM_ERR_ARG, "bad precision accepted");
+    CHECK(cllm_model_precision(a) == CLLM_PREC_BF16, "precision lost by a refused change");
+    CHECK(cllm_model_prepare(a, 2, 8, false) == CLLM_OK && cllm_model_prepare(b, 2, 8, false) == CLLM_OK, "prepare");
+    float *pa = cllm_model_params(a), *pb = cllm_model_params(b);
+    double l32 = loss_of(b, tok, tgt), l16 = loss_of(a, tok, tgt);
+    CHECK(l16 > 0 && l16 != l32 && fabs(l16 - l32) < 1e-2 * l32, "%s: bf16 %g vs fp32 %g", cllm_arch_name(arch), l16, l32);
+    size_t n = cllm_model_buffer_len(a);
+    for (size_t i = 0; i < n; i++) pa[i] *= 1.5f, pb[i] *= 1.5f;
+    cllm_model_params_updated(a);
+    double la = loss_of(a, tok, tgt);
+    CHECK(cllm_model_set_precision(b, CLLM_PREC_BF16) == CLLM_OK, "%s", cllm_last_error());
+    double lb = loss_of(b, tok, tgt);
+    CHECK(la == lb && la != l16, "%s: refreshed %.9g vs fresh %.9g (before the change %.9g)", cllm_arch_name(arch), la,
+          lb, l16);
+    CHECK(cllm_model_set_precision(b, CLLM_PREC_FP32) == CLLM_OK, "%s", cllm_last_error());
+    double lb32 = loss_of(b, tok, tgt);
+    CHECK(cllm_model_set_precision(a, CLLM_PREC_FP16) == CLLM_OK && cllm_model_set_precision(a, CLLM_PREC_FP32) == CLLM_OK,
+          "switch");
+    CHECK(loss_of(a, tok, tgt) == lb32, "%s: back to fp32", cllm_arch_name(arch));
+    CHECK(cllm_model_set_precision(a, CLLM_PREC_BF16) == CLLM_OK, "%s", cllm_last_error());
+    CHECK(cllm_model_resize_vocab(&a, cllm_model_get_config(a)->vocab_size + 3, 0.0f, 1) == CLLM_OK, "%s",
+          cllm_last_error());
+    CHECK(cllm_model_precision(a) == CLLM_PREC_BF16, "resize dropped the precision");
+done:
+    cllm_model_free(a);
+    cllm_model_free(b);
+}
+
 int main(void) {
     snprintf(tmp, sizeof tmp, "/tmp/cllm-test-model-XXXXXX");
     if (!mkdtemp(tmp)) return 1;
@@ -203,6 +250,7 @@ int main(void) {
     test_half_and_names(CLLM_F16);
     test_config_errors();
     test_presets();
+    for (int a = 0; a < CLLM_ARCH_COUNT; a++) test_precision_refresh((cllm_arch)a);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);

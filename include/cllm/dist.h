@@ -60,6 +60,19 @@ cllm_status cllm_dist_allreduce_max_i64(int64_t *buf, size_t n);
  * Each count must fit in an int. */
 cllm_status cllm_dist_reduce_scatter_sum_f32(const float *send, float *recv, const size_t *counts);
 
+/* The same two sums with 16-bit values on the wire (DeepSpeed's
+ * communication_data_type): each rank rounds its fp32 input to `wire`
+ * (CLLM_BF16 or CLLM_F16, round to nearest even, fp16 overflow -> inf),
+ * every partial sum of the reduction is rounded to `wire` again (a
+ * user-defined MPI_Op on 16-bit words: widen, add in fp32, round), and the
+ * result is widened back to fp32 into buf / recv. CLLM_F32 is the plain
+ * fp32 call; other dtypes are CLLM_ERR_ARG. With one rank nothing is sent
+ * and nothing is rounded. A temporary 16-bit copy of the buffer is
+ * allocated per call. */
+cllm_status cllm_dist_allreduce_sum_f32_as(float *buf, size_t n, cllm_dtype wire);
+cllm_status cllm_dist_reduce_scatter_sum_f32_as(const float *send, float *recv, const size_t *counts,
+                                                cllm_dtype wire);
+
 /* In place: buf[sum(counts)] holds this rank's part at its offset; on
  * return every part holds its owner's values. */
 cllm_status cllm_dist_allgather_f32(float *buf, const size_t *counts);

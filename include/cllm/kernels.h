@@ -38,6 +38,12 @@ cllm_status cllm_matmul(float *C, const float *A, const float *B, int M, int N, 
                         bool trans_b, float alpha, float beta);
 void cllm_matmul_cleanup(void);
 
+/* The same GEMM with bf16 operands (raw bfloat16 bit patterns, see
+ * cllm_f32_to_bf16), fp32 accumulation and fp32 C; beta=1 accumulates into
+ * the fp32 C. Same argument rules and cache as cllm_matmul. */
+cllm_status cllm_matmul_bf16(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
+                             bool trans_a, bool trans_b, float alpha, float beta);
+
 /* Linear layer. The weight is kept in the layout its HF file stores:
  *   w_in_out=false: W[OUT,IN] (torch nn.Linear), out = inp @ W^T + b
  *   w_in_out=true:  W[IN,OUT] (GPT-2 Conv1D),    out = inp @ W + b
@@ -150,6 +156,14 @@ void cllm_swiglu_backward(float *dgate, float *dup, const float *dout, const flo
 
 /* out[N] = a + b (out may alias a or b). */
 void cllm_add(float *out, const float *a, const float *b, long N);
+
+/* ------------------------------------------------- precision conversion
+ * dst[N] = bf16(src), round to nearest even (NaN stays NaN, as
+ * cllm_f32_to_bf16). dst[N] = the fp16 value nearest src, kept as fp32
+ * (round to nearest even, beyond the fp16 range -> +-inf, as
+ * cllm_f32_to_f16; dst may alias src). */
+void cllm_to_bf16(uint16_t *dst, const float *src, long N);
+void cllm_round_f16(float *dst, const float *src, long N);
 
 /* -------------------------------------------------------- cross-entropy
  * Fused softmax + cross-entropy over logits[N,V], working in place so no

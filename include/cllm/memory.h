@@ -2,7 +2,8 @@
  * cllm memory: per-rank memory estimate of a training run, and the cheapest
  * setup that fits a budget (behind `cllm estimate`; docs/memory.md).
  *
- * Everything is fp32. The activation terms come from the carving code of
+ * Buffers are fp32 except the low-precision parameter copy and operand
+ * scratch of a bf16/fp16 run (cllm_model_precision_bytes). The activation terms come from the carving code of
  * cllm_model_prepare (cllm_model_activation_bytes), the parameter count from
  * the model's tensor layout, so an estimate follows the code that allocates.
  * ZeRO sharding follows DeepSpeed's stages with N = dp ranks: stage 1
@@ -40,6 +41,7 @@ typedef struct {
     bool async_save;       /* checkpoints snapshot params + optimizer state */
     bool offload_optimizer;/* optimizer state in a file (offload_optimizer nvme): not in RAM */
     long offload_buffer_count, offload_buffer_size; /* its stream: slots x floats per state */
+    cllm_precision precision; /* matmul precision (bf16/fp16 add a parameter copy and scratch) */
     size_t overhead;       /* fixed process memory (code, libraries, threads) */
 } cllm_mem_setup;
 
@@ -57,6 +59,7 @@ typedef struct {
     size_t activations; /* activation buffer without the logits chunk */
     size_t logits;      /* logits chunk of the fused head + cross-entropy */
     size_t snapshot;    /* checkpoint snapshot buffers (async_save) */
+    size_t precision;   /* bf16/fp16 parameter copy (whole, any stage) and operand scratch */
     size_t other;       /* token, label and target arrays of a step */
     size_t overhead;    /* setup.overhead */
     size_t total;

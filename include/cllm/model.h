@@ -297,6 +297,46 @@ cllm_status cllm_model_config_unit_params(const cllm_model_config *c, size_t *un
  * cllm_model_n_groups), without allocating its parameters. */
 cllm_status cllm_model_config_groups(const cllm_model_config *c, size_t *first, size_t *last, size_t *max_block);
 
+/* ---- mixed precision ---- */
+
+/* Arithmetic of the matmuls (every linear layer and the head):
+ * - CLLM_PREC_FP32: fp32 operands (the default).
+ * - CLLM_PREC_BF16: bf16 operands, fp32 accumulation and fp32 outputs
+ *   (oneDNN, AMX/AVX512-BF16 where the CPU has them). Weights come from a
+ *   bf16 copy of the parameters; the input activations of each matmul and,
+ *   in the backward pass, the output gradients are rounded to bf16 as they
+ *   enter it. Everything else stays fp32: the parameters themselves (the
+ *   master weights the optimizer updates), gradients, embeddings, norms and
+ *   their statistics, softmax/attention, GELU/SwiGLU, residual adds,
+ *   cross-entropy and the loss.
+ * - CLLM_PREC_FP16: the same data flow with IEEE half precision, emulated
+ *   in fp32 (this CPU's oneDNN has no fp16 GEMM): operands are rounded to
+ *   fp16 values, multiplied in fp32 (the products of two fp16 values are
+ *   exact in fp32) and accumulated in fp32, and every matmul output (the
+ *   linear outputs, the logits and the activation gradients) is rounded to
+ *   fp16, so values beyond +-65504 become +-inf as on fp16 hardware: what a
+ *   dynamic loss scaler has to see. It costs a little more than fp32.
+ * The low-precision copy of the parameters is refreshed lazily, before the
+ * next forward pass, after anything that may have changed the parameters:
+ * cllm_model_set_precision, cllm_model_params_updated, and any call of
+ * cllm_model_params (its pointer is writable, so a caller may change them).
+ * Load, init and resize give a fresh model (resize keeps the precision).
+ * Costs 2 bytes (bf16) or 4 bytes (fp16) per parameter, plus two operand
+ * scratch buffers sized at cllm_model_prepare (cllm_model_precision_bytes).
+ * Fails only when out of memory (the model is then unchanged). */
+typedef enum { CLLM_PREC_FP32 = 0, CLLM_PREC_BF16, CLLM_PREC_FP16, CLLM_PREC_COUNT } cllm_precision;
+cllm_status cllm_model_set_precision(cllm_model *m, cllm_precision p);
+cllm_precision cllm_model_precision(const cllm_model *m);
+/* Marks the parameters as changed (call after an optimizer step or any
+ * write through cllm_model_params' pointer made after the last call). */
+void cllm_model_params_updated(cllm_model *m);
+/* "fp32", "bf16", "fp16"; NULL / false for anything else. */
+const char *cllm_precision_name(cllm_precision p);
+bool cllm_precision_from_name(const char *name, cllm_precision *out);
+/* Bytes the precision adds to a model of config c prepared for B x T
+ * tokens (the parameter copy and the operand scratch); 0 for fp32. */
+size_t cllm_model_precision_bytes(const cllm_model_config *c, size_t buffer_len, int B, int T, cllm_precision p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -53,6 +53,8 @@ typedef struct {
     int fp16_initial_scale_power, fp16_loss_scale_window, fp16_hysteresis;
     double fp16_min_loss_scale;
     bool fp16_consecutive_hysteresis;    /* refill the hysteresis on every clean step */
+    cllm_dtype comm_dtype;               /* communication_data_type: gradient sums over ranks in
+                                            CLLM_F32 (default), CLLM_BF16 or CLLM_F16 */
     int zero_stage;                      /* stored for the data-parallel work */
     const char *zero_offload_optimizer, *zero_offload_param; /* device or NULL */
     long steps_per_print;
@@ -154,6 +156,9 @@ cllm_status cllm_train_plot(const char *metrics_path, const char *svg_path);
 /* Measures fp32 GEMM throughput with cllm_matmul for about `seconds`;
  * returns GFLOP/s (0 on failure). */
 double cllm_train_measure_peak_gflops(double seconds);
+/* The same for the bf16 GEMM (cllm_matmul_bf16, 1024^3: AMX needs larger
+ * shapes than fp32 to approach its peak); the MFU base of bf16 runs. */
+double cllm_train_measure_peak_gflops_bf16(double seconds);
 
 #ifdef __cplusplus
 }

@@ -22,6 +22,7 @@
 
 static bool started;  /* we called MPI_Init */
 static int w_rank, w_size = 1;
+static MPI_Op op_sum16[2] = {MPI_OP_NULL, MPI_OP_NULL}; /* bf16, fp16 sums (created on first use) */
 
 static bool launched_by_mpi(void) {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
@@ -59,6 +60,10 @@ void cllm_dist_finalize(void) {
     if (!started) return;
     int done = 0;
     MPI_Finalized(&done);
+    for (int i = 0; i < 2; i++) {
+        if (!done && op_sum16[i] != MPI_OP_NULL) MPI_Op_free(&op_sum16[i]);
+        op_sum16[i] = MPI_OP_NULL;
+    }
     if (!done) {
         dist_watch_finalize();
         MPI_Finalize();
@@ -130,6 +135,88 @@ cllm_status cllm_dist_reduce_scatter_sum_f32(const float *send, float *recv, con
     dist_watch_leave();
     free(ic);
     if (!st && rc != MPI_SUCCESS) st = mpi_fail(rc, __func__, "MPI_Reduce_scatter");
+    return st;
+}
+
+/* ---- sums of 16-bit floats: MPI has no bf16/fp16 type, so the words
+ * travel as MPI_UINT16_T and a user-defined op adds them */
+static void sum_bf16(void *in, void *inout, int *len, MPI_Datatype *dt) {
+    (void)dt;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++) b[i] = cllm_f32_to_bf16(cllm_bf16_to_f32(a[i]) + cllm_bf16_to_f32(b[i]));
+}
+
+static void sum_f16(void *in, void *inout, int *len, MPI_Datatype *dt) {
+    (void)dt;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++) b[i] = cllm_f32_to_f16(cllm_f16_to_f32(a[i]) + cllm_f16_to_f32(b[i]));
+}
+
+static cllm_status wire_op(cllm_dtype wire, MPI_Op *op, const char *func) {
+    if (wire != CLLM_BF16 && wire != CLLM_F16)
+        return cllm_fail(CLLM_ERR_ARG, func, "communication type must be F32, BF16 or F16");
+    int i = wire == CLLM_BF16 ? 0 : 1;
+    if (op_sum16[i] == MPI_OP_NULL) {
+        int rc = MPI_Op_create(i == 0 ? sum_bf16 : sum_f16, 1, &op_sum16[i]);
+        if (rc != MPI_SUCCESS) return mpi_fail(rc, func, "MPI_Op_create");
+    }
+    *op = op_sum16[i];
+    return CLLM_OK;
+}
+
+static void to_wire(uint16_t *dst, const float *src, size_t n, cllm_dtype wire) {
+    for (size_t i = 0; i < n; i++) dst[i] = wire == CLLM_BF16 ? cllm_f32_to_bf16(src[i]) : cllm_f32_to_f16(src[i]);
+}
+
+static void from_wire(float *dst, const uint16_t *src, size_t n, cllm_dtype wire) {
+    for (size_t i = 0; i < n; i++) dst[i] = wire == CLLM_BF16 ? cllm_bf16_to_f32(src[i]) : cllm_f16_to_f32(src[i]);
+}
+
+cllm_status cllm_dist_allreduce_sum_f32_as(float *buf, size_t n, cllm_dtype wire) {
+    if (wire == CLLM_F32) return cllm_dist_allreduce_sum_f32(buf, n);
+    MPI_Op op;
+    cllm_status st = wire_op(wire, &op, __func__);
+    if (st || !cllm_dist_active() || n == 0) return st;
+    uint16_t *w = malloc(n * sizeof *w);
+    if (!w) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for %zu 16-bit values", n);
+    to_wire(w, buf, n, wire);
+    st = allreduce(w, n, sizeof *w, MPI_UINT16_T, op, wire == CLLM_BF16 ? "bf16 all-reduce" : "fp16 all-reduce", "values");
+    if (!st) from_wire(buf, w, n, wire);
+    free(w);
+    return st;
+}
+
+cllm_status cllm_dist_reduce_scatter_sum_f32_as(const float *send, float *recv, const size_t *counts,
+                                                cllm_dtype wire) {
+    if (wire == CLLM_F32) return cllm_dist_reduce_scatter_sum_f32(send, recv, counts);
+    MPI_Op op;
+    cllm_status st = wire_op(wire, &op, __func__);
+    if (st) return st;
+    if (!cllm_dist_active()) return cllm_dist_reduce_scatter_sum_f32(send, recv, counts);
+    size_t total = 0;
+    for (int r = 0; r < w_size; r++) total += counts[r];
+    int *ic = malloc((size_t)w_size * sizeof *ic);
+    uint16_t *w = malloc((total ? total : 1) * sizeof *w);
+    if (!ic || !w) {
+        free(ic);
+        free(w);
+        return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    }
+    st = int_counts(counts, ic, NULL, __func__);
+    if (!st) {
+        to_wire(w, send, total, wire);
+        st = dist_watch_enter(wire == CLLM_BF16 ? "bf16 reduce-scatter" : "fp16 reduce-scatter", total, "values");
+        if (!st) {
+            int rc = MPI_Reduce_scatter(MPI_IN_PLACE, w, ic, MPI_UINT16_T, op, MPI_COMM_WORLD);
+            dist_watch_leave();
+            if (rc != MPI_SUCCESS) st = mpi_fail(rc, __func__, "MPI_Reduce_scatter");
+            else from_wire(recv, w, counts[w_rank], wire);
+        }
+    }
+    free(ic);
+    free(w);
     return st;
 }
 

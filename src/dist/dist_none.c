@@ -26,6 +26,20 @@ cllm_status cllm_dist_reduce_scatter_sum_f32(const float *send, float *recv, con
     return CLLM_OK;
 }
 
+cllm_status cllm_dist_allreduce_sum_f32_as(float *buf, size_t n, cllm_dtype wire) {
+    (void)buf, (void)n;
+    if (wire != CLLM_F32 && wire != CLLM_BF16 && wire != CLLM_F16)
+        return CLLM_FAIL(CLLM_ERR_ARG, "communication type must be F32, BF16 or F16");
+    return CLLM_OK;
+}
+
+cllm_status cllm_dist_reduce_scatter_sum_f32_as(const float *send, float *recv, const size_t *counts,
+                                                cllm_dtype wire) {
+    if (wire != CLLM_F32 && wire != CLLM_BF16 && wire != CLLM_F16)
+        return CLLM_FAIL(CLLM_ERR_ARG, "communication type must be F32, BF16 or F16");
+    return cllm_dist_reduce_scatter_sum_f32(send, recv, counts);
+}
+
 cllm_status cllm_dist_allgather_f32(float *buf, const size_t *counts) { (void)buf, (void)counts; return CLLM_OK; }
 
 cllm_status cllm_dist_allgather_u64(const uint64_t *mine, size_t n, uint64_t *all) {

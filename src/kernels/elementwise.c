@@ -1,12 +1,36 @@
 /*
- * Elementwise tensor arithmetic: the residual add out = a + b.
+ * Elementwise tensor arithmetic: the residual add out = a + b, and the
+ * fp32 -> bf16 / fp16 roundings of mixed-precision compute.
  *
  * Left out: broadcasting and other binary ops (the models need only this).
  */
 #include "cllm/kernels.h"
 
+#include <string.h>
+
 /* out[N] = a + b; out may alias a or b (element i reads before it writes). */
 void cllm_add(float *out, const float *a, const float *b, long N) {
 #pragma omp parallel for simd schedule(static)
     for (long i = 0; i < N; i++) out[i] = a[i] + b[i];
+}
+
+/* Round to nearest even on the 16 bits kept: add 0x7fff plus the lowest
+ * kept bit, then truncate. NaN is kept a (quiet) NaN instead of being
+ * carried into the exponent. Branch-free so the loop vectorises. */
+void cllm_to_bf16(uint16_t *dst, const float *src, long N) {
+#pragma omp parallel for simd schedule(static)
+    for (long i = 0; i < N; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], sizeof u);
+        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+        bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+        dst[i] = (uint16_t)(nan ? ((u >> 16) | 0x40u) : r);
+    }
+}
+
+/* Through the scalar converters of core: exact, including subnormals and
+ * overflow; the fp16 mode is an emulation and this is not its hot path. */
+void cllm_round_f16(float *dst, const float *src, long N) {
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < N; i++) dst[i] = cllm_f16_to_f32(cllm_f32_to_f16(src[i]));
 }

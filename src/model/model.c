@@ -49,6 +49,7 @@ void cllm_model_free(cllm_model *m) {
     cllm_free(m->params);
     cllm_free(m->grads);
     cllm_free(m->acts);
+    model_lp_release(m);
     free(m->layers);
     free(m);
 }
@@ -216,7 +217,10 @@ size_t cllm_model_n_params(const cllm_model *m) {
     return n;
 }
 size_t cllm_model_buffer_len(const cllm_model *m) { return m->n_params; }
-float *cllm_model_params(cllm_model *m) { return m->params; }
+float *cllm_model_params(cllm_model *m) {
+    m->lp_stale = true; /* the caller may write through the pointer */
+    return m->params;
+}
 float *cllm_model_grads(cllm_model *m) { return m->grads; }
 
 int cllm_model_n_groups(const cllm_model *m) { return m->cfg.n_layer + 2; }
@@ -485,7 +489,7 @@ cllm_status cllm_model_prepare(cllm_model *m, int B, int T, bool train) {
     m->acts_recompute = m->recompute;
     if (c->arch == CLLM_ARCH_LLAMA) cllm_rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, c->rope_theta);
     if (c->arch == CLLM_ARCH_BLOOM) cllm_alibi_slopes(m->alibi, c->n_head);
-    return CLLM_OK;
+    return model_lp_prepare(m);
 }
 
 long cllm_model_make_targets(int32_t *targets, const int32_t *labels, int B, int T) {

@@ -84,6 +84,13 @@ struct cllm_model {
     float *dx, *dln, *dqkv, *datty, *dfc, *dup, *dact, *dlnf;
     bool has_backward;
     int32_t *pos_tokens;      /* [N] scratch */
+
+    /* mixed precision (precision.c) */
+    cllm_precision prec;
+    void *lp_params;          /* bf16: uint16 [n_params]; fp16: fp32 [n_params] holding fp16 values */
+    bool lp_stale;            /* lp_params no longer match params */
+    void *lp_a, *lp_b;        /* two operand scratch regions of lp_elems elements each */
+    size_t lp_elems;
 };
 
 /* A model with zeroed parameters from an HF config object (model.c). */
@@ -91,6 +98,17 @@ cllm_status model_from_config(cllm_model **out, const json_t *config, const char
 
 /* Builds m->tensors, slots and n_params from m->cfg (layout.c). */
 cllm_status model_build_layout(cllm_model *m);
+
+/* Mixed precision (precision.c). model_lp_prepare (re)sizes the operand
+ * scratch for the prepared batch; model_lp_release frees all of it. */
+cllm_status model_lp_prepare(cllm_model *m);
+void model_lp_release(cllm_model *m);
+/* Linear layers in the model's precision: cllm_linear_forward/backward
+ * semantics, with W pointing into m->params. */
+cllm_status model_linear_forward(cllm_model *m, float *out, const float *inp, const float *w, const float *bias, int N,
+                                 int IN, int OUT, bool w_in_out);
+cllm_status model_linear_backward(cllm_model *m, float *dinp, float *dw, float *dbias, const float *dout,
+                                  const float *inp, const float *w, int N, int IN, int OUT, bool w_in_out);
 
 /* Width of the fused/stacked QKV activation of one token. */
 int model_qkv_width(const cllm_model_config *c);

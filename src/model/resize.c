@@ -72,6 +72,10 @@ cllm_status cllm_model_resize_vocab(cllm_model **pm, int new_vocab, float noise_
         return st;
     }
     nm->recompute = m->recompute; /* a setting, not a buffer: it carries over */
+    if ((st = cllm_model_set_precision(nm, m->prec))) {
+        cllm_model_free(nm);
+        return st;
+    }
     cllm_model_free(m);
     *pm = nm;
     return CLLM_OK;

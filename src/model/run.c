@@ -117,30 +117,30 @@ static cllm_status block_forward(cllm_model *m, int l, int B, int T, bool recomp
     norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, a->x, P[L_LN1_W], P[L_LN1_B], N);
     qkv_views v = make_views(c, a->qkv, (size_t)N);
     if (c->arch == CLLM_ARCH_LLAMA) {
-        TRY(cllm_linear_forward(v.q.p, a->ln1, P[L_Q_W], P[L_Q_B], N, C, Q, false));
-        TRY(cllm_linear_forward(v.k.p, a->ln1, P[L_K_W], P[L_K_B], N, C, K, false));
-        TRY(cllm_linear_forward(v.v.p, a->ln1, P[L_V_W], P[L_V_B], N, C, K, false));
+        TRY(model_linear_forward(m, v.q.p, a->ln1, P[L_Q_W], P[L_Q_B], N, C, Q, false));
+        TRY(model_linear_forward(m, v.k.p, a->ln1, P[L_K_W], P[L_K_B], N, C, K, false));
+        TRY(model_linear_forward(m, v.v.p, a->ln1, P[L_V_W], P[L_V_B], N, C, K, false));
         cllm_rope_apply(v.q.p, m->rope_cos, m->rope_sin, B, T, c->n_head, HS, Q, HS, 1);
         cllm_rope_apply(v.k.p, m->rope_cos, m->rope_sin, B, T, c->n_kv_head, HS, K, HS, 1);
     } else {
-        TRY(cllm_linear_forward(a->qkv, a->ln1, P[L_QKV_W], P[L_QKV_B], N, C, 3 * C, in_out));
+        TRY(model_linear_forward(m, a->qkv, a->ln1, P[L_QKV_W], P[L_QKV_B], N, C, 3 * C, in_out));
     }
     const float *alibi = c->arch == CLLM_ARCH_BLOOM ? m->alibi : NULL;
     cllm_attention_forward((cllm_view){a->atty, Q, HS}, a->lse, cv(v.q), cv(v.k), cv(v.v), alibi, B, T, c->n_head,
                            c->n_kv_head, HS, 1.0f / sqrtf((float)HS));
-    TRY(cllm_linear_forward(a->x1, a->atty, P[L_O_W], P[L_O_B], N, Q, C, in_out));
+    TRY(model_linear_forward(m, a->x1, a->atty, P[L_O_W], P[L_O_B], N, Q, C, in_out));
     cllm_add(a->x1, a->x1, a->x, (long)N * C);
 
     norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->x1, P[L_LN2_W], P[L_LN2_B], N);
-    TRY(cllm_linear_forward(a->fc, a->ln2, P[L_FC_W], P[L_FC_B], N, C, F, in_out));
+    TRY(model_linear_forward(m, a->fc, a->ln2, P[L_FC_W], P[L_FC_B], N, C, F, in_out));
     if (c->arch == CLLM_ARCH_LLAMA) {
-        TRY(cllm_linear_forward(a->up, a->ln2, P[L_UP_W], P[L_UP_B], N, C, F, false));
+        TRY(model_linear_forward(m, a->up, a->ln2, P[L_UP_W], P[L_UP_B], N, C, F, false));
         cllm_swiglu_forward(a->act, a->fc, a->up, (long)N * F);
     } else {
         cllm_gelu_forward(a->act, a->fc, (long)N * F);
     }
     if (recompute) return CLLM_OK;
-    TRY(cllm_linear_forward(y, a->act, P[L_DOWN_W], P[L_DOWN_B], N, F, C, in_out));
+    TRY(model_linear_forward(m, y, a->act, P[L_DOWN_W], P[L_DOWN_B], N, F, C, in_out));
     cllm_add(y, y, a->x1, (long)N * C);
     return CLLM_OK;
 }
@@ -162,22 +162,22 @@ static cllm_status block_backward(cllm_model *m, int l, int B, int T) {
 
     /* MLP: y = h + down(act(fc(LN2(h)))) */
     memset(m->dact, 0, NF * sizeof(float));
-    TRY(cllm_linear_backward(m->dact, G[L_DOWN_W], G[L_DOWN_B], m->dx, a->act, P[L_DOWN_W], N, F, C, in_out));
+    TRY(model_linear_backward(m, m->dact, G[L_DOWN_W], G[L_DOWN_B], m->dx, a->act, P[L_DOWN_W], N, F, C, in_out));
     memset(m->dfc, 0, NF * sizeof(float));
     memset(m->dln, 0, NC * sizeof(float));
     if (c->arch == CLLM_ARCH_LLAMA) {
         memset(m->dup, 0, NF * sizeof(float));
         cllm_swiglu_backward(m->dfc, m->dup, m->dact, a->fc, a->up, (long)NF);
-        TRY(cllm_linear_backward(m->dln, G[L_UP_W], G[L_UP_B], m->dup, a->ln2, P[L_UP_W], N, C, F, false));
+        TRY(model_linear_backward(m, m->dln, G[L_UP_W], G[L_UP_B], m->dup, a->ln2, P[L_UP_W], N, C, F, false));
     } else {
         cllm_gelu_backward(m->dfc, m->dact, a->fc, (long)NF);
     }
-    TRY(cllm_linear_backward(m->dln, G[L_FC_W], G[L_FC_B], m->dfc, a->ln2, P[L_FC_W], N, C, F, in_out));
+    TRY(model_linear_backward(m, m->dln, G[L_FC_W], G[L_FC_B], m->dfc, a->ln2, P[L_FC_W], N, C, F, in_out));
     norm_backward(m, m->dx, G[L_LN2_W], G[L_LN2_B], m->dln, a->x1, P[L_LN2_W], a->ln2_mean, a->ln2_rstd, N);
 
     /* attention: h = x + o(attn(qkv(LN1(x)))) */
     memset(m->datty, 0, (size_t)N * Q * sizeof(float));
-    TRY(cllm_linear_backward(m->datty, G[L_O_W], G[L_O_B], m->dx, a->atty, P[L_O_W], N, Q, C, in_out));
+    TRY(model_linear_backward(m, m->datty, G[L_O_W], G[L_O_B], m->dx, a->atty, P[L_O_W], N, Q, C, in_out));
     memset(m->dqkv, 0, (size_t)N * model_qkv_width(c) * sizeof(float));
     qkv_views v = make_views(c, a->qkv, (size_t)N), dv = make_views(c, m->dqkv, (size_t)N);
     const float *alibi = c->arch == CLLM_ARCH_BLOOM ? m->alibi : NULL;
@@ -189,11 +189,11 @@ static cllm_status block_backward(cllm_model *m, int l, int B, int T) {
         /* undo the rotation: the gradient of a rotation is its inverse */
         cllm_rope_apply(dv.q.p, m->rope_cos, m->rope_sin, B, T, c->n_head, HS, Q, HS, -1);
         cllm_rope_apply(dv.k.p, m->rope_cos, m->rope_sin, B, T, c->n_kv_head, HS, K, HS, -1);
-        TRY(cllm_linear_backward(m->dln, G[L_Q_W], G[L_Q_B], dv.q.p, a->ln1, P[L_Q_W], N, C, Q, false));
-        TRY(cllm_linear_backward(m->dln, G[L_K_W], G[L_K_B], dv.k.p, a->ln1, P[L_K_W], N, C, K, false));
-        TRY(cllm_linear_backward(m->dln, G[L_V_W], G[L_V_B], dv.v.p, a->ln1, P[L_V_W], N, C, K, false));
+        TRY(model_linear_backward(m, m->dln, G[L_Q_W], G[L_Q_B], dv.q.p, a->ln1, P[L_Q_W], N, C, Q, false));
+        TRY(model_linear_backward(m, m->dln, G[L_K_W], G[L_K_B], dv.k.p, a->ln1, P[L_K_W], N, C, K, false));
+        TRY(model_linear_backward(m, m->dln, G[L_V_W], G[L_V_B], dv.v.p, a->ln1, P[L_V_W], N, C, K, false));
     } else {
-        TRY(cllm_linear_backward(m->dln, G[L_QKV_W], G[L_QKV_B], m->dqkv, a->ln1, P[L_QKV_W], N, C, 3 * C, in_out));
+        TRY(model_linear_backward(m, m->dln, G[L_QKV_W], G[L_QKV_B], m->dqkv, a->ln1, P[L_QKV_W], N, C, 3 * C, in_out));
     }
     norm_backward(m, m->dx, G[L_LN1_W], G[L_LN1_B], m->dln, a->x, P[L_LN1_W], a->ln1_mean, a->ln1_rstd, N);
     return CLLM_OK;
@@ -293,11 +293,11 @@ cllm_status cllm_model_forward_backward(cllm_model *m, const int32_t *tokens, co
     for (int r0 = 0; r0 < N; r0 += chunk) {
         int rows = N - r0 < chunk ? N - r0 : chunk;
         const float *h = m->lnf + (size_t)r0 * C;
-        TRY(cllm_linear_forward(m->logits, h, W, NULL, rows, C, V, false));
+        TRY(model_linear_forward(m, m->logits, h, W, NULL, rows, C, V, false));
         if (backward) {
             long k = cllm_xent_forward_backward(m->losses + r0, m->logits, targets + r0, rows, V, grad_scale);
             count += k;
-            if (k) TRY(cllm_linear_backward(m->dlnf + (size_t)r0 * C, dW, NULL, m->logits, h, W, rows, C, V, false));
+            if (k) TRY(model_linear_backward(m, m->dlnf + (size_t)r0 * C, dW, NULL, m->logits, h, W, rows, C, V, false));
         } else {
             count += cllm_xent_forward(m->losses + r0, m->logits, targets + r0, rows, V);
         }
@@ -366,11 +366,11 @@ cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, i
         for (int r0 = 0; r0 < N; r0 += chunk) {
             int rows = N - r0 < chunk ? N - r0 : chunk;
             const float *h = m->lnf + (size_t)r0 * C;
-            TRY(cllm_linear_forward(m->logits, h, W, NULL, rows, C, V, false));
+            TRY(model_linear_forward(m, m->logits, h, W, NULL, rows, C, V, false));
             long k;
             if (io->backward) {
                 k = cllm_xent_forward_backward(m->losses + r0, m->logits, io->targets + r0, rows, V, io->grad_scale);
-                if (k) TRY(cllm_linear_backward(m->dlnf + (size_t)r0 * C, dW, NULL, m->logits, h, W, rows, C, V, false));
+                if (k) TRY(model_linear_backward(m, m->dlnf + (size_t)r0 * C, dW, NULL, m->logits, h, W, rows, C, V, false));
             } else {
                 k = cllm_xent_forward(m->losses + r0, m->logits, io->targets + r0, rows, V);
             }
@@ -412,7 +412,7 @@ cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int 
                  model_param(m, m->gslot[G_LNF_B]), N);
     const float *W = model_param(m, hs);
     for (int b = 0; b < B; b++)
-        TRY(cllm_linear_forward(logits + (size_t)b * V, m->lnf + ((size_t)b * T + T - 1) * C, W, NULL, 1, C, V, false));
+        TRY(model_linear_forward(m, logits + (size_t)b * V, m->lnf + ((size_t)b * T + T - 1) * C, W, NULL, 1, C, V, false));
     if (tied) TRY(release(m, 0));
     return release(m, L + 1);
 }

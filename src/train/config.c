@@ -23,7 +23,7 @@
 static const char *const top_keys[] = {
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
     "optimizer", "scheduler", "fp16", "bf16", "zero_optimization", "steps_per_print", "wall_clock_breakdown",
-    "model_topo", "use_grad_ckpt", "activation_checkpointing",
+    "model_topo", "use_grad_ckpt", "activation_checkpointing", "communication_data_type",
     /* cllm */
     "model", "data", "train_iters", "epochs", "eval_interval", "eval_iters", "save_interval", "save_total_limit",
     "output_dir", "seed", "log", "weight_decay_skip", "max_consecutive_skips", "shuffle", "peak_gflops",
@@ -32,7 +32,7 @@ static const char *const top_keys[] = {
 /* DeepSpeed keys accepted without effect on a single-process CPU fp32 run. */
 static const char *const top_ignored[] = {
     "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "prescale_gradients",
-    "gradient_predivide_factor", "sparse_gradients", "communication_data_type", "amp",
+    "gradient_predivide_factor", "sparse_gradients", "amp",
     "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "elasticity", "aio",
     "checkpoint", "data_types", "pipeline", "dump_state", "memory_breakdown", "compression_training",
     "data_efficiency", "curriculum_learning", "autotuning", "sparse_attention", "disable_allgather",
@@ -317,9 +317,19 @@ static cllm_status parse_precision(cllm_train_config *c, const json_t *j, const 
     }
     if (c->fp16_enabled && c->bf16_enabled)
         return CLLM_FAIL(CLLM_ERR_ARG, "%s: fp16.enabled and bf16.enabled cannot both be true", path);
-    if (c->fp16_enabled || c->bf16_enabled)
-        cllm_log(CLLM_LOG_WARN, "%s: %s.enabled is stored, but training runs in fp32 on CPU", path,
-                 c->fp16_enabled ? "fp16" : "bf16");
+    const char *cdt = NULL;
+    TRY(get_str(j, "communication_data_type", &cdt, "", path));
+    if (cdt) {
+        if (!strcmp(cdt, "fp32") || !strcmp(cdt, "float32"))
+            c->comm_dtype = CLLM_F32;
+        else if (!strcmp(cdt, "bf16") || !strcmp(cdt, "bfloat16"))
+            c->comm_dtype = CLLM_BF16;
+        else if (!strcmp(cdt, "fp16") || !strcmp(cdt, "float16"))
+            c->comm_dtype = CLLM_F16;
+        else
+            return CLLM_FAIL(CLLM_ERR_ARG, "%s: communication_data_type: '%s' is not one of fp32, bf16, fp16", path,
+                             cdt);
+    }
     return CLLM_OK;
 }
 

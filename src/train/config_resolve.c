@@ -183,6 +183,8 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
     json_object_set_new(fp16, "consecutive_hysteresis", json_boolean(c->fp16_consecutive_hysteresis));
     json_object_set_new(j, "fp16", fp16);
     json_object_set_new(j, "bf16", json_pack("{sb}", "enabled", c->bf16_enabled));
+    json_object_set_new(j, "communication_data_type",
+                        json_string(c->comm_dtype == CLLM_BF16 ? "bf16" : c->comm_dtype == CLLM_F16 ? "fp16" : "fp32"));
     json_t *z = c->zero_optimization ? json_deep_copy(c->zero_optimization) : json_object();
     json_object_set_new(z, "stage", json_integer(c->zero_stage));
     json_object_set_new(j, "zero_optimization", z);

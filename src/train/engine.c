@@ -417,6 +417,7 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
         if (st) return cllm_fail_context(st, "step %ld", step);
         if (tr->pipe && (st = train_pipe_sync_tied_params(tr->pipe, params)))
             return cllm_fail_context(st, "step %ld", step);
+        cllm_model_params_updated(tr->m); /* refreshes the bf16/fp16 weight copy */
         tr->state.sched_iter++;
         tr->state.consecutive_skips = 0;
     } else if (!finite) {
@@ -503,6 +504,9 @@ static cllm_status setup_pipeline(trainer *tr) {
     if (c->zero_stage >= 2)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "zero_optimization.stage %d with pipeline parallelism: stages 2 and 3 "
                          "reduce per layer inside the whole-model pass; use stage 0 or 1", c->zero_stage);
+    if (c->comm_dtype != CLLM_F32)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "communication_data_type %s with pipeline parallelism: the stages' "
+                         "reductions run in fp32", cllm_dtype_name(c->comm_dtype));
     cllm_status st = train_pipe_init(&tr->pipe, c, tr->m, &tr->topo, "config");
     if (st) return st;
     int D = tr->topo.dims[CLLM_AXIS_DATA];
@@ -607,11 +611,32 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         goto done;
     }
     if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), cllm_loader_size(tr->train)))) goto done;
+    if (tr->zero.stage == 3 && (c->bf16_enabled || c->fp16_enabled)) {
+        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s with zero_optimization.stage 3: the 16-bit weight copy is made from "
+                       "the whole flat parameter buffer, which stage 3 does not keep; use stage 0-2, or fp32",
+                       c->bf16_enabled ? "bf16" : "fp16");
+        goto done;
+    }
+    if (tr->zero.stage >= 2 && c->comm_dtype != CLLM_F32) {
+        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "communication_data_type %s with zero_optimization.stage %d: stages 2-3 "
+                       "reduce each layer in fp32; 16-bit reductions apply at stages 0-1", cllm_dtype_name(c->comm_dtype),
+                       tr->zero.stage);
+        goto done;
+    }
     /* stages 2-3: layer hooks before prepare (no flat gradient buffer); at
      * stage 3 the model's flat parameters are freed here */
     if (tr->zero.stage >= 2 && (st = train_shard_init(&tr->shard, &tr->zero, tr->m, c, tr->ranges, tr->n_ranges)))
         goto done;
     cllm_model_set_recompute(tr->m, c->use_grad_ckpt);
+    cllm_precision prec = c->bf16_enabled ? CLLM_PREC_BF16 : c->fp16_enabled ? CLLM_PREC_FP16 : CLLM_PREC_FP32;
+    /* CLLM_TRAIN_PRECISION overrides the matmul precision alone (fp16 loss
+     * scaling stays on): to look at loss scaling or a precision in isolation */
+    const char *penv = getenv("CLLM_TRAIN_PRECISION");
+    if (penv && *penv && !cllm_precision_from_name(penv, &prec)) {
+        st = CLLM_FAIL(CLLM_ERR_ARG, "CLLM_TRAIN_PRECISION: '%s' (expected fp32, bf16 or fp16)", penv);
+        goto done;
+    }
+    if ((st = cllm_model_set_precision(tr->m, prec))) goto done;
     if ((st = cllm_model_prepare(tr->m, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true))) goto done;
     tr->act_bytes = cllm_model_activation_alloc(tr->m);
     train_offload_config oc;
@@ -663,7 +688,8 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     const char *env = getenv("CLLM_PEAK_GFLOPS");
     double envv;
     if (!(tr->peak_gflops > 0) && env && cllm_parse_f64(env, &envv) && envv > 0) tr->peak_gflops = envv;
-    if (!(tr->peak_gflops > 0)) tr->peak_gflops = cllm_train_measure_peak_gflops(0.2);
+    if (!(tr->peak_gflops > 0))
+        tr->peak_gflops = c->bf16_enabled ? cllm_train_measure_peak_gflops_bf16(0.2) : cllm_train_measure_peak_gflops(0.2);
     tr->progress = c->log == CLLM_LOG_MODE_PROGRESS || (c->log == CLLM_LOG_MODE_AUTO && isatty(2));
     tr->last_save_step = tr->last_eval_step = -1;
     long first = tr->state.global_step;

@@ -65,9 +65,10 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     out->activations = out->act.total - out->act.logits;
     out->snapshot = s->async_save && !s->offload_optimizer ? out->params + out->optim : 0;
     out->other = 3 * (size_t)s->micro_batch * (size_t)s->grad_accum * (size_t)s->seq_len * sizeof(int32_t);
+    out->precision = cllm_model_precision_bytes(c, len, s->micro_batch, s->seq_len, s->precision);
     out->overhead = s->overhead;
     out->total = out->params + out->grads + out->optim + out->offload_buffer + out->work + out->activations +
-                 out->logits + out->snapshot + out->other + out->overhead;
+                 out->logits + out->snapshot + out->other + out->precision + out->overhead;
     return CLLM_OK;
 }
 

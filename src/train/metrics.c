@@ -148,3 +148,31 @@ double cllm_train_measure_peak_gflops(double seconds) {
     cllm_free(c);
     return best;
 }
+
+double cllm_train_measure_peak_gflops_bf16(double seconds) {
+    enum { N = 1024 };
+    uint16_t *a = cllm_alloc((size_t)N * N * sizeof(uint16_t), "peak A");
+    uint16_t *b = cllm_alloc((size_t)N * N * sizeof(uint16_t), "peak B");
+    float *c = cllm_alloc((size_t)N * N * sizeof(float), "peak C");
+    double best = 0;
+    if (a && b && c) {
+        for (size_t i = 0; i < (size_t)N * N; i++) {
+            a[i] = cllm_f32_to_bf16((float)(i % 7) * 0.1f);
+            b[i] = cllm_f32_to_bf16((float)(i % 5) * 0.1f);
+        }
+        if (cllm_matmul_bf16(c, a, b, N, N, N, false, false, 1.0f, 0.0f) == CLLM_OK) {
+            double start = cllm_time_sec();
+            while (cllm_time_sec() - start < seconds) {
+                double t0 = cllm_time_sec();
+                cllm_matmul_bf16(c, a, b, N, N, N, false, false, 1.0f, 0.0f);
+                double dt = cllm_time_sec() - t0;
+                double g = 2.0 * N * N * N / dt * 1e-9;
+                if (dt > 0 && g > best) best = g;
+            }
+        }
+    }
+    cllm_free(a);
+    cllm_free(b);
+    cllm_free(c);
+    return best;
+}

@@ -92,6 +92,7 @@ typedef struct {
     size_t *counts;              /* [size] slice lengths, in rank order */
     size_t *bucket_counts;       /* [size] scratch: the slices within one bucket */
     size_t bucket, gather_bucket;/* floats per reduction / all-gather call */
+    cllm_dtype comm;             /* gradient sums in fp32, bf16 or fp16 (communication_data_type) */
     cllm_param_range *ranges;    /* decay ranges within the slice, slice-relative */
     int n_ranges;
     train_mem mem;

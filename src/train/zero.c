@@ -68,6 +68,7 @@ cllm_status train_zero_init_group(train_zero *z, const cllm_train_config *c, siz
     z->size = cllm_dist_group_size(grp);
     z->world = cllm_dist_size();
     z->stage = c->zero_stage;
+    z->comm = c->comm_dtype;
     z->n = n;
     z->n_total = n_total;
     cllm_status st = bucket_size(c, "reduce_bucket_size", &z->bucket);
@@ -172,13 +173,15 @@ cllm_status train_zero_reduce_grads(train_zero *z, float *grads) {
         size_t b1 = z->n - b0 > z->bucket ? b0 + z->bucket : z->n;
         cllm_status st;
         if (z->stage < 2) {
-            st = cllm_dist_g_allreduce_sum_f32(z->grp, grads + b0, b1 - b0);
+            st = z->grp ? cllm_dist_g_allreduce_sum_f32(z->grp, grads + b0, b1 - b0)
+                        : cllm_dist_allreduce_sum_f32_as(grads + b0, b1 - b0, z->comm);
         } else {
             /* in place: only this rank's part of the bucket comes back, at
              * the bucket's start; it moves to its place in the slice (the
              * other ranks' parts of the bucket are dead from here on) */
             bucket_parts(z, b0, b1);
-            st = cllm_dist_g_reduce_scatter_sum_f32(z->grp, grads + b0, grads + b0, z->bucket_counts);
+            st = z->grp ? cllm_dist_g_reduce_scatter_sum_f32(z->grp, grads + b0, grads + b0, z->bucket_counts)
+                        : cllm_dist_reduce_scatter_sum_f32_as(grads + b0, grads + b0, z->bucket_counts, z->comm);
             size_t k = z->bucket_counts[z->rank];
             if (!st && k) memmove(grads + (z->begin > b0 ? z->begin : b0), grads + b0, k * sizeof(float));
         }

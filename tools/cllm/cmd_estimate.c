@@ -87,6 +87,7 @@ static void print_table(const cllm_mem_estimate *e) {
     row("logits chunk", e->logits, e->total, "");
     row("checkpoint snapshot", e->snapshot, e->total, "");
     row("other buffers", e->other, e->total, "token, label and target arrays");
+    if (e->precision) row("low-precision copy", e->precision, e->total, "bf16/fp16 weights and matmul operand scratch");
     row("process overhead", e->overhead, e->total, "libraries, threads (--overhead)");
     row("total", e->total, e->total, "");
     if (e->optim_disk) printf("  %-22s %12.1f MB on disk under nvme_path (not in the total)\n", "offloaded state",
@@ -94,7 +95,8 @@ static void print_table(const cllm_mem_estimate *e) {
 }
 
 static json_t *to_json(const cllm_mem_estimate *e) {
-    return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsIsIsIsI}", "n_params", (json_int_t)e->n_params, "params", (json_int_t)e->params,
+    return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsI}", "precision", (json_int_t)e->precision, "n_params",
+                     (json_int_t)e->n_params, "params", (json_int_t)e->params,
                      "grads", (json_int_t)e->grads, "optim", (json_int_t)e->optim, "work", (json_int_t)e->work,
                      "activations",
                      (json_int_t)e->activations, "logits", (json_int_t)e->logits, "snapshot", (json_int_t)e->snapshot,
@@ -122,7 +124,7 @@ int cmd_estimate(int argc, char **argv) {
         {"grad-ckpt", ARG_FLAG, &grad_ckpt, NULL, false, "activation checkpointing"},
         {"zero-stage", ARG_INT, &stage, "0", false, "ZeRO stage 0..3 (shards optimizer state / gradients / parameters)"},
         {"dp", ARG_INT, &dp, "1", false, "data-parallel ranks"},
-        {"precision", ARG_STR, &precision, "fp32", false, "fp32 (bf16 and fp16 are not supported yet)"},
+        {"precision", ARG_STR, &precision, "fp32", false, "matmul precision: fp32, bf16 or fp16 (bf16.enabled / fp16.enabled)"},
         {"offload-optimizer", ARG_FLAG, &offload, NULL, false,
          "optimizer state offloaded to a file (offload_optimizer device nvme)"},
         {"offload-buffer-count", ARG_INT, &off_count, "4", false, "offload stream buffers (buffer_count, >= 3)"},
@@ -142,8 +144,8 @@ int cmd_estimate(int argc, char **argv) {
                         .offload_optimizer = offload, .offload_buffer_count = off_count,
                         .offload_buffer_size = off_size};
     size_t budget = 0;
-    if (strcmp(precision, "fp32") != 0) {
-        fprintf(stderr, "cllm estimate: --precision %s: not supported yet (fp32 only)\n", precision);
+    if (!cllm_precision_from_name(precision, &s.precision)) {
+        fprintf(stderr, "cllm estimate: --precision must be fp32, bf16 or fp16, got '%s'\n", precision);
         rc = 2;
         goto done;
     }
@@ -186,8 +188,8 @@ int cmd_estimate(int argc, char **argv) {
         json_decref(j);
         goto done;
     }
-    printf("%s, %zu parameters (%d layers, hidden %d, vocab %d), fp32\n", cllm_arch_name(cfg.arch), e.n_params,
-           cfg.n_layer, cfg.n_embd, cfg.vocab_size);
+    printf("%s, %zu parameters (%d layers, hidden %d, vocab %d), %s matmuls, fp32 master weights\n",
+           cllm_arch_name(cfg.arch), e.n_params, cfg.n_layer, cfg.n_embd, cfg.vocab_size, cllm_precision_name(s.precision));
     print_setup(&s);
     print_table(&e);
     if (memory_s) {

@@ -17,7 +17,7 @@
 #include "commands.h"
 
 int cmd_eval(int argc, char **argv) {
-    const char *model_dir, *data_path, *tok_dir, *split;
+    const char *model_dir, *data_path, *tok_dir, *split, *prec_name;
     int B, T, skip_bad;
     arg_spec specs[] = {
         {"model", ARG_STR, &model_dir, NULL, true, "HF model folder, checkpoint folder, or a training output folder (its latest checkpoint)"},
@@ -28,6 +28,7 @@ int cmd_eval(int argc, char **argv) {
         {"skip-bad", ARG_INT, &skip_bad, "0", false, "skip up to N bad records of raw data files"},
         {"seq-len", ARG_INT, &T, "128", false, "tokens per row (longer samples are truncated, shorter padded)"},
         {"batch-size", ARG_INT, &B, "8", false, "rows per forward pass"},
+        {"precision", ARG_STR, &prec_name, "fp32", false, "matmul precision: fp32, bf16 or fp16"},
     };
     int rc = args_parse("eval", "Reports the mean loss and perplexity of a model on data.", argc, argv, specs,
                         ARGS_COUNT(specs));
@@ -47,7 +48,13 @@ int cmd_eval(int argc, char **argv) {
         }
         model_dir = ckpt;
     }
-    if (cllm_ckpt_load_model(&m, model_dir)) { /* an HF folder or either checkpoint format */
+    cllm_precision prec;
+    if (!cllm_precision_from_name(prec_name, &prec)) {
+        fprintf(stderr, "cllm eval: --precision must be fp32, bf16 or fp16, got '%s'\n", prec_name);
+        rc = 2;
+        goto done;
+    }
+    if (cllm_ckpt_load_model(&m, model_dir) || cllm_model_set_precision(m, prec)) { /* an HF folder or either checkpoint format */
         rc = tool_fail("eval");
         goto done;
     }

@@ -4,7 +4,9 @@
  * {"loss": mean, "tokens": counted} and writes every gradient as F32 under
  * its parameter's HF name (a tied head's gradient is part of the
  * embedding's). --grad-ckpt runs the same batch with activation
- * checkpointing (the gradients must not change).
+ * checkpointing (the gradients must not change). --precision bf16|fp16
+ * runs the matmuls in that precision; --logits-out also writes the logits
+ * of the last position of each row ("logits", F32 [rows,V]).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +19,7 @@
 #include "commands.h"
 
 int cmd_grad(int argc, char **argv) {
-    const char *model_dir, *data_path, *out;
+    const char *model_dir, *data_path, *out, *prec_name, *logits_out;
     int B, T;
     bool grad_ckpt = false;
     arg_spec specs[] = {
@@ -28,6 +30,8 @@ int cmd_grad(int argc, char **argv) {
         {"out", ARG_STR, &out, NULL, true, "safetensors file to write the gradients to"},
         {"grad-ckpt", ARG_FLAG, &grad_ckpt, NULL, false,
          "activation checkpointing: keep block inputs only, recompute in backward (same gradients)"},
+        {"precision", ARG_STR, &prec_name, "fp32", false, "matmul precision: fp32, bf16 or fp16"},
+        {"logits-out", ARG_STR, &logits_out, NULL, false, "safetensors file for the last position's logits"},
     };
     int rc = args_parse("grad", "Computes loss and parameter gradients for one batch.", argc, argv, specs,
                         ARGS_COUNT(specs));
@@ -37,7 +41,18 @@ int cmd_grad(int argc, char **argv) {
     tool_batch b = {0};
     size_t *idx = NULL;
     cllm_st_entry *e = NULL;
-    if (cllm_model_load(&m, model_dir)) return tool_fail("grad");
+    float *logits = NULL;
+    cllm_precision prec;
+    if (!cllm_precision_from_name(prec_name, &prec)) {
+        fprintf(stderr, "cllm grad: --precision must be fp32, bf16 or fp16, got '%s'\n", prec_name);
+        args_free(specs, ARGS_COUNT(specs));
+        return 2;
+    }
+    if (cllm_model_load(&m, model_dir) || cllm_model_set_precision(m, prec)) {
+        cllm_model_free(m);
+        args_free(specs, ARGS_COUNT(specs));
+        return tool_fail("grad");
+    }
     if ((rc = tool_check_shape("grad", m, B, T))) goto done;
     cllm_model_set_recompute(m, grad_ckpt);
     if (cllm_dataset_load_jsonl(&d, data_path, cllm_model_get_config(m)->vocab_size) ||
@@ -81,8 +96,23 @@ int cmd_grad(int argc, char **argv) {
         rc = tool_fail("grad");
         goto done;
     }
+    if (logits_out) {
+        int V = cllm_model_get_config(m)->vocab_size;
+        logits = malloc((size_t)rows * (size_t)V * sizeof *logits);
+        if (!logits) {
+            fprintf(stderr, "cllm grad: out of memory\n");
+            rc = 1;
+            goto done;
+        }
+        cllm_st_entry le = {.name = "logits", .dtype = CLLM_F32, .ndim = 2, .shape = {rows, V}, .data = logits};
+        if (cllm_model_forward_logits(m, b.tokens, rows, T, logits) || cllm_st_save(logits_out, &le, 1)) {
+            rc = tool_fail("grad");
+            goto done;
+        }
+    }
     printf("{\"loss\": %.9g, \"tokens\": %ld}\n", sum / (double)k, k);
 done:
+    free(logits);
     free(e);
     free(idx);
     tool_batch_free(&b);

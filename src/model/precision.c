@@ -1,0 +1,220 @@
+/*
+ * Mixed-precision linear layers: the matmuls of a model in bf16 (or
+ * emulated fp16) while the parameters, gradients and every other operator
+ * stay fp32.
+ *
+ * The fp32 parameter buffer remains the master copy. A low-precision copy
+ * with the same layout (same offsets) feeds the matmuls; it is rebuilt in
+ * one pass before the first linear layer that runs after the parameters may
+ * have changed (lp_stale), so it can lag behind only if a caller writes
+ * through a pointer obtained from cllm_model_params() and then runs the
+ * model without calling cllm_model_params_updated() or cllm_model_params()
+ * again, as documented in model.h.
+ *
+ * Activations and gradients are converted where they enter a matmul, into
+ * two scratch regions owned by the model (lp_a, lp_b): forward converts the
+ * input, backward converts the output gradient (lp_a) and the saved input
+ * (lp_b; converted again rather than kept from the forward pass, which
+ * costs one cheap pass and no memory per layer). Saved activations stay
+ * fp32. The rounding is deterministic, so the backward pass sees exactly the
+ * operands the forward pass used.
+ *
+ * bf16: oneDNN's bf16 matmul primitive with an fp32 destination, so the sum
+ * over K and the beta=1 accumulation into the fp32 gradients are fp32.
+ * fp16: an emulation. Operands are rounded to fp16 values held in fp32 and
+ * go through the fp32 GEMM; the output (linear output after the bias,
+ * logits, input gradients) is rounded to fp16 so that overflow shows up as
+ * inf. The weight gradients are the fp32 accumulation of fp16 operands
+ * (master gradients, as mixed-precision training keeps them).
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "cllm/kernels.h"
+#include "model_impl.h"
+
+static const char *const prec_names[CLLM_PREC_COUNT] = {"fp32", "bf16", "fp16"};
+
+const char *cllm_precision_name(cllm_precision p) {
+    return (unsigned)p < CLLM_PREC_COUNT ? prec_names[p] : NULL;
+}
+
+bool cllm_precision_from_name(const char *name, cllm_precision *out) {
+    for (int i = 0; name && i < CLLM_PREC_COUNT; i++)
+        if (!strcmp(name, prec_names[i])) {
+            *out = (cllm_precision)i;
+            return true;
+        }
+    return false;
+}
+
+static size_t elem_size(cllm_precision p) { return p == CLLM_PREC_BF16 ? sizeof(uint16_t) : sizeof(float); }
+
+/* Elements of each operand scratch region: the largest matmul operand of a
+ * B x T batch (an input or output of any linear layer, or a logits chunk). */
+static size_t scratch_elems(const cllm_model_config *c, int B, int T) {
+    size_t N = (size_t)B * (size_t)T, w = (size_t)c->n_embd;
+    size_t qkv = (size_t)model_qkv_width(c), q = (size_t)c->n_head * (size_t)c->head_dim;
+    if ((size_t)c->n_inner > w) w = (size_t)c->n_inner;
+    if (qkv > w) w = qkv;
+    if (q > w) w = q;
+    size_t head = (size_t)model_logit_chunk(c, (int)N) * (size_t)c->vocab_size;
+    return N * w > head ? N * w : head;
+}
+
+static size_t round64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+size_t cllm_model_precision_bytes(const cllm_model_config *c, size_t buffer_len, int B, int T, cllm_precision p) {
+    if (p == CLLM_PREC_FP32 || (unsigned)p >= CLLM_PREC_COUNT) return 0;
+    size_t es = elem_size(p);
+    return round64(buffer_len * es) + 2 * round64(scratch_elems(c, B, T) * es);
+}
+
+void model_lp_release(cllm_model *m) {
+    cllm_free(m->lp_params);
+    cllm_free(m->lp_a);
+    cllm_free(m->lp_b);
+    m->lp_params = m->lp_a = m->lp_b = NULL;
+    m->lp_elems = 0;
+}
+
+/* Grows the two scratch regions to at least `elems` elements. */
+static cllm_status reserve(cllm_model *m, size_t elems) {
+    if (elems <= m->lp_elems) return CLLM_OK;
+    size_t es = elem_size(m->prec), bytes;
+    if (!cllm_size_mul(elems, es, &bytes)) return CLLM_FAIL(CLLM_ERR_NOMEM, "operand scratch size overflows");
+    void *a = cllm_alloc(bytes, "mixed-precision operands");
+    void *b = a ? cllm_alloc(bytes, "mixed-precision operands") : NULL;
+    if (!b) {
+        cllm_free(a);
+        return CLLM_ERR_NOMEM;
+    }
+    cllm_free(m->lp_a);
+    cllm_free(m->lp_b);
+    m->lp_a = a;
+    m->lp_b = b;
+    m->lp_elems = elems;
+    return CLLM_OK;
+}
+
+cllm_status model_lp_prepare(cllm_model *m) {
+    if (m->prec == CLLM_PREC_FP32 || !m->acts) return CLLM_OK;
+    return reserve(m, scratch_elems(&m->cfg, m->act_B, m->act_T));
+}
+
+cllm_status cllm_model_set_precision(cllm_model *m, cllm_precision p) {
+    if ((unsigned)p >= CLLM_PREC_COUNT) return CLLM_FAIL(CLLM_ERR_ARG, "unknown precision %d", (int)p);
+    if (p == m->prec) return CLLM_OK;
+    cllm_precision old = m->prec;
+    void *oa = m->lp_a, *ob = m->lp_b, *op = m->lp_params;
+    size_t oe = m->lp_elems;
+    m->lp_a = m->lp_b = m->lp_params = NULL;
+    m->lp_elems = 0;
+    m->prec = p;
+    cllm_status st = CLLM_OK;
+    if (p != CLLM_PREC_FP32) {
+        m->lp_params = cllm_calloc(m->n_params, elem_size(p), "low-precision parameter copy");
+        st = m->lp_params ? model_lp_prepare(m) : CLLM_ERR_NOMEM;
+    }
+    if (st) { /* restore the previous state */
+        model_lp_release(m);
+        m->prec = old;
+        m->lp_a = oa;
+        m->lp_b = ob;
+        m->lp_params = op;
+        m->lp_elems = oe;
+        return st;
+    }
+    cllm_free(oa);
+    cllm_free(ob);
+    cllm_free(op);
+    m->lp_stale = true;
+    return CLLM_OK;
+}
+
+cllm_precision cllm_model_precision(const cllm_model *m) { return m->prec; }
+
+void cllm_model_params_updated(cllm_model *m) { m->lp_stale = true; }
+
+static void refresh(cllm_model *m) {
+    if (!m->lp_stale) return;
+    if (m->prec == CLLM_PREC_BF16)
+        cllm_to_bf16(m->lp_params, m->params, (long)m->n_params);
+    else
+        cllm_round_f16(m->lp_params, m->params, (long)m->n_params);
+    m->lp_stale = false;
+}
+
+/* Element offset of w inside the flat parameter buffer (compared as
+ * integers: w may legitimately point elsewhere only in fp32 mode). */
+static cllm_status weight_offset(const cllm_model *m, const float *w, size_t numel, size_t *off) {
+    uintptr_t base = (uintptr_t)m->params, p = (uintptr_t)w;
+    if (p < base || (p - base) / sizeof(float) + numel > m->n_params)
+        return CLLM_FAIL(CLLM_ERR_INTERNAL, "%s linear layer with a weight outside the parameter buffer",
+                         cllm_precision_name(m->prec));
+    *off = (p - base) / sizeof(float);
+    return CLLM_OK;
+}
+
+static void add_bias(float *out, const float *bias, int N, int OUT) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *o = out + (size_t)n * OUT;
+#pragma omp simd
+        for (int j = 0; j < OUT; j++) o[j] += bias[j];
+    }
+}
+
+cllm_status model_linear_forward(cllm_model *m, float *out, const float *inp, const float *w, const float *bias, int N,
+                                 int IN, int OUT, bool w_in_out) {
+    if (m->prec == CLLM_PREC_FP32) return cllm_linear_forward(out, inp, w, bias, N, IN, OUT, w_in_out);
+    size_t off = 0, nin = (size_t)N * IN;
+    cllm_status st = weight_offset(m, w, (size_t)IN * OUT, &off);
+    if (!st) st = reserve(m, nin);
+    if (st) return st;
+    refresh(m);
+    if (m->prec == CLLM_PREC_BF16) {
+        uint16_t *a = m->lp_a;
+        cllm_to_bf16(a, inp, (long)nin);
+        st = cllm_matmul_bf16(out, a, (const uint16_t *)m->lp_params + off, N, OUT, IN, false, !w_in_out, 1.0f, 0.0f);
+        if (!st && bias) add_bias(out, bias, N, OUT);
+        return st;
+    }
+    float *a = m->lp_a;
+    cllm_round_f16(a, inp, (long)nin);
+    st = cllm_linear_forward(out, a, (const float *)m->lp_params + off, bias, N, IN, OUT, w_in_out);
+    if (!st) cllm_round_f16(out, out, (long)N * OUT);
+    return st;
+}
+
+cllm_status model_linear_backward(cllm_model *m, float *dinp, float *dw, float *dbias, const float *dout,
+                                  const float *inp, const float *w, int N, int IN, int OUT, bool w_in_out) {
+    if (m->prec == CLLM_PREC_FP32) return cllm_linear_backward(dinp, dw, dbias, dout, inp, w, N, IN, OUT, w_in_out);
+    size_t off = 0, nin = (size_t)N * IN, nout = (size_t)N * OUT;
+    cllm_status st = weight_offset(m, w, (size_t)IN * OUT, &off);
+    if (!st) st = reserve(m, nin > nout ? nin : nout);
+    if (st) return st;
+    refresh(m);
+    if (m->prec == CLLM_PREC_BF16) {
+        uint16_t *d = m->lp_a, *x = m->lp_b;
+        const uint16_t *w16 = (const uint16_t *)m->lp_params + off;
+        cllm_to_bf16(d, dout, (long)nout);
+        if (dinp) st = cllm_matmul_bf16(dinp, d, w16, N, IN, OUT, false, w_in_out, 1.0f, 1.0f);
+        if (!st && dw) {
+            cllm_to_bf16(x, inp, (long)nin);
+            if (w_in_out)
+                st = cllm_matmul_bf16(dw, x, d, IN, OUT, N, true, false, 1.0f, 1.0f);
+            else
+                st = cllm_matmul_bf16(dw, d, x, OUT, IN, N, true, false, 1.0f, 1.0f);
+        }
+        /* the bias gradient is a column sum of the fp32 dout */
+        if (!st && dbias) st = cllm_linear_backward(NULL, NULL, dbias, dout, NULL, NULL, N, IN, OUT, w_in_out);
+        return st;
+    }
+    float *d = m->lp_a, *x = m->lp_b;
+    cllm_round_f16(d, dout, (long)nout);
+    if (dw) cllm_round_f16(x, inp, (long)nin);
+    st = cllm_linear_backward(dinp, dw, dbias, d, x, (const float *)m->lp_params + off, N, IN, OUT, w_in_out);
+    if (!st && dinp) cllm_round_f16(dinp, dinp, (long)nin);
+    return st;
+}

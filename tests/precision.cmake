@@ -1,0 +1,4 @@
+# Mixed-precision compute (bf16, emulated fp16) against PyTorch fp32 and
+# bf16 autocast, and bf16 vs fp32 training quality over 200 steps.
+cllm_add_py_test(precision_compute precision_test.py LABELS precision model ARGS --part compute)
+cllm_add_py_test(precision_train precision_test.py LABELS precision model ARGS --part train)
