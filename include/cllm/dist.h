@@ -108,6 +108,10 @@ cllm_status cllm_dist_recv_f32(float *buf, size_t n, int src, int tag);
 /* Completes a send; an inactive request returns at once. */
 cllm_status cllm_dist_wait(cllm_dist_req *req);
 
+/* In place over group g (NULL: the world): buf[n] <- element-wise maximum
+ * over its ranks of buf[n]. Exact, so every rank gets the same bits. */
+cllm_status cllm_dist_g_allreduce_max_f32(const cllm_dist_group *g, float *buf, size_t n);
+
 #ifdef __cplusplus
 }
 #endif
