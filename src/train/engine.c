@@ -53,6 +53,7 @@ typedef struct {
     cllm_topo topo;         /* pipe x data x tensor */
     train_pipe *pipe;       /* pipeline parallelism: this rank's stage (NULL without) */
     cllm_dist_group *data_grp; /* with a pipeline: the ranks of this stage (NULL: the world) */
+    train_tp *tp;           /* tensor parallelism: groups and the whole model (NULL without) */
     size_t base;            /* start of this rank's stage in the flat buffers (0 without a pipeline) */
     const char *output_dir; /* the caller's, restored at the end (ranks > 0 write nothing) */
 } trainer;
@@ -191,7 +192,8 @@ static cllm_status run_eval(trainer *tr, long step) {
         cllm_status gs = train_pipe_gather_params(tr->pipe, cllm_model_params(tr->m));
         if (gs) return cllm_fail_context(gs, "evaluation at step %ld", step);
     }
-    if (!tr->eval || cllm_dist_rank() > 0) return CLLM_OK; /* rank 0 evaluates alone */
+    /* rank 0 evaluates alone; with tensor parallelism, with its tensor group */
+    if (!tr->eval || (tr->tp ? tr->topo.coord[CLLM_AXIS_DATA] != 0 : cllm_dist_rank() > 0)) return CLLM_OK;
     double t0 = cllm_time_sec();
     long B = tr->cfg->train_micro_batch_size_per_gpu;
     int T = tr->cfg->seq_len;
@@ -227,7 +229,7 @@ static cllm_status run_eval(trainer *tr, long step) {
     rec_int(&r, "eval_batches", (long long)batches);
     rec_num(&r, "eval_time", dt);
     tr->last_eval_step = step;
-    if (tr->cfg->log != CLLM_LOG_MODE_QUIET) {
+    if (tr->cfg->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0) {
         end_line(tr);
         fprintf(stderr, "eval  %5ld | loss %.4f | ppl %.3f | %ld tokens | %.2f s\n", step, loss, exp(loss), count, dt);
     }
@@ -271,9 +273,10 @@ static cllm_status load_rows(trainer *tr, uint64_t g0, long *count) {
 /* The data-parallel reductions (sums over ranks, zero.c); identities with
  * one rank. The target count comes first: it sets every rank's grad_scale. */
 static cllm_status reduce_count(trainer *tr, long *count) {
-    if (tr->pipe) { /* the stages of one pipeline read the same rows: sum over the data group */
+    if (tr->pipe || tr->tp) { /* the stages of one pipeline (the ranks of one tensor group) read the same rows:
+                                 sum over the data group */
         double v = (double)*count;
-        cllm_status st = cllm_dist_g_allreduce_sum_f64(tr->data_grp, &v, 1);
+        cllm_status st = cllm_dist_g_allreduce_sum_f64(tr->pipe ? tr->data_grp : train_tp_data_group(tr->tp), &v, 1);
         *count = (long)v;
         return st;
     }
@@ -283,7 +286,9 @@ static cllm_status reduce_count(trainer *tr, long *count) {
     return st;
 }
 static cllm_status reduce_grads(trainer *tr, float *grads, double *loss_sum) {
-    cllm_status st = cllm_dist_allreduce_sum_f64(loss_sum, 1);
+    /* every rank of a tensor group holds the whole loss: sum over the data group */
+    cllm_status st = tr->tp ? cllm_dist_g_allreduce_sum_f64(train_tp_data_group(tr->tp), loss_sum, 1)
+                            : cllm_dist_allreduce_sum_f64(loss_sum, 1);
     return st ? st : train_zero_reduce_grads(&tr->zero, grads);
 }
 
@@ -460,12 +465,18 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     json_t *ptopo = c->model_topo ? json_object_get(c->model_topo, "process_topology") : NULL;
     cllm_status st = cllm_topo_init(&tr->topo, ptopo, cllm_dist_size(), cllm_dist_rank(), "config");
     if (st) return st;
-    if (tr->topo.dims[CLLM_AXIS_TENSOR] > 1)
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "model_topo.process_topology: a tensor axis of size %d: tensor "
-                         "parallelism is not implemented yet (pipe and data axes are)", tr->topo.dims[CLLM_AXIS_TENSOR]);
+    const bool piped = tr->topo.dims[CLLM_AXIS_PIPE] > 1, tensor = tr->topo.dims[CLLM_AXIS_TENSOR] > 1;
+    if (piped && tensor)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "model_topo.process_topology: pipe %d x tensor %d: pipeline and "
+                         "tensor parallelism together are not implemented yet (each works alone, and with data)",
+                         tr->topo.dims[CLLM_AXIS_PIPE], tr->topo.dims[CLLM_AXIS_TENSOR]);
+    if (tensor && c->save_interval > 0)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
+                         "checkpoints with tensor parallelism: every tensor rank holds part of the optimizer state and "
+                         "sharded checkpoints are not wired to it yet; set save_interval 0 (the final model is still "
+                         "saved)");
     c->dp_size = tr->topo.dims[CLLM_AXIS_DATA];
     c->dp_rank = tr->topo.coord[CLLM_AXIS_DATA];
-    const bool piped = tr->topo.dims[CLLM_AXIS_PIPE] > 1;
     st = cllm_ckpt_find(c->output_dir, c->resume, &resume_dir);
     if (st) return st;
     if (c->resume && !resume_dir)
@@ -473,6 +484,12 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if (resume_dir && (st = cllm_ckpt_verify(resume_dir))) goto done;
     if ((st = open_model(tr, resume_dir))) goto done;
     if ((st = open_data(tr))) goto done;
+    if (tensor && resume_dir) {
+        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "resuming with tensor parallelism: checkpoints are not wired to it yet");
+        goto done;
+    }
+    /* the data were opened with the whole vocabulary; from here on tr->m is this rank's part */
+    if (tensor && (st = train_tp_init(&tr->tp, &tr->m, &tr->topo))) goto done;
     if ((st = cllm_train_config_resolve(c, cllm_loader_size(tr->train)))) goto done;
     const cllm_model_config *mc = cllm_model_get_config(tr->m);
     if (mc->n_ctx > 0 && c->seq_len > mc->n_ctx) {
@@ -496,6 +513,11 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     /* the optimizer keeps state for this rank's slice only (all of it at ZeRO stage 0) */
     if (piped) {
         if ((st = setup_pipeline(tr))) goto done;
+    } else if (tensor) {
+        if ((st = train_zero_init_group(&tr->zero, c, n, n, tr->ranges, tr->n_ranges, train_tp_data_group(tr->tp),
+                                        train_tp_group(tr->tp))))
+            goto done;
+        if ((st = train_tp_norm_skip(tr->tp, tr->m, &tr->zero.norm_skip, &tr->zero.n_norm_skip))) goto done;
     } else if ((st = train_zero_init(&tr->zero, c, n, tr->ranges, tr->n_ranges))) {
         goto done;
     }
@@ -572,7 +594,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         if ((st = train_zero_agree(&tr->zero, &stop))) goto done;
         if (stop) {
             end_line(tr);
-            bool sharded = (tr->zero.stage >= 1 && tr->zero.size > 1) || tr->pipe;
+            bool sharded = (tr->zero.stage >= 1 && tr->zero.size > 1) || tr->pipe || tr->tp;
             if (cllm_dist_rank() == 0)
                 fprintf(stderr, "cllm train: stop requested; %s at step %ld\n",
                         sharded ? "no checkpoint (partitioned optimizer state)" : "saving a checkpoint", step);
@@ -595,7 +617,9 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         tr->save_wait_total += wait;
         if (tr->pipe && (st = train_pipe_gather_params(tr->pipe, cllm_model_params(tr->m)))) goto done;
         if (tr->pipe && (st = pipe_report(tr, true))) goto done;
-        if (c->output_dir && (st = cllm_model_save(tr->m, c->output_dir, c->max_shard_bytes))) goto done;
+        cllm_model *whole = tr->m;
+        if (tr->tp && (st = train_tp_gather(tr->tp, tr->m, &whole))) goto done;
+        if (c->output_dir && (st = cllm_model_save(whole, c->output_dir, c->max_shard_bytes))) goto done;
     } else {
         double wait = 0;
         st = train_saver_wait(tr->saver, &wait);
@@ -637,6 +661,7 @@ cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks
     train_zero_free(&tr.zero);
     train_pipe_free(tr.pipe);
     cllm_dist_group_free(tr.data_grp);
+    train_tp_free(tr.tp);
     cllm_loader_free(tr.train);
     cllm_loader_free(tr.eval);
     cllm_model_free(tr.m);
