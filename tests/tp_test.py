@@ -59,6 +59,11 @@ def equivalence(env, arch):
             print(p.stdout, p.stderr[-3000:], file=sys.stderr)
             dt.check(False, f"{tag}: mpirun failed ({p.returncode})")
             continue
+        rep = [ln for ln in p.stderr.splitlines() if "replicated tensors differ by at most" in ln]
+        dt.check(len(rep) == 1 and float(rep[0].split("at most ")[1].split()[0]) <= 1e-6,
+                 f"{tag}: replicated tensors of the tensor ranks disagree: {rep}")
+        if rep:
+            print(f"{tag}: {rep[0]}")
         allm = dt.metrics(os.path.join(out, "metrics.jsonl"))
         m = [r for r in allm if "loss" in r]
         e = [r for r in allm if "eval_loss" in r]

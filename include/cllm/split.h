@@ -75,9 +75,13 @@ void cllm_tp_unslice(const cllm_tensor_info *t, cllm_tp_rule rule, int tp, int r
 cllm_status cllm_tp_model_part(cllm_model **out, const cllm_model *full, int tp, int r);
 
 /* Collective over the tensor group g: gathers every rank's part (of
- * cllm_tp_model_part(full, size of g, rank in g)) into full's parameters. */
+ * cllm_tp_model_part(full, size of g, rank in g)) into full's parameters.
+ * Replicated tensors come from group rank 0; when max_repl_diff is not
+ * NULL it receives the largest absolute difference between any rank's copy
+ * of a replicated tensor and rank 0's (0 when the ranks kept them equal). */
 struct cllm_dist_group;
-cllm_status cllm_tp_model_gather(cllm_model *full, const cllm_model *part, const struct cllm_dist_group *g);
+cllm_status cllm_tp_model_gather(cllm_model *full, const cllm_model *part, const struct cllm_dist_group *g,
+                                 float *max_repl_diff);
 
 /* Writes model m as a stage layout for `tensor` ranks into out_dir (which
  * must not exist yet, or be a previous stage layout: it is replaced). Files

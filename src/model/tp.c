@@ -24,6 +24,7 @@
  * Norm parameters are replicated; their gradients come out equal on every
  * rank because their inputs and output gradients are.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,7 +85,8 @@ fail:
     return st;
 }
 
-cllm_status cllm_tp_model_gather(cllm_model *full, const cllm_model *part, const cllm_dist_group *g) {
+cllm_status cllm_tp_model_gather(cllm_model *full, const cllm_model *part, const cllm_dist_group *g,
+                                 float *max_repl_diff) {
     int tp = cllm_dist_group_size(g);
     size_t n = part->n_params;
     float *all = cllm_calloc((size_t)tp * n, sizeof(float), "tensor-parallel gather");
@@ -97,12 +99,20 @@ cllm_status cllm_tp_model_gather(cllm_model *full, const cllm_model *part, const
     for (int r = 0; r < tp; r++) counts[r] = n;
     memcpy(all + (size_t)cllm_dist_group_rank(g) * n, part->params, n * sizeof(float));
     if ((st = cllm_dist_g_allgather_f32(g, all, counts))) goto done;
-    for (int r = 0; r < tp; r++)
+    float diff = 0;
+    for (int r = tp - 1; r >= 0; r--) /* rank 0's replicated tensors last */
         for (int i = 0; i < full->n_tensors; i++) {
             const cllm_tensor_info *t = &full->tensors[i];
-            cllm_tp_unslice(t, cllm_tp_rule_of(full, i), tp, r, all + (size_t)r * n + part->tensors[i].offset,
-                            full->params + t->offset);
+            cllm_tp_rule rule = cllm_tp_rule_of(full, i);
+            const float *src = all + (size_t)r * n + part->tensors[i].offset;
+            if (rule.cut == CLLM_TP_REPLICATE && r > 0)
+                for (size_t k = 0; k < t->numel; k++) {
+                    float d = fabsf(src[k] - all[part->tensors[i].offset + k]);
+                    if (!(d <= diff)) diff = d; /* NaN counts as a difference */
+                }
+            cllm_tp_unslice(t, rule, tp, r, src, full->params + t->offset);
         }
+    if (max_repl_diff) *max_repl_diff = diff;
 done:
     cllm_free(all);
     free(counts);

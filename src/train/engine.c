@@ -618,7 +618,12 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         if (tr->pipe && (st = train_pipe_gather_params(tr->pipe, cllm_model_params(tr->m)))) goto done;
         if (tr->pipe && (st = pipe_report(tr, true))) goto done;
         cllm_model *whole = tr->m;
-        if (tr->tp && (st = train_tp_gather(tr->tp, tr->m, &whole))) goto done;
+        float diff = 0;
+        if (tr->tp && (st = train_tp_gather(tr->tp, tr->m, &whole, &diff))) goto done;
+        /* norms and row-parallel biases are updated by every tensor rank from gradients that must agree */
+        if (tr->tp && cllm_dist_rank() == 0 && c->log != CLLM_LOG_MODE_QUIET)
+            fprintf(stderr, "cllm train: replicated tensors differ by at most %.3g over the %d tensor ranks\n",
+                    (double)diff, tr->topo.dims[CLLM_AXIS_TENSOR]);
         if (c->output_dir && (st = cllm_model_save(whole, c->output_dir, c->max_shard_bytes))) goto done;
     } else {
         double wait = 0;

@@ -78,7 +78,7 @@ cllm_status train_tp_norm_skip(const train_tp *t, const cllm_model *part, cllm_p
     return CLLM_OK;
 }
 
-cllm_status train_tp_gather(train_tp *t, const cllm_model *part, cllm_model **whole) {
+cllm_status train_tp_gather(train_tp *t, const cllm_model *part, cllm_model **whole, float *repl_diff) {
     *whole = t->whole;
-    return cllm_tp_model_gather(t->whole, part, t->tp_grp);
+    return cllm_tp_model_gather(t->whole, part, t->tp_grp, repl_diff);
 }

@@ -163,7 +163,8 @@ const cllm_dist_group *train_tp_data_group(const train_tp *t); /* same tensor (a
  * (they are counted once in the gradient norm, by rank 0); *n 0 otherwise. */
 cllm_status train_tp_norm_skip(const train_tp *t, const cllm_model *part, cllm_param_range **out, int *n);
 /* Collective over the tensor group: the whole model with every part's
- * current parameters (borrowed; valid until train_tp_free). */
-cllm_status train_tp_gather(train_tp *t, const cllm_model *part, cllm_model **whole);
+ * current parameters (borrowed; valid until train_tp_free), and the largest
+ * difference between the tensor ranks' copies of a replicated tensor. */
+cllm_status train_tp_gather(train_tp *t, const cllm_model *part, cllm_model **whole, float *repl_diff);
 
 #endif
