@@ -187,13 +187,16 @@ static void show_step(trainer *tr, long step, double loss, double lr, double gno
 /* --------------------------------------------------------------- eval */
 
 static cllm_status run_eval(trainer *tr, long step) {
+    tr->last_eval_step = step; /* on every rank: the final evaluation is collective with a pipeline */
     /* with a pipeline every stage's part of the model comes to every rank */
     if (tr->pipe) {
         cllm_status gs = train_pipe_gather_params(tr->pipe, cllm_model_params(tr->m));
         if (gs) return cllm_fail_context(gs, "evaluation at step %ld", step);
     }
     /* rank 0 evaluates alone; with tensor parallelism, with its tensor group */
-    if (!tr->eval || (tr->tp ? tr->topo.coord[CLLM_AXIS_DATA] != 0 : cllm_dist_rank() > 0)) return CLLM_OK;
+    if (!tr->eval || (tr->tp ? tr->topo.coord[CLLM_AXIS_DATA] + tr->topo.coord[CLLM_AXIS_PIPE] != 0
+                             : cllm_dist_rank() > 0))
+        return CLLM_OK;
     double t0 = cllm_time_sec();
     long B = tr->cfg->train_micro_batch_size_per_gpu;
     int T = tr->cfg->seq_len;
@@ -228,7 +231,6 @@ static cllm_status run_eval(trainer *tr, long step) {
     rec_int(&r, "eval_tokens", count);
     rec_int(&r, "eval_batches", (long long)batches);
     rec_num(&r, "eval_time", dt);
-    tr->last_eval_step = step;
     if (tr->cfg->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0) {
         end_line(tr);
         fprintf(stderr, "eval  %5ld | loss %.4f | ppl %.3f | %ld tokens | %.2f s\n", step, loss, exp(loss), count, dt);
@@ -286,9 +288,9 @@ static cllm_status reduce_count(trainer *tr, long *count) {
     return st;
 }
 static cllm_status reduce_grads(trainer *tr, float *grads, double *loss_sum) {
-    /* every rank of a tensor group holds the whole loss: sum over the data group */
-    cllm_status st = tr->tp ? cllm_dist_g_allreduce_sum_f64(train_tp_data_group(tr->tp), loss_sum, 1)
-                            : cllm_dist_allreduce_sum_f64(loss_sum, 1);
+    /* every rank of a tensor group holds the whole loss: tensor rank 0's counts */
+    if (tr->tp && !train_tp_is_first(tr->tp)) *loss_sum = 0;
+    cllm_status st = cllm_dist_allreduce_sum_f64(loss_sum, 1);
     return st ? st : train_zero_reduce_grads(&tr->zero, grads);
 }
 
@@ -422,8 +424,27 @@ static cllm_status setup_pipeline(trainer *tr) {
         tr->ranges[k++] = r;
     }
     tr->n_ranges = k;
+    /* the gradient norm adds up over the model replica: the stages (and their tensor ranks) */
     return train_zero_init_group(&tr->zero, c, e - b, cllm_model_buffer_len(tr->m), tr->ranges, tr->n_ranges,
-                                 tr->data_grp, train_pipe_group(tr->pipe));
+                                 tr->data_grp, tr->tp ? train_tp_model_group(tr->tp) : train_pipe_group(tr->pipe));
+}
+
+/* Tensor parallelism: replicated tensors that this rank leaves out of the
+ * gradient norm, relative to the part of the flat buffer zero works on. */
+static cllm_status tp_norm_skip(trainer *tr) {
+    cllm_param_range *r = NULL;
+    int n = 0, k = 0;
+    cllm_status st = train_tp_norm_skip(tr->tp, tr->m, &r, &n);
+    if (st) return st;
+    size_t b = tr->base, e = b + tr->zero.n;
+    for (int i = 0; i < n; i++) {
+        if (r[i].end <= b || r[i].begin >= e) continue;
+        size_t lo = r[i].begin > b ? r[i].begin : b, hi = r[i].end < e ? r[i].end : e;
+        r[k++] = (cllm_param_range){lo - b, hi - b, false};
+    }
+    tr->zero.norm_skip = r;
+    tr->zero.n_norm_skip = k;
+    return CLLM_OK;
 }
 
 /* Rank 0 prints each rank's stage; at the end, the time each stage computed
@@ -466,10 +487,6 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     cllm_status st = cllm_topo_init(&tr->topo, ptopo, cllm_dist_size(), cllm_dist_rank(), "config");
     if (st) return st;
     const bool piped = tr->topo.dims[CLLM_AXIS_PIPE] > 1, tensor = tr->topo.dims[CLLM_AXIS_TENSOR] > 1;
-    if (piped && tensor)
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "model_topo.process_topology: pipe %d x tensor %d: pipeline and "
-                         "tensor parallelism together are not implemented yet (each works alone, and with data)",
-                         tr->topo.dims[CLLM_AXIS_PIPE], tr->topo.dims[CLLM_AXIS_TENSOR]);
     if (tensor && c->save_interval > 0)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
                          "checkpoints with tensor parallelism: every tensor rank holds part of the optimizer state and "
@@ -515,12 +532,12 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         if ((st = setup_pipeline(tr))) goto done;
     } else if (tensor) {
         if ((st = train_zero_init_group(&tr->zero, c, n, n, tr->ranges, tr->n_ranges, train_tp_data_group(tr->tp),
-                                        train_tp_group(tr->tp))))
+                                        train_tp_model_group(tr->tp))))
             goto done;
-        if ((st = train_tp_norm_skip(tr->tp, tr->m, &tr->zero.norm_skip, &tr->zero.n_norm_skip))) goto done;
     } else if ((st = train_zero_init(&tr->zero, c, n, tr->ranges, tr->n_ranges))) {
         goto done;
     }
+    if (tensor && (st = tp_norm_skip(tr))) goto done;
     if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), cllm_loader_size(tr->train)))) goto done;
     if ((st = cllm_optim_init(&tr->opt, &c->optim, train_zero_slice_len(&tr->zero)))) goto done;
     train_zero_count_optim(&tr->zero, tr->opt);

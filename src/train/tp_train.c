@@ -14,7 +14,7 @@
 
 struct train_tp {
     cllm_model *whole; /* the model as loaded; refilled by train_tp_gather */
-    cllm_dist_group *tp_grp, *data_grp;
+    cllm_dist_group *tp_grp, *data_grp, *model_grp;
     int rank, size;
 };
 
@@ -39,6 +39,20 @@ cllm_status train_tp_init(train_tp **out, cllm_model **m, const cllm_topo *topo)
     cllm_status st = make_group(&t->tp_grp, topo, CLLM_AXIS_TENSOR);
     if (!st) st = make_group(&t->data_grp, topo, CLLM_AXIS_DATA);
     if (st) return st;
+    /* the ranks of one model replica: every pipe and tensor coordinate, this data coordinate */
+    int P = topo->dims[CLLM_AXIS_PIPE], *ranks = calloc((size_t)P * (size_t)t->size, sizeof *ranks);
+    if (!ranks) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    int c[CLLM_AXIS_COUNT];
+    memcpy(c, topo->coord, sizeof c);
+    for (int p = 0; p < P; p++)
+        for (int r = 0; r < t->size; r++) {
+            c[CLLM_AXIS_PIPE] = p;
+            c[CLLM_AXIS_TENSOR] = r;
+            ranks[p * t->size + r] = cllm_topo_rank_of(topo, c);
+        }
+    st = cllm_dist_group_init(&t->model_grp, ranks, P * t->size);
+    free(ranks);
+    if (st) return st;
     cllm_model *part = NULL;
     if ((st = cllm_tp_model_part(&part, *m, t->size, t->rank)))
         return cllm_fail_context(st, "model_topo.process_topology: tensor axis %d", t->size);
@@ -56,11 +70,14 @@ void train_tp_free(train_tp *t) {
     cllm_model_free(t->whole);
     cllm_dist_group_free(t->tp_grp);
     cllm_dist_group_free(t->data_grp);
+    cllm_dist_group_free(t->model_grp);
     free(t);
 }
 
 const cllm_dist_group *train_tp_group(const train_tp *t) { return t->tp_grp; }
 const cllm_dist_group *train_tp_data_group(const train_tp *t) { return t->data_grp; }
+const cllm_dist_group *train_tp_model_group(const train_tp *t) { return t->model_grp; }
+bool train_tp_is_first(const train_tp *t) { return t->rank == 0; }
 
 cllm_status train_tp_norm_skip(const train_tp *t, const cllm_model *part, cllm_param_range **out, int *n) {
     *out = NULL;

@@ -159,6 +159,8 @@ cllm_status train_tp_init(train_tp **out, cllm_model **m, const cllm_topo *topo)
 void train_tp_free(train_tp *t);
 const cllm_dist_group *train_tp_group(const train_tp *t);      /* the tensor group */
 const cllm_dist_group *train_tp_data_group(const train_tp *t); /* same tensor (and pipe) coordinate */
+const cllm_dist_group *train_tp_model_group(const train_tp *t); /* one model replica: same data coordinate */
+bool train_tp_is_first(const train_tp *t); /* tensor rank 0 */
 /* Ranges of the part's replicated tensors when this is not tensor rank 0
  * (they are counted once in the gradient norm, by rank 0); *n 0 otherwise. */
 cllm_status train_tp_norm_skip(const train_tp *t, const cllm_model *part, cllm_param_range **out, int *n);
