@@ -10,7 +10,7 @@ embedding is shared by the first and the last stage). Not bit-identical:
 the gradient norm is summed stage by stage and MPI adds the data ranks'
 gradients in its own order.
 
-Errors: parts that do not add up, more stages than units, a tensor axis,
+Errors: parts that do not add up, more stages than units,
 checkpoints with a pipeline.
 
 Usage: pipe_test.py --cllm BIN --build DIR --case {llama,bloom,gpt2,errors}
@@ -95,7 +95,6 @@ def errors(env):
     fails("stages", 2, {"process_topology": {"axis": ["pipe"], "dims": [5]}}, "pipe 5 x tensor 1 = 5 does not divide the 2 ranks")
     p5 = {"process_topology": {"axis": ["pipe"], "dims": [5]}}
     fails("too-many", 5, p5, "5 pipeline stages but the model has only 4 units")
-    fails("tensor", 2, {"process_topology": {"axis": ["tensor"], "dims": [2]}}, "tensor parallelism is not implemented")
     fails("schedule", 2, {"process_topology": pipe2, "schedule": "zigzag"}, "model_topo.schedule")
     fails("ckpt", 2, {"process_topology": pipe2}, "checkpoints with pipeline parallelism", save_interval=5)
     fails("zero3", 2, {"process_topology": pipe2}, "stage 3 with pipeline", zero_optimization={"stage": 3})

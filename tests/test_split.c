@@ -4,7 +4,9 @@
  * parts have the shapes Megatron's scheme gives; a layout written and read
  * back is the model; damaged layouts are refused with the file named. (The
  * cuts themselves are compared with an independent PyTorch slicing in
- * tests/split_test.py.)
+ * tests/split_test.py.) A tensor rank's model part has exactly the cut
+ * shapes, and a part of one (tp 1) runs the single-process pass bit for bit;
+ * the multi-rank passes are checked under mpirun by tests/tp_test.py.
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -63,6 +65,53 @@ static int same_params(cllm_model *a, cllm_model *b) {
            memcmp(cllm_model_params(a), cllm_model_params(b), cllm_model_buffer_len(a) * sizeof(float)) == 0;
 }
 
+/* Model parts: cut shapes for tp 2; for tp 1 the same forward, backward and
+ * gathered parameters as the whole model, bit for bit. */
+static void test_parts(cllm_model *m) {
+    const char *arch = cllm_arch_name(cllm_model_get_config(m)->arch);
+    for (int r = 0; r < 2; r++) {
+        cllm_model *p = NULL;
+        CHECK(cllm_tp_model_part(&p, m, 2, r) == CLLM_OK, "%s part %d: %s", arch, r, cllm_last_error());
+        if (!p) continue;
+        CHECK(cllm_model_get_config(p)->vocab_size * 2 == cllm_model_get_config(m)->vocab_size, "part vocabulary");
+        for (int i = 0; i < cllm_model_n_tensors(m); i++) {
+            const cllm_tensor_info *t = cllm_model_tensor(m, i), *q = cllm_model_tensor(p, i);
+            int64_t shape[2];
+            cllm_tp_shape(t, cllm_tp_rule_of(m, i), 2, shape);
+            float *want = malloc(q->numel * sizeof(float));
+            cllm_tp_slice(t, cllm_tp_rule_of(m, i), 2, r, cllm_model_params(m) + t->offset, want);
+            CHECK(strcmp(t->name, q->name) == 0 && shape[0] == q->shape[0] && (q->ndim == 1 || shape[1] == q->shape[1]),
+                  "%s part %d: %s has [%lld, %lld]", arch, r, q->name, (long long)q->shape[0], (long long)q->shape[1]);
+            CHECK(memcmp(want, cllm_model_params(p) + q->offset, q->numel * sizeof(float)) == 0, "%s part %d: %s values",
+                  arch, r, q->name);
+            free(want);
+        }
+        CHECK(cllm_model_set_tensor_parallel(p, NULL, r, 2) != CLLM_OK && strstr(cllm_last_error(), "tensor group of 1"),
+              "a 2-way part on one rank: %s", cllm_last_error());
+        cllm_model_free(p);
+    }
+    cllm_model *p = NULL;
+    CHECK(cllm_tp_model_part(&p, m, 1, 0) == CLLM_OK && same_params(m, p), "%s: part of 1", arch);
+    if (!p) return;
+    CHECK(cllm_model_set_tensor_parallel(p, NULL, 0, 1) == CLLM_OK, "tp 1: %s", cllm_last_error());
+    enum { B = 2, T = 8 };
+    int32_t tok[B * T], tgt[B * T];
+    for (int i = 0; i < B * T; i++) tok[i] = (int32_t)((i * 37 + 5) % 200), tgt[i] = i % 5 == 4 ? -100 : (i * 11) % 200;
+    double l1 = 0, l2 = 0;
+    long k1 = 0, k2 = 0;
+    CHECK(cllm_model_prepare(m, B, T, true) == CLLM_OK && cllm_model_prepare(p, B, T, true) == CLLM_OK, "prepare");
+    cllm_model_zero_grads(m);
+    cllm_model_zero_grads(p);
+    CHECK(cllm_model_forward_backward(m, tok, tgt, B, T, true, 0.1f, &l1, &k1) == CLLM_OK, "whole pass");
+    CHECK(cllm_model_forward_backward(p, tok, tgt, B, T, true, 0.1f, &l2, &k2) == CLLM_OK, "part pass");
+    CHECK(l1 == l2 && k1 == k2 && l1 > 0, "%s tp 1: loss %.9g vs %.9g", arch, l2, l1);
+    CHECK(memcmp(cllm_model_grads(m), cllm_model_grads(p), cllm_model_buffer_len(m) * sizeof(float)) == 0,
+          "%s tp 1: gradients differ", arch);
+    cllm_model_params(p)[0] += 1.0f;
+    CHECK(cllm_tp_model_gather(m, p, NULL, NULL) == CLLM_OK && same_params(m, p), "%s tp 1: gather", arch);
+    cllm_model_free(p);
+}
+
 int main(void) {
     char dir[] = "/tmp/cllm_split_XXXXXX";
     if (!mkdtemp(dir)) return 1;
@@ -72,6 +121,7 @@ int main(void) {
         for (int tie = 0; tie < (a == CLLM_ARCH_LLAMA ? 2 : 1); tie++) {
             cllm_model *m = tiny((cllm_arch)a, tie);
             if (!m) continue;
+            test_parts(m);
             for (int tp = 1; tp <= 4; tp *= 2) {
                 test_cuts(m, tp);
                 CHECK(cllm_split_save(m, tp, NULL, NULL, out) == CLLM_OK, "save tp %d: %s", tp, cllm_last_error());

@@ -157,6 +157,10 @@ void cllm_dist_set_timeout(double seconds);
  * (0: before the first step). */
 void cllm_dist_set_step(long step);
 
+/* In place over group g (NULL: the world): buf[n] <- element-wise maximum
+ * over its ranks of buf[n]. Exact, so every rank gets the same bits. */
+cllm_status cllm_dist_g_allreduce_max_f32(const cllm_dist_group *g, float *buf, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -178,6 +178,28 @@ long cllm_xent_forward_backward(float *losses, float *logits, const int32_t *tar
 /* Forward only (evaluation): losses[n] as above, logits untouched. */
 long cllm_xent_forward(float *losses, const float *logits, const int32_t *targets, int N, int V);
 
+/* ------------------------------------------- vocabulary-parallel pieces
+ * For tensor parallelism: a rank holds the vocabulary rows [v0, v0 + V) of
+ * the embedding and of the head, so its logits[N,V] are columns [v0, v0+V)
+ * of the whole row. The cross-entropy runs in three passes with two
+ * reductions over the tensor group in between (the caller's):
+ *   cllm_xent_vp_max:  rmax[n] = max of the local logits   -> all-reduce max
+ *   cllm_xent_vp_sum:  st[2n] = sum exp(x - rmax[n]), st[2n+1] = x[target]
+ *                      if this rank owns the target, else 0 -> all-reduce sum
+ *                      (with `store`, x <- exp(x - rmax[n]) on the way)
+ *   cllm_xent_vp_finish: losses as cllm_xent_forward; with logits (after a
+ *                      storing sum) the gradient as cllm_xent_forward_backward
+ * Rows with target -100 get loss 0 and a zero gradient. */
+void cllm_xent_vp_max(float *rmax, const float *logits, int N, int V);
+void cllm_xent_vp_sum(double *st, float *logits, const int32_t *targets, const float *rmax, int N, int V, int v0,
+                      bool store);
+long cllm_xent_vp_finish(float *losses, float *logits, const int32_t *targets, const float *rmax, const double *st,
+                         int N, int V, int v0, float dscale);
+/* out[n] = wte[tokens[n] - v0] for ids in [v0, v0 + V), zeros otherwise;
+ * dwte[id - v0] += dout[n] for the same ids (deterministic, no atomics). */
+void cllm_embedding_vp_forward(float *out, const int32_t *tokens, const float *wte, int N, int C, int v0, int V);
+void cllm_embedding_vp_backward(float *dwte, const float *dout, const int32_t *tokens, int N, int C, int v0, int V);
+
 /* ------------------------------------------------- attention over a cache
  * Causal attention of T new query rows per sequence against cached keys
  * and values, for incremental decoding. Row t of sequence b sits at

@@ -165,6 +165,17 @@ typedef struct {
 cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, int B, int T, double *loss_sum,
                                  long *n_counted);
 
+/* ---- tensor parallelism ----
+ * Marks m as tensor rank `rank`'s part of a model cut over `size` ranks
+ * (cllm_tp_model_part in cllm/split.h), running with the other parts over
+ * the dist group g (size ranks, group rank = tensor rank). Every forward and
+ * backward call is then collective over g: all its ranks call with the same
+ * tokens and targets, and every rank gets the whole model's loss and its
+ * part of the gradient. size 1 (the default) is the single-process code,
+ * bit for bit. Generation (cllm_model_forward_logits) refuses a part. */
+struct cllm_dist_group;
+cllm_status cllm_model_set_tensor_parallel(cllm_model *m, const struct cllm_dist_group *g, int rank, int size);
+
 /* Logits of the last position of each row, for generation: logits[B,V]. */
 cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int B, int T,
                                       float *logits);

@@ -66,6 +66,23 @@ void cllm_tp_shape(const cllm_tensor_info *t, cllm_tp_rule rule, int tp, int64_t
 void cllm_tp_slice(const cllm_tensor_info *t, cllm_tp_rule rule, int tp, int r, const float *full, float *part);
 void cllm_tp_unslice(const cllm_tensor_info *t, cllm_tp_rule rule, int tp, int r, const float *part, float *full);
 
+/* Tensor rank r's part of the whole model `full` cut over tp ranks: a model
+ * whose config has n_head, n_kv_head, n_inner and vocab_size divided by tp
+ * (head_dim and n_embd whole) and whose tensors are the cllm_tp_slice parts,
+ * same names, same order. It keeps full's config.json. Fails with
+ * cllm_topo_check_tensor's message when the sizes do not divide. The part
+ * still needs cllm_model_set_tensor_parallel to run. */
+cllm_status cllm_tp_model_part(cllm_model **out, const cllm_model *full, int tp, int r);
+
+/* Collective over the tensor group g: gathers every rank's part (of
+ * cllm_tp_model_part(full, size of g, rank in g)) into full's parameters.
+ * Replicated tensors come from group rank 0; when max_repl_diff is not
+ * NULL it receives the largest absolute difference between any rank's copy
+ * of a replicated tensor and rank 0's (0 when the ranks kept them equal). */
+struct cllm_dist_group;
+cllm_status cllm_tp_model_gather(cllm_model *full, const cllm_model *part, const struct cllm_dist_group *g,
+                                 float *max_repl_diff);
+
 /* Writes model m as a stage layout for `tensor` ranks into out_dir (which
  * must not exist yet, or be a previous stage layout: it is replaced). Files
  * named in copy_files (NULL-terminated, may be NULL) are copied from

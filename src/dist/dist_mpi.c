@@ -457,3 +457,15 @@ cllm_status cllm_dist_send_wait(cllm_dist_req *req) {
     MPI_TRY(MPI_Wait(&r, MPI_STATUS_IGNORE));
     return CLLM_OK;
 }
+
+cllm_status cllm_dist_g_allreduce_max_f32(const cllm_dist_group *g, float *buf, size_t n) {
+    MPI_Comm c = comm_of(g);
+    if (c == MPI_COMM_NULL) return CLLM_OK;
+    while (n > 0) {
+        int k = n > (size_t)INT_MAX ? INT_MAX : (int)n;
+        MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, buf, k, MPI_FLOAT, MPI_MAX, c));
+        buf += k;
+        n -= (size_t)k;
+    }
+    return CLLM_OK;
+}

@@ -23,7 +23,7 @@ static int dim(const cllm_model_config *c, char d) {
     case 'V': return c->vocab_size;
     case 'P': return c->n_ctx;
     case 'C': return c->n_embd;
-    case '3': return 3 * c->n_embd;
+    case '3': return 3 * c->n_head * c->head_dim; /* = 3C, or 3C/tp for a tensor rank's part */
     case 'F': return c->n_inner;
     case 'Q': return c->n_head * c->head_dim;
     case 'K': return c->n_kv_head * c->head_dim;
@@ -44,7 +44,7 @@ static const tensor_rule gpt2_block[] = {
     {L_LN1_B, "transformer.h.%d.ln_1.bias", 'C', '0', true},
     {L_QKV_W, "transformer.h.%d.attn.c_attn.weight", 'C', '3', false},
     {L_QKV_B, "transformer.h.%d.attn.c_attn.bias", '3', '0', true},
-    {L_O_W, "transformer.h.%d.attn.c_proj.weight", 'C', 'C', false},
+    {L_O_W, "transformer.h.%d.attn.c_proj.weight", 'Q', 'C', false},
     {L_O_B, "transformer.h.%d.attn.c_proj.bias", 'C', '0', true},
     {L_LN2_W, "transformer.h.%d.ln_2.weight", 'C', '0', true},
     {L_LN2_B, "transformer.h.%d.ln_2.bias", 'C', '0', true},
@@ -96,7 +96,7 @@ static const tensor_rule bloom_block[] = {
     {L_LN1_B, "transformer.h.%d.input_layernorm.bias", 'C', '0', true},
     {L_QKV_W, "transformer.h.%d.self_attention.query_key_value.weight", '3', 'C', false},
     {L_QKV_B, "transformer.h.%d.self_attention.query_key_value.bias", '3', '0', true},
-    {L_O_W, "transformer.h.%d.self_attention.dense.weight", 'C', 'C', false},
+    {L_O_W, "transformer.h.%d.self_attention.dense.weight", 'C', 'Q', false},
     {L_O_B, "transformer.h.%d.self_attention.dense.bias", 'C', '0', true},
     {L_LN2_W, "transformer.h.%d.post_attention_layernorm.weight", 'C', '0', true},
     {L_LN2_B, "transformer.h.%d.post_attention_layernorm.bias", 'C', '0', true},

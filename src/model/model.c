@@ -51,6 +51,8 @@ void cllm_model_free(cllm_model *m) {
     cllm_free(m->acts);
     model_lp_release(m);
     free(m->layers);
+    free(m->tp_max);
+    free(m->tp_sum);
     free(m);
 }
 
@@ -489,7 +491,8 @@ cllm_status cllm_model_prepare(cllm_model *m, int B, int T, bool train) {
     m->acts_recompute = m->recompute;
     if (c->arch == CLLM_ARCH_LLAMA) cllm_rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, c->rope_theta);
     if (c->arch == CLLM_ARCH_BLOOM) cllm_alibi_slopes(m->alibi, c->n_head);
-    return model_lp_prepare(m);
+    cllm_status st = model_lp_prepare(m);
+    return st ? st : model_tp_prepare(m);
 }
 
 long cllm_model_make_targets(int32_t *targets, const int32_t *labels, int B, int T) {
@@ -504,7 +507,7 @@ long cllm_model_make_targets(int32_t *targets, const int32_t *labels, int B, int
 }
 
 cllm_status cllm_model_check_ids(const cllm_model *m, const int32_t *tokens, const int32_t *targets, size_t n) {
-    int V = m->cfg.vocab_size;
+    int V = m->cfg.vocab_size * (m->tp_size > 1 ? m->tp_size : 1); /* a tensor part: the whole vocabulary */
     for (size_t i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= V)
             return CLLM_FAIL(CLLM_ERR_ARG, "token id %d at position %zu is outside the vocabulary [0, %d)", tokens[i], i, V);

@@ -91,7 +91,30 @@ struct cllm_model {
     bool lp_stale;            /* lp_params no longer match params */
     void *lp_a, *lp_b;        /* two operand scratch regions of lp_elems elements each */
     size_t lp_elems;
+    /* tensor parallelism (tp.c): this model is rank tp_rank's part of a
+     * model cut over tp_size ranks (cllm_tp_model_part); tp_size 1 = whole */
+    const struct cllm_dist_group *tp_grp;
+    int tp_rank, tp_size;
+    float *tp_max;   /* [logit chunk] per-row maximum of the logits */
+    double *tp_sum;  /* [2 * logit chunk] per-row sum of exp, target logit */
+    int tp_rows;     /* rows of tp_max / tp_sum */
 };
+
+/* Tensor-parallel pieces of the forward and backward passes (tp.c). */
+cllm_status model_tp_embed_forward(cllm_model *m, float *out, const int32_t *tokens, int N, int T);
+void model_tp_embed_backward(cllm_model *m, float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int N,
+                             int T);
+/* out[N,C] <- all-reduce(out) + bias (bias may be NULL): a row-parallel output */
+cllm_status model_tp_reduce_bias(cllm_model *m, float *out, const float *bias, int N, int C);
+/* buf[n] <- sum over the tensor group (identity without tensor parallelism) */
+cllm_status model_tp_allreduce(cllm_model *m, float *buf, size_t n);
+/* Vocabulary-parallel cross-entropy of a chunk of local logits [rows, V/tp]:
+ * as cllm_xent_forward(_backward) over the whole vocabulary. */
+cllm_status model_tp_xent(cllm_model *m, float *losses, float *logits, const int32_t *targets, int rows, bool backward,
+                          float dscale, long *counted);
+/* After the activations are (re)allocated: the cross-entropy statistics
+ * buffers and the ALiBi slopes of this rank's heads. */
+cllm_status model_tp_prepare(cllm_model *m);
 
 /* A model with zeroed parameters from an HF config object (model.c). */
 cllm_status model_from_config(cllm_model **out, const json_t *config, const char *path);

@@ -38,18 +38,18 @@ typedef struct {
 
 static qkv_views make_views(const cllm_model_config *c, float *qkv, size_t N) {
     qkv_views r;
-    int C = c->n_embd, HS = c->head_dim;
-    int Q = c->n_head * HS, K = c->n_kv_head * HS;
+    int HS = c->head_dim;
+    int Q = c->n_head * HS, K = c->n_kv_head * HS; /* gpt2, bloom: Q = K = C (C/tp on a tensor rank) */
     switch (c->arch) {
     case CLLM_ARCH_GPT2: /* [N, Q|K|V] column blocks */
-        r.q = (cllm_view){qkv, 3 * C, HS};
-        r.k = (cllm_view){qkv + C, 3 * C, HS};
-        r.v = (cllm_view){qkv + 2 * C, 3 * C, HS};
+        r.q = (cllm_view){qkv, 3 * Q, HS};
+        r.k = (cllm_view){qkv + Q, 3 * Q, HS};
+        r.v = (cllm_view){qkv + 2 * Q, 3 * Q, HS};
         break;
     case CLLM_ARCH_BLOOM: /* [N, NH, 3, HS] */
-        r.q = (cllm_view){qkv, 3 * C, 3 * HS};
-        r.k = (cllm_view){qkv + HS, 3 * C, 3 * HS};
-        r.v = (cllm_view){qkv + 2 * HS, 3 * C, 3 * HS};
+        r.q = (cllm_view){qkv, 3 * Q, 3 * HS};
+        r.k = (cllm_view){qkv + HS, 3 * Q, 3 * HS};
+        r.v = (cllm_view){qkv + 2 * HS, 3 * Q, 3 * HS};
         break;
     default: /* llama: three contiguous regions [N,Q], [N,K], [N,K] */
         r.q = (cllm_view){qkv, Q, HS};
@@ -80,10 +80,17 @@ static void norm_backward(const cllm_model *m, float *dinp, float *dw, float *db
         cllm_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, c->n_embd);
 }
 
-static void embed_forward(cllm_model *m, const int32_t *tokens, int B, int T) {
+static cllm_status embed_forward(cllm_model *m, const int32_t *tokens, int B, int T) {
     const cllm_model_config *c = &m->cfg;
     int N = B * T;
     float *x0 = m->layers[0].x;
+    if (m->tp_size > 1) { /* vocabulary-parallel lookup, summed over the tensor group */
+        TRY(model_tp_embed_forward(m, c->arch == CLLM_ARCH_BLOOM ? m->emb : x0, tokens, N, T));
+        if (c->arch == CLLM_ARCH_BLOOM)
+            cllm_layernorm_forward(x0, m->emb_mean, m->emb_rstd, m->emb, model_param(m, m->gslot[G_EMB_LN_W]),
+                                   model_param(m, m->gslot[G_EMB_LN_B]), N, c->n_embd, c->norm_eps);
+        return CLLM_OK;
+    }
     switch (c->arch) {
     case CLLM_ARCH_GPT2:
         cllm_embedding_forward(x0, tokens, model_param(m, m->gslot[G_WTE]), model_param(m, m->gslot[G_WPE]), N, T,
@@ -98,6 +105,7 @@ static void embed_forward(cllm_model *m, const int32_t *tokens, int B, int T) {
                                model_param(m, m->gslot[G_EMB_LN_B]), N, c->n_embd, c->norm_eps);
         break;
     }
+    return CLLM_OK;
 }
 
 /* With `recompute`, refills the block's saved activations from its input and
@@ -123,12 +131,15 @@ static cllm_status block_forward(cllm_model *m, int l, int B, int T, bool recomp
         cllm_rope_apply(v.q.p, m->rope_cos, m->rope_sin, B, T, c->n_head, HS, Q, HS, 1);
         cllm_rope_apply(v.k.p, m->rope_cos, m->rope_sin, B, T, c->n_kv_head, HS, K, HS, 1);
     } else {
-        TRY(model_linear_forward(m, a->qkv, a->ln1, P[L_QKV_W], P[L_QKV_B], N, C, 3 * C, in_out));
+        TRY(model_linear_forward(m, a->qkv, a->ln1, P[L_QKV_W], P[L_QKV_B], N, C, 3 * Q, in_out));
     }
     const float *alibi = c->arch == CLLM_ARCH_BLOOM ? m->alibi : NULL;
     cllm_attention_forward((cllm_view){a->atty, Q, HS}, a->lse, cv(v.q), cv(v.k), cv(v.v), alibi, B, T, c->n_head,
                            c->n_kv_head, HS, 1.0f / sqrtf((float)HS));
-    TRY(model_linear_forward(m, a->x1, a->atty, P[L_O_W], P[L_O_B], N, Q, C, in_out));
+    /* row-parallel under tensor parallelism: partial sums, reduced, then the bias once */
+    const bool tp = m->tp_size > 1;
+    TRY(model_linear_forward(m, a->x1, a->atty, P[L_O_W], tp ? NULL : P[L_O_B], N, Q, C, in_out));
+    if (tp) TRY(model_tp_reduce_bias(m, a->x1, P[L_O_B], N, C));
     cllm_add(a->x1, a->x1, a->x, (long)N * C);
 
     norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->x1, P[L_LN2_W], P[L_LN2_B], N);
@@ -140,7 +151,8 @@ static cllm_status block_forward(cllm_model *m, int l, int B, int T, bool recomp
         cllm_gelu_forward(a->act, a->fc, (long)N * F);
     }
     if (recompute) return CLLM_OK;
-    TRY(model_linear_forward(m, y, a->act, P[L_DOWN_W], P[L_DOWN_B], N, F, C, in_out));
+    TRY(model_linear_forward(m, y, a->act, P[L_DOWN_W], tp ? NULL : P[L_DOWN_B], N, F, C, in_out));
+    if (tp) TRY(model_tp_reduce_bias(m, y, P[L_DOWN_B], N, C));
     cllm_add(y, y, a->x1, (long)N * C);
     return CLLM_OK;
 }
@@ -173,6 +185,7 @@ static cllm_status block_backward(cllm_model *m, int l, int B, int T) {
         cllm_gelu_backward(m->dfc, m->dact, a->fc, (long)NF);
     }
     TRY(model_linear_backward(m, m->dln, G[L_FC_W], G[L_FC_B], m->dfc, a->ln2, P[L_FC_W], N, C, F, in_out));
+    TRY(model_tp_allreduce(m, m->dln, NC)); /* column-parallel input gradient */
     norm_backward(m, m->dx, G[L_LN2_W], G[L_LN2_B], m->dln, a->x1, P[L_LN2_W], a->ln2_mean, a->ln2_rstd, N);
 
     /* attention: h = x + o(attn(qkv(LN1(x)))) */
@@ -193,8 +206,9 @@ static cllm_status block_backward(cllm_model *m, int l, int B, int T) {
         TRY(model_linear_backward(m, m->dln, G[L_K_W], G[L_K_B], dv.k.p, a->ln1, P[L_K_W], N, C, K, false));
         TRY(model_linear_backward(m, m->dln, G[L_V_W], G[L_V_B], dv.v.p, a->ln1, P[L_V_W], N, C, K, false));
     } else {
-        TRY(model_linear_backward(m, m->dln, G[L_QKV_W], G[L_QKV_B], m->dqkv, a->ln1, P[L_QKV_W], N, C, 3 * C, in_out));
+        TRY(model_linear_backward(m, m->dln, G[L_QKV_W], G[L_QKV_B], m->dqkv, a->ln1, P[L_QKV_W], N, C, 3 * Q, in_out));
     }
+    TRY(model_tp_allreduce(m, m->dln, NC));
     norm_backward(m, m->dx, G[L_LN1_W], G[L_LN1_B], m->dln, a->x, P[L_LN1_W], a->ln1_mean, a->ln1_rstd, N);
     return CLLM_OK;
 }
@@ -203,14 +217,18 @@ static void embed_backward(cllm_model *m, const int32_t *tokens, int B, int T) {
     const cllm_model_config *c = &m->cfg;
     int N = B * T, C = c->n_embd;
     float *dwte = model_grad(m, m->gslot[G_WTE]);
+    float *dwpe = model_grad(m, m->gslot[G_WPE]);
+    const float *dout = m->dx;
     if (c->arch == CLLM_ARCH_BLOOM) {
         memset(m->dln, 0, (size_t)N * C * sizeof(float));
         cllm_layernorm_backward(m->dln, model_grad(m, m->gslot[G_EMB_LN_W]), model_grad(m, m->gslot[G_EMB_LN_B]), m->dx,
                                 m->emb, model_param(m, m->gslot[G_EMB_LN_W]), m->emb_mean, m->emb_rstd, N, C);
-        cllm_embedding_backward(dwte, NULL, m->dln, tokens, N, T, C, c->vocab_size);
-    } else {
-        cllm_embedding_backward(dwte, model_grad(m, m->gslot[G_WPE]), m->dx, tokens, N, T, C, c->vocab_size);
+        dout = m->dln;
     }
+    if (m->tp_size > 1)
+        model_tp_embed_backward(m, dwte, dwpe, dout, tokens, N, T);
+    else
+        cllm_embedding_backward(dwte, dwpe, dout, tokens, N, T, C, c->vocab_size);
 }
 
 static int head_slot(const cllm_model *m) { return m->gslot[G_HEAD] >= 0 ? m->gslot[G_HEAD] : m->gslot[G_WTE]; }
@@ -247,13 +265,53 @@ static cllm_status grads_ready(cllm_model *m, int g) {
 static cllm_status forward_blocks(cllm_model *m, const int32_t *tokens, int B, int T) {
     int L = m->cfg.n_layer;
     TRY(fetch(m, 0, 1));
-    embed_forward(m, tokens, B, T);
+    TRY(embed_forward(m, tokens, B, T));
     TRY(release(m, 0));
     for (int l = 0; l < L; l++) {
         TRY(fetch(m, l + 1, l + 2));
         TRY(block_forward(m, l, B, T, false));
         TRY(release(m, l + 1));
     }
+    return CLLM_OK;
+}
+
+/* Final norm, fused head + cross-entropy chunk by chunk, and (backward) the
+ * head's input gradient in m->dlnf. Under tensor parallelism the logits of a
+ * chunk are this rank's vocabulary columns, the softmax statistics come from
+ * the tensor group, and dlnf is summed over it. */
+static cllm_status head_run(cllm_model *m, const int32_t *targets, int N, bool backward, float grad_scale,
+                            double *loss_sum, long *n_counted) {
+    const cllm_model_config *c = &m->cfg;
+    int C = c->n_embd, V = c->vocab_size;
+    const bool tp = m->tp_size > 1;
+    norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, model_param(m, m->gslot[G_LNF_W]),
+                 model_param(m, m->gslot[G_LNF_B]), N);
+    int hs = head_slot(m);
+    const float *W = model_param(m, hs);
+    float *dW = backward ? model_grad(m, hs) : NULL;
+    int chunk = model_logit_chunk(c, N);
+    if (backward) memset(m->dlnf, 0, (size_t)N * C * sizeof(float));
+    double total = 0;
+    long count = 0;
+    for (int r0 = 0; r0 < N; r0 += chunk) {
+        int rows = N - r0 < chunk ? N - r0 : chunk;
+        const float *h = m->lnf + (size_t)r0 * C;
+        TRY(model_linear_forward(m, m->logits, h, W, NULL, rows, C, V, false));
+        long k;
+        if (tp)
+            TRY(model_tp_xent(m, m->losses + r0, m->logits, targets + r0, rows, backward, grad_scale, &k));
+        else if (backward)
+            k = cllm_xent_forward_backward(m->losses + r0, m->logits, targets + r0, rows, V, grad_scale);
+        else
+            k = cllm_xent_forward(m->losses + r0, m->logits, targets + r0, rows, V);
+        if (backward && k)
+            TRY(model_linear_backward(m, m->dlnf + (size_t)r0 * C, dW, NULL, m->logits, h, W, rows, C, V, false));
+        count += k;
+        for (int i = 0; i < rows; i++) total += m->losses[r0 + i];
+    }
+    *loss_sum = total;
+    *n_counted = count;
+    if (backward) TRY(model_tp_allreduce(m, m->dlnf, (size_t)N * C));
     return CLLM_OK;
 }
 
@@ -270,41 +328,17 @@ cllm_status cllm_model_forward_backward(cllm_model *m, const int32_t *tokens, co
                                         bool backward, float grad_scale, double *loss_sum, long *n_counted) {
     TRY(check_prepared(m, B, T, backward));
     const cllm_model_config *c = &m->cfg;
-    int N = B * T, C = c->n_embd, V = c->vocab_size, L = c->n_layer;
+    int N = B * T, C = c->n_embd, L = c->n_layer;
     int hs = head_slot(m);
     bool tied = m->tgroup[hs] == 0; /* the head is the embedding: group 0 again */
     TRY(forward_blocks(m, tokens, B, T));
     TRY(fetch(m, L + 1, tied ? 0 : backward ? L : -1));
     if (tied) TRY(fetch(m, 0, backward ? L : -1));
-    norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, model_param(m, m->gslot[G_LNF_W]),
-                 model_param(m, m->gslot[G_LNF_B]), N);
-
-    /* fused head + cross-entropy, chunk by chunk */
     if (backward) {
         TRY(fetch_grads(m, L + 1));
         if (tied) TRY(fetch_grads(m, 0));
     }
-    const float *W = model_param(m, hs);
-    float *dW = backward ? model_grad(m, hs) : NULL;
-    int chunk = model_logit_chunk(c, N);
-    if (backward) memset(m->dlnf, 0, (size_t)N * C * sizeof(float));
-    double total = 0;
-    long count = 0;
-    for (int r0 = 0; r0 < N; r0 += chunk) {
-        int rows = N - r0 < chunk ? N - r0 : chunk;
-        const float *h = m->lnf + (size_t)r0 * C;
-        TRY(model_linear_forward(m, m->logits, h, W, NULL, rows, C, V, false));
-        if (backward) {
-            long k = cllm_xent_forward_backward(m->losses + r0, m->logits, targets + r0, rows, V, grad_scale);
-            count += k;
-            if (k) TRY(model_linear_backward(m, m->dlnf + (size_t)r0 * C, dW, NULL, m->logits, h, W, rows, C, V, false));
-        } else {
-            count += cllm_xent_forward(m->losses + r0, m->logits, targets + r0, rows, V);
-        }
-        for (int i = 0; i < rows; i++) total += m->losses[r0 + i];
-    }
-    *loss_sum = total;
-    *n_counted = count;
+    TRY(head_run(m, targets, N, backward, grad_scale, loss_sum, n_counted));
     if (tied) TRY(release(m, 0));
     if (!backward) return release(m, L + 1);
 
@@ -340,45 +374,21 @@ cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, i
     TRY(check_prepared(m, B, T, io->backward));
     const bool embed = u0 == 0, head = u1 == L + 2;
     const int l0 = u0 < 1 ? 0 : u0 - 1, l1 = u1 > L + 1 ? L : u1 - 1; /* blocks [l0, l1) */
-    const int N = B * T, C = c->n_embd, V = c->vocab_size;
+    const int N = B * T, C = c->n_embd;
     const size_t NC = (size_t)N * C;
     if ((!embed && !io->x_in) || (embed && !io->tokens) || (head && !io->targets) || (!head && !io->x_out) ||
         (io->backward && !head && !io->dx_out) || (io->backward && !embed && !io->dx_in))
         return CLLM_FAIL(CLLM_ERR_ARG, "stage [%d, %d): a required input or output buffer is NULL", u0, u1);
     /* the stage's input lands where its first unit reads it */
     float *in = l0 < L ? m->layers[l0].x : m->x_out;
-    if (embed) embed_forward(m, io->tokens, B, T);
+    if (embed) TRY(embed_forward(m, io->tokens, B, T));
     else memcpy(in, io->x_in, NC * sizeof(float));
     for (int l = l0; l < l1; l++) TRY(block_forward(m, l, B, T, false));
     float *out = l1 < L ? m->layers[l1].x : m->x_out;
     *loss_sum = 0;
     *n_counted = 0;
     if (head) {
-        norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, model_param(m, m->gslot[G_LNF_W]),
-                     model_param(m, m->gslot[G_LNF_B]), N);
-        int hs = head_slot(m);
-        const float *W = model_param(m, hs);
-        float *dW = io->backward ? model_grad(m, hs) : NULL;
-        int chunk = model_logit_chunk(c, N);
-        if (io->backward) memset(m->dlnf, 0, NC * sizeof(float));
-        double total = 0;
-        long count = 0;
-        for (int r0 = 0; r0 < N; r0 += chunk) {
-            int rows = N - r0 < chunk ? N - r0 : chunk;
-            const float *h = m->lnf + (size_t)r0 * C;
-            TRY(model_linear_forward(m, m->logits, h, W, NULL, rows, C, V, false));
-            long k;
-            if (io->backward) {
-                k = cllm_xent_forward_backward(m->losses + r0, m->logits, io->targets + r0, rows, V, io->grad_scale);
-                if (k) TRY(model_linear_backward(m, m->dlnf + (size_t)r0 * C, dW, NULL, m->logits, h, W, rows, C, V, false));
-            } else {
-                k = cllm_xent_forward(m->losses + r0, m->logits, io->targets + r0, rows, V);
-            }
-            count += k;
-            for (int i = 0; i < rows; i++) total += m->losses[r0 + i];
-        }
-        *loss_sum = total;
-        *n_counted = count;
+        TRY(head_run(m, io->targets, N, io->backward, io->grad_scale, loss_sum, n_counted));
     } else {
         memcpy(io->x_out, out, NC * sizeof(float));
     }
@@ -401,6 +411,9 @@ cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, i
 
 cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int B, int T, float *logits) {
     TRY(check_prepared(m, B, T, false));
+    if (m->tp_size > 1)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "logits of a tensor-parallel part (rank %d of %d): generate with the "
+                         "whole model", m->tp_rank, m->tp_size);
     const cllm_model_config *c = &m->cfg;
     int N = B * T, C = c->n_embd, V = c->vocab_size, L = c->n_layer;
     int hs = head_slot(m);

@@ -59,6 +59,7 @@ typedef struct {
     cllm_topo topo;         /* pipe x data x tensor */
     train_pipe *pipe;       /* pipeline parallelism: this rank's stage (NULL without) */
     cllm_dist_group *data_grp; /* with a pipeline: the ranks of this stage (NULL: the world) */
+    train_tp *tp;           /* tensor parallelism: groups and the whole model (NULL without) */
     size_t base;            /* start of this rank's stage in the flat buffers (0 without a pipeline) */
     const char *output_dir; /* the caller's, restored at the end (ranks > 0 write nothing) */
 } trainer;
@@ -197,14 +198,19 @@ static void show_step(trainer *tr, long step, double loss, double lr, double gno
 /* --------------------------------------------------------------- eval */
 
 static cllm_status run_eval(trainer *tr, long step) {
+    tr->last_eval_step = step; /* on every rank: the final evaluation is collective with a pipeline */
     /* with a pipeline every stage's part of the model comes to every rank */
     if (tr->pipe) {
         cllm_status gs = train_pipe_gather_params(tr->pipe, cllm_model_params(tr->m));
         if (gs) return cllm_fail_context(gs, "evaluation at step %ld", step);
     }
-    /* rank 0 evaluates alone, except at ZeRO-3 where every rank takes part
-     * in the parameter gathers (and computes the same batches) */
-    if (!tr->eval || (cllm_dist_rank() > 0 && tr->zero.stage < 3)) return CLLM_OK;
+    /* rank 0 evaluates alone; with tensor parallelism, with its tensor
+     * group; at ZeRO-3 every rank takes part in the parameter gathers (and
+     * computes the same batches) */
+    bool evaluates = tr->zero.stage == 3 ||
+                     (tr->tp ? tr->topo.coord[CLLM_AXIS_DATA] + tr->topo.coord[CLLM_AXIS_PIPE] == 0
+                             : cllm_dist_rank() == 0);
+    if (!tr->eval || !evaluates) return CLLM_OK;
     double t0 = cllm_time_sec();
     long B = tr->cfg->train_micro_batch_size_per_gpu;
     int T = tr->cfg->seq_len;
@@ -239,8 +245,7 @@ static cllm_status run_eval(trainer *tr, long step) {
     rec_int(&r, "eval_tokens", count);
     rec_int(&r, "eval_batches", (long long)batches);
     rec_num(&r, "eval_time", dt);
-    tr->last_eval_step = step;
-    if (tr->cfg->log != CLLM_LOG_MODE_QUIET && tr->cfg->dp_rank == 0) {
+    if (tr->cfg->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0) {
         end_line(tr);
         fprintf(stderr, "eval  %5ld | loss %.4f | ppl %.3f | %ld tokens | %.2f s\n", step, loss, exp(loss), count, dt);
     }
@@ -319,9 +324,10 @@ static cllm_status load_rows(trainer *tr, uint64_t g0, long *count) {
 /* The data-parallel reductions (sums over ranks, zero.c); identities with
  * one rank. The target count comes first: it sets every rank's grad_scale. */
 static cllm_status reduce_count(trainer *tr, long *count) {
-    if (tr->pipe) { /* the stages of one pipeline read the same rows: sum over the data group */
+    if (tr->pipe || tr->tp) { /* the stages of one pipeline (the ranks of one tensor group) read the same rows:
+                                 sum over the data group */
         double v = (double)*count;
-        cllm_status st = cllm_dist_g_allreduce_sum_f64(tr->data_grp, &v, 1);
+        cllm_status st = cllm_dist_g_allreduce_sum_f64(tr->pipe ? tr->data_grp : train_tp_data_group(tr->tp), &v, 1);
         *count = (long)v;
         return st;
     }
@@ -331,6 +337,8 @@ static cllm_status reduce_count(trainer *tr, long *count) {
     return st;
 }
 static cllm_status reduce_grads(trainer *tr, float *grads, double *loss_sum) {
+    /* every rank of a tensor group holds the whole loss: tensor rank 0's counts */
+    if (tr->tp && !train_tp_is_first(tr->tp)) *loss_sum = 0;
     cllm_status st = cllm_dist_allreduce_sum_f64(loss_sum, 1);
     if (st || tr->shard) return st; /* stages 2-3 reduced during the backward pass */
     double t0 = cllm_time_sec();
@@ -529,8 +537,27 @@ static cllm_status setup_pipeline(trainer *tr) {
         tr->ranges[k++] = r;
     }
     tr->n_ranges = k;
+    /* the gradient norm adds up over the model replica: the stages (and their tensor ranks) */
     return train_zero_init_group(&tr->zero, c, e - b, cllm_model_buffer_len(tr->m), tr->ranges, tr->n_ranges,
-                                 tr->data_grp, train_pipe_group(tr->pipe));
+                                 tr->data_grp, tr->tp ? train_tp_model_group(tr->tp) : train_pipe_group(tr->pipe));
+}
+
+/* Tensor parallelism: replicated tensors that this rank leaves out of the
+ * gradient norm, relative to the part of the flat buffer zero works on. */
+static cllm_status tp_norm_skip(trainer *tr) {
+    cllm_param_range *r = NULL;
+    int n = 0, k = 0;
+    cllm_status st = train_tp_norm_skip(tr->tp, tr->m, &r, &n);
+    if (st) return st;
+    size_t b = tr->base, e = b + tr->zero.n;
+    for (int i = 0; i < n; i++) {
+        if (r[i].end <= b || r[i].begin >= e) continue;
+        size_t lo = r[i].begin > b ? r[i].begin : b, hi = r[i].end < e ? r[i].end : e;
+        r[k++] = (cllm_param_range){lo - b, hi - b, false};
+    }
+    tr->zero.norm_skip = r;
+    tr->zero.n_norm_skip = k;
+    return CLLM_OK;
 }
 
 /* Rank 0 prints each rank's stage; at the end, the time each stage computed
@@ -572,12 +599,14 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     json_t *ptopo = c->model_topo ? json_object_get(c->model_topo, "process_topology") : NULL;
     cllm_status st = cllm_topo_init(&tr->topo, ptopo, cllm_dist_size(), cllm_dist_rank(), "config");
     if (st) return st;
-    if (tr->topo.dims[CLLM_AXIS_TENSOR] > 1)
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "model_topo.process_topology: a tensor axis of size %d: tensor "
-                         "parallelism is not implemented yet (pipe and data axes are)", tr->topo.dims[CLLM_AXIS_TENSOR]);
+    const bool piped = tr->topo.dims[CLLM_AXIS_PIPE] > 1, tensor = tr->topo.dims[CLLM_AXIS_TENSOR] > 1;
+    if (tensor && c->save_interval > 0)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
+                         "checkpoints with tensor parallelism: every tensor rank holds part of the optimizer state and "
+                         "sharded checkpoints are not wired to it yet; set save_interval 0 (the final model is still "
+                         "saved)");
     c->dp_size = tr->topo.dims[CLLM_AXIS_DATA];
     c->dp_rank = tr->topo.coord[CLLM_AXIS_DATA];
-    const bool piped = tr->topo.dims[CLLM_AXIS_PIPE] > 1;
     st = cllm_ckpt_find(c->output_dir, c->resume, &resume_dir);
     if (st) return st;
     if (c->resume && !resume_dir)
@@ -587,6 +616,12 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if (resume_dir && (st = cllm_ckpt_verify_range(resume_dir, true, 0, 0))) goto done;
     if ((st = open_model(tr, resume_dir))) goto done;
     if ((st = open_data(tr))) goto done;
+    if (tensor && resume_dir) {
+        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "resuming with tensor parallelism: checkpoints are not wired to it yet");
+        goto done;
+    }
+    /* the data were opened with the whole vocabulary; from here on tr->m is this rank's part */
+    if (tensor && (st = train_tp_init(&tr->tp, &tr->m, &tr->topo))) goto done;
     if ((st = cllm_train_config_resolve(c, cllm_loader_size(tr->train)))) goto done;
     const cllm_model_config *mc = cllm_model_get_config(tr->m);
     if (mc->n_ctx > 0 && c->seq_len > mc->n_ctx) {
@@ -607,9 +642,21 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     /* the optimizer keeps state for this rank's slice only (all of it at ZeRO stage 0) */
     if (piped) {
         if ((st = setup_pipeline(tr))) goto done;
+    } else if (tensor) {
+        if (c->zero_stage >= 2 || c->comm_dtype != CLLM_F32) {
+            st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s with tensor parallelism: use zero_optimization.stage 0 or 1 "
+                           "and fp32 communication (the per-layer reductions of stages 2-3 and the 16-bit sums run "
+                           "over the whole world, not the data group)",
+                           c->zero_stage >= 2 ? "zero_optimization.stage 2-3" : "communication_data_type");
+            goto done;
+        }
+        if ((st = train_zero_init_group(&tr->zero, c, n, n, tr->ranges, tr->n_ranges, train_tp_data_group(tr->tp),
+                                        train_tp_model_group(tr->tp))))
+            goto done;
     } else if ((st = train_zero_init(&tr->zero, c, n, tr->ranges, tr->n_ranges))) {
         goto done;
     }
+    if (tensor && (st = tp_norm_skip(tr))) goto done;
     if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), cllm_loader_size(tr->train)))) goto done;
     if (tr->zero.stage == 3 && (c->bf16_enabled || c->fp16_enabled)) {
         st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s with zero_optimization.stage 3: the 16-bit weight copy is made from "
@@ -722,10 +769,10 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         if ((st = train_zero_agree(&tr->zero, &stop))) goto done;
         if (stop) {
             end_line(tr);
-            bool can_save = !tr->pipe; /* pipeline checkpoints: not yet */
+            bool can_save = !tr->pipe && !tr->tp; /* pipeline / tensor-parallel checkpoints: not yet */
             if (cllm_dist_rank() == 0)
                 fprintf(stderr, "cllm train: stop requested; %s at step %ld\n",
-                        can_save ? "saving a checkpoint" : "no checkpoint (pipeline parallelism)", step);
+                        can_save ? "saving a checkpoint" : "no checkpoint (pipeline or tensor parallelism)", step);
             if (can_save && (st = save_checkpoint(tr, true))) goto done;
             res->stopped = true;
             break;
@@ -763,7 +810,14 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         if (tr->shard && (st = train_shard_gather_model(tr->shard))) goto done;
         if (tr->pipe && (st = train_pipe_gather_params(tr->pipe, cllm_model_params(tr->m)))) goto done;
         if (tr->pipe && (st = pipe_report(tr, true))) goto done;
-        if (c->output_dir && (st = cllm_model_save(tr->m, c->output_dir, c->max_shard_bytes))) goto done;
+        cllm_model *whole = tr->m;
+        float diff = 0;
+        if (tr->tp && (st = train_tp_gather(tr->tp, tr->m, &whole, &diff))) goto done;
+        /* norms and row-parallel biases are updated by every tensor rank from gradients that must agree */
+        if (tr->tp && cllm_dist_rank() == 0 && c->log != CLLM_LOG_MODE_QUIET)
+            fprintf(stderr, "cllm train: replicated tensors differ by at most %.3g over the %d tensor ranks\n",
+                    (double)diff, tr->topo.dims[CLLM_AXIS_TENSOR]);
+        if (c->output_dir && (st = cllm_model_save(whole, c->output_dir, c->max_shard_bytes))) goto done;
     } else {
         double wait = 0;
         st = train_saver_wait(tr->saver, &wait);
@@ -807,6 +861,7 @@ cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks
     train_offload_free(tr.offload);
     train_pipe_free(tr.pipe);
     cllm_dist_group_free(tr.data_grp);
+    train_tp_free(tr.tp);
     cllm_loader_free(tr.train);
     cllm_loader_free(tr.eval);
     cllm_model_free(tr.m);

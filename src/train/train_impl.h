@@ -97,6 +97,11 @@ typedef struct {
     int n_ranges;
     train_mem mem;
     struct train_offload *offload; /* optimizer state streamed from a file (offload.h), or NULL */
+    /* tensor parallelism: ranges (flat-buffer offsets) of replicated tensors
+     * that this rank leaves out of the gradient norm (another tensor rank
+     * counts them); NULL/0 otherwise */
+    cllm_param_range *norm_skip;
+    int n_norm_skip;
 } train_zero;
 
 /* Partitions n floats over the world by c->zero_stage, checks the topology
@@ -230,5 +235,25 @@ cllm_status train_pipe_sync_tied_params(train_pipe *p, float *params);
 /* Every stage's range to every rank of the pipeline: the whole model. */
 cllm_status train_pipe_gather_params(train_pipe *p, float *params);
 const cllm_dist_group *train_pipe_group(const train_pipe *p);
+
+/* ---- tensor parallelism (tp_train.c) ---- */
+typedef struct train_tp train_tp;
+/* Collective over the world: the tensor and data groups of the topology,
+ * and *m (the whole model, kept for the final save) replaced by this rank's
+ * part, set up to run over the tensor group. Call train_tp_free also after
+ * a failure (it frees the whole model it kept). */
+cllm_status train_tp_init(train_tp **out, cllm_model **m, const cllm_topo *topo);
+void train_tp_free(train_tp *t);
+const cllm_dist_group *train_tp_group(const train_tp *t);      /* the tensor group */
+const cllm_dist_group *train_tp_data_group(const train_tp *t); /* same tensor (and pipe) coordinate */
+const cllm_dist_group *train_tp_model_group(const train_tp *t); /* one model replica: same data coordinate */
+bool train_tp_is_first(const train_tp *t); /* tensor rank 0 */
+/* Ranges of the part's replicated tensors when this is not tensor rank 0
+ * (they are counted once in the gradient norm, by rank 0); *n 0 otherwise. */
+cllm_status train_tp_norm_skip(const train_tp *t, const cllm_model *part, cllm_param_range **out, int *n);
+/* Collective over the tensor group: the whole model with every part's
+ * current parameters (borrowed; valid until train_tp_free), and the largest
+ * difference between the tensor ranks' copies of a replicated tensor. */
+cllm_status train_tp_gather(train_tp *t, const cllm_model *part, cllm_model **whole, float *repl_diff);
 
 #endif

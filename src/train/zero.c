@@ -106,6 +106,7 @@ cllm_status train_zero_init_group(train_zero *z, const cllm_train_config *c, siz
 void train_zero_free(train_zero *z) {
     free(z->counts);
     free(z->ranges);
+    free(z->norm_skip);
     memset(z, 0, sizeof *z);
 }
 
@@ -201,6 +202,12 @@ cllm_status train_zero_clip(train_zero *z, float *grads, double max_norm, double
     double s = 0;
 #pragma omp parallel for simd reduction(+ : s) schedule(static)
     for (size_t i = 0; i < k; i++) s += (double)g[i] * g[i];
+    for (int j = 0; j < z->n_norm_skip; j++) { /* counted by another tensor rank */
+        size_t b = z->norm_skip[j].begin > z->begin ? z->norm_skip[j].begin : z->begin;
+        size_t e = z->norm_skip[j].end < z->end ? z->norm_skip[j].end : z->end;
+        for (size_t i = b; i < e; i++) s -= (double)grads[i] * grads[i];
+    }
+    if (s < 0) s = 0;
     /* stage 0: every data rank holds its stage's whole gradient, the pipe
      * group holds the model once; sliced: the world holds it once */
     cllm_status st = z->stage == 0 ? cllm_dist_g_allreduce_sum_f64(z->norm_grp, &s, 1) : cllm_dist_allreduce_sum_f64(&s, 1);

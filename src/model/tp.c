@@ -1,0 +1,222 @@
+/*
+ * Tensor parallelism (Megatron's 1-D scheme) on the model side: a tensor
+ * rank's part of a model, gathering the parts back, and the pieces of the
+ * forward and backward passes that talk to the tensor group (run.c calls
+ * them where the single-process code has no communication).
+ *
+ * A part is an ordinary model whose config has n_head / tp query heads,
+ * n_kv_head / tp key/value heads, n_inner / tp FFN width and vocab_size / tp
+ * vocabulary rows, with the whole head_dim and n_embd; the layout tables
+ * then give every tensor exactly its cut shape (cllm_tp_shape), in the same
+ * order and with the same names as the whole model. The part keeps the
+ * whole model's config.json. Passes over a part:
+ *   embedding  rows of this rank's vocabulary range, zeros elsewhere, summed
+ *              over the group; GPT-2's positions (and BLOOM's embedding
+ *              norm) are applied once after the sum
+ *   QKV, fc, gate, up   column-parallel: local; their input gradient is
+ *              summed over the group before the norm's backward
+ *   attention  over the local heads (GQA groups stay whole: heads are cut in
+ *              contiguous runs)
+ *   o, down    row-parallel: partial products summed, then the bias once
+ *   head       vocabulary-parallel logits and cross-entropy (global max and
+ *              sum of exp per row from the group); the input gradient is
+ *              summed over the group
+ * Norm parameters are replicated; their gradients come out equal on every
+ * rank because their inputs and output gradients are.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cllm/dist.h"
+#include "cllm/kernels.h"
+#include "cllm/split.h"
+#include "cllm/topo.h"
+#include "model_impl.h"
+
+/* ------------------------------------------------------------ parts */
+
+cllm_status cllm_tp_model_part(cllm_model **out, const cllm_model *full, int tp, int r) {
+    *out = NULL;
+    if (tp < 1 || r < 0 || r >= tp) return CLLM_FAIL(CLLM_ERR_ARG, "tensor rank %d of %d", r, tp);
+    cllm_status st = cllm_topo_check_tensor(&full->cfg, tp, "config.json");
+    if (st) return st;
+    cllm_model *m = calloc(1, sizeof *m);
+    if (!m) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    m->cfg = full->cfg;
+    m->cfg.n_head /= tp;
+    m->cfg.n_kv_head /= tp;
+    m->cfg.n_inner /= tp;
+    m->cfg.vocab_size /= tp;
+    m->config_json = json_deep_copy(full->config_json);
+    if (!m->config_json) {
+        st = CLLM_FAIL(CLLM_ERR_NOMEM, "cannot copy config");
+        goto fail;
+    }
+    if ((st = model_build_layout(m))) goto fail;
+    if (m->n_tensors != full->n_tensors) {
+        st = CLLM_FAIL(CLLM_ERR_INTERNAL, "tensor part has %d tensors, the model %d", m->n_tensors, full->n_tensors);
+        goto fail;
+    }
+    m->params = cllm_calloc(m->n_params, sizeof(float), "model parameters");
+    if (!m->params) {
+        st = CLLM_ERR_NOMEM;
+        goto fail;
+    }
+    for (int i = 0; i < m->n_tensors; i++) {
+        const cllm_tensor_info *t = &full->tensors[i], *p = &m->tensors[i];
+        cllm_tp_rule rule = cllm_tp_rule_of(full, i);
+        int64_t shape[2];
+        cllm_tp_shape(t, rule, tp, shape);
+        if (strcmp(t->name, p->name) != 0 || shape[0] != p->shape[0] || (p->ndim > 1 && shape[1] != p->shape[1])) {
+            st = CLLM_FAIL(CLLM_ERR_INTERNAL, "tensor part of %s: cut shape [%lld, %lld], layout [%lld, %lld]",
+                           t->name, (long long)shape[0], (long long)shape[1], (long long)p->shape[0],
+                           (long long)p->shape[1]);
+            goto fail;
+        }
+        cllm_tp_slice(t, rule, tp, r, full->params + t->offset, m->params + p->offset);
+    }
+    m->tp_rank = r;
+    m->tp_size = tp;
+    *out = m;
+    return CLLM_OK;
+fail:
+    cllm_model_free(m);
+    return st;
+}
+
+cllm_status cllm_tp_model_gather(cllm_model *full, const cllm_model *part, const cllm_dist_group *g,
+                                 float *max_repl_diff) {
+    int tp = cllm_dist_group_size(g);
+    size_t n = part->n_params;
+    float *all = cllm_calloc((size_t)tp * n, sizeof(float), "tensor-parallel gather");
+    size_t *counts = calloc((size_t)tp, sizeof *counts);
+    cllm_status st = CLLM_OK;
+    if (!all || !counts) {
+        st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int r = 0; r < tp; r++) counts[r] = n;
+    memcpy(all + (size_t)cllm_dist_group_rank(g) * n, part->params, n * sizeof(float));
+    if ((st = cllm_dist_g_allgather_f32(g, all, counts))) goto done;
+    float diff = 0;
+    for (int r = tp - 1; r >= 0; r--) /* rank 0's replicated tensors last */
+        for (int i = 0; i < full->n_tensors; i++) {
+            const cllm_tensor_info *t = &full->tensors[i];
+            cllm_tp_rule rule = cllm_tp_rule_of(full, i);
+            const float *src = all + (size_t)r * n + part->tensors[i].offset;
+            if (rule.cut == CLLM_TP_REPLICATE && r > 0)
+                for (size_t k = 0; k < t->numel; k++) {
+                    float d = fabsf(src[k] - all[part->tensors[i].offset + k]);
+                    if (!(d <= diff)) diff = d; /* NaN counts as a difference */
+                }
+            cllm_tp_unslice(t, rule, tp, r, src, full->params + t->offset);
+        }
+    if (max_repl_diff) *max_repl_diff = diff;
+done:
+    cllm_free(all);
+    free(counts);
+    return st;
+}
+
+cllm_status cllm_model_set_tensor_parallel(cllm_model *m, const cllm_dist_group *g, int rank, int size) {
+    if (size < 1 || rank < 0 || rank >= size)
+        return CLLM_FAIL(CLLM_ERR_ARG, "tensor rank %d of %d", rank, size);
+    if (size > 1 && cllm_dist_group_size(g) != size)
+        return CLLM_FAIL(CLLM_ERR_ARG, "tensor group of %d ranks for a model cut %d ways", cllm_dist_group_size(g),
+                         size);
+    m->tp_grp = g;
+    m->tp_rank = rank;
+    m->tp_size = size;
+    return m->acts ? model_tp_prepare(m) : CLLM_OK;
+}
+
+/* --------------------------------------------------------- passes */
+
+cllm_status model_tp_prepare(cllm_model *m) {
+    const cllm_model_config *c = &m->cfg;
+    if (m->tp_size <= 1 || !m->acts) return CLLM_OK;
+    int rows = model_logit_chunk(c, m->act_B * m->act_T);
+    if (rows > m->tp_rows) {
+        free(m->tp_max);
+        free(m->tp_sum);
+        m->tp_max = malloc((size_t)rows * sizeof *m->tp_max);
+        m->tp_sum = malloc(2 * (size_t)rows * sizeof *m->tp_sum);
+        m->tp_rows = m->tp_max && m->tp_sum ? rows : 0;
+        if (!m->tp_rows) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    }
+    if (c->arch == CLLM_ARCH_BLOOM) { /* the slopes of heads r * NH .. (r + 1) * NH - 1 of the whole model */
+        int NH = c->n_head;
+        float *all = malloc((size_t)NH * (size_t)m->tp_size * sizeof *all);
+        if (!all) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        cllm_alibi_slopes(all, NH * m->tp_size);
+        memcpy(m->alibi, all + (size_t)m->tp_rank * NH, (size_t)NH * sizeof *all);
+        free(all);
+    }
+    return CLLM_OK;
+}
+
+cllm_status model_tp_allreduce(cllm_model *m, float *buf, size_t n) {
+    if (m->tp_size <= 1) return CLLM_OK;
+    return cllm_dist_g_allreduce_sum_f32(m->tp_grp, buf, n);
+}
+
+cllm_status model_tp_embed_forward(cllm_model *m, float *out, const int32_t *tokens, int N, int T) {
+    const cllm_model_config *c = &m->cfg;
+    const int C = c->n_embd, V = c->vocab_size;
+    cllm_embedding_vp_forward(out, tokens, model_param(m, m->gslot[G_WTE]), N, C, m->tp_rank * V, V);
+    cllm_status st = model_tp_allreduce(m, out, (size_t)N * C);
+    if (st) return st;
+    const float *wpe = model_param(m, m->gslot[G_WPE]);
+    if (wpe) {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; n++) {
+            float *o = out + (size_t)n * C;
+            const float *p = wpe + (size_t)(n % T) * C;
+#pragma omp simd
+            for (int k = 0; k < C; k++) o[k] += p[k];
+        }
+    }
+    return CLLM_OK;
+}
+
+void model_tp_embed_backward(cllm_model *m, float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int N,
+                             int T) {
+    const int C = m->cfg.n_embd, V = m->cfg.vocab_size;
+    cllm_embedding_vp_backward(dwte, dout, tokens, N, C, m->tp_rank * V, V);
+    if (!dwpe) return;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        float *p = dwpe + (size_t)t * C;
+        for (int n = t; n < N; n += T) {
+            const float *d = dout + (size_t)n * C;
+#pragma omp simd
+            for (int k = 0; k < C; k++) p[k] += d[k];
+        }
+    }
+}
+
+cllm_status model_tp_reduce_bias(cllm_model *m, float *out, const float *bias, int N, int C) {
+    cllm_status st = model_tp_allreduce(m, out, (size_t)N * C);
+    if (st || !bias) return st;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *o = out + (size_t)n * C;
+#pragma omp simd
+        for (int k = 0; k < C; k++) o[k] += bias[k];
+    }
+    return CLLM_OK;
+}
+
+cllm_status model_tp_xent(cllm_model *m, float *losses, float *logits, const int32_t *targets, int rows, bool backward,
+                          float dscale, long *counted) {
+    const int V = m->cfg.vocab_size, v0 = m->tp_rank * V;
+    if (rows > m->tp_rows) return CLLM_FAIL(CLLM_ERR_INTERNAL, "%d logit rows, statistics for %d", rows, m->tp_rows);
+    cllm_xent_vp_max(m->tp_max, logits, rows, V);
+    cllm_status st = cllm_dist_g_allreduce_max_f32(m->tp_grp, m->tp_max, (size_t)rows);
+    if (st) return st;
+    cllm_xent_vp_sum(m->tp_sum, logits, targets, m->tp_max, rows, V, v0, backward);
+    if ((st = cllm_dist_g_allreduce_sum_f64(m->tp_grp, m->tp_sum, 2 * (size_t)rows))) return st;
+    *counted = cllm_xent_vp_finish(losses, backward ? logits : NULL, targets, m->tp_max, m->tp_sum, rows, V, v0, dscale);
+    return CLLM_OK;
+}
