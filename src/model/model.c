@@ -456,6 +456,8 @@ cllm_status cllm_model_config_unit_params(const cllm_model_config *c, size_t *un
     }
     free(tmp.tensors);
     free(tmp.lslot);
+    free(tmp.tgroup);
+    free(tmp.groups);
     return st;
 }
 
