@@ -16,7 +16,8 @@ zero3: a GPT-2 with tied embeddings (the head's gradient and the
 embedding's meet in one partitioned tensor) and a tied LLaMA, with
 activation checkpointing and evaluation every 5 steps, at stages 2 and 3 on
 2 and 4 ranks, with blocking and with overlapped (overlap_comm: nonblocking,
-prefetching) collectives, against the one-process run: losses, eval losses
+prefetching) collectives, and at stages 0 and 1 with overlap_comm (each
+layer's all-reduce started during the last micro-batch's backward), against the one-process run: losses, eval losses
 and final weights within 1e-5; at stage 3 each rank reports about 1/N of
 the parameters.
 
@@ -181,7 +182,8 @@ def equivalence(env, arch):
 
 
 def zero3(env):
-    """Tied embeddings, activation checkpointing, evaluation at stages 2-3."""
+    """Tied embeddings, activation checkpointing, evaluation at stages 2-3
+    (and overlap_comm at stages 0-1)."""
     for arch, sets in (("gpt2", ()), ("llama", ("tie_word_embeddings=true",))):
         model = env.init(arch, *sets)
         kw = dict(use_grad_ckpt=True, eval_interval=5, eval_iters=4,
@@ -198,7 +200,7 @@ def zero3(env):
         check(len(ref_eval) == 2, f"{arch}: reference run: {len(ref_eval)} evaluations")
         params0 = ref_m[0]["state_bytes_params"]
         for stage, n, overlap in ((2, 2, False), (3, 2, False), (3, 4, False), (2, 2, True), (3, 2, True),
-                                  (3, 4, True)):
+                                  (3, 4, True), (0, 2, True), (1, 4, True)):
             tag = f"{arch} tied stage {stage} np {n}" + (" overlap_comm" if overlap else "")
             out = env.path(f"{arch}_s{stage}_n{n}_{overlap}")
             cfg = env.config(f"{arch}_s{stage}.json", model, **kw,

@@ -98,6 +98,8 @@ typedef struct cllm_dist_request cllm_dist_request;
 cllm_status cllm_dist_iallgather_f32(float *buf, const size_t *counts, cllm_dist_request **req);
 /* As cllm_dist_reduce_scatter_sum_f32 in place (result at buf's start). */
 cllm_status cllm_dist_ireduce_scatter_sum_f32(float *buf, const size_t *counts, cllm_dist_request **req);
+/* In place: buf[n] <- the sum over ranks, nonblocking (n <= INT_MAX). */
+cllm_status cllm_dist_iallreduce_sum_f32(float *buf, size_t n, cllm_dist_request **req);
 /* *done <- whether the operation has finished (advancing it). NULL: done. */
 cllm_status cllm_dist_test(cllm_dist_request *req, bool *done);
 /* Waits for the operation and frees req (NULL: nothing). *finished (may

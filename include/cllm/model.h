@@ -210,7 +210,9 @@ void cllm_model_group_range(const cllm_model *m, int group, size_t *begin, size_
  *     cllm_model_prepare allocates no flat gradient buffer.
  *   grads_ready(ctx, g): group g's gradient of this backward pass is
  *     complete (blocks right after their backward, group n_layer + 1 after
- *     the final norm's, group 0 last). The buffer is not touched again.
+ *     the final norm's, group 0 last). The buffer is not touched again. It
+ *     is called also without fetch_grads (the group's part of the flat
+ *     gradient buffer is then complete).
  * Order: forward fetches 0, 1, ..., n_layer + 1 (and 0 again with a tied
  * head); backward fetches n_layer + 1 (and 0 when tied) for the head, then
  * n_layer, ..., 1, then 0; each fetch is released before the same group is

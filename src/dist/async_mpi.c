@@ -1,6 +1,6 @@
 /*
  * The nonblocking collectives of cllm/dist.h on MPI (MPI_Iallgatherv,
- * MPI_Ireduce_scatter), and an optional progress thread.
+ * MPI_Ireduce_scatter, MPI_Iallreduce), and an optional progress thread.
  *
  * OpenMPI 4.1 (Debian 12) provides MPI_THREAD_MULTIPLE but no asynchronous
  * progress: a nonblocking collective moves only while some thread is inside
@@ -166,6 +166,22 @@ cllm_status cllm_dist_ireduce_scatter_sum_f32(float *buf, const size_t *counts, 
         free(r->counts);
         free(r);
         return fail(rc, __func__, "MPI_Ireduce_scatter");
+    }
+    submit(r);
+    *req = r;
+    return CLLM_OK;
+}
+
+cllm_status cllm_dist_iallreduce_sum_f32(float *buf, size_t n, cllm_dist_request **req) {
+    *req = NULL;
+    if (!cllm_dist_active() || n == 0) return CLLM_OK;
+    if (n > (size_t)INT_MAX) return CLLM_FAIL(CLLM_ERR_ARG, "%zu floats exceed MPI's int counts; use smaller buckets", n);
+    cllm_dist_request *r = calloc(1, sizeof *r);
+    if (!r) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r->mpi);
+    if (rc != MPI_SUCCESS) {
+        free(r);
+        return fail(rc, __func__, "MPI_Iallreduce");
     }
     submit(r);
     *req = r;

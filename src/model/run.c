@@ -255,8 +255,7 @@ static cllm_status fetch_grads(cllm_model *m, int g) {
     return CLLM_OK;
 }
 static cllm_status grads_ready(cllm_model *m, int g) {
-    if (!m->hooks.fetch_grads) return CLLM_OK;
-    m->groups[g].g = NULL;
+    if (m->hooks.fetch_grads) m->groups[g].g = NULL;
     return m->hooks.grads_ready ? m->hooks.grads_ready(m->hooks.ctx, g) : CLLM_OK;
 }
 

@@ -56,6 +56,7 @@ typedef struct {
     train_offload *offload; /* optimizer state in a file (offload_optimizer nvme), or NULL */
     train_shard *shard;     /* ZeRO 2-3: per-layer reduction, partitioned parameters (zero3.c); else NULL */
     double comm_seconds;    /* stages 0-1: time in the gradient reduction and parameter all-gather */
+    train_overlap *overlap; /* stages 0-1 with overlap_comm: reductions started during the backward */
     cllm_topo topo;         /* pipe x data x tensor */
     train_pipe *pipe;       /* pipeline parallelism: this rank's stage (NULL without) */
     cllm_dist_group *data_grp; /* with a pipeline: the ranks of this stage (NULL: the world) */
@@ -341,6 +342,7 @@ static cllm_status reduce_grads(trainer *tr, float *grads, double *loss_sum) {
     if (tr->tp && !train_tp_is_first(tr->tp)) *loss_sum = 0;
     cllm_status st = cllm_dist_allreduce_sum_f64(loss_sum, 1);
     if (st || tr->shard) return st; /* stages 2-3 reduced during the backward pass */
+    if (tr->overlap) return train_overlap_finish(tr->overlap); /* started during the backward pass */
     double t0 = cllm_time_sec();
     st = train_zero_reduce_grads(&tr->zero, grads);
     tr->comm_seconds += cllm_time_sec() - t0;
@@ -348,10 +350,10 @@ static cllm_status reduce_grads(trainer *tr, float *grads, double *loss_sum) {
 }
 
 static double comm_seconds(const trainer *tr) {
-    return tr->shard ? train_shard_comm_seconds(tr->shard) : tr->comm_seconds;
+    return tr->shard ? train_shard_comm_seconds(tr->shard) : tr->comm_seconds + train_overlap_comm_seconds(tr->overlap);
 }
 static double wait_seconds(const trainer *tr) {
-    return tr->shard ? train_shard_wait_seconds(tr->shard) : tr->comm_seconds;
+    return tr->shard ? train_shard_wait_seconds(tr->shard) : tr->comm_seconds + train_overlap_wait_seconds(tr->overlap);
 }
 /* The part of the communication time the computation did not wait for. */
 static double hidden_fraction(double comm, double wait) { return comm > 0 && wait < comm ? 1.0 - wait / comm : 0.0; }
@@ -378,6 +380,7 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
             return cllm_fail_context(st, "step %ld", step);
         for (long j = 0; j < c->gradient_accumulation_steps && !tr->pipe; j++) {
             size_t off = (size_t)j * (size_t)mb * (size_t)T;
+            if (tr->overlap) train_overlap_arm(tr->overlap, j + 1 == c->gradient_accumulation_steps);
             double s = 0;
             long k = 0;
             st = cllm_model_forward_backward(tr->m, tr->tokens + off, tr->targets + off, mb, T, true, scale, &s, &k);
@@ -386,7 +389,8 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
         }
     }
     float *grads = tr->shard ? train_shard_grads(tr->shard) : cllm_model_grads(tr->m);
-    if (grads && tr->hooks && tr->hooks->poison_grads && tr->hooks->poison_grads(step, tr->hooks->ctx)) grads[0] = NAN;
+    /* (the test hook cannot reach gradients already in flight with overlap_comm) */
+    if (grads && !tr->overlap && tr->hooks && tr->hooks->poison_grads && tr->hooks->poison_grads(step, tr->hooks->ctx)) grads[0] = NAN;
     if (tr->pipe && (st = train_pipe_sync_tied_grads(tr->pipe, grads))) return cllm_fail_context(st, "step %ld", step);
     /* with a pipeline this rank's ZeRO partition covers its stage's range */
     float *g = grads && !tr->shard ? grads + tr->base : grads;
@@ -686,6 +690,12 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if ((st = cllm_model_set_precision(tr->m, prec))) goto done;
     if ((st = cllm_model_prepare(tr->m, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true))) goto done;
     tr->act_bytes = cllm_model_activation_alloc(tr->m);
+    /* stages 0-1: overlap_comm starts each group's all-reduce during the
+     * backward pass (one process, pipelines, tensor parallelism and 16-bit
+     * sums keep the reduction after it) */
+    if (tr->zero.stage <= 1 && tr->zero.size > 1 && !tr->pipe && !tr->tp && c->comm_dtype == CLLM_F32 &&
+        train_overlap_wanted(c) && (st = train_overlap_init(&tr->overlap, &tr->zero, tr->m)))
+        goto done;
     train_offload_config oc;
     if ((st = train_offload_config_get(c, &oc))) goto done;
     if (oc.nvme) {
@@ -857,6 +867,7 @@ cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks
     free(tr.ranges);
     cllm_optim_free(tr.opt);
     train_shard_free(tr.shard);
+    train_overlap_free(tr.overlap);
     train_zero_free(&tr.zero);
     train_offload_free(tr.offload);
     train_pipe_free(tr.pipe);

@@ -207,6 +207,22 @@ void train_fp16_store(const cllm_loss_scaler *s, cllm_ckpt_state *st);
  * there is none multiplies that part by 1/scale. Collective. */
 cllm_status train_fp16_unscale(const train_zero *z, float *grads, double scale, bool *overflow);
 
+/* ---- overlap_comm at ZeRO stages 0-1 (zero_overlap.c) ---- */
+typedef struct train_overlap train_overlap;
+/* zero_optimization.overlap_comm is true. */
+bool train_overlap_wanted(const cllm_train_config *c);
+/* Installs the model's grads_ready hook (after cllm_model_prepare: the flat
+ * gradient buffer must exist) and starts the progress thread when MPI
+ * allows it. */
+cllm_status train_overlap_init(train_overlap **out, train_zero *z, cllm_model *m);
+/* Before each micro-batch's backward: only the step's last one reduces. */
+void train_overlap_arm(train_overlap *o, bool last_micro_batch);
+/* Waits for the step's all-reduces (the summed gradient is then whole). */
+cllm_status train_overlap_finish(train_overlap *o);
+double train_overlap_comm_seconds(const train_overlap *o); /* 0 for NULL */
+double train_overlap_wait_seconds(const train_overlap *o);
+void train_overlap_free(train_overlap *o);
+
 /* ---- pipeline parallelism (pipe_train.c) ---- */
 typedef struct train_pipe train_pipe;
 /* This rank's stage from the topology and model_topo.parts /
