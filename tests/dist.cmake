@@ -12,7 +12,7 @@ if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
     set_tests_properties(dist_${case} PROPERTIES TIMEOUT 120)
   endforeach()
   # pipeline parallelism (pipe_test.py): equivalence per family, and errors
-  foreach(case llama llama-tied bloom gpt2 errors)
+  foreach(case llama llama-tied bloom gpt2 errors ckpt)
     cllm_add_py_test(pipe_${case} pipe_test.py LABELS mpi nosan ARGS --case ${case})
     set_tests_properties(pipe_${case} PROPERTIES TIMEOUT 180)
   endforeach()

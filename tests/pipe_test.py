@@ -13,7 +13,7 @@ gradients in its own order.
 Errors: parts that do not add up, more stages than units,
 checkpoints with a pipeline.
 
-Usage: pipe_test.py --cllm BIN --build DIR --case {llama,bloom,gpt2,errors}
+Usage: pipe_test.py --cllm BIN --build DIR --case {llama,llama-tied,bloom,gpt2,errors,ckpt}
 """
 import argparse, os, shutil, sys
 
@@ -96,22 +96,90 @@ def errors(env):
     p5 = {"process_topology": {"axis": ["pipe"], "dims": [5]}}
     fails("too-many", 5, p5, "5 pipeline stages but the model has only 4 units")
     fails("schedule", 2, {"process_topology": pipe2, "schedule": "zigzag"}, "model_topo.schedule")
-    fails("ckpt", 2, {"process_topology": pipe2}, "checkpoints with pipeline parallelism", save_interval=5)
     fails("zero3", 2, {"process_topology": pipe2}, "stage 3 with pipeline", zero_optimization={"stage": 3})
     fails("zero2", 2, {"process_topology": pipe2}, "stage 2 with pipeline", zero_optimization={"stage": 2})
+
+
+def checkpoints(env):
+    """A pipeline's checkpoint resumes in other layouts, and the reverse."""
+    model = env.init("llama")
+    base = dict(train_batch_size=8, train_micro_batch_size_per_gpu=1)
+    ref_out = env.path("ref")
+    p = env.run(["train", "--config", env.config("ref.json", model, **base), "--out", ref_out])
+    if p.returncode != 0:
+        dt.check(False, f"one-process run failed: {p.stderr[-2000:]}")
+        return
+    ref_m = {r["step"]: r for r in dt.metrics(os.path.join(ref_out, "metrics.jsonl"))}
+    ref_w = dt.tensors(os.path.join(ref_out, "model.safetensors"))
+    pipe2 = {"axis": ["pipe", "data"], "dims": [2, 1]}
+    p2d2 = {"axis": ["pipe", "data"], "dims": [2, 2]}
+
+    def run(tag, n, topo, zero, *extra, **kw):
+        cfg = dict(base, **kw)
+        if topo:
+            cfg["model_topo"] = {"process_topology": topo}
+        cfg["zero_optimization"] = {"stage": zero, "reduce_bucket_size": 3000, "allgather_bucket_size": 5000}
+        out = env.path(tag)
+        p = env.run(["train", "--config", env.config(tag + ".json", model, **cfg), "--out", out, *extra], np_=n)
+        if p.returncode != 0:
+            print(p.stderr[-3000:], file=sys.stderr)
+            dt.check(False, f"{tag}: failed ({p.returncode})")
+            return None
+        return out
+
+    def compare(tag, out, first):
+        m = [r for r in dt.metrics(os.path.join(out, "metrics.jsonl")) if "loss" in r]
+        dt.check([r["step"] for r in m] == list(range(first, 11)), f"{tag}: steps {[r['step'] for r in m]}")
+        for r in m:
+            b = ref_m[r["step"]]
+            dt.check(dt.rel(r["loss"], b["loss"]) <= 1e-5, f"{tag} step {r['step']}: loss {r['loss']} vs {b['loss']}")
+        w = dt.tensors(os.path.join(out, "model.safetensors"))
+        worst = max(float(np.max(np.abs(w[k] - ref_w[k]))) / max(float(np.max(np.abs(ref_w[k]))), 1e-30) for k in ref_w)
+        dt.check(worst <= 1e-5, f"{tag}: final weights differ by {worst:.2e}")
+        print(f"{tag}: ok (worst weight rel diff {worst:.1e})")
+
+    # saved by pipelines (ZeRO 0 with replicas, ZeRO 1), resumed elsewhere
+    plans = [("p2", 2, pipe2, 0, [("one", 1, None, 0), ("p2d2z1", 4, p2d2, 1)]),
+             ("p2d2z0", 4, p2d2, 0, [("dp2z1", 2, None, 1), ("p2", 2, pipe2, 0)]),
+             ("p2d2z1", 4, p2d2, 1, [("one", 1, None, 0)])]
+    for src, n, topo, zero, targets in plans:
+        out = run(f"src_{src}", n, topo, zero, save_interval=5)
+        if not out:
+            continue
+        ck = os.path.join(out, "checkpoint-5")
+        dt.check(os.path.isfile(os.path.join(ck, "layout.json")), f"{src}: not a sharded checkpoint")
+        compare(f"uninterrupted {src}", out, 1)
+        for tgt, tn, ttopo, tzero in targets:
+            res = run(f"res_{src}_{tgt}", tn, ttopo, tzero, "--resume", ck)
+            if res:
+                compare(f"{src} -> {tgt}", res, 6)
+    # one process -> a pipeline
+    out = run("src_one", 1, None, 0, save_interval=5)
+    if out:
+        res = run("res_one_p2d2z1", 4, p2d2, 1, "--resume", os.path.join(out, "checkpoint-5"))
+        if res:
+            compare("one -> p2d2z1", res, 6)
+    # an axis order whose parts do not follow rank order cannot save
+    cfg = dict(base, save_interval=5, model_topo={"process_topology": {"axis": ["data", "pipe"], "dims": [2, 2]}},
+               zero_optimization={"stage": 1})
+    p = env.run(["train", "--config", env.config("dp.json", model, **cfg), "--out", env.path("dp")], np_=4)
+    dt.check(p.returncode not in (0, 124, 137) and "list \"pipe\" before \"data\"" in p.stderr,
+             f"data-before-pipe checkpoints: {p.returncode} {p.stderr[-1500:]}")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cllm", required=True)
     ap.add_argument("--build", required=True)
-    ap.add_argument("--case", required=True, choices=["llama", "llama-tied", "bloom", "gpt2", "errors"])
+    ap.add_argument("--case", required=True, choices=["llama", "llama-tied", "bloom", "gpt2", "errors", "ckpt"])
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
     env = dt.Env(a.cllm, a.build, "pipe_" + a.case)
     try:
         if a.case == "errors":
             errors(env)
+        elif a.case == "ckpt":
+            checkpoints(env)
         else:
             equivalence(env, a.case.split("-")[0], a.case.endswith("tied"))
     finally:

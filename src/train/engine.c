@@ -57,6 +57,7 @@ typedef struct {
     train_shard *shard;     /* ZeRO 2-3: per-layer reduction, partitioned parameters (zero3.c); else NULL */
     double comm_seconds;    /* stages 0-1: time in the gradient reduction and parameter all-gather */
     train_overlap *overlap; /* stages 0-1 with overlap_comm: reductions started during the backward */
+    bool ckpt_ok;           /* this layout can write checkpoints */
     cllm_topo topo;         /* pipe x data x tensor */
     train_pipe *pipe;       /* pipeline parallelism: this rank's stage (NULL without) */
     cllm_dist_group *data_grp; /* with a pipeline: the ranks of this stage (NULL: the world) */
@@ -143,7 +144,7 @@ static cllm_status resume_from(trainer *tr, const char *dir) {
      * wrote the checkpoint (the flat layout is the same for all) */
     float *s0 = cllm_optim_state(tr->opt, 0), *s1 = cllm_optim_state(tr->opt, 1);
     if (tr->offload && (st = train_offload_map(tr->offload, true, &s0, &s1))) return st;
-    st = cllm_ckpt_read_optim_range(dir, tr->m, s0, s1, tr->zero.begin, tr->zero.end);
+    st = cllm_ckpt_read_optim_range(dir, tr->m, s0, s1, tr->base + tr->zero.begin, tr->base + tr->zero.end);
     train_offload_unmap(tr->offload);
     if (st) return st;
     cllm_optim_set_step_count(tr->opt, tr->state.optim_step);
@@ -258,7 +259,36 @@ static cllm_status run_eval(trainer *tr, long step) {
 /* With the optimizer state partitioned over ranks, every rank writes its
  * slice (collective, synchronous: the shard writer synchronizes the ranks
  * with MPI calls, which must stay on this thread). */
-static bool sharded_save(const trainer *tr) { return (tr->zero.stage >= 1 && tr->zero.size > 1) || tr->zero.stage == 3; }
+static bool sharded_save(const trainer *tr) {
+    return (tr->zero.stage >= 1 && tr->zero.size > 1) || tr->zero.stage == 3 || tr->pipe;
+}
+
+/* This rank's part of the flat buffers in a sharded checkpoint: its ZeRO
+ * slice, offset by its pipeline stage. At ZeRO 0 with a pipeline the data
+ * replicas of a stage hold the same values: only the first writes, the
+ * others add an empty part at the stage's end. */
+static void ckpt_range(const trainer *tr, size_t *b, size_t *e) {
+    *b = tr->base + tr->zero.begin;
+    *e = tr->base + tr->zero.end;
+    if (tr->pipe && tr->zero.stage == 0 && tr->topo.coord[CLLM_AXIS_DATA] > 0) *b = *e = tr->base + tr->zero.n;
+}
+
+/* Whether the ranks' parts tile the flat buffer in rank order, as the
+ * sharded format stores them (pipelines whose axis list puts data before
+ * pipe, at ZeRO 1, do not). Collective. */
+static cllm_status ckpt_tiles(trainer *tr, bool *ok) {
+    size_t b, e;
+    ckpt_range(tr, &b, &e);
+    int W = cllm_dist_size();
+    uint64_t mine[2] = {b, e}, *all = malloc(2 * (size_t)W * sizeof *all);
+    if (!all) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    cllm_status st = cllm_dist_allgather_u64(mine, 2, all);
+    *ok = !st;
+    for (int r = 0; r < W && *ok; r++)
+        if (all[2 * r] != (r ? all[2 * r - 1] : 0) || (r == W - 1 && all[2 * r + 1] != tr->zero.n_total)) *ok = false;
+    free(all);
+    return st;
+}
 
 static cllm_status save_sharded(trainer *tr) {
     if (!tr->output_dir) return CLLM_OK; /* c->output_dir is NULL on ranks > 0 */
@@ -274,7 +304,9 @@ static cllm_status save_sharded(trainer *tr) {
      * tensors are copied into their places in it first */
     float *pslice = tr->shard ? train_shard_param_slice(tr->shard) : NULL;
     if (tr->shard) train_shard_ckpt_fill(tr->shard, s0, s1);
-    cllm_ckpt_slice s = {pslice ? pslice : cllm_model_params(tr->m) + z->begin, s0, s1, z->begin, z->end, z->n};
+    size_t b, e;
+    ckpt_range(tr, &b, &e);
+    cllm_ckpt_slice s = {pslice ? pslice : cllm_model_params(tr->m) + b, s0, s1, b, e, z->n_total};
     st = cllm_ckpt_write_sharded(tr->output_dir, tr->m, &s, &tr->state, tr->cfg->save_total_limit);
     train_offload_unmap(tr->offload);
     double wait = cllm_time_sec() - t0;
@@ -711,11 +743,13 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     else
         train_zero_count_optim(&tr->zero, tr->opt);
     if (tr->offload) tr->zero.mem.optim = train_offload_buffer_bytes(tr->offload); /* what stays in RAM */
-    if (piped && (c->save_interval > 0 || resume_dir)) {
+    tr->ckpt_ok = !tr->tp;
+    if (piped && !tr->tp && (st = ckpt_tiles(tr, &tr->ckpt_ok))) goto done;
+    if (piped && !tr->ckpt_ok && c->save_interval > 0) {
         st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
-                       "checkpoints with pipeline parallelism: every stage holds part of the optimizer state and "
-                       "sharded checkpoints are not wired to pipelines yet; set save_interval 0 (the final model is "
-                       "still saved)");
+                       "checkpoints with this pipeline layout: the ranks' parts of the flat buffer do not follow rank "
+                       "order (list \"pipe\" before \"data\" in model_topo.process_topology.axis, or use ZeRO "
+                       "stage 0), or set save_interval 0 (the final model is still saved)");
         goto done;
     }
     memset(&tr->state, 0, sizeof tr->state);
@@ -779,10 +813,10 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         if ((st = train_zero_agree(&tr->zero, &stop))) goto done;
         if (stop) {
             end_line(tr);
-            bool can_save = !tr->pipe && !tr->tp; /* pipeline / tensor-parallel checkpoints: not yet */
+            bool can_save = tr->ckpt_ok; /* tensor-parallel checkpoints: not yet */
             if (cllm_dist_rank() == 0)
                 fprintf(stderr, "cllm train: stop requested; %s at step %ld\n",
-                        can_save ? "saving a checkpoint" : "no checkpoint (pipeline or tensor parallelism)", step);
+                        can_save ? "saving a checkpoint" : "no checkpoint (this parallel layout has none yet)", step);
             if (can_save && (st = save_checkpoint(tr, true))) goto done;
             res->stopped = true;
             break;
