@@ -14,7 +14,8 @@ Cases:
               equal the in-memory run's byte for byte; resuming with offload
               from such a checkpoint ends equal to the straight in-memory run.
   errors      missing / non-folder / unwritable nvme_path, no nvme_path,
-              buffer_count below 3, offload_param nvme below stage 3.
+              buffer_count below 3, offload_param nvme below stage 3, and at stage 3
+              (parameter offload is not implemented: refused, not ignored).
   dp          (mpirun) ZeRO-2 over 2 ranks with fp16 loss scaling and
               overflows injected: offloaded slices equal the in-memory run
               bit for bit, and the loss-scale sequence equals the
@@ -160,6 +161,9 @@ def case_errors(env):
     p = env.train("param", zero_optimization={"stage": 2, "offload_param": {"device": "nvme", "nvme_path": env.nvme}})
     check(p.returncode != 0 and "offload_param" in p.stderr and "stage 3" in p.stderr,
           f"offload_param below stage 3: {p.stderr}")
+    p = env.train("param3", zero_optimization={"stage": 3, "offload_param": {"device": "nvme", "nvme_path": env.nvme}})
+    check(p.returncode != 0 and "parameter offload is not implemented" in p.stderr,
+          f"offload_param at stage 3: {p.stderr}")
 
 
 def case_dp(env):
