@@ -17,7 +17,7 @@ if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
     set_tests_properties(pipe_${case} PROPERTIES TIMEOUT 180)
   endforeach()
   # tensor parallelism (tp_test.py): equivalence per family, and errors
-  foreach(case llama bloom gpt2 errors)
+  foreach(case llama bloom gpt2 errors ckpt)
     cllm_add_py_test(tp_${case} tp_test.py LABELS mpi nosan ARGS --case ${case})
     set_tests_properties(tp_${case} PROPERTIES TIMEOUT 180)
   endforeach()

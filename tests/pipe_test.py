@@ -100,8 +100,16 @@ def errors(env):
     fails("zero2", 2, {"process_topology": pipe2}, "stage 2 with pipeline", zero_optimization={"stage": 2})
 
 
-def checkpoints(env):
-    """A pipeline's checkpoint resumes in other layouts, and the reverse."""
+PIPE2 = {"axis": ["pipe", "data"], "dims": [2, 1]}
+P2D2 = {"axis": ["pipe", "data"], "dims": [2, 2]}
+# (source tag, ranks, topology, ZeRO stage, [(target tag, ranks, topology, ZeRO stage)])
+PIPE_PLANS = [("p2", 2, PIPE2, 0, [("one", 1, None, 0), ("p2d2z1", 4, P2D2, 1)]),
+              ("p2d2z0", 4, P2D2, 0, [("dp2z1", 2, None, 1), ("p2", 2, PIPE2, 0)]),
+              ("p2d2z1", 4, P2D2, 1, [("one", 1, None, 0)])]
+
+
+def checkpoints(env, plans=PIPE_PLANS, from_one=("p2d2z1", 4, P2D2, 1), bad_order=True, sharded=True):
+    """Checkpoints saved in one layout resume in others, and the reverse."""
     model = env.init("llama")
     base = dict(train_batch_size=8, train_micro_batch_size_per_gpu=1)
     ref_out = env.path("ref")
@@ -111,8 +119,6 @@ def checkpoints(env):
         return
     ref_m = {r["step"]: r for r in dt.metrics(os.path.join(ref_out, "metrics.jsonl"))}
     ref_w = dt.tensors(os.path.join(ref_out, "model.safetensors"))
-    pipe2 = {"axis": ["pipe", "data"], "dims": [2, 1]}
-    p2d2 = {"axis": ["pipe", "data"], "dims": [2, 2]}
 
     def run(tag, n, topo, zero, *extra, **kw):
         cfg = dict(base, **kw)
@@ -138,27 +144,27 @@ def checkpoints(env):
         dt.check(worst <= 1e-5, f"{tag}: final weights differ by {worst:.2e}")
         print(f"{tag}: ok (worst weight rel diff {worst:.1e})")
 
-    # saved by pipelines (ZeRO 0 with replicas, ZeRO 1), resumed elsewhere
-    plans = [("p2", 2, pipe2, 0, [("one", 1, None, 0), ("p2d2z1", 4, p2d2, 1)]),
-             ("p2d2z0", 4, p2d2, 0, [("dp2z1", 2, None, 1), ("p2", 2, pipe2, 0)]),
-             ("p2d2z1", 4, p2d2, 1, [("one", 1, None, 0)])]
     for src, n, topo, zero, targets in plans:
         out = run(f"src_{src}", n, topo, zero, save_interval=5)
         if not out:
             continue
         ck = os.path.join(out, "checkpoint-5")
-        dt.check(os.path.isfile(os.path.join(ck, "layout.json")), f"{src}: not a sharded checkpoint")
+        dt.check(os.path.isfile(os.path.join(ck, "layout.json")) == sharded,
+                 f"{src}: {'not ' if sharded else ''}a sharded checkpoint")
         compare(f"uninterrupted {src}", out, 1)
         for tgt, tn, ttopo, tzero in targets:
             res = run(f"res_{src}_{tgt}", tn, ttopo, tzero, "--resume", ck)
             if res:
                 compare(f"{src} -> {tgt}", res, 6)
-    # one process -> a pipeline
+    # one process -> the parallel layout
     out = run("src_one", 1, None, 0, save_interval=5)
+    tag, tn, ttopo, tzero = from_one
     if out:
-        res = run("res_one_p2d2z1", 4, p2d2, 1, "--resume", os.path.join(out, "checkpoint-5"))
+        res = run(f"res_one_{tag}", tn, ttopo, tzero, "--resume", os.path.join(out, "checkpoint-5"))
         if res:
-            compare("one -> p2d2z1", res, 6)
+            compare(f"one -> {tag}", res, 6)
+    if not bad_order:
+        return
     # an axis order whose parts do not follow rank order cannot save
     cfg = dict(base, save_interval=5, model_topo={"process_topology": {"axis": ["data", "pipe"], "dims": [2, 2]}},
                zero_optimization={"stage": 1})

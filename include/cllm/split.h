@@ -82,6 +82,15 @@ cllm_status cllm_tp_model_part(cllm_model **out, const cllm_model *full, int tp,
 struct cllm_dist_group;
 cllm_status cllm_tp_model_gather(cllm_model *full, const cllm_model *part, const struct cllm_dist_group *g,
                                  float *max_repl_diff);
+/* The same for any buffer laid out as the models' flat parameters (an
+ * optimizer state, for checkpoints): part_buf [part's buffer length] of
+ * every rank of g into full_buf [full's buffer length]. */
+cllm_status cllm_tp_gather_buffer(const cllm_model *full, const cllm_model *part, const struct cllm_dist_group *g,
+                                  const float *part_buf, float *full_buf, float *max_repl_diff);
+/* Rank r's part of full_buf (laid out as full's parameters) into part_buf
+ * (laid out as part's): what cllm_tp_model_part does to the parameters. */
+void cllm_tp_cut_buffer(const cllm_model *full, const cllm_model *part, int tp, int r, const float *full_buf,
+                        float *part_buf);
 
 /* Writes model m as a stage layout for `tensor` ranks into out_dir (which
  * must not exist yet, or be a previous stage layout: it is replaced). Files

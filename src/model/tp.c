@@ -85,8 +85,8 @@ fail:
     return st;
 }
 
-cllm_status cllm_tp_model_gather(cllm_model *full, const cllm_model *part, const cllm_dist_group *g,
-                                 float *max_repl_diff) {
+cllm_status cllm_tp_gather_buffer(const cllm_model *full, const cllm_model *part, const cllm_dist_group *g,
+                                  const float *part_buf, float *full_buf, float *max_repl_diff) {
     int tp = cllm_dist_group_size(g);
     size_t n = part->n_params;
     float *all = cllm_calloc((size_t)tp * n, sizeof(float), "tensor-parallel gather");
@@ -97,7 +97,7 @@ cllm_status cllm_tp_model_gather(cllm_model *full, const cllm_model *part, const
         goto done;
     }
     for (int r = 0; r < tp; r++) counts[r] = n;
-    memcpy(all + (size_t)cllm_dist_group_rank(g) * n, part->params, n * sizeof(float));
+    memcpy(all + (size_t)cllm_dist_group_rank(g) * n, part_buf, n * sizeof(float));
     if ((st = cllm_dist_g_allgather_f32(g, all, counts))) goto done;
     float diff = 0;
     for (int r = tp - 1; r >= 0; r--) /* rank 0's replicated tensors last */
@@ -110,13 +110,25 @@ cllm_status cllm_tp_model_gather(cllm_model *full, const cllm_model *part, const
                     float d = fabsf(src[k] - all[part->tensors[i].offset + k]);
                     if (!(d <= diff)) diff = d; /* NaN counts as a difference */
                 }
-            cllm_tp_unslice(t, rule, tp, r, src, full->params + t->offset);
+            cllm_tp_unslice(t, rule, tp, r, src, full_buf + t->offset);
         }
     if (max_repl_diff) *max_repl_diff = diff;
 done:
     cllm_free(all);
     free(counts);
     return st;
+}
+
+cllm_status cllm_tp_model_gather(cllm_model *full, const cllm_model *part, const cllm_dist_group *g,
+                                 float *max_repl_diff) {
+    return cllm_tp_gather_buffer(full, part, g, part->params, full->params, max_repl_diff);
+}
+
+void cllm_tp_cut_buffer(const cllm_model *full, const cllm_model *part, int tp, int r, const float *full_buf,
+                        float *part_buf) {
+    for (int i = 0; i < full->n_tensors; i++)
+        cllm_tp_slice(&full->tensors[i], cllm_tp_rule_of(full, i), tp, r, full_buf + full->tensors[i].offset,
+                      part_buf + part->tensors[i].offset);
 }
 
 cllm_status cllm_model_set_tensor_parallel(cllm_model *m, const cllm_dist_group *g, int rank, int size) {

@@ -23,6 +23,7 @@
 #include "cllm/io.h"
 #include "cllm/loader.h"
 #include "cllm/model.h"
+#include "cllm/split.h"
 #include "offload.h"
 #include "train_impl.h"
 
@@ -134,6 +135,65 @@ static cllm_status make_ranges(trainer *tr) {
     return CLLM_OK;
 }
 
+/* Tensor parallelism: checkpoints hold the whole model's flat layout. A
+ * rank reads the whole state, cuts its part, and keeps its ZeRO slice. */
+static cllm_status tp_read_optim(trainer *tr, const char *dir, float *s0, float *s1) {
+    const cllm_model *whole = train_tp_whole(tr->tp);
+    size_t nf = cllm_model_buffer_len(whole), nl = cllm_model_buffer_len(tr->m);
+    float *full = cllm_alloc(nf * sizeof(float), "checkpoint state"), *part = cllm_alloc(nl * sizeof(float), "state");
+    cllm_status st = full && part ? CLLM_OK : CLLM_ERR_NOMEM;
+    float *dst[2] = {s0, s1};
+    const cllm_ckpt_buffer which[2] = {CLLM_CKPT_STATE0, CLLM_CKPT_STATE1};
+    for (int k = 0; k < 2 && !st; k++) {
+        if (!dst[k]) continue;
+        if ((st = cllm_ckpt_read_range(dir, whole, which[k], 0, nf, full))) break;
+        cllm_tp_cut_buffer(whole, tr->m, tr->topo.dims[CLLM_AXIS_TENSOR], tr->topo.coord[CLLM_AXIS_TENSOR], full, part);
+        memcpy(dst[k], part + tr->zero.begin, (tr->zero.end - tr->zero.begin) * sizeof(float));
+    }
+    cllm_free(full);
+    cllm_free(part);
+    return st;
+}
+
+/* Tensor parallelism: the parts of the parameters and of the optimizer
+ * state are gathered into the whole model's layout (collective over every
+ * rank) and rank 0 writes a one-process checkpoint, which any layout
+ * resumes. */
+static cllm_status save_tp(trainer *tr) {
+    cllm_model *whole = NULL;
+    cllm_status st = train_tp_gather(tr->tp, tr->m, &whole, NULL);
+    if (st) return st;
+    const train_zero *z = &tr->zero;
+    size_t nl = cllm_model_buffer_len(tr->m), nf = cllm_model_buffer_len(whole);
+    float *s[2] = {cllm_optim_state(tr->opt, 0), cllm_optim_state(tr->opt, 1)};
+    if (tr->offload && (st = train_offload_map(tr->offload, false, &s[0], &s[1]))) return st;
+    float *loc = cllm_alloc(nl * sizeof(float), "checkpoint state");
+    float *full[2] = {NULL, NULL};
+    if (!loc) st = CLLM_ERR_NOMEM;
+    for (int k = 0; k < 2 && !st; k++) {
+        if (!s[k]) continue;
+        /* the whole part's state: this rank's ZeRO slice, then the data group's */
+        memset(loc, 0, nl * sizeof(float));
+        memcpy(loc + z->begin, s[k], (z->end - z->begin) * sizeof(float));
+        if (z->stage >= 1 && z->size > 1 && (st = cllm_dist_g_allgather_f32(z->grp, loc, z->counts))) break;
+        if (!(full[k] = cllm_alloc(nf * sizeof(float), "checkpoint state"))) {
+            st = CLLM_ERR_NOMEM;
+            break;
+        }
+        st = cllm_tp_gather_buffer(whole, tr->m, train_tp_group(tr->tp), loc, full[k], NULL);
+    }
+    train_offload_unmap(tr->offload);
+    if (!st && tr->output_dir && cllm_dist_rank() == 0) {
+        tr->state.optim_step = cllm_optim_step_count(tr->opt);
+        cllm_ckpt_tensors t = {cllm_model_params(whole), full[0], full[1], nf};
+        st = cllm_ckpt_write(tr->output_dir, whole, &t, &tr->state, tr->cfg->max_shard_bytes, tr->cfg->save_total_limit);
+    }
+    cllm_free(loc);
+    cllm_free(full[0]);
+    cllm_free(full[1]);
+    return st;
+}
+
 static cllm_status resume_from(trainer *tr, const char *dir) {
     cllm_status st = cllm_ckpt_read_state(dir, &tr->state);
     if (st) return st;
@@ -144,7 +204,10 @@ static cllm_status resume_from(trainer *tr, const char *dir) {
      * wrote the checkpoint (the flat layout is the same for all) */
     float *s0 = cllm_optim_state(tr->opt, 0), *s1 = cllm_optim_state(tr->opt, 1);
     if (tr->offload && (st = train_offload_map(tr->offload, true, &s0, &s1))) return st;
-    st = cllm_ckpt_read_optim_range(dir, tr->m, s0, s1, tr->base + tr->zero.begin, tr->base + tr->zero.end);
+    if (tr->tp)
+        st = tp_read_optim(tr, dir, s0, s1);
+    else
+        st = cllm_ckpt_read_optim_range(dir, tr->m, s0, s1, tr->base + tr->zero.begin, tr->base + tr->zero.end);
     train_offload_unmap(tr->offload);
     if (st) return st;
     cllm_optim_set_step_count(tr->opt, tr->state.optim_step);
@@ -319,6 +382,16 @@ static cllm_status save_sharded(trainer *tr) {
 
 static cllm_status save_checkpoint(trainer *tr, bool sync) {
     cllm_train_config *c = tr->cfg;
+    if (tr->tp) {
+        double t0 = cllm_time_sec();
+        cllm_status st = save_tp(tr);
+        double wait = cllm_time_sec() - t0;
+        tr->save_wait_total += wait;
+        tr->time_save_pending += wait;
+        tr->last_save_step = tr->state.global_step;
+        tr->n_saves++;
+        return st;
+    }
     if (sharded_save(tr)) return save_sharded(tr);
     if (!c->output_dir) return CLLM_OK;
     tr->state.optim_step = cllm_optim_step_count(tr->opt);
@@ -636,11 +709,10 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     cllm_status st = cllm_topo_init(&tr->topo, ptopo, cllm_dist_size(), cllm_dist_rank(), "config");
     if (st) return st;
     const bool piped = tr->topo.dims[CLLM_AXIS_PIPE] > 1, tensor = tr->topo.dims[CLLM_AXIS_TENSOR] > 1;
-    if (tensor && c->save_interval > 0)
+    if (tensor && piped && (c->save_interval > 0 || c->resume))
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
-                         "checkpoints with tensor parallelism: every tensor rank holds part of the optimizer state and "
-                         "sharded checkpoints are not wired to it yet; set save_interval 0 (the final model is still "
-                         "saved)");
+                         "checkpoints with both a pipe and a tensor axis are not implemented; set save_interval 0 and "
+                         "no resume (the final model is still saved), or use one of the two axes");
     c->dp_size = tr->topo.dims[CLLM_AXIS_DATA];
     c->dp_rank = tr->topo.coord[CLLM_AXIS_DATA];
     st = cllm_ckpt_find(c->output_dir, c->resume, &resume_dir);
@@ -652,10 +724,6 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if (resume_dir && (st = cllm_ckpt_verify_range(resume_dir, true, 0, 0))) goto done;
     if ((st = open_model(tr, resume_dir))) goto done;
     if ((st = open_data(tr))) goto done;
-    if (tensor && resume_dir) {
-        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "resuming with tensor parallelism: checkpoints are not wired to it yet");
-        goto done;
-    }
     /* the data were opened with the whole vocabulary; from here on tr->m is this rank's part */
     if (tensor && (st = train_tp_init(&tr->tp, &tr->m, &tr->topo))) goto done;
     if ((st = cllm_train_config_resolve(c, cllm_loader_size(tr->train)))) goto done;
@@ -749,7 +817,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     else
         train_zero_count_optim(&tr->zero, tr->opt);
     if (tr->offload) tr->zero.mem.optim = train_offload_buffer_bytes(tr->offload); /* what stays in RAM */
-    tr->ckpt_ok = !tr->tp;
+    tr->ckpt_ok = !(tr->tp && tr->pipe);
     if (piped && !tr->tp && (st = ckpt_tiles(tr, &tr->ckpt_ok))) goto done;
     if (piped && !tr->ckpt_ok && c->save_interval > 0) {
         st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED,

@@ -95,6 +95,8 @@ cllm_status train_tp_norm_skip(const train_tp *t, const cllm_model *part, cllm_p
     return CLLM_OK;
 }
 
+const cllm_model *train_tp_whole(const train_tp *t) { return t->whole; }
+
 cllm_status train_tp_gather(train_tp *t, const cllm_model *part, cllm_model **whole, float *repl_diff) {
     *whole = t->whole;
     return cllm_tp_model_gather(t->whole, part, t->tp_grp, repl_diff);

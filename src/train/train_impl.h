@@ -271,5 +271,8 @@ cllm_status train_tp_norm_skip(const train_tp *t, const cllm_model *part, cllm_p
  * current parameters (borrowed; valid until train_tp_free), and the largest
  * difference between the tensor ranks' copies of a replicated tensor. */
 cllm_status train_tp_gather(train_tp *t, const cllm_model *part, cllm_model **whole, float *repl_diff);
+/* The whole model (its layout; its parameters are those of the last
+ * gather, or as loaded). */
+const cllm_model *train_tp_whole(const train_tp *t);
 
 #endif
