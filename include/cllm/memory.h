@@ -13,6 +13,20 @@
  * offloaded to a file only its stream buffer counts (buffer_count x
  * min(buffer_size, shard) floats per state buffer), and checkpoints are
  * written synchronously (no snapshot).
+ *
+ * With pipe or tensor ranks the estimate follows what cllm allocates today:
+ * a pipeline stage still allocates the whole flat parameter and gradient
+ * buffers and the whole model's activations, and only its optimizer state
+ * follows its stage (the largest stage of the "parameters" split is
+ * counted: the stage with the largest total), plus its stage inputs in flight (1F1B on stage 0: min(pipe,
+ * micro-batches)) and send/receive buffers; a tensor rank holds its part
+ * (heads, FFN width and vocabulary divided by tensor) for parameters,
+ * gradients, optimizer state and activations, plus one copy of the whole
+ * model's parameters kept for the final gather, and that gather's buffer
+ * (tensor x its part). Only the pages a pipeline stage touches are counted
+ * (its blocks' activations, its message buffers): allocated pages that are
+ * never written do not become resident. ZeRO 2-3 is not available with
+ * either (refused).
  */
 #ifndef CLLM_MEMORY_H
 #define CLLM_MEMORY_H
@@ -43,6 +57,8 @@ typedef struct {
     long offload_buffer_count, offload_buffer_size; /* its stream: slots x floats per state */
     cllm_precision precision; /* matmul precision (bf16/fp16 add a parameter copy and scratch) */
     size_t overhead;       /* fixed process memory (code, libraries, threads) */
+    int pipe;              /* pipeline stages (0 or 1: none); 1F1B, parts by parameters */
+    int tensor;            /* tensor-parallel ranks (0 or 1: none) */
 } cllm_mem_setup;
 
 /* The estimate for one rank, in bytes. total is the sum of every line
@@ -60,6 +76,7 @@ typedef struct {
     size_t logits;      /* logits chunk of the fused head + cross-entropy */
     size_t snapshot;    /* checkpoint snapshot buffers (async_save) */
     size_t precision;   /* bf16/fp16 parameter copy (whole, any stage) and operand scratch */
+    size_t pipe_buffers;/* pipeline: stage inputs in flight, send/receive buffers; tensor: the final gather */
     size_t other;       /* token, label and target arrays of a step */
     size_t overhead;    /* setup.overhead */
     size_t total;

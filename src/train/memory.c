@@ -3,9 +3,11 @@
  * The formulas live here once; activation sizes come from the model's own
  * carving code.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "cllm/memory.h"
+#include "cllm/topo.h"
 
 /* Rank 0's slice (the largest): ceil(n / dp) rounded up to 16 floats, as
  * train_zero_init partitions the flat buffer. */
@@ -18,17 +20,54 @@ static size_t shard(size_t n, int dp) {
 
 cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setup *s, cllm_mem_estimate *out) {
     memset(out, 0, sizeof *out);
-    if (s->micro_batch <= 0 || s->seq_len <= 0 || s->grad_accum <= 0 || s->dp <= 0)
-        return CLLM_FAIL(CLLM_ERR_ARG, "micro-batch, sequence length, accumulation and dp must be positive");
+    if (s->micro_batch <= 0 || s->seq_len <= 0 || s->grad_accum <= 0 || s->dp <= 0 || s->pipe < 0 || s->tensor < 0)
+        return CLLM_FAIL(CLLM_ERR_ARG, "micro-batch, sequence length, accumulation, dp, pipe and tensor must be "
+                         "positive");
     if (s->zero_stage < 0 || s->zero_stage > 3)
         return CLLM_FAIL(CLLM_ERR_ARG, "ZeRO stage %d (expected 0, 1, 2 or 3)", s->zero_stage);
     if (c->n_ctx > 0 && s->seq_len > c->n_ctx)
         return CLLM_FAIL(CLLM_ERR_ARG, "sequence length %d exceeds the model's %d positions", s->seq_len, c->n_ctx);
     if ((size_t)s->micro_batch * (size_t)s->seq_len > (size_t)1 << 28)
         return CLLM_FAIL(CLLM_ERR_ARG, "micro-batch of %d x %d tokens is too large", s->micro_batch, s->seq_len);
-    size_t n_params, len;
+    const int P = s->pipe > 1 ? s->pipe : 1, TP = s->tensor > 1 ? s->tensor : 1;
+    if ((P > 1 || TP > 1) && s->zero_stage >= 2)
+        return CLLM_FAIL(CLLM_ERR_ARG, "ZeRO stage %d with pipeline or tensor parallelism (use stage 0 or 1)",
+                         s->zero_stage);
+    size_t n_params, len, full_len = 0;
     cllm_status st = cllm_model_config_params(c, &n_params, &len);
     if (st) return st;
+    /* a tensor rank's part: heads, FFN width and vocabulary cut TP ways */
+    cllm_model_config local = *c;
+    if (TP > 1) {
+        if ((st = cllm_topo_check_tensor(c, TP, "model"))) return st;
+        local.n_head /= TP;
+        local.n_kv_head /= TP;
+        local.n_inner /= TP;
+        local.vocab_size /= TP;
+        full_len = len;
+        size_t whole_params = n_params;
+        if ((st = cllm_model_config_params(&local, &n_params, &len))) return st;
+        n_params = whole_params;
+        c = &local;
+    }
+    /* a pipeline rank's optimizer covers its stage's range */
+    cllm_stage *stages = NULL;
+    size_t *units = NULL;
+    if (P > 1) {
+        stages = calloc((size_t)P, sizeof *stages);
+        units = calloc((size_t)c->n_layer + 2, sizeof *units);
+        if (!stages || !units) st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        if (!st) st = cllm_topo_partition(c, P, NULL, stages, "estimate");
+        if (!st) st = cllm_model_config_unit_params(c, units);
+        if (!st && c->tie_embeddings) /* the head's copy of the embedding is not in its range */
+            units[c->n_layer + 1] -= (size_t)c->vocab_size * (size_t)c->n_embd;
+        if (st) {
+            free(stages);
+            free(units);
+            return st;
+        }
+    }
+    size_t opt_len = len;
     size_t bytes = len * sizeof(float);
     int states = 0;
     switch (s->optimizer) {
@@ -38,14 +77,17 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     default: states = s->sgd_momentum ? 1 : 0; break;
     }
     out->n_params = n_params;
-    out->params = s->zero_stage >= 3 ? shard(len, s->dp) * sizeof(float) : bytes;
+    out->params = (s->zero_stage >= 3 ? shard(len, s->dp) * sizeof(float) : bytes) + full_len * sizeof(float);
     out->grads = s->zero_stage >= 2 ? shard(len, s->dp) * sizeof(float) : bytes;
-    out->optim = (size_t)states * (s->zero_stage >= 1 ? shard(len, s->dp) * sizeof(float) : bytes);
+    out->optim = (size_t)states * (s->zero_stage >= 1 ? shard(opt_len, s->dp) : opt_len) * sizeof(float);
     if (s->offload_optimizer) {
-        if (s->offload_buffer_count < 3 || s->offload_buffer_size < 1)
+        if (s->offload_buffer_count < 3 || s->offload_buffer_size < 1) {
+            free(stages);
+            free(units);
             return CLLM_FAIL(CLLM_ERR_ARG, "offload buffer: %ld buffers of %ld floats (expected >= 3 and >= 1)",
                              s->offload_buffer_count, s->offload_buffer_size);
-        size_t slice = s->zero_stage >= 1 ? shard(len, s->dp) : len;
+        }
+        size_t slice = s->zero_stage >= 1 ? shard(opt_len, s->dp) : opt_len;
         size_t chunk = (size_t)s->offload_buffer_size < slice ? (size_t)s->offload_buffer_size : slice;
         out->optim_disk = out->optim;
         out->optim = 0;
@@ -65,10 +107,52 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     out->activations = out->act.total - out->act.logits;
     out->snapshot = s->async_save && !s->offload_optimizer ? out->params + out->optim : 0;
     out->other = 3 * (size_t)s->micro_batch * (size_t)s->grad_accum * (size_t)s->seq_len * sizeof(int32_t);
+    if (P > 1) {
+        /* the stage whose own memory is largest. Pages a stage never touches
+         * (other stages' activations, unused message buffers) are allocated
+         * but not resident, so they are not counted: the stage's blocks'
+         * activations, the head's logits on the last stage, and under 1F1B
+         * min(P - k, M) stage inputs (not on the first stage), as many send
+         * buffers each way, one receive and one scratch buffer. */
+        const size_t NC = (size_t)s->micro_batch * (size_t)s->seq_len * (size_t)c->n_embd * sizeof(float);
+        const cllm_act_bytes *A = &out->act;
+        size_t best = 0;
+        for (int k = 0; k < P; k++) {
+            const cllm_stage *g = &stages[k];
+            size_t range = 0;
+            for (int u = g->first_unit; u < g->first_unit + g->n_units; u++) range += units[u];
+            size_t opt = (size_t)states * (s->zero_stage >= 1 ? shard(range, s->dp) : range) * sizeof(float);
+            size_t per = (size_t)(c->n_layer > 0 ? c->n_layer : 1);
+            size_t act = A->head + A->backward + A->block_inputs / per * (size_t)g->n_layers +
+                         (s->grad_ckpt ? A->block_saved : A->block_saved / per * (size_t)g->n_layers);
+            size_t logits = g->head ? A->logits : 0;
+            size_t slots = (size_t)(P - k < s->grad_accum ? P - k : s->grad_accum);
+            size_t bufs = ((k > 0 ? 2 * slots : 0) + (k < P - 1 ? slots + 2 : 0)) * NC;
+            if (s->offload_optimizer) opt = 0;
+            if (opt + act + logits + bufs >= best) {
+                best = opt + act + logits + bufs;
+                opt_len = range;
+                if (!s->offload_optimizer) out->optim = opt;
+                out->activations = act;
+                out->logits = logits;
+                out->pipe_buffers = bufs;
+            }
+        }
+        if (s->offload_optimizer) {
+            size_t chunk = (size_t)s->offload_buffer_size < opt_len ? (size_t)s->offload_buffer_size : opt_len;
+            out->optim_disk = (size_t)states * (s->zero_stage >= 1 ? shard(opt_len, s->dp) : opt_len) * sizeof(float);
+            out->offload_buffer = (size_t)s->offload_buffer_count * (size_t)states * chunk * sizeof(float);
+        }
+    }
+    /* a tensor rank gathers every rank's part at the end (and at each
+     * checkpoint): TP x its part, while everything else is still allocated */
+    if (TP > 1) out->pipe_buffers += (size_t)TP * len * sizeof(float);
+    free(stages);
+    free(units);
     out->precision = cllm_model_precision_bytes(c, len, s->micro_batch, s->seq_len, s->precision);
     out->overhead = s->overhead;
     out->total = out->params + out->grads + out->optim + out->offload_buffer + out->work + out->activations +
-                 out->logits + out->snapshot + out->other + out->precision + out->overhead;
+                 out->logits + out->snapshot + out->other + out->precision + out->pipe_buffers + out->overhead;
     return CLLM_OK;
 }
 

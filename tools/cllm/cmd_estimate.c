@@ -66,10 +66,13 @@ static void row(const char *name, size_t bytes, size_t total, const char *note) 
 }
 
 static void print_setup(const cllm_mem_setup *s) {
-    printf("micro-batch %d x seq-len %d (accumulation %d), %s, grad-ckpt %s, ZeRO stage %d over %d rank%s%s%s\n",
+    printf("micro-batch %d x seq-len %d (accumulation %d), %s, grad-ckpt %s, ZeRO stage %d over %d rank%s%s%s",
            s->micro_batch, s->seq_len, s->grad_accum, cllm_opt_name(s->optimizer), s->grad_ckpt ? "on" : "off",
            s->zero_stage, s->dp, s->dp == 1 ? "" : "s", s->async_save ? ", async checkpoint snapshots" : "",
            s->offload_optimizer ? ", optimizer state offloaded" : "");
+    if (s->pipe > 1) printf(", %d pipeline stages", s->pipe);
+    if (s->tensor > 1) printf(", %d tensor ranks", s->tensor);
+    printf("\n");
 }
 
 static void print_table(const cllm_mem_estimate *e) {
@@ -87,6 +90,8 @@ static void print_table(const cllm_mem_estimate *e) {
     row("logits chunk", e->logits, e->total, "");
     row("checkpoint snapshot", e->snapshot, e->total, "");
     row("other buffers", e->other, e->total, "token, label and target arrays");
+    if (e->pipe_buffers)
+        row("parallel buffers", e->pipe_buffers, e->total, "pipeline messages and inputs in flight; tensor gather");
     if (e->precision) row("low-precision copy", e->precision, e->total, "bf16/fp16 weights and matmul operand scratch");
     row("process overhead", e->overhead, e->total, "libraries, threads (--overhead)");
     row("total", e->total, e->total, "");
@@ -95,7 +100,7 @@ static void print_table(const cllm_mem_estimate *e) {
 }
 
 static json_t *to_json(const cllm_mem_estimate *e) {
-    return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsI}", "precision", (json_int_t)e->precision, "n_params",
+    return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsI}", "precision", (json_int_t)e->precision, "n_params",
                      (json_int_t)e->n_params, "params", (json_int_t)e->params,
                      "grads", (json_int_t)e->grads, "optim", (json_int_t)e->optim, "work", (json_int_t)e->work,
                      "activations",
@@ -103,12 +108,13 @@ static json_t *to_json(const cllm_mem_estimate *e) {
                      "other", (json_int_t)e->other, "overhead", (json_int_t)e->overhead, "total",
                      (json_int_t)e->total, "block_inputs", (json_int_t)e->act.block_inputs, "block_saved",
                      (json_int_t)e->act.block_saved, "block_set", (json_int_t)e->act.block_set, "optim_disk",
-                     (json_int_t)e->optim_disk, "offload_buffer", (json_int_t)e->offload_buffer);
+                     (json_int_t)e->optim_disk, "offload_buffer", (json_int_t)e->offload_buffer, "pipe_buffers",
+                     (json_int_t)e->pipe_buffers);
 }
 
 int cmd_estimate(int argc, char **argv) {
     const char *model, *arch_name, *preset, *opt_name, *precision, *overhead_s, *memory_s;
-    int B, T, accum, stage, dp, off_count, off_size;
+    int B, T, accum, stage, dp, off_count, off_size, pipe, tensor;
     bool grad_ckpt = false, momentum = false, async_save = false, as_json = false, offload = false;
     arg_list sets;
     arg_spec specs[] = {
@@ -124,6 +130,8 @@ int cmd_estimate(int argc, char **argv) {
         {"grad-ckpt", ARG_FLAG, &grad_ckpt, NULL, false, "activation checkpointing"},
         {"zero-stage", ARG_INT, &stage, "0", false, "ZeRO stage 0..3 (shards optimizer state / gradients / parameters)"},
         {"dp", ARG_INT, &dp, "1", false, "data-parallel ranks"},
+        {"pipe", ARG_INT, &pipe, "1", false, "pipeline stages (model_topo pipe axis)"},
+        {"tensor", ARG_INT, &tensor, "1", false, "tensor-parallel ranks (model_topo tensor axis)"},
         {"precision", ARG_STR, &precision, "fp32", false, "matmul precision: fp32, bf16 or fp16 (bf16.enabled / fp16.enabled)"},
         {"offload-optimizer", ARG_FLAG, &offload, NULL, false,
          "optimizer state offloaded to a file (offload_optimizer device nvme)"},
@@ -142,7 +150,7 @@ int cmd_estimate(int argc, char **argv) {
     cllm_mem_setup s = {.micro_batch = B, .grad_accum = accum, .seq_len = T, .grad_ckpt = grad_ckpt,
                         .sgd_momentum = momentum, .zero_stage = stage, .dp = dp, .async_save = async_save,
                         .offload_optimizer = offload, .offload_buffer_count = off_count,
-                        .offload_buffer_size = off_size};
+                        .offload_buffer_size = off_size, .pipe = pipe, .tensor = tensor};
     size_t budget = 0;
     if (!cllm_precision_from_name(precision, &s.precision)) {
         fprintf(stderr, "cllm estimate: --precision must be fp32, bf16 or fp16, got '%s'\n", precision);
