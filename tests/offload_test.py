@@ -14,8 +14,13 @@ Cases:
               equal the in-memory run's byte for byte; resuming with offload
               from such a checkpoint ends equal to the straight in-memory run.
   errors      missing / non-folder / unwritable nvme_path, no nvme_path,
-              buffer_count below 3, offload_param nvme below stage 3, and at stage 3
-              (parameter offload is not implemented: refused, not ignored).
+              buffer_count below 3, offload_param nvme below stage 3 or
+              without nvme_path.
+  params      (mpirun too) ZeRO-3 with the parameter slice in a file
+              (offload_param nvme), alone and with offload_optimizer, on 1
+              and 2 ranks: losses and final weights equal the in-memory
+              ZeRO-3 run bit for bit, the files are gone afterwards, and a
+              checkpointed + resumed run ends equal to the straight one.
   dp          (mpirun) ZeRO-2 over 2 ranks with fp16 loss scaling and
               overflows injected: offloaded slices equal the in-memory run
               bit for bit, and the loss-scale sequence equals the
@@ -161,9 +166,37 @@ def case_errors(env):
     p = env.train("param", zero_optimization={"stage": 2, "offload_param": {"device": "nvme", "nvme_path": env.nvme}})
     check(p.returncode != 0 and "offload_param" in p.stderr and "stage 3" in p.stderr,
           f"offload_param below stage 3: {p.stderr}")
-    p = env.train("param3", zero_optimization={"stage": 3, "offload_param": {"device": "nvme", "nvme_path": env.nvme}})
-    check(p.returncode != 0 and "parameter offload is not implemented" in p.stderr,
-          f"offload_param at stage 3: {p.stderr}")
+    p = env.train("param3", zero_optimization={"stage": 3, "offload_param": {"device": "nvme"}})
+    check(p.returncode != 0 and "offload_param.nvme_path" in p.stderr, f"offload_param without nvme_path: {p.stderr}")
+
+
+def case_params(env):
+    """ZeRO-3 with the parameter slice (and the optimizer state) in files."""
+    z3 = {"stage": 3, "stage3_param_persistence_threshold": 0}
+    for ranks in (0, 2):
+        tag = f"{ranks or 1} rank(s)"
+        p = env.train(f"mem{ranks}", ranks=ranks, zero_optimization=z3, train_batch_size=8,
+                      train_micro_batch_size_per_gpu=2)
+        check(p.returncode == 0, f"{tag} in memory: {p.stderr}")
+        for both in (False, True):
+            out = f"off{ranks}_{both}"
+            z = dict(z3, offload_param=nvme(env))
+            if both:
+                z["offload_optimizer"] = nvme(env, buffer_count=3, buffer_size=5000)
+            p = env.train(out, ranks=ranks, zero_optimization=z, train_batch_size=8, train_micro_batch_size_per_gpu=2)
+            check(p.returncode == 0, f"{tag} {out}: {p.stderr}")
+            check(p.returncode == 0 and env.read(out, "model.safetensors") == env.read(f"mem{ranks}", "model.safetensors"),
+                  f"{tag} {out}: final weights equal the in-memory run's")
+            check(p.returncode == 0 and env.losses(out) == env.losses(f"mem{ranks}"), f"{tag} {out}: losses equal")
+            check(os.listdir(env.nvme) == [], f"{tag} {out}: files removed: {os.listdir(env.nvme)}")
+    # checkpoint at step 3 and resume, parameters in a file: the straight run's weights
+    z = dict(z3, offload_param=nvme(env))
+    p = env.train("ck", zero_optimization=z, save_interval=3, train_batch_size=8, train_micro_batch_size_per_gpu=2)
+    check(p.returncode == 0, f"checkpointed run: {p.stderr}")
+    p = env.train("res", zero_optimization=z, train_batch_size=8, train_micro_batch_size_per_gpu=2,
+                  extra=("--resume", env.path("ck", "checkpoint-3")))
+    check(p.returncode == 0 and env.read("res", "model.safetensors") == env.read("mem0", "model.safetensors"),
+          f"resumed with offloaded parameters: {p.stderr[-1500:]}")
 
 
 def case_dp(env):
@@ -188,7 +221,8 @@ def case_dp(env):
     check(os.listdir(env.nvme) == [], "state files of both ranks removed")
 
 
-CASES = {"equal": case_equal, "checkpoint": case_checkpoint, "errors": case_errors, "dp": case_dp}
+CASES = {"equal": case_equal, "checkpoint": case_checkpoint, "errors": case_errors, "dp": case_dp,
+         "params": case_params}
 
 
 def main():

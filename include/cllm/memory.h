@@ -54,6 +54,7 @@ typedef struct {
     int dp;                /* data-parallel ranks, >= 1 */
     bool async_save;       /* checkpoints snapshot params + optimizer state */
     bool offload_optimizer;/* optimizer state in a file (offload_optimizer nvme): not in RAM */
+    bool offload_param;    /* ZeRO-3 parameter slice in a file (offload_param nvme): not in RAM */
     long offload_buffer_count, offload_buffer_size; /* its stream: slots x floats per state */
     cllm_precision precision; /* matmul precision (bf16/fp16 add a parameter copy and scratch) */
     size_t overhead;       /* fixed process memory (code, libraries, threads) */
@@ -69,6 +70,7 @@ typedef struct {
     size_t grads;       /* gradient buffer (shard with ZeRO-2/3) */
     size_t optim;       /* optimizer state (shard with ZeRO-1/2/3); 0 when offloaded */
     size_t optim_disk;  /* offloaded optimizer state (on disk, not in total) */
+    size_t params_disk; /* offloaded ZeRO-3 parameter slice (on disk, not in total) */
     size_t offload_buffer; /* the offload stream's buffer */
     size_t work;        /* ZeRO-2/3 working buffers: one group's gradient (first, last, largest block),
                            at stage 3 also gathered parameters (first, last, two blocks) */

@@ -768,12 +768,6 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
                        c->bf16_enabled ? "bf16" : "fp16");
         goto done;
     }
-    if (c->zero_offload_param && strcmp(c->zero_offload_param, "nvme") == 0) {
-        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "zero_optimization.offload_param with device \"nvme\": parameter "
-                       "offload is not implemented; ZeRO stage 3 already keeps 1/N of the parameters per rank, and "
-                       "offload_optimizer can move the optimizer state to nvme_path");
-        goto done;
-    }
     if (tr->zero.stage >= 2 && c->comm_dtype != CLLM_F32) {
         st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "communication_data_type %s with zero_optimization.stage %d: stages 2-3 "
                        "reduce each layer in fp32; 16-bit reductions apply at stages 0-1", cllm_dtype_name(c->comm_dtype),

@@ -78,6 +78,15 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     }
     out->n_params = n_params;
     out->params = (s->zero_stage >= 3 ? shard(len, s->dp) * sizeof(float) : bytes) + full_len * sizeof(float);
+    if (s->offload_param) {
+        if (s->zero_stage < 3) {
+            free(stages);
+            free(units);
+            return CLLM_FAIL(CLLM_ERR_ARG, "parameter offload needs ZeRO stage 3");
+        }
+        out->params_disk = out->params; /* mapped from a file; pages dropped after each use */
+        out->params = 0;
+    }
     out->grads = s->zero_stage >= 2 ? shard(len, s->dp) * sizeof(float) : bytes;
     out->optim = (size_t)states * (s->zero_stage >= 1 ? shard(opt_len, s->dp) : opt_len) * sizeof(float);
     if (s->offload_optimizer) {

@@ -34,6 +34,12 @@
  * waited for it, are measured (comm_hidden_fraction).
  * Not here: checkpoints of partitioned state (the engine refuses them).
  */
+#define _DEFAULT_SOURCE /* madvise(MADV_DONTNEED): glibc ignores posix_madvise's DONTNEED */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -76,7 +82,8 @@ struct train_shard {
     bool overlap;             /* overlap_comm: nonblocking collectives */
     int max_chunks;           /* requests per group at most */
     /* stage 3 */
-    float *pslice;          /* [slice] this rank's parameters */
+    float *pslice;          /* [slice] this rank's parameters (a file mapping with offload_param) */
+    size_t pmap_bytes;      /* offload_param: bytes of the mapping (0: pslice is ordinary memory) */
     float *pwork[N_PSLOTS]; /* working parameters */
     int slot_group[N_PSLOTS];
     inflight pfly[N_PSLOTS];  /* gathers in flight (prefetches) */
@@ -95,6 +102,8 @@ struct train_shard {
     double comm_seconds;      /* collectives from start to completion */
     double wait_seconds;      /* of which the computation waited */
 };
+
+static void drop_pages(train_shard *s, size_t b, size_t e);
 
 /* ------------------------------------------------------------ helpers */
 
@@ -118,7 +127,10 @@ static void parts(train_shard *s, size_t c0, size_t c1) {
 static cllm_status gather_start(train_shard *s, inflight *f, float *buf, size_t b, size_t e) {
     const train_zero *z = s->z;
     size_t ob = z->begin > b ? z->begin : b, oe = z->end < e ? z->end : e;
-    if (ob < oe) memcpy(buf + (ob - b), s->pslice + (ob - z->begin), (oe - ob) * sizeof(float));
+    if (ob < oe) {
+        memcpy(buf + (ob - b), s->pslice + (ob - z->begin), (oe - ob) * sizeof(float));
+        drop_pages(s, ob - z->begin, oe - z->begin);
+    }
     double t0 = cllm_time_sec();
     f->n = 0;
     f->start = t0;
@@ -362,6 +374,58 @@ static cllm_status finish_all(train_shard *s) {
     return st;
 }
 
+/* -------------------------------------------------- parameter offload */
+
+/* zero_optimization.offload_param {"device": "nvme", "nvme_path": DIR}: the
+ * parameter slice lives in a file under DIR, mapped into memory. The file is
+ * unlinked as soon as it is mapped (it disappears with the process, however
+ * that ends). Pages come in when a group's part is copied into a gather or
+ * updated, and are dropped from the process right after (madvise
+ * MADV_DONTNEED on a shared mapping keeps their contents in the file), so
+ * the resident share of the slice stays small and the kernel can write it
+ * back and evict it under memory pressure. */
+static const char *offload_param_dir(const cllm_train_config *c, cllm_status *st) {
+    *st = CLLM_OK;
+    json_t *o = c->zero_optimization ? json_object_get(c->zero_optimization, "offload_param") : NULL;
+    const char *dev = o ? json_string_value(json_object_get(o, "device")) : NULL;
+    if (!dev || strcmp(dev, "nvme") != 0) return NULL;
+    const char *dir = json_string_value(json_object_get(o, "nvme_path"));
+    if (!dir || !*dir)
+        *st = CLLM_FAIL(CLLM_ERR_ARG, "zero_optimization.offload_param.nvme_path: a folder is required with "
+                        "device \"nvme\"");
+    return dir;
+}
+
+static cllm_status map_slice(train_shard *s, const char *dir, size_t n) {
+    char path[4096];
+    int len = snprintf(path, sizeof path, "%s/cllm-params-%ld-rank%d.bin", dir, (long)getpid(), cllm_dist_rank());
+    if (len < 0 || len >= (int)sizeof path) return CLLM_FAIL(CLLM_ERR_ARG, "offload_param.nvme_path too long: %s", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0)
+        return CLLM_FAIL(CLLM_ERR_IO, "zero_optimization.offload_param.nvme_path: cannot create %s: %s", path,
+                         strerror(errno));
+    unlink(path);
+    size_t bytes = n * sizeof(float);
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, (off_t)bytes) == 0) p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int e = errno;
+    close(fd);
+    if (p == MAP_FAILED)
+        return CLLM_FAIL(CLLM_ERR_IO, "zero_optimization.offload_param: cannot map %zu bytes in %s: %s", bytes, dir,
+                         strerror(e));
+    s->pslice = p;
+    s->pmap_bytes = bytes;
+    return CLLM_OK;
+}
+
+/* Drops the mapped pages of pslice[b, e) from the process (whole pages). */
+static void drop_pages(train_shard *s, size_t b, size_t e) {
+    if (!s->pmap_bytes || b >= e) return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)(s->pslice + b) + page - 1) / page * page, hi = (uintptr_t)(s->pslice + e) / page * page;
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 /* --------------------------------------------------------------- init */
 
 static void *alloc_floats(size_t n, const char *what) { return cllm_calloc(n ? n : 1, sizeof(float), what); }
@@ -400,11 +464,18 @@ static cllm_status init_stage3(train_shard *s, const cllm_train_config *c, const
     }
     size_t slice = z->end - z->begin;
     const float *full = cllm_model_params(m);
-    s->pslice = alloc_floats(slice, "parameter slice");
+    const char *pdir = offload_param_dir(c, &st);
+    if (st) return st;
+    if (pdir && slice) {
+        if ((st = map_slice(s, pdir, slice))) return st;
+    } else {
+        s->pslice = alloc_floats(slice, "parameter slice");
+    }
     s->pparams = alloc_floats(s->n_compact, "replicated parameters");
     s->pgrads = alloc_floats(s->n_compact, "replicated gradients");
     if (!s->pslice || !s->pparams || !s->pgrads) return CLLM_ERR_NOMEM;
     if (slice) memcpy(s->pslice, full + z->begin, slice * sizeof(float));
+    drop_pages(s, 0, slice);
     for (int i = 0; i < s->n_pers; i++)
         memcpy(s->pparams + s->pers[i].compact, full + s->pers[i].flat, s->pers[i].numel * sizeof(float));
     /* from here on the rank holds only its slice (freed before the working
@@ -497,7 +568,10 @@ void train_shard_free(train_shard *s) {
     for (int k = 0; k < N_GSLOTS; k++) free(s->gfly[k].req);
     for (int k = 0; k < N_PSLOTS; k++) free(s->pfly[k].req);
     cllm_free(s->gslice);
-    cllm_free(s->pslice);
+    if (s->pmap_bytes)
+        munmap(s->pslice, s->pmap_bytes);
+    else
+        cllm_free(s->pslice);
     cllm_free(s->pparams);
     cllm_free(s->pgrads);
     cllm_optim_free(s->popt);
@@ -606,6 +680,7 @@ cllm_status train_shard_step(train_shard *s, cllm_optimizer *opt, double lr) {
     cllm_status st = finish_all(s);
     if (st) return st;
     if ((st = update(z, opt, s->pslice, s->gslice, s->ranges, s->n_ranges, lr))) return st;
+    drop_pages(s, 0, z->end - z->begin);
     if (s->popt) cllm_optim_step(s->popt, s->pparams, s->pgrads, s->pranges, s->n_pers, lr);
     for (int k = 0; k < N_PSLOTS; k++) s->slot_group[k] = -1; /* gathered copies are stale now */
     return CLLM_OK;

@@ -81,7 +81,7 @@ static void print_table(const cllm_mem_estimate *e) {
              (double)e->act.block_inputs / 1e6, (double)e->act.block_saved / 1e6, (double)e->act.head / 1e6,
              (double)e->act.backward / 1e6);
     printf("  %-22s %15s %7s\n", "per rank", "bytes", "share");
-    row("parameters", e->params, e->total, "");
+    row("parameters", e->params, e->total, e->params_disk ? "slice in a file (offload_param)" : "");
     row("gradients", e->grads, e->total, "");
     row("optimizer state", e->optim, e->total, e->optim_disk ? "offloaded: see below" : "");
     if (e->optim_disk) row("offload buffer", e->offload_buffer, e->total, "stream of the offloaded state");
@@ -100,7 +100,7 @@ static void print_table(const cllm_mem_estimate *e) {
 }
 
 static json_t *to_json(const cllm_mem_estimate *e) {
-    return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsI}", "precision", (json_int_t)e->precision, "n_params",
+    return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsI}", "precision", (json_int_t)e->precision, "n_params",
                      (json_int_t)e->n_params, "params", (json_int_t)e->params,
                      "grads", (json_int_t)e->grads, "optim", (json_int_t)e->optim, "work", (json_int_t)e->work,
                      "activations",
@@ -109,13 +109,13 @@ static json_t *to_json(const cllm_mem_estimate *e) {
                      (json_int_t)e->total, "block_inputs", (json_int_t)e->act.block_inputs, "block_saved",
                      (json_int_t)e->act.block_saved, "block_set", (json_int_t)e->act.block_set, "optim_disk",
                      (json_int_t)e->optim_disk, "offload_buffer", (json_int_t)e->offload_buffer, "pipe_buffers",
-                     (json_int_t)e->pipe_buffers);
+                     (json_int_t)e->pipe_buffers, "params_disk", (json_int_t)e->params_disk);
 }
 
 int cmd_estimate(int argc, char **argv) {
     const char *model, *arch_name, *preset, *opt_name, *precision, *overhead_s, *memory_s;
     int B, T, accum, stage, dp, off_count, off_size, pipe, tensor;
-    bool grad_ckpt = false, momentum = false, async_save = false, as_json = false, offload = false;
+    bool grad_ckpt = false, momentum = false, async_save = false, as_json = false, offload = false, offload_p = false;
     arg_list sets;
     arg_spec specs[] = {
         {"model", ARG_STR, &model, NULL, false, "HF model folder (its config.json is read)"},
@@ -135,6 +135,8 @@ int cmd_estimate(int argc, char **argv) {
         {"precision", ARG_STR, &precision, "fp32", false, "matmul precision: fp32, bf16 or fp16 (bf16.enabled / fp16.enabled)"},
         {"offload-optimizer", ARG_FLAG, &offload, NULL, false,
          "optimizer state offloaded to a file (offload_optimizer device nvme)"},
+        {"offload-param", ARG_FLAG, &offload_p, NULL, false,
+         "ZeRO-3 parameter slice in a file (offload_param device nvme)"},
         {"offload-buffer-count", ARG_INT, &off_count, "4", false, "offload stream buffers (buffer_count, >= 3)"},
         {"offload-buffer-size", ARG_INT, &off_size, "1048576", false, "floats per state per buffer (buffer_size)"},
         {"async-save", ARG_FLAG, &async_save, NULL, false, "count the snapshot buffers of asynchronous checkpoints"},
@@ -150,7 +152,8 @@ int cmd_estimate(int argc, char **argv) {
     cllm_mem_setup s = {.micro_batch = B, .grad_accum = accum, .seq_len = T, .grad_ckpt = grad_ckpt,
                         .sgd_momentum = momentum, .zero_stage = stage, .dp = dp, .async_save = async_save,
                         .offload_optimizer = offload, .offload_buffer_count = off_count,
-                        .offload_buffer_size = off_size, .pipe = pipe, .tensor = tensor};
+                        .offload_buffer_size = off_size, .pipe = pipe, .tensor = tensor,
+                        .offload_param = offload_p};
     size_t budget = 0;
     if (!cllm_precision_from_name(precision, &s.precision)) {
         fprintf(stderr, "cllm estimate: --precision must be fp32, bf16 or fp16, got '%s'\n", precision);
