@@ -148,7 +148,7 @@ static cllm_status tp_read_optim(trainer *tr, const char *dir, float *s0, float 
         if (!dst[k]) continue;
         if ((st = cllm_ckpt_read_range(dir, whole, which[k], 0, nf, full))) break;
         cllm_tp_cut_buffer(whole, tr->m, tr->topo.dims[CLLM_AXIS_TENSOR], tr->topo.coord[CLLM_AXIS_TENSOR], full, part);
-        memcpy(dst[k], part + tr->zero.begin, (tr->zero.end - tr->zero.begin) * sizeof(float));
+        memcpy(dst[k], part + tr->base + tr->zero.begin, (tr->zero.end - tr->zero.begin) * sizeof(float));
     }
     cllm_free(full);
     cllm_free(part);
@@ -162,6 +162,8 @@ static cllm_status tp_read_optim(trainer *tr, const char *dir, float *s0, float 
 static cllm_status save_tp(trainer *tr) {
     cllm_model *whole = NULL;
     cllm_status st = train_tp_gather(tr->tp, tr->m, &whole, NULL);
+    /* with a pipeline each tensor group gathered its stage: the stages next */
+    if (!st && tr->pipe) st = train_pipe_gather_layout(tr->pipe, whole, cllm_model_params(whole));
     if (st) return st;
     const train_zero *z = &tr->zero;
     size_t nl = cllm_model_buffer_len(tr->m), nf = cllm_model_buffer_len(whole);
@@ -174,13 +176,15 @@ static cllm_status save_tp(trainer *tr) {
         if (!s[k]) continue;
         /* the whole part's state: this rank's ZeRO slice, then the data group's */
         memset(loc, 0, nl * sizeof(float));
-        memcpy(loc + z->begin, s[k], (z->end - z->begin) * sizeof(float));
-        if (z->stage >= 1 && z->size > 1 && (st = cllm_dist_g_allgather_f32(z->grp, loc, z->counts))) break;
+        memcpy(loc + tr->base + z->begin, s[k], (z->end - z->begin) * sizeof(float));
+        if (z->stage >= 1 && z->size > 1 && (st = cllm_dist_g_allgather_f32(z->grp, loc + tr->base, z->counts)))
+            break;
         if (!(full[k] = cllm_alloc(nf * sizeof(float), "checkpoint state"))) {
             st = CLLM_ERR_NOMEM;
             break;
         }
         st = cllm_tp_gather_buffer(whole, tr->m, train_tp_group(tr->tp), loc, full[k], NULL);
+        if (!st && tr->pipe) st = train_pipe_gather_layout(tr->pipe, whole, full[k]);
     }
     train_offload_unmap(tr->offload);
     if (!st && tr->output_dir && cllm_dist_rank() == 0) {
@@ -709,10 +713,6 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     cllm_status st = cllm_topo_init(&tr->topo, ptopo, cllm_dist_size(), cllm_dist_rank(), "config");
     if (st) return st;
     const bool piped = tr->topo.dims[CLLM_AXIS_PIPE] > 1, tensor = tr->topo.dims[CLLM_AXIS_TENSOR] > 1;
-    if (tensor && piped && (c->save_interval > 0 || c->resume))
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
-                         "checkpoints with both a pipe and a tensor axis are not implemented; set save_interval 0 and "
-                         "no resume (the final model is still saved), or use one of the two axes");
     c->dp_size = tr->topo.dims[CLLM_AXIS_DATA];
     c->dp_rank = tr->topo.coord[CLLM_AXIS_DATA];
     st = cllm_ckpt_find(c->output_dir, c->resume, &resume_dir);
@@ -811,7 +811,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     else
         train_zero_count_optim(&tr->zero, tr->opt);
     if (tr->offload) tr->zero.mem.optim = train_offload_buffer_bytes(tr->offload); /* what stays in RAM */
-    tr->ckpt_ok = !(tr->tp && tr->pipe);
+    tr->ckpt_ok = true;
     if (piped && !tr->tp && (st = ckpt_tiles(tr, &tr->ckpt_ok))) goto done;
     if (piped && !tr->ckpt_ok && c->save_interval > 0) {
         st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED,

@@ -36,6 +36,7 @@ struct train_pipe {
     int prev, next; /* world ranks of the neighbouring stages, -1 at the ends */
     size_t begin, end, n;
     size_t *counts;             /* [K] range lengths of the stages, for gathering the model */
+    cllm_stage *stages;         /* [K] every stage's units */
     size_t tied_begin, tied_len; /* the embedding matrix, when the head is tied */
     cllm_dist_group *pipe_grp, *tied_grp;
     int slots;                  /* micro-batches in flight */
@@ -90,6 +91,7 @@ cllm_status train_pipe_init(train_pipe **out, const cllm_train_config *c, cllm_m
         goto done;
     }
     p->stage = stages[p->s];
+    p->stages = stages;
     for (int k = 0; k < p->K; k++) {
         size_t b, e;
         unit_range(m, stages[k].first_unit, stages[k].first_unit + stages[k].n_units, &b, &e);
@@ -128,7 +130,7 @@ cllm_status train_pipe_init(train_pipe **out, const cllm_train_config *c, cllm_m
     cllm_pipe_ops(p->sched, p->K, p->s, p->M, p->ops);
     p->in_flight_peak = (p->s > 0 ? (size_t)p->slots : 0) * NC * sizeof(float);
 done:
-    free(stages);
+    if (!p->stages) free(stages);
     free(ranks);
     if (st) {
         train_pipe_free(p);
@@ -148,6 +150,7 @@ void train_pipe_free(train_pipe *p) {
     free(p->xreq);
     free(p->ops);
     free(p->counts);
+    free(p->stages);
     free(p);
 }
 
@@ -223,6 +226,19 @@ cllm_status train_pipe_sync_tied_params(train_pipe *p, float *params) {
 
 cllm_status train_pipe_gather_params(train_pipe *p, float *params) {
     return cllm_dist_g_allgather_f32(p->pipe_grp, params, p->counts);
+}
+
+cllm_status train_pipe_gather_layout(train_pipe *p, const cllm_model *m, float *buf) {
+    size_t *counts = calloc((size_t)p->K, sizeof *counts);
+    if (!counts) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < p->K; k++) {
+        size_t b, e;
+        unit_range(m, p->stages[k].first_unit, p->stages[k].first_unit + p->stages[k].n_units, &b, &e);
+        counts[k] = e - b;
+    }
+    cllm_status st = cllm_dist_g_allgather_f32(p->pipe_grp, buf, counts);
+    free(counts);
+    return st;
 }
 
 const cllm_dist_group *train_pipe_group(const train_pipe *p) { return p->pipe_grp; }

@@ -250,6 +250,9 @@ cllm_status train_pipe_sync_tied_grads(train_pipe *p, float *grads);
 cllm_status train_pipe_sync_tied_params(train_pipe *p, float *params);
 /* Every stage's range to every rank of the pipeline: the whole model. */
 cllm_status train_pipe_gather_params(train_pipe *p, float *params);
+/* The same for a buffer laid out as model m's flat parameters, m having the
+ * pipeline's units (the whole model of a tensor-parallel part). */
+cllm_status train_pipe_gather_layout(train_pipe *p, const cllm_model *m, float *buf);
 const cllm_dist_group *train_pipe_group(const train_pipe *p);
 
 /* ---- tensor parallelism (tp_train.c) ---- */
