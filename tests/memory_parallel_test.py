@@ -20,6 +20,7 @@ LLAMA = ["hidden_size=256", "num_hidden_layers=4", "num_attention_heads=8", "num
          "intermediate_size=688", "vocab_size=8192", "max_position_embeddings=512"]
 CONFIGS = [  # (name, ranks, topology, micro-batch, seq-len, accumulation, estimate flags)
     ("pipe 2", 2, {"axis": ["pipe"], "dims": [2]}, 2, 256, 4, ["--pipe", "2"]),
+    ("pipe 4", 4, {"axis": ["pipe"], "dims": [4]}, 2, 256, 4, ["--pipe", "4"]),
     ("tensor 2", 2, {"axis": ["tensor"], "dims": [2]}, 2, 256, 2, ["--tensor", "2"]),
 ]
 
@@ -40,7 +41,7 @@ def main():
     data = os.path.join(d, "train.jsonl")
     r = random.Random(2)
     with open(data, "w") as f:
-        for _ in range(64):
+        for _ in range(96):
             ids = [r.randrange(3, 500) for _ in range(r.randint(100, 250))]
             f.write(json.dumps({"input_ids": ids, "labels": ids}) + "\n")
 

@@ -70,6 +70,11 @@ void cllm_log(cllm_log_level level, const char *fmt, ...)
 void *cllm_alloc(size_t bytes, const char *what);
 void *cllm_calloc(size_t n, size_t size, const char *what);
 void cllm_free(void *p);
+/* Gives the whole pages inside [p, p + bytes) of a cllm_alloc'd buffer back
+ * to the system: they read as zero afterwards and take no memory until they
+ * are written again. For parts of a buffer whose contents are not needed
+ * (another pipeline stage's parameters). */
+void cllm_mem_release(void *p, size_t bytes);
 
 /* Overflow-checked size arithmetic: return false on overflow. */
 bool cllm_size_mul(size_t a, size_t b, size_t *out);

@@ -132,6 +132,8 @@ cllm_status cllm_dist_g_allreduce_sum_f64(const cllm_dist_group *g, double *buf,
 cllm_status cllm_dist_g_reduce_scatter_sum_f32(const cllm_dist_group *g, const float *send, float *recv,
                                                const size_t *counts);
 cllm_status cllm_dist_g_allgather_f32(const cllm_dist_group *g, float *buf, const size_t *counts);
+/* As g_allgather_f32, but only group rank `root` receives the other parts. */
+cllm_status cllm_dist_g_gather_f32(const cllm_dist_group *g, float *buf, const size_t *counts, int root);
 /* root is a group rank. */
 cllm_status cllm_dist_g_bcast(const cllm_dist_group *g, void *buf, size_t bytes, int root);
 

@@ -14,9 +14,11 @@
  * min(buffer_size, shard) floats per state buffer), and checkpoints are
  * written synchronously (no snapshot).
  *
- * With pipe or tensor ranks the estimate follows what cllm allocates today:
- * a pipeline stage still allocates the whole flat parameter and gradient
- * buffers and the whole model's activations, and only its optimizer state
+ * With pipe or tensor ranks the estimate follows what cllm holds: a
+ * pipeline stage keeps the memory of its own range of the parameters and
+ * gradients (plus the tied embedding on the last stage; the first stage
+ * receives the whole parameters for evaluation and the final save), touches
+ * only its blocks' part of the activation buffer, and its optimizer state
  * follows its stage (the largest stage of the "parameters" split is
  * counted: the stage with the largest total), plus its stage inputs in flight (1F1B on stage 0: min(pipe,
  * micro-batches)) and send/receive buffers; a tensor rank holds its part

@@ -3,14 +3,18 @@
  * parsing and a monotonic clock.
  */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* madvise */
 #include "cllm/core.h"
 
 #include <errno.h>
 #include <math.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 void *cllm_alloc(size_t bytes, const char *what) {
     /* aligned_alloc needs a multiple of the alignment; round up */
@@ -24,6 +28,13 @@ void *cllm_alloc(size_t bytes, const char *what) {
     if (!p)
         CLLM_FAIL(CLLM_ERR_NOMEM, "cannot allocate %zu bytes for %s", bytes, what ? what : "buffer");
     return p;
+}
+
+void cllm_mem_release(void *p, size_t bytes) {
+    if (!p || !bytes) return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)p + page - 1) / page * page, hi = ((uintptr_t)p + bytes) / page * page;
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
 void *cllm_calloc(size_t n, size_t size, const char *what) {

@@ -404,6 +404,23 @@ cllm_status cllm_dist_g_allgather_f32(const cllm_dist_group *g, float *buf, cons
     return st;
 }
 
+cllm_status cllm_dist_g_gather_f32(const cllm_dist_group *g, float *buf, const size_t *counts, int root) {
+    MPI_Comm c = comm_of(g);
+    if (c == MPI_COMM_NULL) return CLLM_OK;
+    int size = cllm_dist_group_size(g), me = cllm_dist_group_rank(g);
+    int *ic = malloc(2 * (size_t)size * sizeof *ic);
+    if (!ic) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    cllm_status st = g_counts(counts, size, ic, ic + size, __func__);
+    int rc = MPI_SUCCESS;
+    if (!st && me == root)
+        rc = MPI_Gatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf, ic, ic + size, MPI_FLOAT, root, c);
+    else if (!st)
+        rc = MPI_Gatherv(buf + ic[size + me], ic[me], MPI_FLOAT, NULL, NULL, NULL, MPI_FLOAT, root, c);
+    free(ic);
+    if (!st && rc != MPI_SUCCESS) st = mpi_fail(rc, __func__, "MPI_Gatherv");
+    return st;
+}
+
 cllm_status cllm_dist_g_bcast(const cllm_dist_group *g, void *buf, size_t bytes, int root) {
     MPI_Comm c = comm_of(g);
     if (c == MPI_COMM_NULL) return CLLM_OK;

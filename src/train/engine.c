@@ -268,9 +268,10 @@ static void show_step(trainer *tr, long step, double loss, double lr, double gno
 
 static cllm_status run_eval(trainer *tr, long step) {
     tr->last_eval_step = step; /* on every rank: the final evaluation is collective with a pipeline */
-    /* with a pipeline every stage's part of the model comes to every rank */
+    /* with a pipeline every stage's part of the model comes to the first
+     * stage, which evaluates (and gives the other parts back afterwards) */
     if (tr->pipe) {
-        cllm_status gs = train_pipe_gather_params(tr->pipe, cllm_model_params(tr->m));
+        cllm_status gs = train_pipe_gather_params_to_first(tr->pipe, cllm_model_params(tr->m));
         if (gs) return cllm_fail_context(gs, "evaluation at step %ld", step);
     }
     /* rank 0 evaluates alone; with tensor parallelism, with its tensor
@@ -319,6 +320,14 @@ static cllm_status run_eval(trainer *tr, long step) {
         fprintf(stderr, "eval  %5ld | loss %.4f | ppl %.3f | %ld tokens | %.2f s\n", step, loss, exp(loss), count, dt);
     }
     return train_metrics_write(&tr->metrics, rec_end(&r));
+}
+
+/* Evaluation, then (pipeline) the first stage gives the other stages'
+ * parameters back. */
+static cllm_status eval_at(trainer *tr, long step) {
+    cllm_status st = run_eval(tr, step);
+    if (tr->pipe) train_pipe_release(tr->pipe, cllm_model_params(tr->m));
+    return st;
 }
 
 /* --------------------------------------------------------------- save */
@@ -478,7 +487,10 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     if (st) return cllm_fail_context(st, "step %ld", step);
     if ((st = reduce_count(tr, &count))) return cllm_fail_context(st, "step %ld", step);
     double t1 = cllm_time_sec(), comm0 = comm_seconds(tr), wait0 = wait_seconds(tr);
-    cllm_model_zero_grads(tr->m);
+    if (tr->pipe)
+        train_pipe_zero_grads(tr->pipe, cllm_model_grads(tr->m)); /* this stage's parts only */
+    else
+        cllm_model_zero_grads(tr->m);
     if (tr->shard) train_shard_zero_grads(tr->shard);
     double loss_sum = 0;
     const double loss_scale = tr->fp16 ? cllm_loss_scaler_scale(&tr->scaler) : 1.0;
@@ -790,6 +802,11 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if ((st = cllm_model_set_precision(tr->m, prec))) goto done;
     if ((st = cllm_model_prepare(tr->m, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true))) goto done;
     tr->act_bytes = cllm_model_activation_alloc(tr->m);
+    /* a stage keeps the memory of its own parameters and gradients only */
+    if (tr->pipe) {
+        train_pipe_release(tr->pipe, cllm_model_params(tr->m));
+        train_pipe_release(tr->pipe, cllm_model_grads(tr->m));
+    }
     /* stages 0-1: overlap_comm starts each group's all-reduce during the
      * backward pass (one process, pipelines, tensor parallelism and 16-bit
      * sums keep the reduction after it) */
@@ -876,7 +893,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     while (tr->state.global_step < c->train_iters) {
         if ((st = train_step(tr, &avg_step))) goto done;
         long step = tr->state.global_step;
-        if (c->eval_interval > 0 && step % c->eval_interval == 0 && (st = run_eval(tr, step))) goto done;
+        if (c->eval_interval > 0 && step % c->eval_interval == 0 && (st = eval_at(tr, step))) goto done;
         bool stop = stop_requested; /* every rank stops at the same step */
         if ((st = train_zero_agree(&tr->zero, &stop))) goto done;
         if (stop) {
@@ -905,7 +922,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
                 "computation\n", comm_seconds(tr), 100.0 * hidden_fraction(comm_seconds(tr), wait_seconds(tr)));
     if (!res->stopped) {
         long step = tr->state.global_step;
-        if (c->eval_interval > 0 && tr->last_eval_step != step && step > first && (st = run_eval(tr, step))) goto done;
+        if (c->eval_interval > 0 && tr->last_eval_step != step && step > first && (st = eval_at(tr, step))) goto done;
         if (c->save_final_checkpoint && c->save_interval > 0 && tr->last_save_step != step && step > first &&
             (st = save_checkpoint(tr, false)))
             goto done;
@@ -920,7 +937,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
             tr->opt = NULL;
         }
         if (tr->shard && (st = train_shard_gather_model(tr->shard))) goto done;
-        if (tr->pipe && (st = train_pipe_gather_params(tr->pipe, cllm_model_params(tr->m)))) goto done;
+        if (tr->pipe && (st = train_pipe_gather_params_to_first(tr->pipe, cllm_model_params(tr->m)))) goto done;
         if (tr->pipe && (st = pipe_report(tr, true))) goto done;
         cllm_model *whole = tr->m;
         float diff = 0;

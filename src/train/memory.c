@@ -138,9 +138,17 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
             size_t slots = (size_t)(P - k < s->grad_accum ? P - k : s->grad_accum);
             size_t bufs = ((k > 0 ? 2 * slots : 0) + (k < P - 1 ? slots + 2 : 0)) * NC;
             if (s->offload_optimizer) opt = 0;
-            if (opt + act + logits + bufs >= best) {
-                best = opt + act + logits + bufs;
+            /* parameters and gradients: the stage's range (and the tied
+             * embedding on the last stage); the first stage receives the
+             * whole parameters for evaluation and the final save */
+            size_t keep = range + (c->tie_embeddings && k == P - 1 ? (size_t)c->vocab_size * (size_t)c->n_embd : 0);
+            size_t prm = (k == 0 ? len : keep) * sizeof(float), grd = keep * sizeof(float);
+            size_t tot = prm + grd + opt + act + logits + bufs;
+            if (tot >= best) {
+                best = tot;
                 opt_len = range;
+                out->params = prm + full_len * sizeof(float);
+                out->grads = grd;
                 if (!s->offload_optimizer) out->optim = opt;
                 out->activations = act;
                 out->logits = logits;

@@ -228,6 +228,10 @@ cllm_status train_pipe_gather_params(train_pipe *p, float *params) {
     return cllm_dist_g_allgather_f32(p->pipe_grp, params, p->counts);
 }
 
+cllm_status train_pipe_gather_params_to_first(train_pipe *p, float *params) {
+    return cllm_dist_g_gather_f32(p->pipe_grp, params, p->counts, 0);
+}
+
 cllm_status train_pipe_gather_layout(train_pipe *p, const cllm_model *m, float *buf) {
     size_t *counts = calloc((size_t)p->K, sizeof *counts);
     if (!counts) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
@@ -242,3 +246,31 @@ cllm_status train_pipe_gather_layout(train_pipe *p, const cllm_model *m, float *
 }
 
 const cllm_dist_group *train_pipe_group(const train_pipe *p) { return p->pipe_grp; }
+
+/* The parts of the flat buffers this rank uses: its stage's range, and the
+ * tied embedding on the last stage (the head reads it). */
+static int keep_ranges(const train_pipe *p, size_t *b, size_t *e) {
+    int k = 0;
+    bool tied_here = p->tied_grp && cllm_dist_group_size(p->tied_grp) > 1 && p->s == p->K - 1;
+    if (tied_here) b[k] = p->tied_begin, e[k] = p->tied_begin + p->tied_len, k++;
+    b[k] = p->begin, e[k] = p->end, k++;
+    return k;
+}
+
+void train_pipe_zero_grads(const train_pipe *p, float *grads) {
+    size_t b[2], e[2];
+    int k = keep_ranges(p, b, e);
+    for (int i = 0; i < k; i++) memset(grads + b[i], 0, (e[i] - b[i]) * sizeof(float));
+}
+
+void train_pipe_release(const train_pipe *p, float *buf) {
+    if (!buf) return;
+    size_t b[2], e[2];
+    int k = keep_ranges(p, b, e);
+    size_t at = 0; /* release the gaps between the kept ranges (sorted: the embedding comes first) */
+    for (int i = 0; i < k; i++) {
+        if (b[i] > at) cllm_mem_release(buf + at, (b[i] - at) * sizeof(float));
+        if (e[i] > at) at = e[i];
+    }
+    if (p->n > at) cllm_mem_release(buf + at, (p->n - at) * sizeof(float));
+}

@@ -250,10 +250,18 @@ cllm_status train_pipe_sync_tied_grads(train_pipe *p, float *grads);
 cllm_status train_pipe_sync_tied_params(train_pipe *p, float *params);
 /* Every stage's range to every rank of the pipeline: the whole model. */
 cllm_status train_pipe_gather_params(train_pipe *p, float *params);
+/* The same, to the first stage only (the others keep their share). */
+cllm_status train_pipe_gather_params_to_first(train_pipe *p, float *params);
 /* The same for a buffer laid out as model m's flat parameters, m having the
  * pipeline's units (the whole model of a tensor-parallel part). */
 cllm_status train_pipe_gather_layout(train_pipe *p, const cllm_model *m, float *buf);
 const cllm_dist_group *train_pipe_group(const train_pipe *p);
+/* Zeroes the parts of the gradient buffer this stage writes (its range, and
+ * the tied embedding on the last stage). */
+void train_pipe_zero_grads(const train_pipe *p, float *grads);
+/* Gives back the memory of the rest of a flat buffer (other stages' parts):
+ * a stage then holds only its share of parameters and gradients. */
+void train_pipe_release(const train_pipe *p, float *buf);
 
 /* ---- tensor parallelism (tp_train.c) ---- */
 typedef struct train_tp train_tp;
