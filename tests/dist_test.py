@@ -281,6 +281,9 @@ def errors(env):
     topo = {"process_topology": {"axis": ["pipe", "data"], "dims": [1, 4]}}
     fails("data axis", ["train", "--config", env.config("d.json", model, model_topo=topo), "--out", env.path("d")],
           2, "pipe 1 x data 4 x tensor 1 = 4 ranks, but 2 are running")
+    fails("16-bit sums at stage 2", ["train", "--config", env.config("ct2.json", model, communication_data_type="bf16",
+                                                                     zero_optimization={"stage": 2}),
+                                     "--out", env.path("ct2")], 2, "communication_data_type bf16 with zero_optimization.stage 2")
     a = env.config("a.json", model)
     b = env.config("b.json", model, seed=8)
     cmd = MPIRUN + ["-np", "1", env.cllm, "train", "--config", a, "--out", env.path("m"), ":",

@@ -98,6 +98,8 @@ def errors(env):
     fails("schedule", 2, {"process_topology": pipe2, "schedule": "zigzag"}, "model_topo.schedule")
     fails("zero3", 2, {"process_topology": pipe2}, "stage 3 with pipeline", zero_optimization={"stage": 3})
     fails("zero2", 2, {"process_topology": pipe2}, "stage 2 with pipeline", zero_optimization={"stage": 2})
+    fails("commtype", 2, {"process_topology": pipe2}, "communication_data_type bf16 with pipeline",
+          communication_data_type="bf16")
 
 
 PIPE2 = {"axis": ["pipe", "data"], "dims": [2, 1]}

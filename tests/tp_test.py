@@ -101,6 +101,10 @@ def errors(env):
             dt.check(s in p.stderr, f"{tag}: '{s}' not in stderr:\n{p.stderr[-2000:]}")
 
     fails("kv-heads", 4, {"axis": ["tensor"], "dims": [4]}, "tensor axis 4", "num_key_value_heads")
+    fails("zero2", 2, {"axis": ["tensor"], "dims": [2]}, "zero_optimization.stage 2-3 with tensor parallelism",
+          zero_optimization={"stage": 2})
+    fails("commtype", 2, {"axis": ["tensor"], "dims": [2]}, "communication_data_type with tensor parallelism",
+          communication_data_type="bf16")
     for key, val, needle in (("intermediate_size", 171, "intermediate_size"), ("vocab_size", 511, "vocab_size")):
         other = env.path(key)
         p = env.run(["init", "--arch", "llama", "--preset", "tiny", "--set", f"{key}={val}", "--out", other])

@@ -194,11 +194,10 @@ static cllm_status run_primitive(float *C, const void *A, const void *B, int M, 
     return st;
 }
 
-/* Shapes: C[M,N]; A[M,K] or [K,M] (trans_a); B[K,N] or [N,K] (trans_b).
- * Returns CLLM_ERR_ARG for negative sizes, NULL operands or beta not in
- * {0,1}; CLLM_ERR_INTERNAL if oneDNN fails. Thread-safe (calls serialise). */
-cllm_status cllm_matmul(float *C, const float *A, const float *B, int M, int N, int K, bool trans_a,
-                        bool trans_b, float alpha, float beta) {
+/* The checks both GEMMs share, and the cases with nothing to multiply
+ * (*done: C is already the result). */
+static cllm_status gemm_args(float *C, const void *A, const void *B, int M, int N, int K, float beta, bool *done) {
+    *done = true;
     if (M < 0 || N < 0 || K < 0)
         return CLLM_FAIL(CLLM_ERR_ARG, "negative size M=%d N=%d K=%d", M, N, K);
     if (beta != 0.0f && beta != 1.0f)
@@ -209,6 +208,18 @@ cllm_status cllm_matmul(float *C, const float *A, const float *B, int M, int N, 
         if (beta == 0.0f) memset(C, 0, (size_t)M * (size_t)N * sizeof *C);
         return CLLM_OK;
     }
+    *done = false;
+    return CLLM_OK;
+}
+
+/* Shapes: C[M,N]; A[M,K] or [K,M] (trans_a); B[K,N] or [N,K] (trans_b).
+ * Returns CLLM_ERR_ARG for negative sizes, NULL operands or beta not in
+ * {0,1}; CLLM_ERR_INTERNAL if oneDNN fails. Thread-safe (calls serialise). */
+cllm_status cllm_matmul(float *C, const float *A, const float *B, int M, int N, int K, bool trans_a,
+                        bool trans_b, float alpha, float beta) {
+    bool done = false;
+    cllm_status st = gemm_args(C, A, B, M, N, K, beta, &done);
+    if (st || done) return st;
     if (!trans_b) {
         /* row-major sgemm: lda/ldb are the stored row lengths; thread-safe
          * without the lock (it keeps no state between calls) */
@@ -225,16 +236,9 @@ cllm_status cllm_matmul(float *C, const float *A, const float *B, int M, int N, 
  * 2 threads (NT is the slowest), 2-10x the fp32 GEMM. */
 cllm_status cllm_matmul_bf16(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K, bool trans_a,
                              bool trans_b, float alpha, float beta) {
-    if (M < 0 || N < 0 || K < 0)
-        return CLLM_FAIL(CLLM_ERR_ARG, "negative size M=%d N=%d K=%d", M, N, K);
-    if (beta != 0.0f && beta != 1.0f)
-        return CLLM_FAIL(CLLM_ERR_ARG, "beta must be 0 or 1, got %g", (double)beta);
-    if (M == 0 || N == 0) return CLLM_OK;
-    if (!C || (K > 0 && (!A || !B))) return CLLM_FAIL(CLLM_ERR_ARG, "NULL operand");
-    if (K == 0) {
-        if (beta == 0.0f) memset(C, 0, (size_t)M * (size_t)N * sizeof *C);
-        return CLLM_OK;
-    }
+    bool done = false;
+    cllm_status st = gemm_args(C, A, B, M, N, K, beta, &done);
+    if (st || done) return st;
     return run_primitive(C, A, B, M, N, K, trans_a, trans_b, alpha, beta, true);
 }
 

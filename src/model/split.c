@@ -53,20 +53,18 @@ static cllm_tp_rule block_rule(const cllm_model_config *c, int slot) {
 
 cllm_tp_rule cllm_tp_rule_of(const cllm_model *m, int i) {
     const cllm_model_config *c = &m->cfg;
-    cllm_tp_rule r = {CLLM_TP_REPLICATE, 1, 0};
-    for (int l = 0; l < c->n_layer; l++)
+    /* the unit is the tensor's parameter group (model_impl.h) */
+    cllm_tp_rule r = {CLLM_TP_REPLICATE, 1, m->tgroup[i]};
+    if (r.unit >= 1 && r.unit <= c->n_layer) {
         for (int s = 0; s < L_NSLOTS; s++)
-            if (m->lslot[l][s] == i) {
+            if (m->lslot[r.unit - 1][s] == i) {
                 r = block_rule(c, s);
-                r.unit = 1 + l;
-                return r;
+                r.unit = m->tgroup[i];
+                break;
             }
-    for (int g = 0; g < G_NSLOTS; g++) {
-        if (m->gslot[g] != i) continue;
-        if (g == G_WTE || g == G_HEAD) r.cut = CLLM_TP_ROWS; /* vocabulary-parallel */
-        r.unit = (g == G_LNF_W || g == G_LNF_B || g == G_HEAD) ? c->n_layer + 1 : 0;
         return r;
     }
+    if (i == m->gslot[G_WTE] || i == m->gslot[G_HEAD]) r.cut = CLLM_TP_ROWS; /* vocabulary-parallel */
     return r;
 }
 

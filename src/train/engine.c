@@ -639,7 +639,7 @@ static cllm_status setup_pipeline(trainer *tr) {
                          "reduce per layer inside the whole-model pass; use stage 0 or 1", c->zero_stage);
     if (c->comm_dtype != CLLM_F32)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "communication_data_type %s with pipeline parallelism: the stages' "
-                         "reductions run in fp32", cllm_dtype_name(c->comm_dtype));
+                         "reductions run in fp32", (c->comm_dtype == CLLM_BF16 ? "bf16" : "fp16"));
     cllm_status st = train_pipe_init(&tr->pipe, c, tr->m, &tr->topo, "config");
     if (st) return st;
     int D = tr->topo.dims[CLLM_AXIS_DATA];
@@ -782,7 +782,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     }
     if (tr->zero.stage >= 2 && c->comm_dtype != CLLM_F32) {
         st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "communication_data_type %s with zero_optimization.stage %d: stages 2-3 "
-                       "reduce each layer in fp32; 16-bit reductions apply at stages 0-1", cllm_dtype_name(c->comm_dtype),
+                       "reduce each layer in fp32; 16-bit reductions apply at stages 0-1", (c->comm_dtype == CLLM_BF16 ? "bf16" : "fp16"),
                        tr->zero.stage);
         goto done;
     }

@@ -120,59 +120,54 @@ const char *rec_end(train_record *r) {
 
 /* --------------------------------------------------------------- peak */
 
-double cllm_train_measure_peak_gflops(double seconds) {
-    enum { N = 512 };
-    float *a = cllm_alloc((size_t)N * N * sizeof(float), "peak A");
-    float *b = cllm_alloc((size_t)N * N * sizeof(float), "peak B");
-    float *c = cllm_alloc((size_t)N * N * sizeof(float), "peak C");
+/* One N x N x N GEMM of either precision on fixed operands. */
+typedef struct {
+    int n;
+    bool bf16;
+    void *a, *b;
+    float *c;
+} peak_gemm;
+
+static cllm_status peak_run(const peak_gemm *g) {
+    return g->bf16 ? cllm_matmul_bf16(g->c, g->a, g->b, g->n, g->n, g->n, false, false, 1.0f, 0.0f)
+                   : cllm_matmul(g->c, g->a, g->b, g->n, g->n, g->n, false, false, 1.0f, 0.0f);
+}
+
+/* The best GFLOP/s of repeated GEMMs over `seconds` (the first call, which
+ * creates the oneDNN primitive, is not timed); 0 when out of memory. */
+static double peak_gflops(int n, bool bf16, double seconds) {
+    size_t nn = (size_t)n * (size_t)n, esize = bf16 ? sizeof(uint16_t) : sizeof(float);
+    peak_gemm g = {n, bf16, cllm_alloc(nn * esize, "peak A"), cllm_alloc(nn * esize, "peak B"),
+                   cllm_alloc(nn * sizeof(float), "peak C")};
     double best = 0;
-    if (a && b && c) {
-        for (size_t i = 0; i < (size_t)N * N; i++) {
-            a[i] = (float)(i % 7) * 0.1f;
-            b[i] = (float)(i % 5) * 0.1f;
+    if (g.a && g.b && g.c) {
+        for (size_t i = 0; i < nn; i++) {
+            float x = (float)(i % 7) * 0.1f, y = (float)(i % 5) * 0.1f;
+            if (bf16) {
+                ((uint16_t *)g.a)[i] = cllm_f32_to_bf16(x);
+                ((uint16_t *)g.b)[i] = cllm_f32_to_bf16(y);
+            } else {
+                ((float *)g.a)[i] = x;
+                ((float *)g.b)[i] = y;
+            }
         }
-        /* first call creates the oneDNN primitive: not timed */
-        if (cllm_matmul(c, a, b, N, N, N, false, false, 1.0f, 0.0f) == CLLM_OK) {
+        if (peak_run(&g) == CLLM_OK) {
             double start = cllm_time_sec();
             while (cllm_time_sec() - start < seconds) {
                 double t0 = cllm_time_sec();
-                cllm_matmul(c, a, b, N, N, N, false, false, 1.0f, 0.0f);
+                peak_run(&g);
                 double dt = cllm_time_sec() - t0;
-                double g = 2.0 * N * N * N / dt * 1e-9;
-                if (dt > 0 && g > best) best = g;
+                double r = 2.0 * n * n * (double)n / dt * 1e-9;
+                if (dt > 0 && r > best) best = r;
             }
         }
     }
-    cllm_free(a);
-    cllm_free(b);
-    cllm_free(c);
+    cllm_free(g.a);
+    cllm_free(g.b);
+    cllm_free(g.c);
     return best;
 }
 
-double cllm_train_measure_peak_gflops_bf16(double seconds) {
-    enum { N = 1024 };
-    uint16_t *a = cllm_alloc((size_t)N * N * sizeof(uint16_t), "peak A");
-    uint16_t *b = cllm_alloc((size_t)N * N * sizeof(uint16_t), "peak B");
-    float *c = cllm_alloc((size_t)N * N * sizeof(float), "peak C");
-    double best = 0;
-    if (a && b && c) {
-        for (size_t i = 0; i < (size_t)N * N; i++) {
-            a[i] = cllm_f32_to_bf16((float)(i % 7) * 0.1f);
-            b[i] = cllm_f32_to_bf16((float)(i % 5) * 0.1f);
-        }
-        if (cllm_matmul_bf16(c, a, b, N, N, N, false, false, 1.0f, 0.0f) == CLLM_OK) {
-            double start = cllm_time_sec();
-            while (cllm_time_sec() - start < seconds) {
-                double t0 = cllm_time_sec();
-                cllm_matmul_bf16(c, a, b, N, N, N, false, false, 1.0f, 0.0f);
-                double dt = cllm_time_sec() - t0;
-                double g = 2.0 * N * N * N / dt * 1e-9;
-                if (dt > 0 && g > best) best = g;
-            }
-        }
-    }
-    cllm_free(a);
-    cllm_free(b);
-    cllm_free(c);
-    return best;
-}
+double cllm_train_measure_peak_gflops(double seconds) { return peak_gflops(512, false, seconds); }
+
+double cllm_train_measure_peak_gflops_bf16(double seconds) { return peak_gflops(1024, true, seconds); }

@@ -47,18 +47,12 @@ struct train_pipe {
     size_t in_flight_peak;       /* bytes of stage inputs held at once, at most */
 };
 
-/* Range of the flat buffer holding units [u0, u1): from the first tensor of
- * u0 to the first tensor after the range (or the buffer's end). */
+/* Range of the flat buffer holding units [u0, u1): the model's parameter
+ * groups are the units, each one contiguous range, in order. */
 static void unit_range(const cllm_model *m, int u0, int u1, size_t *b, size_t *e) {
-    size_t lo = cllm_model_buffer_len(m), hi = cllm_model_buffer_len(m);
-    for (int i = 0; i < cllm_model_n_tensors(m); i++) {
-        int u = cllm_tp_rule_of(m, i).unit;
-        size_t off = cllm_model_tensor(m, i)->offset;
-        if (u >= u0 && u < u1 && off < lo) lo = off;
-        if (u >= u1 && off < hi) hi = off;
-    }
-    *b = lo;
-    *e = hi;
+    size_t ignore;
+    cllm_model_group_range(m, u0, b, &ignore);
+    cllm_model_group_range(m, u1 - 1, &ignore, e);
 }
 
 cllm_status train_pipe_init(train_pipe **out, const cllm_train_config *c, cllm_model *m, const cllm_topo *topo,
