@@ -3,7 +3,8 @@
 of a pipeline-parallel and a tensor-parallel `cllm train` under mpirun
 (label: mpi).
 
-Each rank runs under /usr/bin/time, whose "%M" is that process's peak RSS.
+Each rank runs under /usr/bin/time, whose "%M" is that process's peak RSS
+(written to a file per rank).
 The fixed per-process overhead under MPI (libraries, OpenMPI's shared
 memory and threads) is measured first: the largest rank's peak RSS of a
 2-rank data-parallel run of a tiny model minus that model's estimate. The
@@ -12,7 +13,7 @@ peak RSS.
 
 Usage: memory_parallel_test.py --cllm BIN --build DIR
 """
-import argparse, json, os, random, re, shutil, subprocess, sys, tempfile
+import argparse, json, os, random, shutil, subprocess, sys, tempfile
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
 MPIRUN = ["timeout", "-k", "5", "120", "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
@@ -54,11 +55,15 @@ def main():
         path = os.path.join(d, name + ".json")
         with open(path, "w") as f:
             json.dump(cfg, f)
-        p = run(MPIRUN + ["-np", str(n), "/usr/bin/time", "-f", "CLLM_RSS %M", a.cllm, "train", "--config", path,
-                          "--out", os.path.join(d, name)])
-        kb = [int(x) for x in re.findall(r"CLLM_RSS (\d+)", p.stderr)]
-        if len(kb) != n:
-            raise SystemExit(f"{name}: expected {n} RSS lines:\n{p.stderr[-2000:]}")
+        # one file per rank: the ranks' stderr streams interleave
+        rss = os.path.join(d, name + ".rss")
+        wrap = f'exec /usr/bin/time -f %M -o "{rss}.$OMPI_COMM_WORLD_RANK" "$@"'
+        run(MPIRUN + ["-np", str(n), "sh", "-c", wrap, "sh", a.cllm, "train", "--config", path, "--out",
+                      os.path.join(d, name)])
+        kb = []
+        for r in range(n):
+            with open(f"{rss}.{r}") as f:
+                kb.append(int(f.read().split()[-1]))
         return max(kb) * 1024
 
     def estimate(model, B, T, accum, flags, overhead):
