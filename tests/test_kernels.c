@@ -267,6 +267,13 @@ static void test_cpu_detection(void) {
     if (denv && (!strcasecmp(denv, "AVX2") || !strcasecmp(denv, "SSE41")))
         CHECK(!cllm_matmul_bf16_native(), "ONEDNN_MAX_CPU_ISA=%s: bf16 GEMM still native", denv);
     if (c->isa < CLLM_ISA_AVX512) CHECK(!cllm_matmul_bf16_native(), "bf16 GEMM native below avx512");
+#if defined(__x86_64__)
+    const char *want_variant = c->isa >= CLLM_ISA_AVX512 ? "avx512" : c->isa >= CLLM_ISA_AVX2 ? "avx2" : "portable";
+#else
+    const char *want_variant = "portable";
+#endif
+    CHECK(strcmp(cllm_kernels_variant(), want_variant) == 0, "kernel build %s for isa %s, expected %s",
+          cllm_kernels_variant(), cllm_isa_name(c->isa), want_variant);
     CHECK(strcmp(cllm_matmul_bf16_backend(), cllm_matmul_bf16_native() ? "onednn" : "fp32-widened") == 0,
           "backend name %s", cllm_matmul_bf16_backend());
     char desc[1024];

@@ -66,6 +66,12 @@ size_t cllm_matmul_bf16_scratch_bytes(int M, int N, int K);
  * gemm), into buf (NUL-terminated, truncated to cap). Probes oneDNN on the
  * first call. */
 void cllm_kernels_describe(char *buf, size_t cap);
+/* The build of the element-wise, norm, attention and loss kernels this
+ * process runs: "avx512" (x86-64-v4), "avx2" (x86-64-v3) or "portable",
+ * the best that cllm_cpu()->isa allows (CLLM_MAX_ISA lowers it). Every
+ * kernel of this header but the GEMMs exists in each build; the choice is
+ * made once per process. */
+const char *cllm_kernels_variant(void);
 
 /* Linear layer. The weight is kept in the layout its HF file stores:
  *   w_in_out=false: W[OUT,IN] (torch nn.Linear), out = inp @ W^T + b

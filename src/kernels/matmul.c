@@ -401,10 +401,12 @@ void cllm_kernels_describe(char *buf, size_t cap) {
              "isa: %s%s%s\n"
              "onednn: %d.%d.%d, isa %s\n"
              "fp32 gemm: onednn\n"
-             "bf16 gemm: %s\n",
+             "bf16 gemm: %s\n"
+             "kernels: %s\n",
              c->model[0] ? c->model : "unknown", c->n_cpus, feats[0] ? feats : "none", cllm_isa_name(c->isa),
              c->capped ? ", capped by CLLM_MAX_ISA from " : "", c->capped ? cllm_isa_name(c->detected) : "",
-             v->major, v->minor, v->patch, dnnl_isa, cllm_matmul_bf16_backend());
+             v->major, v->minor, v->patch, dnnl_isa, cllm_matmul_bf16_backend(),
+             cllm_kernels_variant());
 }
 
 /* Frees every cached primitive, the stream and the engine. Safe to call at
