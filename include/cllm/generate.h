@@ -4,12 +4,18 @@
  *
  * Three independent pieces:
  *
- *   cllm_kv_cache   per-sequence keys and values of every layer, and the
- *                   inference forward that extends them: feed the prompt once
- *                   (prefill), then one token per step; each call returns the
- *                   logits of the last new position. Works for all three
- *                   families: GPT-2 learned positions, LLaMA RoPE at absolute
- *                   positions with grouped-query heads, BLOOM ALiBi.
+ *   cllm_kv_cache   per-sequence keys and values of every layer in a paged
+ *                   pool, and the inference forward that extends them (the
+ *                   training forward's code run on new rows): feed the
+ *                   prompt once (prefill), then one token per step; each
+ *                   call returns the logits of the last new position of
+ *                   each sequence. Sequences may stand at different
+ *                   positions and add different numbers of tokens in one
+ *                   call (ragged), so a server can batch requests that
+ *                   started at different times. Works for all three
+ *                   families: GPT-2 learned positions, LLaMA RoPE at
+ *                   absolute positions with grouped-query heads, BLOOM
+ *                   ALiBi.
  *   cllm_sampler    turns logits into a token: greedy, temperature, top-k,
  *                   top-p and repetition penalty with HF semantics, from a
  *                   seeded cllm_rng so runs are reproducible.
@@ -27,9 +33,11 @@
  *       cllm_kv_cache_forward(kv, &tok, 1, logits);
  *   }
  *
- * Not thread-safe per object; different caches over one model may be used
- * from different threads (they only read the model's parameters). Kernels
- * inside a forward run multi-threaded with OpenMP.
+ * Not thread-safe per object. Different caches over one fp32 model may be
+ * used from different threads (they only read its parameters); a model set
+ * to bf16/fp16 (cllm_model_set_precision) also lends its operand scratch
+ * to the cached pass, so its caches must be used from one thread at a
+ * time. Kernels inside a forward run multi-threaded with OpenMP.
  */
 #ifndef CLLM_GENERATE_H
 #define CLLM_GENERATE_H
@@ -50,45 +58,84 @@ extern "C" {
 
 typedef struct cllm_kv_cache cllm_kv_cache;
 
-/* Allocates a cache for B sequences that advance in lockstep (every
- * forward call adds the same number of tokens to each), holding up to
- * max_pos positions, with scratch for up to max_chunk new tokens per
- * sequence per call. Everything is allocated here; forward calls do not
- * allocate.
- *   max_pos = 0: the model's limit (n_ctx: GPT-2 n_positions, LLaMA
- *                max_position_embeddings), or 2048 for BLOOM, which has
- *                none. A value above n_ctx is CLLM_ERR_ARG naming the limit.
- *   max_chunk = 0: max_pos (a whole prompt in one call). Smaller values
- *                save memory; callers then prefill in chunks.
- * Memory: 2 * n_layer * B * n_kv_head * max_pos * head_dim floats of cache
- * plus about B * max_chunk * (5 C + 3 F) floats of scratch.
- * `m` is borrowed: it must outlive the cache and its parameters must not
- * change while the cache holds keys computed from them.
+/* A paged cache: keys and values of up to max_seqs sequences in blocks of
+ * block_size positions from one pool of n_blocks blocks. A sequence takes
+ * blocks as it grows and gives them back when rewound or reset, so
+ * sequences that start and finish at different times share the pool.
+ *   max_seqs    sequences (slots 0..max_seqs-1)
+ *   max_pos     positions per sequence; 0 = the model's limit (n_ctx), or
+ *               2048 for BLOOM, which has none; above n_ctx: CLLM_ERR_ARG
+ *   max_rows    new rows (tokens of all sequences together) per forward
+ *               call: the scratch is sized for it; 0 = max_seqs x max_pos
+ *   block_size  positions per block (default 64)
+ *   n_blocks    blocks in the pool; 0 = enough for every sequence to reach
+ *               max_pos */
+typedef struct {
+    int max_seqs, max_pos, max_rows, block_size, n_blocks;
+} cllm_kv_cache_params;
+
+/* max_seqs 1, everything else the defaults above. */
+cllm_kv_cache_params cllm_kv_cache_params_default(void);
+
+/* Allocates a paged cache with everything it will use (pool, block tables,
+ * scratch); forward calls do not allocate. Memory: 2 * n_layer * n_blocks *
+ * block_size * n_kv_head * head_dim floats of pool plus about max_rows *
+ * (4 C + 3 F + QKV) floats of scratch. `m` is borrowed: it must outlive the
+ * cache, and its parameters must not change while the cache holds keys
+ * computed from them. A tensor-parallel part is CLLM_ERR_UNSUPPORTED.
  * Returns CLLM_OK, CLLM_ERR_ARG or CLLM_ERR_NOMEM; *out is NULL on failure. */
+cllm_status cllm_kv_cache_init_paged(cllm_kv_cache **out, const cllm_model *m, const cllm_kv_cache_params *p);
+
+/* The lockstep form: B sequences that advance together (every forward call
+ * adds the same number of tokens to each), max_pos positions each, scratch
+ * for up to max_chunk new tokens per sequence per call (0 = max_pos: a
+ * whole prompt in one call; smaller values save memory, callers then
+ * prefill in chunks). A paged cache with block_size 64 and blocks for every
+ * sequence to reach max_pos. */
 cllm_status cllm_kv_cache_init(cllm_kv_cache **out, const cllm_model *m, int B, int max_pos, int max_chunk);
 
 /* NULL is a no-op. */
 void cllm_kv_cache_free(cllm_kv_cache *kv);
 
-/* Runs tokens[B,n] (row b holds sequence b's n new tokens) at positions
- * pos..pos+n-1, where pos = cllm_kv_cache_pos(kv), appends their keys and
- * values, advances pos by n and writes the logits of the last new position
- * of each sequence to logits[B,V].
- * Errors (nothing is changed): n < 1 or n > max_chunk, pos + n beyond the
- * cache (the message names the limit and whether it is the model's), and
- * token ids outside [0, V) (named with their position): CLLM_ERR_ARG.
- * CLLM_ERR_INTERNAL if a matmul fails; the position is not advanced then
- * either, so the call can be retried. */
+/* Ragged step: sequence i adds n_new[i] >= 0 tokens (0: it sits this call
+ * out); tokens holds them packed, sequence after sequence (sum n_new
+ * ids). Each sequence's tokens go to its own next positions, their keys and
+ * values are appended, its position advances, and the logits of its last
+ * new token are written to logits[i * V ..] (rows of sequences that add
+ * nothing are left untouched; logits has max_seqs rows).
+ * Errors, with nothing changed: a negative count, more rows than max_rows,
+ * positions beyond the sequence's capacity (the message names the limit and
+ * whether it is the model's), token ids outside [0, V) (named with their
+ * sequence and index): CLLM_ERR_ARG; not enough free blocks: CLLM_ERR_NOMEM
+ * naming how many are needed and free. CLLM_ERR_INTERNAL if a matmul fails;
+ * positions do not advance then and the blocks the call took are returned,
+ * so the call can be retried. */
+cllm_status cllm_kv_cache_forward_ragged(cllm_kv_cache *kv, const int32_t *tokens, const int *n_new, float *logits);
+
+/* Lockstep step: tokens[B,n] (row b holds sequence b's n new tokens), every
+ * sequence at its own next positions; logits[B,V] of each sequence's last
+ * new token. n < 1 or n > max_rows / B is CLLM_ERR_ARG; otherwise as
+ * cllm_kv_cache_forward_ragged with n_new[i] = n. */
 cllm_status cllm_kv_cache_forward(cllm_kv_cache *kv, const int32_t *tokens, int n, float *logits);
 
-/* Number of positions filled so far (the next token's position). */
+/* Positions filled in sequence 0 (the next token's position; in lockstep
+ * use, every sequence's). */
 int cllm_kv_cache_pos(const cllm_kv_cache *kv);
-/* The cache's capacity in positions (max_pos as resolved by init). */
+/* Positions filled in sequence `seq`; -1 if there is no such sequence. */
+int cllm_kv_cache_seq_pos(const cllm_kv_cache *kv, int seq);
+/* Positions one sequence can hold (max_pos as resolved by init). */
 int cllm_kv_cache_capacity(const cllm_kv_cache *kv);
-/* Forgets positions pos..end, so the next forward continues at `pos`
- * (0 starts new sequences). pos outside [0, cllm_kv_cache_pos] is
- * CLLM_ERR_ARG. */
+/* Sequences (slots), positions per block, and blocks free in the pool. */
+int cllm_kv_cache_max_seqs(const cllm_kv_cache *kv);
+int cllm_kv_cache_block_size(const cllm_kv_cache *kv);
+int cllm_kv_cache_blocks_free(const cllm_kv_cache *kv);
+/* Forgets every sequence's positions pos..end, so the next forward
+ * continues at `pos` (0 starts new sequences). pos outside [0, filled] of
+ * any sequence is CLLM_ERR_ARG and nothing changes. */
 cllm_status cllm_kv_cache_rewind(cllm_kv_cache *kv, int pos);
+/* The same for one sequence; its blocks past `pos` go back to the pool
+ * (pos 0: the slot is free for a new sequence). */
+cllm_status cllm_kv_cache_seq_rewind(cllm_kv_cache *kv, int seq, int pos);
 
 /* ------------------------------------------------------------- sampling */
 
