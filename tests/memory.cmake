@@ -15,7 +15,8 @@ if(CLLM_SANITIZE)
 else()
   set_tests_properties(memory_estimate PROPERTIES TIMEOUT 180)
 endif()
-# The same for pipeline and tensor ranks under mpirun (per-rank peak RSS).
+# The same for pipeline and tensor ranks under mpirun (per-rank peak RSS);
+# nosan: a sanitizer's shadow memory makes RSS meaningless.
 find_program(CLLM_MPIRUN_MEM mpirun)
 if(CLLM_HAVE_MPI AND CLLM_MPIRUN_MEM)
   cllm_add_py_test(memory_parallel memory_parallel_test.py LABELS mpi nosan)
