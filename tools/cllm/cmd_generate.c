@@ -183,6 +183,16 @@ int cmd_generate(int argc, char **argv) {
     gp.stop = (const char *const *)stops.items;
     gp.n_stop = (size_t)stops.n;
     gp.ignore_eos = ignore_eos;
+    /* The EOS ids are listed here because the tokenizer's EOS counts even
+     * when the loop gets no tokenizer (--output ids decodes nothing). */
+    int32_t eos[CLLM_MAX_EOS_IDS + 1];
+    size_t n_eos = 0;
+    for (int i = 0; i < c->n_eos_token_ids; i++)
+        if (c->eos_token_ids[i] < c->vocab_size) eos[n_eos++] = c->eos_token_ids[i];
+    int32_t tok_eos = tok ? cllm_tokenizer_eos_id(tok) : -1;
+    if (tok_eos >= 0 && tok_eos < c->vocab_size) eos[n_eos++] = tok_eos;
+    gp.eos_ids = eos;
+    gp.n_eos = n_eos;
     if (cllm_generate_init(&gen, m, text_out || stops.n ? tok : NULL, &gp)) goto fail;
     if (cllm_generate_prefill(gen, ids, n_prompt)) goto fail;
     cllm_generate_event ev = {0};
