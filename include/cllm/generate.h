@@ -307,7 +307,9 @@ cllm_status cllm_generate_prefill(cllm_generation *g, const int32_t *ids, size_t
  * all held-back text; an incomplete UTF-8 character at the end comes out
  * as U+FFFD. CLLM_ERR_ARG: before prefill or after the sequence finished.
  * A failing forward (CLLM_ERR_INTERNAL) leaves the object as it was, so the
- * step may be retried; after any other failure only free is useful. */
+ * step may be retried; after any other failure (out of memory, logits that
+ * are not finite, an id the tokenizer cannot decode) further steps are
+ * CLLM_ERR_ARG and only free is useful. */
 cllm_status cllm_generate_step(cllm_generation *g, cllm_generate_event *ev);
 
 /* Ends the sequence with CLLM_FINISH_CANCELLED; held-back text is dropped.
