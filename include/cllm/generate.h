@@ -33,6 +33,10 @@
  *       cllm_kv_cache_forward(kv, &tok, 1, logits);
  *   }
  *
+ * The decode loop built on the three (prefill, sample, stop rules, stop
+ * strings, streamed text, log-probabilities) is cllm_generation, at the end
+ * of this header.
+ *
  * Not thread-safe per object. Different caches over one fp32 model may be
  * used from different threads (they only read its parameters); a model set
  * to bf16/fp16 (cllm_model_set_precision) also lends its operand scratch
@@ -179,6 +183,13 @@ void cllm_sampler_free(cllm_sampler *s); /* NULL is a no-op */
 cllm_status cllm_sampler_sample(cllm_sampler *s, int32_t *token, const float *logits, const int32_t *history,
                                 size_t n_history);
 
+/* cllm_sampler_sample that also returns in *logprob the natural log of the
+ * drawn token's probability under the distribution it was drawn from (the
+ * one cllm_sampler_probs returns; 0 when greedy). Same draws as
+ * cllm_sampler_sample for the same seed. */
+cllm_status cllm_sampler_sample_logprob(cllm_sampler *s, int32_t *token, double *logprob, const float *logits,
+                                        const int32_t *history, size_t n_history);
+
 /* The distribution cllm_sampler_sample draws from: probs[V] after every
  * processor (zero for removed tokens, summing to 1; greedy: one-hot).
  * Draws nothing from the RNG. For tests and for callers that sample
@@ -208,6 +219,175 @@ cllm_status cllm_text_stream_push(cllm_text_stream *ts, int32_t id, const char *
 /* Returns whatever is still held back (an incomplete character at the end
  * of generation comes out as U+FFFD, as in a full decode). */
 cllm_status cllm_text_stream_finish(cllm_text_stream *ts, const char **text, size_t *len);
+
+/* ------------------------------------------------------- the decode loop */
+/*
+ * cllm_generation: one sequence being generated, the loop that an HTTP
+ * server's scheduler (many sequences, each stepped one token at a time,
+ * some cancelled mid-way), an RL rollout and `cllm generate` share:
+ *
+ *   cllm_generate_init(&g, model, tok, &params);   // sampler, stop strings
+ *   cllm_generate_prefill(g, prompt, n_prompt);    // cache + first logits
+ *   do cllm_generate_step(g, &ev);                 // one token per call
+ *   while (ev.finish == CLLM_FINISH_NONE);
+ *   cllm_generate_free(g);
+ *
+ * or cllm_generate_run(g, prompt, n, callback, user) for the whole loop.
+ * It is built on the public cllm_kv_cache_* (B = 1), cllm_sampler_* and
+ * cllm_text_stream_* calls above.
+ *
+ * Each step returns the token, its log-probability under the distribution
+ * it was sampled from and under the raw model (log_softmax of the
+ * unmodified logits), the text that became final, and a finish reason on
+ * the step that ends the sequence. The token of that last step is part of
+ * the sequence (an EOS included); nothing comes after it.
+ *
+ * Text (only with a tokenizer): generated tokens are decoded incrementally
+ * (cllm_text_stream: whole UTF-8 characters, special tokens skipped). With
+ * stop strings, the text is cut right before the first occurrence of any of
+ * them, and text is held back while its end could still be the beginning
+ * of a stop string, so the pieces streamed to a client never contain any
+ * part of a stop string; when the sequence finishes for another reason the
+ * held-back text is released. The concatenated pieces always equal
+ * cllm_generate_text() without the prompt.
+ *
+ * Ownership: the model and tokenizer are borrowed and must outlive the
+ * object; the parameters (stop strings and EOS list included) are copied
+ * by init. Pointers returned by the object are borrowed until the next call
+ * on it (or its free).
+ *
+ * Threads: one object is used by one thread at a time. Objects over one
+ * model and one tokenizer may run on different threads: the cache forward
+ * only reads the model's parameters, the matmuls go through one global lock
+ * (so concurrent objects take turns rather than add speed), and tokenizer
+ * decoding is thread-safe. Nothing may modify the model (training, loading
+ * new weights) while objects over it exist.
+ */
+
+typedef enum {
+    CLLM_FINISH_NONE = 0,      /* still generating */
+    CLLM_FINISH_EOS,           /* the token is one of the EOS ids */
+    CLLM_FINISH_LENGTH,        /* max_new_tokens tokens generated */
+    CLLM_FINISH_STOP_SEQUENCE, /* the text reached a stop string */
+    CLLM_FINISH_CONTEXT,       /* the model's position limit is full */
+    CLLM_FINISH_CANCELLED      /* cllm_generate_cancel or the run callback */
+} cllm_finish_reason;
+
+/* "none", "eos", "length", "stop_sequence", "context", "cancelled" (the
+ * names of TGI's finish_reason); NULL for any other value. */
+const char *cllm_finish_reason_name(cllm_finish_reason r);
+
+/* Generation parameters; cllm_generate_params_default() gives the values in
+ * brackets. */
+typedef struct {
+    int max_new_tokens;        /* [64] >= 0; counts every generated token,
+                                * a final EOS included; 0: the step after
+                                * prefill finishes with `length` at once */
+    cllm_sample_params sample; /* [cllm_sample_params_default()] */
+    uint64_t seed;             /* [0] seed of the sampler's RNG */
+    const char *const *stop;   /* [NULL] n_stop non-empty stop strings */
+    size_t n_stop;             /* [0] needs a tokenizer */
+    const int32_t *eos_ids;    /* [NULL] n_eos ids that end generation; NULL:
+                                * the config's eos_token_id (every id of a
+                                * list) and the tokenizer's EOS */
+    size_t n_eos;              /* [0] */
+    bool ignore_eos;           /* [false] never stop at EOS (benchmarks) */
+    bool include_prompt;       /* [false] cllm_generate_text starts with the
+                                * decoded prompt (TGI return_full_text); the
+                                * streamed pieces never contain it */
+} cllm_generate_params;
+
+cllm_generate_params cllm_generate_params_default(void);
+
+typedef struct cllm_generation cllm_generation;
+
+/* What one step produced. */
+typedef struct {
+    int32_t token;        /* the new token; -1 when the step produced none
+                           * (max_new_tokens 0) */
+    float logprob;        /* ln p(token) under the sampling distribution
+                           * (penalty, temperature, top-k, top-p applied;
+                           * 0 when greedy) */
+    float raw_logprob;    /* ln softmax(logits)[token] of the unmodified
+                           * logits */
+    const char *text;     /* text that became final with this step (may be
+                           * empty; "" without a tokenizer); not
+                           * NUL-terminated; borrowed until the next call */
+    size_t text_len;
+    cllm_finish_reason finish; /* CLLM_FINISH_NONE while going on */
+} cllm_generate_event;
+
+/* Counters of one sequence. */
+typedef struct {
+    size_t n_prompt;        /* prompt tokens */
+    size_t n_generated;     /* tokens produced by steps, a final EOS included */
+    size_t n_decode_forwards; /* single-token forwards (one per token but
+                                * the last) */
+    double prefill_seconds; /* the prompt's forward */
+    double decode_seconds;  /* inside cllm_generate_step (forward, sampling,
+                             * detokenization) */
+} cllm_generate_stats;
+
+/* Creates a sequence over model `m` (borrowed) and tokenizer `tok`
+ * (borrowed; NULL: no text, and then no stop strings). Allocates the
+ * sampler and copies the parameters; the cache is allocated by prefill,
+ * sized for the prompt plus max_new_tokens (at most the model's position
+ * limit). Errors (CLLM_ERR_ARG naming the parameter; *out NULL):
+ * max_new_tokens < 0, sampling parameters out of range, stop strings
+ * without a tokenizer, an empty or NULL stop string, n_eos > 0 with a NULL
+ * list, an EOS id outside the vocabulary. */
+cllm_status cllm_generate_init(cllm_generation **out, const cllm_model *m, const cllm_tokenizer *tok,
+                               const cllm_generate_params *p);
+
+/* NULL is a no-op. */
+void cllm_generate_free(cllm_generation *g);
+
+/* Runs the prompt ids[n] through the model (one forward) and prepares the
+ * first step. Once per object. CLLM_ERR_ARG (nothing changed): a second
+ * call, an empty prompt (start from the BOS token), an id outside the
+ * vocabulary (named with its position), a prompt longer than the model's
+ * position limit. CLLM_ERR_NOMEM for the cache. */
+cllm_status cllm_generate_prefill(cllm_generation *g, const int32_t *ids, size_t n);
+
+/* Generates one token and fills *ev. The step that ends the sequence has
+ * ev->finish set (its token, if any, is part of the sequence) and releases
+ * all held-back text; an incomplete UTF-8 character at the end comes out
+ * as U+FFFD. CLLM_ERR_ARG: before prefill or after the sequence finished.
+ * A failing forward (CLLM_ERR_INTERNAL) leaves the object as it was, so the
+ * step may be retried; after any other failure (out of memory, logits that
+ * are not finite, an id the tokenizer cannot decode) further steps are
+ * CLLM_ERR_ARG and only free is useful. */
+cllm_status cllm_generate_step(cllm_generation *g, cllm_generate_event *ev);
+
+/* Ends the sequence with CLLM_FINISH_CANCELLED; held-back text is dropped.
+ * No-op on a finished sequence. */
+void cllm_generate_cancel(cllm_generation *g);
+
+/* Called after every step with its event; return non-zero to cancel. */
+typedef int (*cllm_generate_callback)(const cllm_generate_event *ev, void *user);
+
+/* prefill(ids, n), then steps until the sequence finishes, calling cb
+ * (may be NULL) after each. When cb returns non-zero on a step that did not
+ * finish the sequence, the sequence ends as CLLM_FINISH_CANCELLED (read it
+ * with cllm_generate_finish_reason) and CLLM_OK is returned. Errors as for
+ * prefill and step. */
+cllm_status cllm_generate_run(cllm_generation *g, const int32_t *ids, size_t n, cllm_generate_callback cb,
+                              void *user);
+
+/* CLLM_FINISH_NONE until the sequence has finished. */
+cllm_finish_reason cllm_generate_finish_reason(const cllm_generation *g);
+
+/* The generated ids so far (a final EOS included) in *n; borrowed. */
+const int32_t *cllm_generate_tokens(const cllm_generation *g, size_t *n);
+
+/* The text released so far: its first *len bytes (len may be NULL once
+ * finished). Once the sequence has finished this is the whole text (cut
+ * before a stop string) and it is NUL-terminated at *len; before that,
+ * bytes held back may follow. Starts with the decoded prompt when
+ * include_prompt is set. "" without a tokenizer. Borrowed. */
+const char *cllm_generate_text(const cllm_generation *g, size_t *len);
+
+cllm_generate_stats cllm_generate_get_stats(const cllm_generation *g);
 
 #ifdef __cplusplus
 }

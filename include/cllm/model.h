@@ -30,6 +30,9 @@
 extern "C" {
 #endif
 
+/* Most ids a config's eos_token_id list may hold. */
+enum { CLLM_MAX_EOS_IDS = 8 };
+
 typedef enum { CLLM_ARCH_GPT2 = 0, CLLM_ARCH_LLAMA, CLLM_ARCH_BLOOM, CLLM_ARCH_COUNT } cllm_arch;
 
 /* "gpt2", "llama", "bloom"; CLLM_ARCH_COUNT and NULL for anything else. */
@@ -52,6 +55,11 @@ typedef struct {
     bool mlp_bias;  /* llama mlp_bias */
     bool tie_embeddings;
     int bos_token_id, eos_token_id, pad_token_id; /* -1 when absent */
+    /* Every id of eos_token_id (HF allows a list, e.g. Llama 3's
+     * [128001, 128009]); eos_token_id is the first, n_eos_token_ids = 0 when
+     * absent. Lists longer than CLLM_MAX_EOS_IDS are a format error. */
+    int eos_token_ids[CLLM_MAX_EOS_IDS];
+    int n_eos_token_ids;
 } cllm_model_config;
 
 /* One named parameter tensor: a view into the flat buffers at `offset`. */

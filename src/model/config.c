@@ -55,6 +55,28 @@ static cllm_status opt_token_id(const json_t *j, const char *key, int *out, cons
     return CLLM_OK;
 }
 
+/* eos_token_id as a list (opt_token_id has read the first into
+ * cfg->eos_token_id): an int is a list of one, null or absent is none. */
+static cllm_status eos_list(const json_t *j, cllm_model_config *cfg, const char *path) {
+    const json_t *v = json_object_get(j, "eos_token_id");
+    cfg->n_eos_token_ids = 0;
+    if (!v || json_is_null(v)) return CLLM_OK;
+    if (!json_is_array(v)) {
+        cfg->eos_token_ids[cfg->n_eos_token_ids++] = cfg->eos_token_id;
+        return CLLM_OK;
+    }
+    if (json_array_size(v) > CLLM_MAX_EOS_IDS)
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: key 'eos_token_id' lists %zu ids; at most %d are supported", path,
+                         json_array_size(v), CLLM_MAX_EOS_IDS);
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        const json_t *e = json_array_get(v, i);
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
+            return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: key 'eos_token_id' element %zu must be a token id", path, i);
+        cfg->eos_token_ids[cfg->n_eos_token_ids++] = (int)json_integer_value(e);
+    }
+    return CLLM_OK;
+}
+
 static cllm_status opt_float(const json_t *j, const char *key, float *out, const char *path) {
     double d = *out;
     cllm_status st = cllm_json_get_num_opt(j, key, &d, path);
@@ -196,7 +218,7 @@ cllm_status cllm_model_config_from_json(cllm_model_config *cfg, const json_t *j,
                          cfg->head_dim);
     if ((st = opt_token_id(j, "bos_token_id", &cfg->bos_token_id, path)) ||
         (st = opt_token_id(j, "eos_token_id", &cfg->eos_token_id, path)) ||
-        (st = opt_token_id(j, "pad_token_id", &cfg->pad_token_id, path)))
+        (st = opt_token_id(j, "pad_token_id", &cfg->pad_token_id, path)) || (st = eos_list(j, cfg, path)))
         return st;
     return CLLM_OK;
 }
