@@ -21,9 +21,10 @@
  * start before `released`: text is only released up to the first position
  * that could still begin a stop string.
  *
- * Left out: beam search, batching several sequences in one forward (the
- * cache advances rows in lockstep today), stop token-id lists other than
- * EOS, logprobs of alternative tokens (top-n).
+ * Left out: beam search, batching several sequences in one forward (each
+ * generation owns a one-sequence cache; a batching engine drives
+ * cllm_kv_cache_forward_ragged on a shared paged cache), stop token-id
+ * lists other than EOS, logprobs of alternative tokens (top-n).
  */
 #include <math.h>
 #include <stdlib.h>
