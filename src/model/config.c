@@ -213,6 +213,23 @@ cllm_status cllm_model_config_from_json(cllm_model_config *cfg, const json_t *j,
                          mt);
     }
     if (st) return st;
+    /* Sizes a model of this program can hold, far above any real model:
+     * they keep every product of the layout (tensor counts, fused widths)
+     * inside an int before any allocation is tried. */
+    const struct {
+        int v, max;
+        const char *what, *keys;
+    } lim[] = {{cfg->n_layer, 1 << 12, "layer count", "n_layer / num_hidden_layers"},
+               {cfg->n_embd, 1 << 18, "hidden size", "n_embd / hidden_size"},
+               {cfg->n_inner, 1 << 20, "FFN width", "n_inner / intermediate_size"},
+               {cfg->n_head, 1 << 14, "attention head count", "n_head / num_attention_heads"},
+               {cfg->n_kv_head, 1 << 14, "key/value head count", "num_key_value_heads"},
+               {cfg->vocab_size, 1 << 26, "vocabulary size", "vocab_size"},
+               {cfg->n_ctx, 1 << 24, "position limit", "n_positions / max_position_embeddings"}};
+    for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
+        if (lim[i].v > lim[i].max)
+            return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: %s %d exceeds the supported maximum of %d (%s)", path,
+                             lim[i].what, lim[i].v, lim[i].max, lim[i].keys);
     if (cfg->head_dim > 256)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: head size %d exceeds the supported maximum of 256", path,
                          cfg->head_dim);
