@@ -250,6 +250,10 @@ void cllm_model_set_params(cllm_model *m, float *params);
  * "gpt2-124M", "llama-100M", "bloom-560m"... Unknown names fail listing the
  * known ones. */
 cllm_status cllm_model_preset(struct json_t **config, cllm_arch arch, const char *preset);
+/* Whether `key` is a config.json key of the family that cllm reads or
+ * writes (the presets' keys and the optional ones the parser reads), so a
+ * misspelt `cllm init --set` key can be refused. */
+bool cllm_model_config_key_known(cllm_arch arch, const char *key);
 
 /* ---- vocabulary resizing ---- */
 /* Grows the vocabulary of *m to new_vocab rows: the token embedding (GPT-2

@@ -295,6 +295,29 @@ static const char *family_defaults(cllm_arch a) {
     }
 }
 
+bool cllm_model_config_key_known(cllm_arch arch, const char *key) {
+    /* read by the parsers above but absent from the presets */
+    static const char *const extra[CLLM_ARCH_COUNT][6] = {
+        [CLLM_ARCH_GPT2] = {"n_embed", "pad_token_id", "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx"},
+        [CLLM_ARCH_LLAMA] = {"head_dim", "pad_token_id"},
+        [CLLM_ARCH_BLOOM] = {"n_embed", "num_hidden_layers", "num_attention_heads"},
+    };
+    if ((unsigned)arch >= CLLM_ARCH_COUNT || !key) return false;
+    for (int i = 0; i < 6 && extra[arch][i]; i++)
+        if (!strcmp(key, extra[arch][i])) return true;
+    bool found = false;
+    json_t *d = json_loads(family_defaults(arch), 0, NULL);
+    found = d && json_object_get(d, key);
+    json_decref(d);
+    for (size_t i = 0; !found && i < sizeof presets / sizeof presets[0]; i++) {
+        if (presets[i].arch != arch) continue;
+        json_t *j = json_loads(presets[i].json, 0, NULL);
+        found = j && json_object_get(j, key);
+        json_decref(j);
+    }
+    return found;
+}
+
 cllm_status cllm_model_preset(json_t **config, cllm_arch arch, const char *name) {
     *config = NULL;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
