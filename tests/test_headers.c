@@ -13,6 +13,7 @@
 #include "cllm/loss_scale.h"
 #include "cllm/memory.h"
 #include "cllm/model.h"
+#include "cllm/objective.h"
 #include "cllm/optim.h"
 #include "cllm/pipe.h"
 #include "cllm/prepare.h"

@@ -146,6 +146,28 @@ cllm_status cllm_model_forward_backward(cllm_model *m, const int32_t *tokens,
                                         float grad_scale, double *loss_sum, long *n_counted);
 void cllm_model_zero_grads(cllm_model *m);
 
+/* Per-token inputs and outputs of a loss pass, for training objectives
+ * other than the mean token loss (include/cllm/objective.h):
+ *   token_loss  [B*T] out: each target's loss -log p(target | prefix),
+ *               0 where the target is -100; NULL: not wanted
+ *   token_scale [B*T] in: d(objective)/d(token_loss[n]) per token, used
+ *               by the backward pass in place of the uniform grad_scale
+ *               (e.g. -w for an objective that rewards a weighted sum of
+ *               log-probabilities); NULL: grad_scale for every token */
+typedef struct {
+    float *token_loss;
+    const float *token_scale;
+} cllm_token_io;
+
+/* cllm_model_forward_backward with per-token outputs and gradient scales
+ * (io may be NULL: then exactly cllm_model_forward_backward). With
+ * token_scale the backward pass ACCUMULATES sum_n token_scale[n] *
+ * d(token_loss[n])/dparam. Works at every ZeRO stage and under tensor
+ * parallelism; *loss_sum and *n_counted as there. */
+cllm_status cllm_model_forward_backward_ex(cllm_model *m, const int32_t *tokens, const int32_t *targets, int B, int T,
+                                           bool backward, float grad_scale, const cllm_token_io *io,
+                                           double *loss_sum, long *n_counted);
+
 /* ---- pipeline stages ----
  * A stage runs units [u0, u1) of the layer sequence (0 the embedding,
  * 1 + l block l, n_layer + 1 the final norm, head and loss; see

@@ -293,6 +293,17 @@ static void embed_backward(cllm_model *m, const int32_t *tokens, int B, int T) {
         cllm_embedding_backward(dwte, dwpe, dout, tokens, N, T, C, c->vocab_size);
 }
 
+/* x[r, :] *= scale[r] for a [rows, V] chunk. */
+static void scale_rows(float *x, const float *scale, int rows, int V) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        float *row = x + (size_t)r * V;
+        const float s = scale[r];
+#pragma omp simd
+        for (int v = 0; v < V; v++) row[v] *= s;
+    }
+}
+
 static int head_slot(const cllm_model *m) { return m->gslot[G_HEAD] >= 0 ? m->gslot[G_HEAD] : m->gslot[G_WTE]; }
 
 /* The layer hooks (cllm_model_hooks): no-ops without them. Group 0 is the
@@ -341,7 +352,7 @@ static cllm_status forward_blocks(cllm_model *m, const int32_t *tokens, int B, i
  * chunk are this rank's vocabulary columns, the softmax statistics come from
  * the tensor group, and dlnf is summed over it. */
 static cllm_status head_run(cllm_model *m, const int32_t *targets, int N, bool backward, float grad_scale,
-                            double *loss_sum, long *n_counted) {
+                            const float *tscale, double *loss_sum, long *n_counted) {
     const cllm_model_config *c = &m->cfg;
     int C = c->n_embd, V = c->vocab_size;
     const bool tp = m->tp_size > 1;
@@ -359,12 +370,16 @@ static cllm_status head_run(cllm_model *m, const int32_t *targets, int N, bool b
         const float *h = m->lnf + (size_t)r0 * C;
         TRY(model_linear_forward(m, m->logits, h, W, NULL, rows, C, V, false));
         long k;
+        /* per-token scales: the unit gradient of each row's loss, then each
+         * row times its own scale */
+        float ds = tscale ? 1.0f : grad_scale;
         if (tp)
-            TRY(model_tp_xent(m, m->losses + r0, m->logits, targets + r0, rows, backward, grad_scale, &k));
+            TRY(model_tp_xent(m, m->losses + r0, m->logits, targets + r0, rows, backward, ds, &k));
         else if (backward)
-            k = cllm_xent_forward_backward(m->losses + r0, m->logits, targets + r0, rows, V, grad_scale);
+            k = cllm_xent_forward_backward(m->losses + r0, m->logits, targets + r0, rows, V, ds);
         else
             k = cllm_xent_forward(m->losses + r0, m->logits, targets + r0, rows, V);
+        if (backward && tscale && k) scale_rows(m->logits, tscale + r0, rows, V);
         if (backward && k)
             TRY(model_linear_backward(m, m->dlnf + (size_t)r0 * C, dW, NULL, m->logits, h, W, rows, C, V, false));
         count += k;
@@ -387,7 +402,14 @@ static cllm_status check_prepared(const cllm_model *m, int B, int T, bool backwa
 
 cllm_status cllm_model_forward_backward(cllm_model *m, const int32_t *tokens, const int32_t *targets, int B, int T,
                                         bool backward, float grad_scale, double *loss_sum, long *n_counted) {
+    return cllm_model_forward_backward_ex(m, tokens, targets, B, T, backward, grad_scale, NULL, loss_sum, n_counted);
+}
+
+cllm_status cllm_model_forward_backward_ex(cllm_model *m, const int32_t *tokens, const int32_t *targets, int B, int T,
+                                           bool backward, float grad_scale, const cllm_token_io *io,
+                                           double *loss_sum, long *n_counted) {
     TRY(check_prepared(m, B, T, backward));
+    const float *tscale = io ? io->token_scale : NULL;
     const cllm_model_config *c = &m->cfg;
     int N = B * T, C = c->n_embd, L = c->n_layer;
     int hs = head_slot(m);
@@ -399,7 +421,8 @@ cllm_status cllm_model_forward_backward(cllm_model *m, const int32_t *tokens, co
         TRY(fetch_grads(m, L + 1));
         if (tied) TRY(fetch_grads(m, 0));
     }
-    TRY(head_run(m, targets, N, backward, grad_scale, loss_sum, n_counted));
+    TRY(head_run(m, targets, N, backward, grad_scale, tscale, loss_sum, n_counted));
+    if (io && io->token_loss) memcpy(io->token_loss, m->losses, (size_t)N * sizeof(float));
     if (tied) TRY(release(m, 0));
     if (!backward) return release(m, L + 1);
 
@@ -449,7 +472,7 @@ cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, i
     *loss_sum = 0;
     *n_counted = 0;
     if (head) {
-        TRY(head_run(m, io->targets, N, io->backward, io->grad_scale, loss_sum, n_counted));
+        TRY(head_run(m, io->targets, N, io->backward, io->grad_scale, NULL, loss_sum, n_counted));
     } else {
         memcpy(io->x_out, out, NC * sizeof(float));
     }
