@@ -392,6 +392,24 @@ def case_checkpoint(env):
     os.remove(os.path.join(bad, "config.json"))
     p = env.run("eval", "--model", bad, "--data", env.eval_data, "--seq-len", "32")
     check(p.returncode == 1 and "corrupted" in p.stderr, f"eval refuses it too: {p.stderr}")
+    # what a save killed half-way leaves (a checkpoint folder being
+    # assembled, the `latest` temporary of a process that is gone) is
+    # removed at the next start; a live process's temporary is kept
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    os.makedirs(env.path("ck", ".checkpoint-9.tmp"))
+    open(env.path("ck", ".checkpoint-9.tmp", "model.safetensors"), "wb").write(b"partial")
+    open(env.path("ck", f"latest.tmp.{dead.pid}"), "w").write("checkpoint-9\n")
+    open(env.path("ck", f"model.safetensors.tmp.{os.getpid()}"), "w").write("in use")
+    cfg_again = env.base("ck", train_iters=8, save_interval=2, save_total_limit=2)
+    p = env.run("train", "--config", env.config("ck2.json", cfg_again), "--resume", "auto")
+    left = sorted(os.listdir(env.path("ck")))
+    check(p.returncode == 0 and ".checkpoint-9.tmp" not in left and f"latest.tmp.{dead.pid}" not in left,
+          f"stale temporaries removed at start: {left} {p.stderr[-300:]}")
+    check(f"model.safetensors.tmp.{os.getpid()}" in left, "a live process's temporary is kept")
+    os.remove(env.path("ck", f"model.safetensors.tmp.{os.getpid()}"))
+    with open(env.path("ck", "latest")) as f:
+        check(f.read().strip() == "checkpoint-8", "the resumed run saved and moved latest")
 
 
 def resume_cfg(env, out, steps):

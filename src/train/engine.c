@@ -856,6 +856,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         goto done;
     if (cllm_dist_rank() > 0) c->output_dir = NULL; /* only rank 0 writes: model, checkpoints, metrics */
     if (c->output_dir && (st = cllm_make_dirs(c->output_dir))) goto done;
+    if (c->output_dir && (st = cllm_ckpt_clean_stale(c->output_dir, NULL))) goto done;
     if (c->output_dir && (st = train_metrics_open(&tr->metrics, c->output_dir, resume_dir ? tr->state.global_step : -1)))
         goto done;
     tr->flops_per_step = cllm_model_train_flops(tr->m, (int)c->train_micro_batch_size_per_gpu, c->seq_len) *
