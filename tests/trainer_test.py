@@ -119,6 +119,12 @@ def case_config(env):
     check(cfg["fp16"]["enabled"] is False and cfg["fp16"]["initial_scale_power"] == 16, "fp16 defaults")
     check(cfg["scheduler"]["type"] == "constant", "no scheduler = constant")
     check(cfg["weight_decay_skip"] == ["bias", "norm"], "no-decay default")
+    # a block of the wrong type is the file's error naming the key, even
+    # where flags would write into it (it used to be replaced by AdamW)
+    for bad, key in (({"optimizer": 5}, "optimizer"), ({"optimizer": {"params": [1]}}, "optimizer.params"),
+                     ({"data": 7}, "data")):
+        cfg, p = print_config(env, dict(bad, train_batch_size=4, train_iters=5), "--lr", "0.1", rc=1)
+        check(p.returncode == 1 and f"key '{key}' must be an object" in p.stderr, f"{bad}: {p.stderr}")
     # Adam with adam_w_mode false is L2-coupled Adam
     cfg, p = print_config(env, {"train_batch_size": 4, "train_iters": 5,
                                 "optimizer": {"type": "Adam", "params": {"adam_w_mode": False}}})
