@@ -38,13 +38,77 @@ struct json_t;
 
 typedef enum { CLLM_LOG_MODE_AUTO = 0, CLLM_LOG_MODE_PROGRESS, CLLM_LOG_MODE_PLAIN, CLLM_LOG_MODE_QUIET } cllm_log_mode;
 
+/* Where an offload block puts its data ("device"). */
+typedef enum { CLLM_OFFLOAD_NONE = 0, CLLM_OFFLOAD_CPU, CLLM_OFFLOAD_NVME } cllm_offload_device;
+
+/* zero_optimization.offload_optimizer and zero_optimization.offload_param.
+ * The keys pin_memory, max_in_cpu, pipeline_read, pipeline_write, fast_init
+ * and ratio are accepted without effect. */
+typedef struct {
+    cllm_offload_device device; /* "device": "none" (default) or "cpu" keep the data in RAM; "nvme"
+                                   keeps it in a file under nvme_path */
+    const char *nvme_path;      /* "nvme_path": a folder; required with device "nvme" (borrowed from
+                                   cllm_train_config.json), else NULL */
+    long buffer_count;          /* "buffer_count": slots of the offload stream, default 4; with
+                                   device "nvme" 3..64 (offload_optimizer only) */
+    long buffer_size;           /* "buffer_size": floats per state per slot, default 1048576, >= 1
+                                   (offload_optimizer only) */
+} cllm_offload_config;
+
+/* zero_optimization. The other DeepSpeed keys of the block (contiguous_gradients,
+ * reduce_scatter, round_robin_gradients, sub_group_size, ...) are accepted
+ * without effect; docs/distributed.md. */
+typedef struct {
+    int stage;                       /* "stage": 0 (default), 1, 2 or 3 */
+    size_t reduce_bucket_size;       /* "reduce_bucket_size": elements per gradient reduction,
+                                        default 5e8, >= 1 (integers or whole floats such as 5e8;
+                                        at most 1e15; calls larger than 2^30 are split) */
+    size_t allgather_bucket_size;    /* "allgather_bucket_size": elements per parameter gather,
+                                        default 5e8, same range */
+    bool overlap_comm;               /* "overlap_comm": reduce during the backward pass (default false) */
+    double stage3_param_persistence_threshold; /* elements: smaller tensors stay whole on every
+                                                  rank at stage 3; default 1e5, >= 0 */
+    double stage3_prefetch_bucket_size; /* elements, default 5e7, >= 0; stored, no effect */
+    double stage3_max_live_parameters;  /* elements, default 1e9, >= 0; stored, no effect */
+    cllm_offload_config offload_optimizer; /* "offload_optimizer": any stage */
+    cllm_offload_config offload_param;     /* "offload_param": device "nvme" needs stage 3 */
+} cllm_zero_config;
+
+/* The keys whose value was the string "auto" (HF Trainer's placeholder),
+ * bits of cllm_train_config.auto_keys. The parser stores the default for
+ * such a key; cllm_train_config_resolve is the one place that gives "auto"
+ * values their meaning (see there). Keys not listed here treat "auto" as
+ * "not given". */
+enum {
+    CLLM_AUTO_TRAIN_BATCH_SIZE = 1u << 0,
+    CLLM_AUTO_MICRO_BATCH_SIZE = 1u << 1,
+    CLLM_AUTO_GRADIENT_ACCUMULATION = 1u << 2,
+    CLLM_AUTO_WARMUP_NUM_STEPS = 1u << 3,     /* scheduler.params.warmup_num_steps: 0 */
+    CLLM_AUTO_TOTAL_NUM_STEPS = 1u << 4,      /* scheduler.params.total_num_steps: train_iters */
+    CLLM_AUTO_REDUCE_BUCKET_SIZE = 1u << 5,   /* zero_optimization.*: DeepSpeed's defaults today */
+    CLLM_AUTO_PREFETCH_BUCKET_SIZE = 1u << 6,
+    CLLM_AUTO_PERSISTENCE_THRESHOLD = 1u << 7,
+};
+
+/* model as an init spec: {"arch", "preset", "set": {...}, "seed"}. */
+typedef struct {
+    const char *arch;       /* "arch": gpt2, llama or bloom (checked when the model is built) */
+    const char *preset;     /* "preset": a size of that architecture (cllm_model_preset) */
+    struct json_t *set;     /* "set": model config.json keys over the preset (an object; they are
+                               the model's keys, checked by the model config reader), or NULL */
+    bool has_seed;          /* "seed" given: the initialisation seed, else the run's seed */
+    uint64_t seed;
+} cllm_model_init_spec;
+
 typedef struct {
     /* ---- DeepSpeed keys ---- */
     long train_batch_size;               /* global samples per optimizer step */
     long train_micro_batch_size_per_gpu; /* samples per forward/backward on one rank */
     long gradient_accumulation_steps;    /* micro-batches per step on one rank */
     double gradient_clipping;            /* max global L2 norm; 0 = off */
-    cllm_optim_params optim;             /* optimizer.type / optimizer.params, resolved */
+    cllm_optim_params optim;             /* optimizer.type / optimizer.params, resolved; optim.lr
+                                            is the run's one learning rate (the schedule scales
+                                            it; an "auto" peak of the schedule is this value) */
     const char *optimizer_name;          /* as written ("Adam", "AdamW", "Lion", "SGD") */
     bool adam_w_mode;                    /* DeepSpeed Adam: decoupled weight decay (default true) */
     cllm_sched_params sched;
@@ -55,18 +119,18 @@ typedef struct {
     bool fp16_consecutive_hysteresis;    /* refill the hysteresis on every clean step */
     cllm_dtype comm_dtype;               /* communication_data_type: gradient sums over ranks in
                                             CLLM_F32 (default), CLLM_BF16 or CLLM_F16 */
-    int zero_stage;                      /* stored for the data-parallel work */
-    const char *zero_offload_optimizer, *zero_offload_param; /* device or NULL */
+    cllm_zero_config zero;               /* zero_optimization */
     long steps_per_print;
     bool wall_clock_breakdown;
     bool use_grad_ckpt;                  /* activation checkpointing (also set by an enabling
                                             activation_checkpointing block); docs/memory.md */
     struct json_t *model_topo;           /* stored as given (borrowed from `json`), or NULL */
-    struct json_t *zero_optimization;    /* stored as given, or NULL */
+    unsigned auto_keys;                  /* CLLM_AUTO_* bits: keys given as "auto" */
 
     /* ---- cllm keys ---- */
     const char *model_dir;               /* HF folder, or NULL when model_init is used */
-    struct json_t *model_init;           /* {"arch","preset","set":{...},"seed"} or NULL */
+    bool has_model_init;                 /* model is an init spec (model_init) */
+    cllm_model_init_spec model_init;
     const char *data_train, *data_eval, *tokenizer, *splits;
     int seq_len;
     int skip_bad; /* data.skip_bad: bad records of raw files tolerated */

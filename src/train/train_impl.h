@@ -209,8 +209,6 @@ cllm_status train_fp16_unscale(const train_zero *z, float *grads, double scale, 
 
 /* ---- overlap_comm at ZeRO stages 0-1 (zero_overlap.c) ---- */
 typedef struct train_overlap train_overlap;
-/* zero_optimization.overlap_comm is true. */
-bool train_overlap_wanted(const cllm_train_config *c);
 /* Installs the model's grads_ready hook (after cllm_model_prepare: the flat
  * gradient buffer must exist) and starts the progress thread when MPI
  * allows it. */
