@@ -177,6 +177,10 @@ def case_config(env):
         ({"fp16": {"enabled": "yes"}}, 'fp16.enabled: expected true or false, got "yes"'),
         ({"model": {"arch": "llama", "preset": "tiny", "set": 1}}, "model.set: expected an object, got 1"),
         ({"data": {"seq_len": 1}}, "data.seq_len: 1 is out of range (minimum 2)"),
+        ({"model_topo": {"process_topology": {"axis": ["pipe", "data"], "dims": [0, 2]}}},
+         "model_topo.process_topology.dims[0] (pipe): expected a positive integer"),
+        ({"model_topo": {"parts": [1, "x"]}}, "model_topo.parts[1]: expected a positive number of blocks"),
+        ({"model_topo": {"schedule": "zigzag"}}, 'model_topo.schedule: expected "gpipe" or "1f1b", got "zigzag"'),
     ]:
         _, p = print_config(env, {**base, **extra}, rc=2)
         check(p.returncode == 2 and "c.json: " + want in p.stderr, f"{extra}: want '{want}': {p.stderr}")
@@ -201,6 +205,11 @@ def case_config(env):
               and z["stage3_param_persistence_threshold"] == 1e5, f"zero sizes: {z}")
         check(z["offload_optimizer"] == {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 4, "buffer_size": 1024}
               and z["offload_param"]["device"] == "none", f"offload blocks: {z}")
+    cfg, p = print_config(env, {**base, "model_topo": {"process_topology": {"axis": ["model", "data"], "dims": [2, -1]},
+                                                       "schedule": "gpipe"}})
+    check(cfg is not None and cfg["model_topo"] == {"process_topology": {"axis": ["tensor", "data"], "dims": [2, "auto"]},
+                                                    "parts": "parameters", "schedule": "gpipe"},
+          f"model_topo as read: {cfg and cfg['model_topo']} {p.stderr}")
     # flags override the file
     cfg, p = print_config(env, {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
                                 "gradient_accumulation_steps": 4, "train_iters": 5, "seed": 1,

@@ -28,7 +28,9 @@
 
 #include "cllm/core.h"
 #include "cllm/optim.h"
+#include "cllm/pipe.h"
 #include "cllm/schedule.h"
+#include "cllm/topo.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -90,6 +92,16 @@ enum {
     CLLM_AUTO_PERSISTENCE_THRESHOLD = 1u << 7,
 };
 
+/* model_topo: how the ranks of a job split into pipeline stages, data-
+ * parallel replicas and tensor-parallel groups (docs/distributed.md). */
+typedef struct {
+    bool given;                 /* model_topo present */
+    cllm_topo_layout layout;    /* "process_topology": {"axis": [...], "dims": [...]}, checked against
+                                   the world when training starts; absent: every rank on the data axis */
+    cllm_topo_parts parts;      /* "parts": stage sizes, "uniform" or "parameters" (default) */
+    cllm_pipe_schedule schedule;/* "schedule": "1f1b" (default) or "gpipe" */
+} cllm_model_topo;
+
 /* model as an init spec: {"arch", "preset", "set": {...}, "seed"}. */
 typedef struct {
     const char *arch;       /* "arch": gpt2, llama or bloom (checked when the model is built) */
@@ -124,7 +136,7 @@ typedef struct {
     bool wall_clock_breakdown;
     bool use_grad_ckpt;                  /* activation checkpointing (also set by an enabling
                                             activation_checkpointing block); docs/memory.md */
-    struct json_t *model_topo;           /* stored as given (borrowed from `json`), or NULL */
+    cllm_model_topo model_topo;          /* model_topo */
     unsigned auto_keys;                  /* CLLM_AUTO_* bits: keys given as "auto" */
 
     /* ---- cllm keys ---- */
@@ -159,7 +171,11 @@ typedef struct {
  * config keeps the reference and frees it in cllm_train_config_free); `path`
  * names the source in messages. Unknown keys are reported by name: a warning
  * each, or CLLM_ERR_ARG for the first one when `strict`. Wrong types and
- * out-of-range values fail naming the key. Does not resolve batch sizes. */
+ * out-of-range values fail with CLLM_ERR_ARG and a message naming `path`,
+ * the full key path and the value ("run.json: zero_optimization.
+ * offload_param.device: expected \"cpu\", \"nvme\" or \"none\", got 5").
+ * Every key is read here: nothing reads `j` afterwards (strings in cfg are
+ * borrowed from it). Does not resolve batch sizes. */
 cllm_status cllm_train_config_parse(cllm_train_config *cfg, struct json_t *j, const char *path, bool strict);
 
 /* Resolves the batch-size triple against cfg->dp_size (DeepSpeed's rules:

@@ -4,8 +4,13 @@
  * looked up by name in a table per object level, so an unknown key is
  * reported by its dotted path ("optimizer.params.lrr"). DeepSpeed keys that
  * have no meaning for a CPU fp32 run are accepted and listed at info level.
+ * This is the one place that reads the config's JSON: every key becomes a
+ * typed field of cllm_train_config (model_topo's two blocks through the
+ * topology module's readers, cllm/topo.h), and a wrong type or value fails
+ * with "FILE: full.key.path: what was expected, got VALUE".
  * The string "auto" (HF Trainer's placeholder) counts as "not given" for
- * every key; cllm_train_config_resolve fills those values in.
+ * every key; keys where it means more are recorded in cfg->auto_keys (or
+ * sched.peak_is_base_lr) and given their value by cllm_train_config_resolve.
  * Not here: batch-size resolution and JSON output (config_resolve.c).
  */
 #include <jansson.h>
@@ -502,61 +507,24 @@ static cllm_status parse_act_ckpt(cllm_train_config *c, const json_t *j, const c
 }
 
 /* model_topo (seed-003 pipeline configs): {"process_topology": {"axis":
- * [...], "dims": [...]}, "parts": [...]}; checked for shape, stored. */
-/* model_topo: the structure is checked here (names, types); the sizes
- * against the world and the model when training starts (cllm/topo.h). */
+ * [...], "dims": [...]}, "parts": [...], "schedule": "1f1b"}. The topology
+ * module reads its two blocks (cllm/topo.h); the sizes are checked against
+ * the world and the model when training starts. */
 static cllm_status parse_topo(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
+    cllm_model_topo *mt = &c->model_topo;
     json_t *t = NULL;
     TRY(get_obj(j, "model_topo", &t, "", path));
-    c->model_topo = t;
-    if (!t) return CLLM_OK;
+    mt->given = t != NULL;
+    mt->schedule = CLLM_PIPE_1F1B;
     static const char *const k[] = {"process_topology", "parts", "schedule", NULL};
-    TRY(check_keys(t, k, NULL, "model_topo", path, strict));
-    json_t *pt = json_object_get(t, "process_topology");
-    if (pt) {
-        json_t *axis = json_object_get(pt, "axis"), *dims = json_object_get(pt, "dims");
-        if (!json_is_object(pt) || !json_is_array(axis) || !json_is_array(dims) ||
-            json_array_size(axis) != json_array_size(dims))
-            return CLLM_FAIL(CLLM_ERR_ARG,
-                             "%s: model_topo.process_topology: expected {\"axis\": [names], \"dims\": [sizes]} of "
-                             "equal length",
-                             path);
-        size_t i;
-        json_t *v;
-        json_array_foreach(dims, i, v) {
-            const char *name = json_string_value(json_array_get(axis, i));
-            if (!name || (strcmp(name, "pipe") != 0 && strcmp(name, "data") != 0 && strcmp(name, "tensor") != 0 &&
-                          strcmp(name, "model") != 0))
-                return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.process_topology.axis[%zu]: expected \"pipe\", "
-                                 "\"data\" or \"tensor\"", path, i);
-            bool is_auto = json_is_string(v) && strcmp(json_string_value(v), "auto") == 0 && strcmp(name, "data") == 0;
-            if (!is_auto && (!json_is_integer(v) || (json_integer_value(v) < 1 &&
-                                                     !(json_integer_value(v) == -1 && strcmp(name, "data") == 0))))
-                return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.process_topology.dims[%zu]: expected a positive integer%s",
-                                 path, i, strcmp(name, "data") == 0 ? " or \"auto\"" : "");
-        }
-    }
-    json_t *parts = json_object_get(t, "parts");
-    if (parts && json_is_string(parts)) {
-        const char *m = json_string_value(parts);
-        if (strcmp(m, "uniform") != 0 && strcmp(m, "parameters") != 0)
-            return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.parts: '%s' (expected an array of block counts, "
-                             "\"uniform\" or \"parameters\")", path, m);
-    } else if (parts) {
-        size_t i;
-        json_t *v;
-        if (!json_is_array(parts))
-            return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.parts: expected an array of block counts, \"uniform\" or "
-                             "\"parameters\"", path);
-        json_array_foreach(parts, i, v) if (!json_is_integer(v) || json_integer_value(v) < 1) return CLLM_FAIL(
-            CLLM_ERR_ARG, "%s: model_topo.parts[%zu]: expected a positive number of blocks", path, i);
-    }
+    if (t) TRY(check_keys(t, k, NULL, "model_topo", path, strict));
+    TRY(cllm_topo_layout_parse(&mt->layout, json_object_get(t, "process_topology"), path));
+    TRY(cllm_topo_parts_parse(&mt->parts, json_object_get(t, "parts"), path));
     json_t *sched = json_object_get(t, "schedule");
-    if (sched) {
-        cllm_pipe_schedule ps;
-        if (!json_is_string(sched) || cllm_pipe_schedule_parse(json_string_value(sched), &ps) != CLLM_OK)
-            return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.schedule: expected \"gpipe\" or \"1f1b\"", path);
-    }
+    if (sched && !json_is_null(sched) &&
+        (!json_is_string(sched) || cllm_pipe_schedule_parse(json_string_value(sched), &mt->schedule) != CLLM_OK))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.schedule: expected \"gpipe\" or \"1f1b\", got %s", path,
+                         show(sched).s);
     return CLLM_OK;
 }
 

@@ -1,7 +1,8 @@
 /*
  * Resolving a parsed training config: the batch-size triple against the
- * data-parallel size (DeepSpeed's rules), the run length, "auto" scheduler
- * values, and the resolved config written back as JSON (--print-config) and
+ * data-parallel size (DeepSpeed's rules), the run length, "auto" values
+ * (cfg->auto_keys: the one place that gives them a value), and the resolved
+ * config written back as JSON from the typed fields (--print-config) and
  * hashed (checkpoints record which config produced them).
  */
 #include <jansson.h>
@@ -121,6 +122,27 @@ static json_t *zero_to_json(const cllm_zero_config *z) {
     return j;
 }
 
+static json_t *topo_to_json(const cllm_model_topo *t) {
+    json_t *j = json_object();
+    if (t->layout.n_axes > 0) {
+        json_t *axis = json_array(), *dims = json_array();
+        for (int i = 0; i < t->layout.n_axes; i++) {
+            json_array_append_new(axis, json_string(cllm_axis_name(t->layout.axis[i])));
+            json_array_append_new(dims, t->layout.dims[i] ? json_integer(t->layout.dims[i]) : json_string("auto"));
+        }
+        json_object_set_new(j, "process_topology", json_pack("{soso}", "axis", axis, "dims", dims));
+    }
+    if (t->parts.mode == CLLM_PARTS_COUNTS) {
+        json_t *parts = json_array();
+        for (int i = 0; i < t->parts.n_counts; i++) json_array_append_new(parts, json_integer(t->parts.counts[i]));
+        json_object_set_new(j, "parts", parts);
+    } else {
+        json_object_set_new(j, "parts", json_string(t->parts.mode == CLLM_PARTS_UNIFORM ? "uniform" : "parameters"));
+    }
+    json_object_set_new(j, "schedule", json_string(cllm_pipe_schedule_name(t->schedule)));
+    return j;
+}
+
 static json_t *model_init_to_json(const cllm_model_init_spec *m) {
     json_t *j = json_pack("{ssss}", "arch", m->arch, "preset", m->preset);
     if (m->set) json_object_set_new(j, "set", json_deep_copy(m->set));
@@ -214,7 +236,7 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
     json_object_set_new(j, "steps_per_print", json_integer(c->steps_per_print));
     json_object_set_new(j, "wall_clock_breakdown", json_boolean(c->wall_clock_breakdown));
     json_object_set_new(j, "use_grad_ckpt", json_boolean(c->use_grad_ckpt));
-    if (c->model_topo) json_object_set_new(j, "model_topo", json_deep_copy(c->model_topo));
+    if (c->model_topo.given) json_object_set_new(j, "model_topo", topo_to_json(&c->model_topo));
     json_object_set_new(j, "model", c->has_model_init ? model_init_to_json(&c->model_init) : str_or_null(c->model_dir));
     json_t *d = json_object();
     json_object_set_new(d, "train", str_or_null(c->data_train));

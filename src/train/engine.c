@@ -717,8 +717,7 @@ static cllm_status pipe_report(trainer *tr, bool times) {
 static cllm_status run(trainer *tr, cllm_train_result *res) {
     cllm_train_config *c = tr->cfg;
     char *resume_dir = NULL;
-    json_t *ptopo = c->model_topo ? json_object_get(c->model_topo, "process_topology") : NULL;
-    cllm_status st = cllm_topo_init(&tr->topo, ptopo, cllm_dist_size(), cllm_dist_rank(), "config");
+    cllm_status st = cllm_topo_init(&tr->topo, &c->model_topo.layout, cllm_dist_size(), cllm_dist_rank(), "config");
     if (st) return st;
     const bool piped = tr->topo.dims[CLLM_AXIS_PIPE] > 1, tensor = tr->topo.dims[CLLM_AXIS_TENSOR] > 1;
     c->dp_size = tr->topo.dims[CLLM_AXIS_DATA];
