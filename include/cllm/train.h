@@ -112,55 +112,81 @@ typedef struct {
     uint64_t seed;
 } cllm_model_init_spec;
 
+/* A training config as parsed: each field names its key, its default and
+ * the range the parser accepts (values outside it fail naming the key). */
 typedef struct {
     /* ---- DeepSpeed keys ---- */
-    long train_batch_size;               /* global samples per optimizer step */
-    long train_micro_batch_size_per_gpu; /* samples per forward/backward on one rank */
-    long gradient_accumulation_steps;    /* micro-batches per step on one rank */
-    double gradient_clipping;            /* max global L2 norm; 0 = off */
-    cllm_optim_params optim;             /* optimizer.type / optimizer.params, resolved; optim.lr
-                                            is the run's one learning rate (the schedule scales
-                                            it; an "auto" peak of the schedule is this value) */
-    const char *optimizer_name;          /* as written ("Adam", "AdamW", "Lion", "SGD") */
-    bool adam_w_mode;                    /* DeepSpeed Adam: decoupled weight decay (default true) */
-    cllm_sched_params sched;
-    bool fp16_enabled, bf16_enabled;     /* fp16: loss scaling (cllm/loss_scale.h) */
-    double fp16_loss_scale;              /* 0 = dynamic */
-    int fp16_initial_scale_power, fp16_loss_scale_window, fp16_hysteresis;
-    double fp16_min_loss_scale;
-    bool fp16_consecutive_hysteresis;    /* refill the hysteresis on every clean step */
+    long train_batch_size;               /* global samples per optimizer step; >= 1; 0 = not given
+                                            (cllm_train_config_resolve works it out) */
+    long train_micro_batch_size_per_gpu; /* samples per forward/backward on one rank; >= 1; 0 = not given */
+    long gradient_accumulation_steps;    /* micro-batches per step on one rank; >= 1; 0 = not given */
+    double gradient_clipping;            /* max global L2 norm; >= 0; default 0 = off */
+    cllm_optim_params optim;             /* optimizer.type (default AdamW) / optimizer.params: lr
+                                            (1e-3), betas ([0.9, 0.999], each in [0, 1)), eps (1e-8),
+                                            weight_decay (0), momentum, dampening (0), nesterov
+                                            (false); numbers >= 0. optim.lr is the run's one
+                                            learning rate: the schedule scales it, and an "auto"
+                                            peak of the schedule is this value */
+    const char *optimizer_name;          /* optimizer.type as written ("Adam", "AdamW", "Lion", "SGD") */
+    bool adam_w_mode;                    /* optimizer.params.adam_w_mode (DeepSpeed Adam): decoupled
+                                            weight decay; default true */
+    cllm_sched_params sched;             /* scheduler.type (default "constant") / scheduler.params,
+                                            with cllm_sched_defaults (cllm/schedule.h) */
+    bool fp16_enabled, bf16_enabled;     /* fp16.enabled / bf16.enabled: default false, not both;
+                                            fp16 brings loss scaling (cllm/loss_scale.h) */
+    double fp16_loss_scale;              /* fp16.loss_scale: >= 0; default 0 = dynamic */
+    int fp16_initial_scale_power;        /* fp16.initial_scale_power: >= 0; default 16 */
+    int fp16_loss_scale_window;          /* fp16.loss_scale_window: >= 1; default 1000 */
+    int fp16_hysteresis;                 /* fp16.hysteresis: >= 1; default 2 */
+    double fp16_min_loss_scale;          /* fp16.min_loss_scale: >= 0; default 1 */
+    bool fp16_consecutive_hysteresis;    /* fp16.consecutive_hysteresis: refill the hysteresis on
+                                            every clean step; default false */
     cllm_dtype comm_dtype;               /* communication_data_type: gradient sums over ranks in
-                                            CLLM_F32 (default), CLLM_BF16 or CLLM_F16 */
+                                            CLLM_F32 ("fp32", default), CLLM_BF16 ("bf16") or
+                                            CLLM_F16 ("fp16") */
     cllm_zero_config zero;               /* zero_optimization */
-    long steps_per_print;
-    bool wall_clock_breakdown;
-    bool use_grad_ckpt;                  /* activation checkpointing (also set by an enabling
-                                            activation_checkpointing block); docs/memory.md */
+    long steps_per_print;                /* steps_per_print: >= 1; default 10 */
+    bool wall_clock_breakdown;           /* wall_clock_breakdown: default false; stored */
+    bool use_grad_ckpt;                  /* use_grad_ckpt: activation checkpointing, default false
+                                            (also set by an enabling activation_checkpointing
+                                            block); docs/memory.md */
     cllm_model_topo model_topo;          /* model_topo */
     unsigned auto_keys;                  /* CLLM_AUTO_* bits: keys given as "auto" */
 
     /* ---- cllm keys ---- */
-    const char *model_dir;               /* HF folder, or NULL when model_init is used */
+    const char *model_dir;               /* model as a string: an HF folder; NULL otherwise */
     bool has_model_init;                 /* model is an init spec (model_init) */
     cllm_model_init_spec model_init;
-    const char *data_train, *data_eval, *tokenizer, *splits;
-    int seq_len;
-    int skip_bad; /* data.skip_bad: bad records of raw files tolerated */
-    long train_iters;                    /* total optimizer steps of the run; 0 = from epochs */
-    double epochs;                       /* used when train_iters is 0 */
-    long eval_interval, eval_iters;      /* eval_iters 0 = the whole eval set */
-    long save_interval, save_total_limit;/* 0 = no periodic saves / keep all */
-    const char *output_dir;
-    uint64_t seed;
-    bool shuffle;
-    cllm_log_mode log;
-    bool decay_skip_bias, decay_skip_norm; /* weight_decay_skip */
-    int max_consecutive_skips;           /* stop after this many non-finite steps in a row */
-    double peak_gflops;                  /* 0 = measure at start-up */
-    size_t max_shard_bytes;
-    bool async_save;                     /* write checkpoints on a background thread */
-    bool save_final_checkpoint;          /* also write checkpoint-STEP at the end */
-    const char *resume;                  /* NULL, "auto" or a checkpoint folder */
+    const char *data_train;              /* data as a string, or data.train: the training data */
+    const char *data_eval;               /* data.eval: evaluation data, or NULL */
+    const char *tokenizer;               /* data.tokenizer: for raw text, or NULL (the model's) */
+    const char *splits;                  /* data.splits: "950,30,20" weights, or NULL */
+    int seq_len;                         /* data.seq_len: >= 2; default 128 */
+    int skip_bad;                        /* data.skip_bad: bad records of raw files tolerated; >= 0;
+                                            default 0 */
+    long train_iters;                    /* train_iters: optimizer steps of the run; >= 0; default
+                                            0 = from epochs */
+    double epochs;                       /* epochs: >= 0; used when train_iters is 0 */
+    long eval_interval, eval_iters;      /* eval_interval / eval_iters: >= 0; default 0 / 0
+                                            (eval_iters 0 = the whole eval set) */
+    long save_interval, save_total_limit;/* save_interval / save_total_limit: >= 0; default 0 =
+                                            no periodic saves / keep all */
+    const char *output_dir;              /* output_dir: default NULL (--out) */
+    uint64_t seed;                       /* seed: >= 0; default 42 */
+    bool shuffle;                        /* shuffle: default true */
+    cllm_log_mode log;                   /* log: "auto" (default), "progress", "plain", "quiet" */
+    bool decay_skip_bias, decay_skip_norm; /* weight_decay_skip: true / false, or a list of "bias",
+                                              "norm"; default true (both skipped) */
+    int max_consecutive_skips;           /* max_consecutive_skips: stop after this many non-finite
+                                            steps in a row; >= 1; default 10 */
+    double peak_gflops;                  /* peak_gflops: >= 0; default 0 = measure at start-up */
+    size_t max_shard_bytes;              /* max_shard_size: bytes >= 0 or a size such as "2GB";
+                                            default 0 = one file */
+    bool async_save;                     /* async_save: write checkpoints on a background thread;
+                                            default true */
+    bool save_final_checkpoint;          /* save_final_checkpoint: also write checkpoint-STEP at
+                                            the end; default true */
+    const char *resume;                  /* not a key (--resume): NULL, "auto" or a checkpoint folder */
     int dp_size, dp_rank;                /* data-parallel world: set by cllm_train_run from cllm_dist
                                           * (1, 0 without MPI); ranks > 0 write no files */
 

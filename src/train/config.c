@@ -80,13 +80,16 @@ typedef struct {
 } shown;
 
 static shown show(const json_t *v) {
-    shown r;
-    size_t n = json_dumpb(v, r.s, 40, JSON_COMPACT | JSON_ENCODE_ANY);
-    if (n > 40) {
+    shown r = {{0}};
+    char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!s) return r;
+    if (strlen(s) > 40) {
+        memcpy(r.s, s, 37);
         memcpy(r.s + 37, "...", 4);
     } else {
-        r.s[n] = '\0';
+        strcpy(r.s, s);
     }
+    free(s);
     return r;
 }
 
