@@ -176,6 +176,7 @@ def case_config(env):
          "scheduler.params.warmup_num_steps: expected an integer, got 1.5"),
         ({"fp16": {"enabled": "yes"}}, 'fp16.enabled: expected true or false, got "yes"'),
         ({"model": {"arch": "llama", "preset": "tiny", "set": 1}}, "model.set: expected an object, got 1"),
+        ({"model": {"arch": "gpt3", "preset": "tiny"}}, "model.arch: unknown architecture 'gpt3'"),
         ({"data": {"seq_len": 1}}, "data.seq_len: 1 is out of range (minimum 2)"),
         ({"model_topo": {"process_topology": {"axis": ["pipe", "data"], "dims": [0, 2]}}},
          "model_topo.process_topology.dims[0] (pipe): expected a positive integer"),

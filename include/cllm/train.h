@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "cllm/core.h"
+#include "cllm/model.h"
 #include "cllm/optim.h"
 #include "cllm/pipe.h"
 #include "cllm/schedule.h"
@@ -104,7 +105,7 @@ typedef struct {
 
 /* model as an init spec: {"arch", "preset", "set": {...}, "seed"}. */
 typedef struct {
-    const char *arch;       /* "arch": gpt2, llama or bloom (checked when the model is built) */
+    cllm_arch arch;         /* "arch": "gpt2", "llama" or "bloom" */
     const char *preset;     /* "preset": a size of that architecture (cllm_model_preset) */
     struct json_t *set;     /* "set": model config.json keys over the preset (an object; they are
                                the model's keys, checked by the model config reader), or NULL */

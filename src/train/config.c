@@ -546,10 +546,14 @@ static cllm_status parse_model(cllm_train_config *c, const json_t *j, const char
     static const char *const k[] = {"arch", "preset", "set", "seed", NULL};
     TRY(check_keys(m, k, NULL, "model", path, strict));
     cllm_model_init_spec *mi = &c->model_init;
-    TRY(get_str(m, "arch", &mi->arch, "model", path));
+    const char *arch = NULL;
+    TRY(get_str(m, "arch", &arch, "model", path));
     TRY(get_str(m, "preset", &mi->preset, "model", path));
-    if (!mi->arch || !mi->preset)
+    if (!arch || !mi->preset)
         return CLLM_FAIL(CLLM_ERR_ARG, "%s: model: an init spec needs \"arch\" and \"preset\"", path);
+    mi->arch = cllm_arch_from_name(arch);
+    if (mi->arch == CLLM_ARCH_COUNT)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: model.arch: unknown architecture '%s' (gpt2, llama, bloom)", path, arch);
     TRY(get_obj(m, "set", &mi->set, "model", path));
     long seed = -1;
     TRY(get_long(m, "seed", &seed, 0, "model", path));

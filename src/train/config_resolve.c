@@ -144,7 +144,7 @@ static json_t *topo_to_json(const cllm_model_topo *t) {
 }
 
 static json_t *model_init_to_json(const cllm_model_init_spec *m) {
-    json_t *j = json_pack("{ssss}", "arch", m->arch, "preset", m->preset);
+    json_t *j = json_pack("{ssss}", "arch", cllm_arch_name(m->arch), "preset", m->preset);
     if (m->set) json_object_set_new(j, "set", json_deep_copy(m->set));
     if (m->has_seed) json_object_set_new(j, "seed", json_integer((json_int_t)m->seed));
     return j;

@@ -76,10 +76,8 @@ static cllm_status open_model(trainer *tr, const char *resume_dir) {
     const cllm_model_init_spec *mi = &c->model_init;
     if (!c->has_model_init)
         return CLLM_FAIL(CLLM_ERR_ARG, "no model: set \"model\" (an HF folder or an init spec) or --model");
-    cllm_arch a = cllm_arch_from_name(mi->arch);
-    if (a == CLLM_ARCH_COUNT) return CLLM_FAIL(CLLM_ERR_ARG, "model.arch: unknown architecture '%s' (gpt2, llama, bloom)", mi->arch);
     json_t *conf = NULL;
-    cllm_status st = cllm_model_preset(&conf, a, mi->preset);
+    cllm_status st = cllm_model_preset(&conf, mi->arch, mi->preset);
     if (st) return st;
     if (mi->set) json_object_update(conf, mi->set);
     st = cllm_model_init_random(&tr->m, conf, mi->has_seed ? mi->seed : c->seed);
