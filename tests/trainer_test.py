@@ -175,6 +175,8 @@ def case_config(env):
         ({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 1.5}}},
          "scheduler.params.warmup_num_steps: expected an integer, got 1.5"),
         ({"fp16": {"enabled": "yes"}}, 'fp16.enabled: expected true or false, got "yes"'),
+        ({"activation_checkpointing": {"cpu_checkpointing": 1}},
+         "activation_checkpointing.cpu_checkpointing: expected true or false, got 1"),
         ({"model": {"arch": "llama", "preset": "tiny", "set": 1}}, "model.set: expected an object, got 1"),
         ({"model": {"arch": "gpt3", "preset": "tiny"}}, "model.arch: unknown architecture 'gpt3'"),
         ({"data": {"seq_len": 1}}, "data.seq_len: 1 is out of range (minimum 2)"),

@@ -497,11 +497,13 @@ static cllm_status parse_act_ckpt(cllm_train_config *c, const json_t *j, const c
     json_object_foreach(a, v, x) {
         if (strcmp(v, "number_checkpoints") == 0) {
             if (!json_is_null(x) && !json_is_integer(x))
-                return CLLM_FAIL(CLLM_ERR_ARG, "%s: activation_checkpointing.number_checkpoints: expected an integer or null",
-                                 path);
+                return CLLM_FAIL(CLLM_ERR_ARG,
+                                 "%s: activation_checkpointing.number_checkpoints: expected an integer or null, got %s",
+                                 path, show(x).s);
             if (json_is_integer(x) && json_integer_value(x) > 0) c->use_grad_ckpt = true;
         } else if (!json_is_boolean(x)) {
-            return CLLM_FAIL(CLLM_ERR_ARG, "%s: activation_checkpointing.%s: expected true or false", path, v);
+            return CLLM_FAIL(CLLM_ERR_ARG, "%s: activation_checkpointing.%s: expected true or false, got %s", path, v,
+                             show(x).s);
         } else if (json_is_true(x) && strcmp(v, "profile") != 0) {
             c->use_grad_ckpt = true;
         }
