@@ -73,20 +73,14 @@ static cllm_status open_model(trainer *tr, const char *resume_dir) {
     cllm_train_config *c = tr->cfg;
     if (resume_dir) return cllm_ckpt_load_model(&tr->m, resume_dir); /* either checkpoint format */
     if (c->model_dir) return cllm_model_load(&tr->m, c->model_dir);
-    if (!c->model_init)
+    const cllm_model_init_spec *mi = &c->model_init;
+    if (!c->has_model_init)
         return CLLM_FAIL(CLLM_ERR_ARG, "no model: set \"model\" (an HF folder or an init spec) or --model");
-    const char *arch = json_string_value(json_object_get(c->model_init, "arch"));
-    const char *preset = json_string_value(json_object_get(c->model_init, "preset"));
-    cllm_arch a = cllm_arch_from_name(arch);
-    if (a == CLLM_ARCH_COUNT) return CLLM_FAIL(CLLM_ERR_ARG, "model.arch: unknown architecture '%s' (gpt2, llama, bloom)", arch);
     json_t *conf = NULL;
-    cllm_status st = cllm_model_preset(&conf, a, preset);
+    cllm_status st = cllm_model_preset(&conf, mi->arch, mi->preset);
     if (st) return st;
-    json_t *set = json_object_get(c->model_init, "set");
-    if (set) json_object_update(conf, set);
-    json_t *seed = json_object_get(c->model_init, "seed");
-    uint64_t s = seed && json_is_integer(seed) ? (uint64_t)json_integer_value(seed) : c->seed;
-    st = cllm_model_init_random(&tr->m, conf, s);
+    if (mi->set) json_object_update(conf, mi->set);
+    st = cllm_model_init_random(&tr->m, conf, mi->has_seed ? mi->seed : c->seed);
     json_decref(conf);
     return st;
 }
@@ -634,9 +628,9 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
  * range of the flat buffer. */
 static cllm_status setup_pipeline(trainer *tr) {
     cllm_train_config *c = tr->cfg;
-    if (c->zero_stage >= 2)
+    if (c->zero.stage >= 2)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "zero_optimization.stage %d with pipeline parallelism: stages 2 and 3 "
-                         "reduce per layer inside the whole-model pass; use stage 0 or 1", c->zero_stage);
+                         "reduce per layer inside the whole-model pass; use stage 0 or 1", c->zero.stage);
     if (c->comm_dtype != CLLM_F32)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "communication_data_type %s with pipeline parallelism: the stages' "
                          "reductions run in fp32", (c->comm_dtype == CLLM_BF16 ? "bf16" : "fp16"));
@@ -721,8 +715,7 @@ static cllm_status pipe_report(trainer *tr, bool times) {
 static cllm_status run(trainer *tr, cllm_train_result *res) {
     cllm_train_config *c = tr->cfg;
     char *resume_dir = NULL;
-    json_t *ptopo = c->model_topo ? json_object_get(c->model_topo, "process_topology") : NULL;
-    cllm_status st = cllm_topo_init(&tr->topo, ptopo, cllm_dist_size(), cllm_dist_rank(), "config");
+    cllm_status st = cllm_topo_init(&tr->topo, &c->model_topo.layout, cllm_dist_size(), cllm_dist_rank(), "config");
     if (st) return st;
     const bool piped = tr->topo.dims[CLLM_AXIS_PIPE] > 1, tensor = tr->topo.dims[CLLM_AXIS_TENSOR] > 1;
     c->dp_size = tr->topo.dims[CLLM_AXIS_DATA];
@@ -759,11 +752,11 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if (piped) {
         if ((st = setup_pipeline(tr))) goto done;
     } else if (tensor) {
-        if (c->zero_stage >= 2 || c->comm_dtype != CLLM_F32) {
+        if (c->zero.stage >= 2 || c->comm_dtype != CLLM_F32) {
             st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s with tensor parallelism: use zero_optimization.stage 0 or 1 "
                            "and fp32 communication (the per-layer reductions of stages 2-3 and the 16-bit sums run "
                            "over the whole world, not the data group)",
-                           c->zero_stage >= 2 ? "zero_optimization.stage 2-3" : "communication_data_type");
+                           c->zero.stage >= 2 ? "zero_optimization.stage 2-3" : "communication_data_type");
             goto done;
         }
         if ((st = train_zero_init_group(&tr->zero, c, n, n, tr->ranges, tr->n_ranges, train_tp_data_group(tr->tp),
@@ -811,14 +804,13 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
      * backward pass (one process, pipelines, tensor parallelism and 16-bit
      * sums keep the reduction after it) */
     if (tr->zero.stage <= 1 && tr->zero.size > 1 && !tr->pipe && !tr->tp && c->comm_dtype == CLLM_F32 &&
-        train_overlap_wanted(c) && (st = train_overlap_init(&tr->overlap, &tr->zero, tr->m)))
+        c->zero.overlap_comm && (st = train_overlap_init(&tr->overlap, &tr->zero, tr->m)))
         goto done;
-    train_offload_config oc;
-    if ((st = train_offload_config_get(c, &oc))) goto done;
-    if (oc.nvme) {
+    const cllm_offload_config *oc = &c->zero.offload_optimizer;
+    if (oc->device == CLLM_OFFLOAD_NVME) {
         size_t slice = train_zero_slice_len(&tr->zero);
         if ((st = cllm_optim_init_streamed(&tr->opt, &c->optim, slice))) goto done;
-        if ((st = train_offload_init(&tr->offload, &oc, &c->optim, slice, c->dp_rank))) goto done;
+        if ((st = train_offload_init(&tr->offload, oc, &c->optim, slice, c->dp_rank))) goto done;
         tr->zero.offload = tr->offload;
     } else if ((st = cllm_optim_init(&tr->opt, &c->optim, train_zero_slice_len(&tr->zero)))) {
         goto done;
