@@ -123,8 +123,8 @@ def case_config(env):
     # where flags would write into it (it used to be replaced by AdamW)
     for bad, key in (({"optimizer": 5}, "optimizer"), ({"optimizer": {"params": [1]}}, "optimizer.params"),
                      ({"data": 7}, "data")):
-        cfg, p = print_config(env, dict(bad, train_batch_size=4, train_iters=5), "--lr", "0.1", rc=1)
-        check(p.returncode == 1 and f"key '{key}' must be an object" in p.stderr, f"{bad}: {p.stderr}")
+        cfg, p = print_config(env, dict(bad, train_batch_size=4, train_iters=5), "--lr", "0.1", rc=2)
+        check(p.returncode == 2 and f"{key}: expected an object" in p.stderr, f"{bad}: {p.stderr}")
     # Adam with adam_w_mode false is L2-coupled Adam
     cfg, p = print_config(env, {"train_batch_size": 4, "train_iters": 5,
                                 "optimizer": {"type": "Adam", "params": {"adam_w_mode": False}}})

@@ -123,9 +123,12 @@ static int check_blocks(const json_t *j, const char *where) {
     else if (o && json_object_get(o, "params") && !json_is_object(json_object_get(o, "params"))) bad = "optimizer.params";
     else if (d && !json_is_object(d) && !json_is_string(d)) bad = "data";
     if (!bad) return 0;
-    fprintf(stderr, "cllm train: %s: key '%s' must be an object%s\n", where, bad,
-            strcmp(bad, "data") == 0 ? " or a data spec string" : "");
-    return 1;
+    const json_t *v = strcmp(bad, "optimizer.params") == 0 ? json_object_get(o, "params") : json_object_get(j, bad);
+    char *got = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    fprintf(stderr, "cllm train: %s: %s: expected an object%s, got %.60s\n", where, bad,
+            strcmp(bad, "data") == 0 ? " or a data spec string" : "", got ? got : "?");
+    free(got);
+    return 2; /* as the library's config errors */
 }
 
 static int apply_flags(json_t *j, const train_flags *f) {
