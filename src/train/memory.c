@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cllm/kernels.h"
 #include "cllm/memory.h"
 #include "cllm/topo.h"
 
@@ -18,11 +19,43 @@ static size_t shard(size_t n, int dp) {
     return s < n ? s : n;
 }
 
+/* The three GEMMs of a linear layer over R rows, IN -> OUT (w_in_out: the
+ * weight stored [IN, OUT]), as cllm_linear_forward/_backward call them:
+ * the largest oneDNN workspace among them. */
+static size_t linear_work(int R, int IN, int OUT, bool w_in_out, int threads) {
+    size_t w[3] = {cllm_matmul_workspace(R, OUT, IN, false, !w_in_out, threads),
+                   cllm_matmul_workspace(R, IN, OUT, false, w_in_out, threads),
+                   w_in_out ? cllm_matmul_workspace(IN, OUT, R, true, false, threads)
+                            : cllm_matmul_workspace(OUT, IN, R, true, false, threads)};
+    size_t m = w[0] > w[1] ? w[0] : w[1];
+    return m > w[2] ? m : w[2];
+}
+
+/* The largest oneDNN GEMM workspace of a training step of (local) config
+ * c: every linear layer of a block (llama: separate q, k, v and gate/up
+ * projections; gpt2: Conv1D weights stored [IN, OUT]) over N = B*T rows,
+ * and the head over its logits chunk of `rows` rows. */
+static size_t gemm_work(const cllm_model_config *c, int N, int rows, int threads) {
+    const int C = c->n_embd, F = c->n_inner, Q = c->n_head * c->head_dim, K = c->n_kv_head * c->head_dim;
+    const bool io = c->arch == CLLM_ARCH_GPT2, llama = c->arch == CLLM_ARCH_LLAMA;
+    size_t w[6] = {llama ? linear_work(N, C, Q, false, threads) : linear_work(N, C, 3 * Q, io, threads),
+                   llama ? linear_work(N, C, K, false, threads) : 0,
+                   linear_work(N, Q, C, io, threads),
+                   linear_work(N, C, F, io, threads),
+                   linear_work(N, F, C, io, threads),
+                   rows > 0 ? linear_work(rows, C, c->vocab_size, false, threads) : 0};
+    size_t m = 0;
+    for (int i = 0; i < 6; i++)
+        if (w[i] > m) m = w[i];
+    return m;
+}
+
 cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setup *s, cllm_mem_estimate *out) {
     memset(out, 0, sizeof *out);
-    if (s->micro_batch <= 0 || s->seq_len <= 0 || s->grad_accum <= 0 || s->dp <= 0 || s->pipe < 0 || s->tensor < 0)
-        return CLLM_FAIL(CLLM_ERR_ARG, "micro-batch, sequence length, accumulation, dp, pipe and tensor must be "
-                         "positive");
+    if (s->micro_batch <= 0 || s->seq_len <= 0 || s->grad_accum <= 0 || s->dp <= 0 || s->pipe < 0 || s->tensor < 0 ||
+        s->threads < 0)
+        return CLLM_FAIL(CLLM_ERR_ARG, "micro-batch, sequence length, accumulation, dp, pipe, tensor and threads must "
+                         "be positive");
     if (s->zero_stage < 0 || s->zero_stage > 3)
         return CLLM_FAIL(CLLM_ERR_ARG, "ZeRO stage %d (expected 0, 1, 2 or 3)", s->zero_stage);
     if (c->n_ctx > 0 && s->seq_len > c->n_ctx)
@@ -167,9 +200,13 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     free(stages);
     free(units);
     out->precision = cllm_model_precision_bytes(c, len, s->micro_batch, s->seq_len, s->precision);
+    /* the head's chunk rows, from the logits chunk the carving code sized */
+    int rows = c->vocab_size > 0 ? (int)(out->act.logits / sizeof(float) / (size_t)c->vocab_size) : 0;
+    out->gemm_work = gemm_work(c, s->micro_batch * s->seq_len, rows, s->threads);
     out->overhead = s->overhead;
     out->total = out->params + out->grads + out->optim + out->offload_buffer + out->work + out->activations +
-                 out->logits + out->snapshot + out->other + out->precision + out->pipe_buffers + out->overhead;
+                 out->logits + out->snapshot + out->other + out->precision + out->pipe_buffers + out->gemm_work +
+                 out->overhead;
     return CLLM_OK;
 }
 
