@@ -34,7 +34,8 @@
  * (cllm_matmul_workspace: its size depends on the CPU's ISA, the thread
  * count and the shapes); the estimate adds the largest over the step's
  * GEMMs (every linear layer's forward and two backward GEMMs, and the
- * head's on a logits chunk), as gemm_work.
+ * head's on a logits chunk), as gemm_work; a pipeline stage counts the
+ * head's GEMMs only on the last stage.
  */
 #ifndef CLLM_MEMORY_H
 #define CLLM_MEMORY_H
