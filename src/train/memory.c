@@ -53,8 +53,8 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     memset(out, 0, sizeof *out);
     if (s->micro_batch <= 0 || s->seq_len <= 0 || s->grad_accum <= 0 || s->dp <= 0 || s->pipe < 0 || s->tensor < 0 ||
         s->threads < 0)
-        return CLLM_FAIL(CLLM_ERR_ARG, "micro-batch, sequence length, accumulation, dp, pipe, tensor and threads must "
-                         "be positive");
+        return CLLM_FAIL(CLLM_ERR_ARG, "micro-batch, sequence length, accumulation and dp must be positive, pipe, "
+                         "tensor and threads not negative");
     if (s->zero_stage < 0 || s->zero_stage > 3)
         return CLLM_FAIL(CLLM_ERR_ARG, "ZeRO stage %d (expected 0, 1, 2 or 3)", s->zero_stage);
     if (c->n_ctx > 0 && s->seq_len > c->n_ctx)
