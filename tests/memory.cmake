@@ -22,3 +22,8 @@ if(CLLM_HAVE_MPI AND CLLM_MPIRUN_MEM)
   cllm_add_py_test(memory_parallel memory_parallel_test.py LABELS mpi nosan)
   set_tests_properties(memory_parallel PROPERTIES TIMEOUT 240)
 endif()
+# cllm_matmul_workspace against the peak RSS rise of single GEMMs
+# (label kernel). Not under sanitizers: shadow memory is resident too.
+if(NOT CLLM_SANITIZE)
+  cllm_add_c_test(test_gemm_work LABELS kernel)
+endif()

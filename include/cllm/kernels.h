@@ -38,6 +38,17 @@ cllm_status cllm_matmul(float *C, const float *A, const float *B, int M, int N, 
                         bool trans_b, float alpha, float beta);
 void cllm_matmul_cleanup(void);
 
+/* Bytes oneDNN allocates (and frees again) inside one fp32 cllm_matmul call
+ * of this shape on this CPU with n_threads OpenMP threads (0: this
+ * process's omp_get_max_threads()): the packed operand panels of oneDNN's
+ * copy-based sgemm, whose blocking depends on the ISA oneDNN runs
+ * (dnnl_get_effective_cpu_isa(), so ONEDNN_MAX_CPU_ISA counts), plus, for
+ * the layouts that run the matmul primitive (trans_b), the scratchpad that
+ * primitive reports. The sgemm part follows oneDNN 2.6's driver (blocking,
+ * thread split, no-copy rule), see docs/memory.md. 0 for empty shapes.
+ * Thread-safe; does not run the GEMM. */
+size_t cllm_matmul_workspace(int M, int N, int K, bool trans_a, bool trans_b, int n_threads);
+
 /* The same GEMM with bf16 operands (raw bfloat16 bit patterns, see
  * cllm_f32_to_bf16), fp32 accumulation and fp32 C; beta=1 accumulates into
  * the fp32 C. Same argument rules and cache as cllm_matmul. Runs on every
