@@ -3,6 +3,7 @@
 #include "cllm/core.h"
 #include "cllm/cpu.h"
 #include "cllm/data.h"
+#include "cllm/engine.h"
 #include "cllm/dist.h"
 #include "cllm/generate.h"
 #include "cllm/io.h"

@@ -359,6 +359,26 @@ cllm_status cllm_generate_prefill(cllm_generation *g, const int32_t *ids, size_t
  * CLLM_ERR_ARG and only free is useful. */
 cllm_status cllm_generate_step(cllm_generation *g, cllm_generate_event *ev);
 
+/* ---- sequences whose forward passes the caller runs (batching engines,
+ * cllm/engine.h): the same sampling, stop rules, text and statistics, with
+ * the logits supplied by a shared batched forward.
+ * cllm_generate_prefill_external takes the prompt without running it;
+ * `capacity` is the positions the caller's cache holds for the sequence
+ * (context limit). Then, repeatedly: feed cllm_generate_next_input(g) (the
+ * prompt's tokens the first time, then this id) through the model, and pass
+ * the logits of the sequence's last position to cllm_generate_step_logits,
+ * which draws the next token exactly as cllm_generate_step would. Mixing
+ * the two kinds of step on one object is CLLM_ERR_ARG. */
+cllm_status cllm_generate_prefill_external(cllm_generation *g, const int32_t *ids, size_t n, int capacity);
+cllm_status cllm_generate_step_logits(cllm_generation *g, const float *logits, cllm_generate_event *ev);
+/* The last token of the sequence so far (the one to feed next); -1 before
+ * the prompt or after the finish. */
+int32_t cllm_generate_next_input(const cllm_generation *g);
+/* Ends the sequence with `why` from outside (a server's deadline, a full
+ * cache): held-back text is released unless it is CLLM_FINISH_CANCELLED
+ * (then as cllm_generate_cancel). No-op on a finished sequence. */
+cllm_status cllm_generate_end(cllm_generation *g, cllm_finish_reason why);
+
 /* Ends the sequence with CLLM_FINISH_CANCELLED; held-back text is dropped.
  * No-op on a finished sequence. */
 void cllm_generate_cancel(cllm_generation *g);

@@ -49,6 +49,8 @@ struct cllm_generation {
     int32_t *hist;      /* [hist_cap] prompt, then generated ids */
     size_t n_hist, hist_cap, n_prompt;
     bool prefilled, need_forward, broken;
+    bool external;      /* forwards run by the caller (a batching engine) */
+    int ext_cap;        /* external: positions the caller's cache holds for the sequence */
     cllm_finish_reason finish;
     char *text;         /* NUL-terminated; [0, prompt_len) the prompt when included */
     size_t len, cap, released;
@@ -271,6 +273,46 @@ cllm_status cllm_generate_prefill(cllm_generation *g, const int32_t *ids, size_t
     return CLLM_OK;
 }
 
+cllm_status cllm_generate_prefill_external(cllm_generation *g, const int32_t *ids, size_t n, int capacity) {
+    if (g->prefilled || g->finish)
+        return CLLM_FAIL(CLLM_ERR_ARG, "the sequence already has its prompt; use a new object for a new prompt");
+    if (!ids || n == 0)
+        return CLLM_FAIL(CLLM_ERR_ARG, "the prompt is empty; start it with the BOS token (at least one token is "
+                                       "needed to predict the next)");
+    if (cllm_model_check_ids(g->m, ids, NULL, n)) return cllm_fail_context(CLLM_ERR_ARG, "prompt");
+    if (capacity < 1 || n > (size_t)capacity)
+        return CLLM_FAIL(CLLM_ERR_ARG, "the prompt has %zu tokens; the cache holds %d positions for it", n, capacity);
+    g->hist_cap = (size_t)capacity + 1;
+    g->hist = malloc(g->hist_cap * sizeof *g->hist);
+    g->logits = malloc((size_t)g->V * sizeof *g->logits);
+    cllm_status st = g->hist && g->logits ? CLLM_OK : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    if (!st && g->tok) st = cllm_text_stream_init(&g->ts, g->tok, ids, n);
+    if (!st && g->include_prompt) {
+        char *t = NULL;
+        size_t tl = 0;
+        st = cllm_tokenizer_decode(g->tok, ids, n, true, &t, &tl);
+        if (!st) st = text_append(g, t, tl);
+        free(t);
+        g->released = g->len;
+    }
+    if (st) {
+        cllm_text_stream_free(g->ts);
+        free(g->hist);
+        free(g->logits);
+        g->ts = NULL;
+        g->hist = NULL;
+        g->logits = NULL;
+        g->len = g->released = 0;
+        g->text[0] = 0;
+        return st;
+    }
+    memcpy(g->hist, ids, n * sizeof *ids);
+    g->n_hist = g->n_prompt = g->stats.n_prompt = n;
+    g->prefilled = g->external = true;
+    g->ext_cap = capacity;
+    return CLLM_OK;
+}
+
 /* ln softmax(l)[id], in double. */
 static double log_softmax_at(const float *l, int V, int32_t id) {
     float mx = l[0];
@@ -294,13 +336,51 @@ static cllm_status finish_up(cllm_generation *g, cllm_finish_reason why) {
     return st;
 }
 
-cllm_status cllm_generate_step(cllm_generation *g, cllm_generate_event *ev) {
-    *ev = (cllm_generate_event){-1, 0.0f, 0.0f, "", 0, CLLM_FINISH_NONE};
+static cllm_status step_core(cllm_generation *g, cllm_generate_event *ev, double t0, bool external);
+
+static cllm_status step_check(const cllm_generation *g, bool external) {
     if (!g->prefilled) return CLLM_FAIL(CLLM_ERR_ARG, "no prompt yet: call cllm_generate_prefill first");
     if (g->finish)
         return CLLM_FAIL(CLLM_ERR_ARG, "the sequence has finished (%s)", cllm_finish_reason_name(g->finish));
     if (g->broken) return CLLM_FAIL(CLLM_ERR_ARG, "an earlier step failed; the sequence cannot go on");
-    double t0 = cllm_time_sec();
+    if (g->external != external)
+        return CLLM_FAIL(CLLM_ERR_ARG, external ? "this sequence runs its own forwards: use cllm_generate_step"
+                                                : "this sequence's forwards are the caller's: use "
+                                                  "cllm_generate_step_logits");
+    return CLLM_OK;
+}
+
+cllm_status cllm_generate_step(cllm_generation *g, cllm_generate_event *ev) {
+    *ev = (cllm_generate_event){-1, 0.0f, 0.0f, "", 0, CLLM_FINISH_NONE};
+    cllm_status st0 = step_check(g, false);
+    if (st0) return st0;
+    return step_core(g, ev, cllm_time_sec(), false);
+}
+
+cllm_status cllm_generate_step_logits(cllm_generation *g, const float *logits, cllm_generate_event *ev) {
+    *ev = (cllm_generate_event){-1, 0.0f, 0.0f, "", 0, CLLM_FINISH_NONE};
+    cllm_status st0 = step_check(g, true);
+    if (st0) return st0;
+    if (!logits) return CLLM_FAIL(CLLM_ERR_ARG, "no logits");
+    memcpy(g->logits, logits, (size_t)g->V * sizeof *g->logits);
+    if (g->n_hist > g->n_prompt) g->stats.n_decode_forwards++;
+    return step_core(g, ev, cllm_time_sec(), true);
+}
+
+int32_t cllm_generate_next_input(const cllm_generation *g) {
+    return g->prefilled && !g->finish && g->n_hist ? g->hist[g->n_hist - 1] : -1;
+}
+
+cllm_status cllm_generate_end(cllm_generation *g, cllm_finish_reason why) {
+    if (g->finish) return CLLM_OK;
+    if (why == CLLM_FINISH_NONE || why == CLLM_FINISH_CANCELLED) {
+        cllm_generate_cancel(g);
+        return CLLM_OK;
+    }
+    return finish_up(g, why);
+}
+
+static cllm_status step_core(cllm_generation *g, cllm_generate_event *ev, double t0, bool external) {
     size_t rel0 = g->released;
     cllm_status st = CLLM_OK;
     cllm_finish_reason why = CLLM_FINISH_NONE;
@@ -309,7 +389,7 @@ cllm_status cllm_generate_step(cllm_generation *g, cllm_generate_event *ev) {
         st = finish_up(g, CLLM_FINISH_LENGTH);
         goto out;
     }
-    if (g->need_forward) {
+    if (!external && g->need_forward) {
         st = cllm_kv_cache_forward(g->kv, &g->hist[g->n_hist - 1], 1, g->logits);
         if (st) return st; /* nothing changed: the step may be retried */
         g->need_forward = false;
@@ -336,7 +416,10 @@ cllm_status cllm_generate_step(cllm_generation *g, cllm_generate_event *ev) {
         if (scan_stops(g, false)) why = CLLM_FINISH_STOP_SEQUENCE;
     }
     if (!why && n_gen == (size_t)g->max_new) why = CLLM_FINISH_LENGTH;
-    if (!why && cllm_kv_cache_pos(g->kv) == cllm_kv_cache_capacity(g->kv)) why = CLLM_FINISH_CONTEXT;
+    /* no position left to feed the token just drawn */
+    if (!why && (external ? (long)g->n_hist - 1 >= g->ext_cap
+                          : cllm_kv_cache_pos(g->kv) == cllm_kv_cache_capacity(g->kv)))
+        why = CLLM_FINISH_CONTEXT;
     if (why)
         st = finish_up(g, why);
     else
