@@ -30,8 +30,8 @@ static cllm_status req_pos(const json_t *j, const char *key, int *out, const cha
     int64_t v;
     cllm_status st = cllm_json_get_int(j, key, &v, path);
     if (st) return st;
-    if (v <= 0 || v > (1 << 30))
-        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: key '%s' must be a positive integer, got %lld", path, key,
+    if (v <= 0 || v > (1 << 28)) /* 4 * v (a default FFN width) must fit an int */
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: key '%s' must be a positive integer of at most 2^28, got %lld", path, key,
                          (long long)v);
     *out = (int)v;
     return CLLM_OK;
