@@ -4,7 +4,8 @@
 # text, alternating the implementations (A B C A B C) so a change in this
 # machine's CPU share hits all of them alike. Text comes from the machine's
 # own documentation (English) and the seed notes plus generated Chinese
-# sentences (Chinese); 100 KB documents.
+# sentences (Chinese); 100 KB documents. The report starts with
+# bench/machine.py's line (CPU model, cores, ISA flags) and node's version.
 # Usage: bash bench/bench_tokenize.sh [MB per language, default 8] [rounds, default 2]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +20,8 @@ if [ ! -d build/oracle/node_modules/tiktoken ]; then
   (cd build/oracle && npm ci --ignore-scripts --no-audit --no-fund >/dev/null)
 fi
 cp bench/tokenize_js.mjs build/oracle/
+/usr/bin/python3 bench/machine.py --cllm build/cllm
+echo "node $(node --version)"
 
 # English: plain-text docs of this machine, repeated to size
 # (head ends the pipes early on purpose: pipefail is off for these lines)
