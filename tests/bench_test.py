@@ -13,6 +13,8 @@ Checks of the benchmark drivers' own logic (no timing is asserted):
     and whose ZEN probe fails, the fastest remaining core type is chosen;
     with every probe failing, the bench stops with a message naming each
     core type and its reason.
+  - `cllm --version`'s cpu / isa / kernel lines preferred where it prints
+    them (a stand-in binary), ignored where it fails;
   - a cllm bf16 run that fails (a stand-in binary) yields a "skipped" row
     with the reason instead of stopping the bench.
 
@@ -72,15 +74,21 @@ def test_live_header(cllm):
         text = f.read()
     m = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
     flags = set(re.search(r"^flags\s*:\s*(.*)$", text, re.M).group(1).split())
+    own = machine.header(None)  # this script's own reading, without cllm --version
+    print(own)
+    check(own.startswith("machine: "), "header line starts with 'machine: '")
+    check(m is None or m.group(1).strip() in own, "header names /proc/cpuinfo's model name")
+    check("%d logical CPUs" % os.cpu_count() in own, "header gives the logical CPU count")
+    isa = re.search(r"isa: ([^;]*);", own).group(1)
+    have = isa.split("lacking")[0].replace(",", " ").split()
+    for flag in ("avx2", "fma", "avx512f", "avx512_bf16"):
+        check((flag in flags) == (flag in have), "header's isa part agrees with /proc/cpuinfo on %s" % flag)
+    # where cllm --version names the CPU, ISA and kernels, the header carries its values
     h = machine.header(cllm)
     print(h)
-    check(h.startswith("machine: "), "header line starts with 'machine: '")
-    check(m is None or m.group(1).strip() in h, "header names /proc/cpuinfo's model name")
-    check("%d logical CPUs" % os.cpu_count() in h, "header gives the logical CPU count")
-    for flag in ("avx2", "fma", "avx512f"):
-        isa = re.search(r"isa: ([^;]*);", h).group(1)
-        have = isa.split("lacking")[0].replace(",", " ").split()
-        check((flag in flags) == (flag in have), "header's isa part agrees with /proc/cpuinfo on %s" % flag)
+    reported = machine.cllm_version(cllm)
+    check(all(value in h for key, value in reported if key not in ("cllm", "version")),
+          "every line of cllm --version (%d) is in the header" % len(reported))
 
 
 def dnnl_verbose_isa(cllm, tmp, env):
@@ -118,6 +126,21 @@ def test_onednn_isa(cllm, tmp):
     if f["source"] != "cllm --version":  # else cllm names its kernels itself
         check("bf16 gemm none" in f["kernels"],
               "below avx512_core no oneDNN bf16 matmul is claimed (%s)" % f["kernels"])
+
+
+def test_version_preferred(tmp):
+    fake = os.path.join(tmp, "fake_version.sh")
+    write_exec(fake, '#!/bin/sh\n[ "$1" = --version ] || exit 2\n'
+                     'printf "cllm 9.9\\ncpu: Example CPU 7 (4 cores)\\nisa: avx2 fma\\n'
+                     'bf16 gemm: fp32-widened\\n"\n')
+    f = machine.facts(fake)
+    check(f["cpu"] == "Example CPU 7 (4 cores)" and f["isa"] == "avx2 fma",
+          "cllm --version's cpu and isa lines replace /proc/cpuinfo's (%s; %s)" % (f["cpu"], f["isa"]))
+    check(f["kernels"] == "bf16 gemm fp32-widened" and f["source"] == "cllm --version",
+          "its other lines are the kernels reported (%s)" % f["kernels"])
+    bad = os.path.join(tmp, "no_version.sh")
+    write_exec(bad, "#!/bin/sh\necho \"cllm: unknown command '$1'\" >&2\nexit 2\n")
+    check(machine.facts(bad)["source"] != "cllm --version", "a cllm without --version is not believed")
 
 
 def test_coretype_probe(tmp):
@@ -179,6 +202,7 @@ def main():
         test_cpuinfo(tmp)
         test_live_header(cllm)
         test_onednn_isa(cllm, tmp)
+        test_version_preferred(tmp)
         test_coretype_probe(tmp)
         test_bf16_skip(tmp)
     if failures:
