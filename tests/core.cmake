@@ -1,6 +1,7 @@
 cllm_add_c_test(test_core LABELS core)
 cllm_add_c_test(test_headers LABELS core)
 cllm_add_c_test(test_model LABELS model)
+cllm_add_c_fallback(test_model LABELS model)
 add_test(NAME check_tree COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/check_tree.sh)
 set_tests_properties(check_tree PROPERTIES LABELS core)
 cllm_add_c_test(test_topo LABELS core)

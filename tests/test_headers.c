@@ -1,6 +1,7 @@
 /* Every public header compiles on its own in strict C11 (this file is built
  * with -std=c11 -pedantic and the project's warnings). */
 #include "cllm/core.h"
+#include "cllm/cpu.h"
 #include "cllm/data.h"
 #include "cllm/dist.h"
 #include "cllm/generate.h"

@@ -13,11 +13,15 @@
  * accumulating fails.
  */
 #include "check.h"
+#include "cllm/cpu.h"
 #include "cllm/kernels.h"
 
+#include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define PREFILL 0.0625f
 
@@ -171,6 +175,116 @@ static void test_matmul_bf16(void) {
         for (int t = 0; t < 4; t++)
             for (int b = 0; b < 2; b++)
                 check_matmul_bf16_case(&r, shapes[s][0], shapes[s][1], shapes[s][2], t & 1, t >> 1, (float)b);
+}
+
+/* A bf16 GEMM too large for one widened slice on CPUs without a native
+ * bf16 GEMM ((M + N) x K floats > 32 MiB: two K slices there), checked on
+ * sampled entries against double sums of the bf16 values, for every layout,
+ * with alpha and beta = 1 (the second slice accumulates into the first). */
+static void test_matmul_bf16_sliced(void) {
+    const int M = 1100, N = 1000, K = 4300;
+    size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
+    uint16_t *A16 = xmalloc(na * sizeof *A16), *B16 = xmalloc(nb * sizeof *B16);
+    float *C0 = xmalloc(nc * sizeof *C0), *C = xmalloc(nc * sizeof *C);
+    cllm_rng r;
+    cllm_rng_seed(&r, 9);
+    for (size_t i = 0; i < na; i++) A16[i] = cllm_f32_to_bf16(cllm_rng_normal(&r));
+    for (size_t i = 0; i < nb; i++) B16[i] = cllm_f32_to_bf16(cllm_rng_normal(&r));
+    rand_fill(&r, C0, nc);
+    size_t scratch = cllm_matmul_bf16_scratch_bytes(M, N, K);
+    if (cllm_matmul_bf16_native())
+        CHECK(scratch == 0, "native bf16 GEMM reports %zu bytes of widening scratch", scratch);
+    else
+        CHECK(scratch > 0 && scratch <= ((size_t)32 << 20) && scratch < ((size_t)M + N) * K * sizeof(float),
+              "widening scratch %zu bytes: expected a K slice within 32 MiB", scratch);
+    for (int t = 0; t < 4; t++) {
+        bool ta = t & 1, tb = t >> 1;
+        memcpy(C, C0, nc * sizeof *C);
+        cllm_status st = cllm_matmul_bf16(C, A16, B16, M, N, K, ta, tb, 0.5f, 1.0f);
+        CHECK(st == CLLM_OK, "sliced bf16 GEMM ta=%d tb=%d: %s", ta, tb, cllm_last_error());
+        if (st) continue;
+        int bad = 0;
+        for (int sample = 0; sample < 200; sample++) {
+            int i = (int)(cllm_rng_u64(&r) % (uint64_t)M), j = (int)(cllm_rng_u64(&r) % (uint64_t)N);
+            double sum = 0, mag = 0;
+            for (int k = 0; k < K; k++) {
+                double a = cllm_bf16_to_f32(ta ? A16[(size_t)k * M + i] : A16[(size_t)i * K + k]);
+                double b = cllm_bf16_to_f32(tb ? B16[(size_t)j * K + k] : B16[(size_t)k * N + j]);
+                sum += a * b;
+                mag += fabs(a * b);
+            }
+            double want = 0.5 * sum + C0[(size_t)i * N + j], got = C[(size_t)i * N + j];
+            if (fabs(got - want) > 1e-5 * (0.5 * mag + fabs(C0[(size_t)i * N + j])) + 1e-6) {
+                if (bad++ < 3) fprintf(stderr, "  C[%d,%d] = %.7g, want %.7g\n", i, j, got, want);
+            }
+        }
+        CHECK(bad == 0, "sliced bf16 GEMM ta=%d tb=%d: %d of 200 sampled entries off", ta, tb, bad);
+    }
+    free(A16);
+    free(B16);
+    free(C0);
+    free(C);
+}
+
+/* The CPU facts against /proc/cpuinfo's flags (an independent reading),
+ * and the caps of CLLM_MAX_ISA / ONEDNN_MAX_CPU_ISA honoured by the bf16
+ * GEMM's choice of path. */
+static void test_cpu_detection(void) {
+    const cllm_cpu_info *c = cllm_cpu();
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[8192];
+    bool have_flags = false;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "flags", 5) == 0) {
+            have_flags = true;
+            break;
+        }
+    if (f) fclose(f);
+    if (have_flags) {
+        const struct {
+            const char *flag;
+            bool ours;
+        } m[] = {{" avx2 ", c->avx2}, {" fma ", c->fma}, {" avx512f ", c->avx512f}, {" avx512bw ", c->avx512bw},
+                 {" avx512_bf16 ", c->avx512_bf16}, {" amx_bf16 ", c->amx_bf16}};
+        size_t len = strlen(line);
+        if (len && line[len - 1] == '\n') line[len - 1] = ' ';
+        for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
+            bool kernel_says = strstr(line, m[i].flag) != NULL;
+            CHECK(kernel_says == m[i].ours, "CPU flag%s: /proc/cpuinfo says %d, cllm_cpu %d", m[i].flag, kernel_says,
+                  m[i].ours);
+        }
+    }
+    CHECK(c->isa <= c->detected, "isa %s above the detected %s", cllm_isa_name(c->isa), cllm_isa_name(c->detected));
+    CHECK(c->detected < CLLM_ISA_AVX2 || (c->avx2 && c->fma), "level %s without avx2+fma", cllm_isa_name(c->detected));
+    CHECK(c->detected < CLLM_ISA_AVX512 || c->avx512f, "level %s without avx512f", cllm_isa_name(c->detected));
+    cllm_isa cap;
+    const char *env = getenv("CLLM_MAX_ISA");
+    if (env && cllm_isa_parse(env, &cap)) {
+        CHECK(c->isa <= cap, "CLLM_MAX_ISA=%s not honoured: isa %s", env, cllm_isa_name(c->isa));
+        if (cap < CLLM_ISA_AVX512) CHECK(!cllm_matmul_bf16_native(), "CLLM_MAX_ISA=%s: bf16 GEMM still native", env);
+    }
+    const char *denv = getenv("ONEDNN_MAX_CPU_ISA");
+    if (denv && (!strcasecmp(denv, "AVX2") || !strcasecmp(denv, "SSE41")))
+        CHECK(!cllm_matmul_bf16_native(), "ONEDNN_MAX_CPU_ISA=%s: bf16 GEMM still native", denv);
+    if (c->isa < CLLM_ISA_AVX512) CHECK(!cllm_matmul_bf16_native(), "bf16 GEMM native below avx512");
+#if defined(__x86_64__)
+    const char *want_variant = c->isa >= CLLM_ISA_AVX512 ? "avx512" : c->isa >= CLLM_ISA_AVX2 ? "avx2" : "portable";
+#else
+    const char *want_variant = "portable";
+#endif
+    CHECK(strcmp(cllm_kernels_variant(), want_variant) == 0, "kernel build %s for isa %s, expected %s",
+          cllm_kernels_variant(), cllm_isa_name(c->isa), want_variant);
+    CHECK(strcmp(cllm_matmul_bf16_backend(), cllm_matmul_bf16_native() ? "onednn" : "fp32-widened") == 0,
+          "backend name %s", cllm_matmul_bf16_backend());
+    char desc[1024];
+    cllm_kernels_describe(desc, sizeof desc);
+    CHECK(strstr(desc, "bf16 gemm: ") && strstr(desc, cllm_matmul_bf16_backend()) &&
+              strstr(desc, cllm_isa_name(c->isa)),
+          "description lacks the choices: %s", desc);
+    cllm_isa parsed;
+    CHECK(cllm_isa_parse("AVX512_BF16", &parsed) && parsed == CLLM_ISA_AVX512_BF16, "level names are case-blind");
+    CHECK(!cllm_isa_parse("avx3", &parsed), "unknown level accepted");
+    fprintf(stderr, "%s", desc);
 }
 
 /* The array conversions agree bit for bit with the scalar converters of
@@ -618,6 +732,8 @@ int main(int argc, char **argv) {
     } else {
         test_matmul_naive();
         test_matmul_bf16();
+        test_matmul_bf16_sliced();
+        test_cpu_detection();
         test_precision_conversions();
         test_matmul_args();
         test_matmul_cache();

@@ -40,9 +40,38 @@ void cllm_matmul_cleanup(void);
 
 /* The same GEMM with bf16 operands (raw bfloat16 bit patterns, see
  * cllm_f32_to_bf16), fp32 accumulation and fp32 C; beta=1 accumulates into
- * the fp32 C. Same argument rules and cache as cllm_matmul. */
+ * the fp32 C. Same argument rules and cache as cllm_matmul. Runs on every
+ * CPU: oneDNN's bf16 kernels where it has them (AVX-512, AVX512-BF16, AMX),
+ * else the operands are widened to fp32 (exact) in slices of at most 32 MiB
+ * held by this module and the fp32 GEMM runs: the same numerics up to the
+ * summation order. */
 cllm_status cllm_matmul_bf16(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
                              bool trans_a, bool trans_b, float alpha, float beta);
+
+/* Whether cllm_matmul_bf16 runs on oneDNN's bf16 kernels (probed once with
+ * a small primitive; false when oneDNN answers "unimplemented", e.g. on
+ * AVX2 CPUs or under ONEDNN_MAX_CPU_ISA=AVX2, or when CLLM_MAX_ISA is below
+ * avx512). Thread-safe. */
+bool cllm_matmul_bf16_native(void);
+/* "onednn" or "fp32-widened": the path cllm_matmul_bf16 takes. */
+const char *cllm_matmul_bf16_backend(void);
+/* Bytes of widened-operand scratch the fallback path holds for an
+ * [M,K]x[K,N] bf16 GEMM (0 on the native path): (M + N) x kc floats, kc
+ * the K slice that keeps it within 32 MiB. The module keeps the largest
+ * such buffer of the run until cllm_matmul_cleanup. */
+size_t cllm_matmul_bf16_scratch_bytes(int M, int N, int K);
+
+/* Describes the CPU and the kernels chosen on it, one "key: value" per
+ * line (cpu, cpu features, isa, onednn version and ISA, fp32 gemm, bf16
+ * gemm), into buf (NUL-terminated, truncated to cap). Probes oneDNN on the
+ * first call. */
+void cllm_kernels_describe(char *buf, size_t cap);
+/* The build of the element-wise, norm, attention and loss kernels this
+ * process runs: "avx512" (x86-64-v4), "avx2" (x86-64-v3) or "portable",
+ * the best that cllm_cpu()->isa allows (CLLM_MAX_ISA lowers it). Every
+ * kernel of this header but the GEMMs exists in each build; the choice is
+ * made once per process. */
+const char *cllm_kernels_variant(void);
 
 /* Linear layer. The weight is kept in the layout its HF file stores:
  *   w_in_out=false: W[OUT,IN] (torch nn.Linear), out = inp @ W^T + b

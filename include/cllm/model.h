@@ -347,7 +347,9 @@ void cllm_model_params_updated(cllm_model *m);
 const char *cllm_precision_name(cllm_precision p);
 bool cllm_precision_from_name(const char *name, cllm_precision *out);
 /* Bytes the precision adds to a model of config c prepared for B x T
- * tokens (the parameter copy and the operand scratch); 0 for fp32. */
+ * tokens (the parameter copy and the operand scratch, and for bf16 on a CPU
+ * without a native bf16 GEMM the widened operands of the largest GEMM, see
+ * cllm_matmul_bf16_scratch_bytes); 0 for fp32. */
 size_t cllm_model_precision_bytes(const cllm_model_config *c, size_t buffer_len, int B, int T, cllm_precision p);
 
 #ifdef __cplusplus

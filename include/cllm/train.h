@@ -159,6 +159,9 @@ double cllm_train_measure_peak_gflops(double seconds);
 /* The same for the bf16 GEMM (cllm_matmul_bf16, 1024^3: AMX needs larger
  * shapes than fp32 to approach its peak); the MFU base of bf16 runs. */
 double cllm_train_measure_peak_gflops_bf16(double seconds);
+/* "bf16 gemm fp32-widened on avx2 (AMD EPYC ...)": the GEMM path a run of
+ * that precision takes and the CPU, for start-up logs. Static string. */
+const char *cllm_train_gemm_summary(bool bf16);
 
 #ifdef __cplusplus
 }

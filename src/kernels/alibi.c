@@ -12,6 +12,7 @@
  * arguments, torch's is one ulp away for a few heads (NH=48 head 14, for one),
  * so the two agree to within an ulp rather than bit for bit.
  */
+#include "variant.h" /* first: renames the kernels to their ISA variant */
 #include <math.h>
 
 #include "cllm/kernels.h"

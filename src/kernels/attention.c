@@ -36,6 +36,7 @@
  * caches for incremental decoding (queries and keys always cover the same T
  * positions), and half-precision inputs.
  */
+#include "variant.h" /* first: renames the kernels to their ISA variant */
 #include <assert.h>
 #include <math.h>
 #include <stddef.h>

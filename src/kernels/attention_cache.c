@@ -27,6 +27,7 @@
  * Left out: a backward (inference only), paged or ring-buffer caches,
  * padding masks for sequences of different lengths in one batch.
  */
+#include "variant.h" /* first: renames the kernels to their ISA variant */
 #include <assert.h>
 #include <math.h>
 #include <stddef.h>

@@ -4,6 +4,7 @@
  *
  * Left out: broadcasting and other binary ops (the models need only this).
  */
+#include "variant.h" /* first: renames the kernels to their ISA variant */
 #include "cllm/kernels.h"
 
 #include <string.h>

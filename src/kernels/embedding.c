@@ -9,6 +9,7 @@
  * Left out: token id validation (the caller checks ids against V once, at
  * the data boundary) and sparse gradients.
  */
+#include "variant.h" /* first: renames the kernels to their ISA variant */
 #include "cllm/kernels.h"
 
 #include <omp.h>

@@ -8,6 +8,7 @@
  *
  * Left out: the erf form (no model here uses it).
  */
+#include "variant.h" /* first: renames the kernels to their ISA variant */
 #include "cllm/kernels.h"
 
 #include "exp_impl.h"

@@ -10,6 +10,7 @@
  *
  * Left out: LayerNorm without affine parameters (every model here has them).
  */
+#include "variant.h" /* first: renames the kernels to their ISA variant */
 #include "cllm/kernels.h"
 
 #include <math.h>

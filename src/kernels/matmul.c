@@ -24,6 +24,16 @@
  * time, so a run's results (and a resumed run's) are reproducible.
  *
  * cllm_matmul_bf16 shares the cache (the data type is part of the key).
+ * Where oneDNN has no bf16 matmul for the CPU (oneDNN 2.x implements it
+ * for AVX-512 and up only; an AVX2 CPU answers "unimplemented"), or where
+ * CLLM_MAX_ISA caps cllm below avx512, the bf16 GEMM widens its operands to
+ * fp32 and runs the fp32 GEMM: a bf16 value is exact in fp32, so this is
+ * the same product with fp32 accumulation, only the summation order may
+ * differ from oneDNN's. The widened operands live in one scratch buffer of
+ * this module, at most BF16_WIDEN_BYTES: larger products are cut along K
+ * into slices that each fit, accumulated into C (beta = 1 after the
+ * first). The buffer grows to the largest slice seen and is released by
+ * cllm_matmul_cleanup.
  *
  * Left out: beta other than 0 or 1 (unused by the models), batched GEMM,
  * data types other than fp32 and bf16, and cllm_linear_* bias fusion into the primitive (the
@@ -32,6 +42,10 @@
 #include "cllm/kernels.h"
 
 #include <dnnl.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cllm/cpu.h"
 #include <dnnl_debug.h>
 #include <pthread.h>
 #include <string.h>
@@ -106,8 +120,12 @@ static cllm_status entry_build(gemm_entry *e, float alpha) {
         if (!st) st = dnnl_check(dnnl_primitive_attr_set_post_ops(attr, post), "set post-ops");
         if (st) goto undo_post;
     }
-    st = dnnl_check(dnnl_primitive_desc_create(&pd, &desc, attr, g_engine, NULL),
-                    "primitive_desc_create");
+    dnnl_status_t ds = dnnl_primitive_desc_create(&pd, &desc, attr, g_engine, NULL);
+    /* "no bf16 kernel for this CPU" is not an error: the caller widens */
+    if (ds == dnnl_unimplemented && e->bf16)
+        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "oneDNN has no bf16 matmul for this CPU");
+    else
+        st = dnnl_check(ds, "primitive_desc_create");
     if (!st) st = dnnl_check(dnnl_primitive_create(&e->prim, pd), "primitive_create");
     if (!st) st = dnnl_check(dnnl_memory_create(&e->mem_a, &md_a, g_engine, DNNL_MEMORY_NONE), "memory (A)");
     if (!st) st = dnnl_check(dnnl_memory_create(&e->mem_b, &md_b, g_engine, DNNL_MEMORY_NONE), "memory (B)");
@@ -230,16 +248,165 @@ cllm_status cllm_matmul(float *C, const float *A, const float *B, int M, int N, 
     return run_primitive(C, A, B, M, N, K, trans_a, trans_b, alpha, beta, false);
 }
 
-/* bf16 operands, fp32 accumulation and fp32 C. Always the matmul
- * primitive: oneDNN 2.x has no BLAS-style bf16 GEMM, and measured on this
- * machine the primitive's AMX kernels run every layout at 0.45-2 TFLOP/s on
- * 2 threads (NT is the slowest), 2-10x the fp32 GEMM. */
+/* ------------------------------------------------------- bf16 (native or widened) */
+
+/* Upper bound of the widened-operand scratch of the fallback path. */
+#define BF16_WIDEN_BYTES ((size_t)32 << 20)
+
+static pthread_mutex_t g_wlock = PTHREAD_MUTEX_INITIALIZER; /* taken before g_lock, never after */
+static float *g_wbuf;
+static size_t g_wcap; /* floats */
+
+static pthread_once_t g_probe_once = PTHREAD_ONCE_INIT;
+static bool g_bf16_native;
+
+/* Whether oneDNN builds a bf16 matmul here: one small primitive, kept in
+ * the cache like any other. Capped by CLLM_MAX_ISA below avx512. */
+static void probe_bf16(void) {
+    g_bf16_native = false;
+    if (cllm_cpu()->isa < CLLM_ISA_AVX512) return;
+    pthread_mutex_lock(&g_lock);
+    gemm_entry *e = NULL;
+    cllm_status st = engine_init();
+    if (!st) st = cache_get(&e, 32, 32, 32, false, false, 1.0f, false, true);
+    pthread_mutex_unlock(&g_lock);
+    g_bf16_native = st == CLLM_OK;
+    cllm_error_clear();
+}
+
+bool cllm_matmul_bf16_native(void) {
+    pthread_once(&g_probe_once, probe_bf16);
+    return g_bf16_native;
+}
+
+const char *cllm_matmul_bf16_backend(void) { return cllm_matmul_bf16_native() ? "onednn" : "fp32-widened"; }
+
+/* The K slice of the widened path: the largest multiple of 16 (or all of
+ * K) whose two widened operand slices, (M + N) x kc floats, fit the
+ * budget; then evened out so the slices have equal lengths. */
+static int widen_slice(int M, int N, int K) {
+    size_t row = ((size_t)M + (size_t)N) * sizeof(float);
+    size_t fit = BF16_WIDEN_BYTES / row;
+    if (fit >= (size_t)K) return K;
+    int kc = fit < 16 ? 16 : (int)(fit / 16 * 16);
+    int n = (K + kc - 1) / kc;
+    kc = (K + n - 1) / n;
+    return (kc + 15) / 16 * 16 < K ? (kc + 15) / 16 * 16 : K;
+}
+
+size_t cllm_matmul_bf16_scratch_bytes(int M, int N, int K) {
+    if (M <= 0 || N <= 0 || K <= 0 || cllm_matmul_bf16_native()) return 0;
+    return ((size_t)M + (size_t)N) * (size_t)widen_slice(M, N, K) * sizeof(float);
+}
+
+/* dst[rows, kc] = fp32 of src[rows, ld] columns k0..k0+kc-1. */
+static void widen_cols(float *dst, const uint16_t *src, int rows, int ld, int k0, int kc) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const uint16_t *s = src + (size_t)r * (size_t)ld + k0;
+        float *d = dst + (size_t)r * (size_t)kc;
+#pragma omp simd
+        for (int k = 0; k < kc; k++) {
+            uint32_t u = (uint32_t)s[k] << 16;
+            memcpy(&d[k], &u, sizeof u);
+        }
+    }
+}
+
+/* dst[n] = fp32 of src[n] (a contiguous block of rows). */
+static void widen_block(float *dst, const uint16_t *src, size_t n) {
+    long len = (long)n;
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < len; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        memcpy(&dst[i], &u, sizeof u);
+    }
+}
+
+/* C = alpha * op(A) @ op(B) + beta * C with A, B widened slice by slice
+ * along K. Each slice keeps the operands' transposition: A stored [M,K]
+ * gives a [M,kc] slice (columns), A stored [K,M] a [kc,M] one (rows);
+ * likewise B. */
+static cllm_status widened_gemm(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K, bool trans_a,
+                                bool trans_b, float alpha, float beta) {
+    int kc = widen_slice(M, N, K);
+    size_t need = ((size_t)M + (size_t)N) * (size_t)kc;
+    cllm_status st = CLLM_OK;
+    pthread_mutex_lock(&g_wlock);
+    if (need > g_wcap) {
+        float *p = cllm_alloc(need * sizeof(float), "widened bf16 GEMM operands");
+        if (!p) {
+            pthread_mutex_unlock(&g_wlock);
+            return CLLM_ERR_NOMEM;
+        }
+        cllm_free(g_wbuf);
+        g_wbuf = p;
+        g_wcap = need;
+    }
+    float *a = g_wbuf, *b = g_wbuf + (size_t)M * (size_t)kc;
+    for (int k0 = 0; k0 < K && !st; k0 += kc) {
+        int n = K - k0 < kc ? K - k0 : kc;
+        if (trans_a)
+            widen_block(a, A + (size_t)k0 * (size_t)M, (size_t)n * (size_t)M);
+        else
+            widen_cols(a, A, M, K, k0, n);
+        if (trans_b)
+            widen_cols(b, B, N, K, k0, n);
+        else
+            widen_block(b, B + (size_t)k0 * (size_t)N, (size_t)n * (size_t)N);
+        st = cllm_matmul(C, a, b, M, N, n, trans_a, trans_b, alpha, k0 == 0 ? beta : 1.0f);
+    }
+    pthread_mutex_unlock(&g_wlock);
+    return st;
+}
+
+/* bf16 operands, fp32 accumulation and fp32 C: oneDNN's matmul primitive
+ * where it has a bf16 kernel (measured on an AVX-512 machine with AMX: every
+ * layout at 0.45-2 TFLOP/s on 2 threads, 2-10x the fp32 GEMM), else the
+ * widened fp32 path. */
 cllm_status cllm_matmul_bf16(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K, bool trans_a,
                              bool trans_b, float alpha, float beta) {
     bool done = false;
     cllm_status st = gemm_args(C, A, B, M, N, K, beta, &done);
     if (st || done) return st;
-    return run_primitive(C, A, B, M, N, K, trans_a, trans_b, alpha, beta, true);
+    if (cllm_matmul_bf16_native()) {
+        st = run_primitive(C, A, B, M, N, K, trans_a, trans_b, alpha, beta, true);
+        if (st != CLLM_ERR_UNSUPPORTED) return st;
+        cllm_error_clear(); /* this shape has no bf16 kernel: widen */
+    }
+    return widened_gemm(C, A, B, M, N, K, trans_a, trans_b, alpha, beta);
+}
+
+void cllm_kernels_describe(char *buf, size_t cap) {
+    const cllm_cpu_info *c = cllm_cpu();
+    const dnnl_version_t *v = dnnl_version();
+    char feats[160] = "";
+    const struct {
+        bool on;
+        const char *name;
+    } f[] = {{c->avx2, "avx2"},         {c->fma, "fma"},         {c->f16c, "f16c"},
+             {c->avx512f, "avx512f"},   {c->avx512bw, "avx512bw"}, {c->avx512vl, "avx512vl"},
+             {c->avx512dq, "avx512dq"}, {c->avx512_vnni, "avx512_vnni"}, {c->avx512_bf16, "avx512_bf16"},
+             {c->amx_tile, "amx_tile"}, {c->amx_bf16, "amx_bf16"}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].on) {
+            size_t len = strlen(feats);
+            snprintf(feats + len, sizeof feats - len, "%s%s", len ? " " : "", f[i].name);
+        }
+    const char *dnnl_isa = dnnl_cpu_isa2str(dnnl_get_effective_cpu_isa());
+    if (dnnl_isa && strncmp(dnnl_isa, "cpu_isa_", 8) == 0) dnnl_isa += 8;
+    snprintf(buf, cap,
+             "cpu: %s (%d logical CPUs)\n"
+             "cpu features: %s\n"
+             "isa: %s%s%s\n"
+             "onednn: %d.%d.%d, isa %s\n"
+             "fp32 gemm: onednn\n"
+             "bf16 gemm: %s\n"
+             "kernels: %s\n",
+             c->model[0] ? c->model : "unknown", c->n_cpus, feats[0] ? feats : "none", cllm_isa_name(c->isa),
+             c->capped ? ", capped by CLLM_MAX_ISA from " : "", c->capped ? cllm_isa_name(c->detected) : "",
+             v->major, v->minor, v->patch, dnnl_isa, cllm_matmul_bf16_backend(),
+             cllm_kernels_variant());
 }
 
 /* Frees every cached primitive, the stream and the engine. Safe to call at
@@ -252,6 +419,11 @@ void cllm_matmul_cleanup(void) {
     g_stream = NULL;
     g_engine = NULL;
     pthread_mutex_unlock(&g_lock);
+    pthread_mutex_lock(&g_wlock);
+    cllm_free(g_wbuf);
+    g_wbuf = NULL;
+    g_wcap = 0;
+    pthread_mutex_unlock(&g_wlock);
 }
 
 /* ---------------------------------------------------------------- linear

@@ -8,6 +8,7 @@
  *
  * Left out: the "1 + weight" (Gemma) variant and no-weight RMSNorm.
  */
+#include "variant.h" /* first: renames the kernels to their ISA variant */
 #include "cllm/kernels.h"
 
 #include <math.h>

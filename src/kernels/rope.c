@@ -11,6 +11,7 @@
  * Left out: RoPE scaling variants (linear/NTK/YaRN), partial rotary
  * dimensions and the interleaved (GPT-J) pairing.
  */
+#include "variant.h" /* first: renames the kernels to their ISA variant */
 #include "cllm/kernels.h"
 
 #include <math.h>

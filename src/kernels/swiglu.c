@@ -8,6 +8,7 @@
  * Left out: the fused [gate|up] layout (the model passes two pointers, which
  * covers both separate and fused projections).
  */
+#include "variant.h" /* first: renames the kernels to their ISA variant */
 #include "cllm/kernels.h"
 
 #include "exp_impl.h"

@@ -4,6 +4,7 @@
  * include/cllm/kernels.h. The sums follow xent.c (fp32 within blocks of
  * 512, double across blocks), so a one-rank call gives xent.c's values.
  */
+#include "variant.h" /* first: renames the kernels to their ISA variant */
 #include <math.h>
 #include <omp.h>
 #include <string.h>

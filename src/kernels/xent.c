@@ -13,6 +13,7 @@
  * Left out: label smoothing, class weights, and target validation (the
  * caller checks targets against V once, at the data boundary).
  */
+#include "variant.h" /* first: renames the kernels to their ISA variant */
 #include "cllm/kernels.h"
 #include "exp_impl.h"
 

@@ -64,10 +64,29 @@ static size_t scratch_elems(const cllm_model_config *c, int B, int T) {
 
 static size_t round64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
+/* The widened-operand scratch cllm_matmul_bf16 keeps on CPUs without a
+ * native bf16 GEMM: the largest over the three GEMMs (forward, input
+ * gradient, weight gradient) of every linear layer and of a logits chunk. */
+static size_t widen_bytes(const cllm_model_config *c, int B, int T) {
+    int N = B * T, C = c->n_embd, F = c->n_inner, Q = c->n_head * c->head_dim, QKV = model_qkv_width(c);
+    int rows = model_logit_chunk(c, N);
+    const int lin[][3] = {{N, C, QKV}, {N, Q, C}, {N, C, F}, {N, F, C}, {rows, C, c->vocab_size}}; /* rows, IN, OUT */
+    size_t best = 0;
+    for (size_t i = 0; i < sizeof lin / sizeof lin[0]; i++) {
+        int n = lin[i][0], in = lin[i][1], out = lin[i][2];
+        size_t g[3] = {cllm_matmul_bf16_scratch_bytes(n, out, in), cllm_matmul_bf16_scratch_bytes(n, in, out),
+                       cllm_matmul_bf16_scratch_bytes(out, in, n)};
+        for (int j = 0; j < 3; j++)
+            if (g[j] > best) best = g[j];
+    }
+    return round64(best);
+}
+
 size_t cllm_model_precision_bytes(const cllm_model_config *c, size_t buffer_len, int B, int T, cllm_precision p) {
     if (p == CLLM_PREC_FP32 || (unsigned)p >= CLLM_PREC_COUNT) return 0;
     size_t es = elem_size(p);
-    return round64(buffer_len * es) + 2 * round64(scratch_elems(c, B, T) * es);
+    return round64(buffer_len * es) + 2 * round64(scratch_elems(c, B, T) * es) +
+           (p == CLLM_PREC_BF16 ? widen_bytes(c, B, T) : 0);
 }
 
 void model_lp_release(cllm_model *m) {

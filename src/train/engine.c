@@ -872,12 +872,12 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if (c->log != CLLM_LOG_MODE_QUIET)
         fprintf(stderr,
                 "cllm train: %zu parameters, %llu samples, steps %ld..%ld of %ld x %d tokens "
-                "(micro %ld x accumulation %ld x dp %d), %s, %s lr %g, peak %.1f GFLOP/s%s\n",
+                "(micro %ld x accumulation %ld x dp %d), %s, %s lr %g, peak %.1f GFLOP/s (%s)%s\n",
                 cllm_model_n_params(tr->m), (unsigned long long)cllm_loader_size(tr->train), first + 1,
                 c->train_iters, c->train_batch_size, c->seq_len, c->train_micro_batch_size_per_gpu,
                 c->gradient_accumulation_steps, c->dp_size, cllm_opt_name(c->optim.type),
                 cllm_sched_name(c->sched.type), c->optim.lr, tr->peak_gflops,
-                resume_dir ? " (resumed)" : "");
+                cllm_train_gemm_summary(c->bf16_enabled), resume_dir ? " (resumed)" : "");
     if ((st = train_zero_report(&tr->zero, c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0))) goto done;
     if (tr->pipe && (st = pipe_report(tr, false))) goto done;
     if (c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0) {

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cllm/cpu.h"
 #include "cllm/io.h"
 #include "cllm/kernels.h"
 #include "train_impl.h"
@@ -171,3 +172,11 @@ static double peak_gflops(int n, bool bf16, double seconds) {
 double cllm_train_measure_peak_gflops(double seconds) { return peak_gflops(512, false, seconds); }
 
 double cllm_train_measure_peak_gflops_bf16(double seconds) { return peak_gflops(1024, true, seconds); }
+
+const char *cllm_train_gemm_summary(bool bf16) {
+    static _Thread_local char buf[160];
+    const cllm_cpu_info *c = cllm_cpu();
+    snprintf(buf, sizeof buf, "%s gemm %s on %s, %s", bf16 ? "bf16" : "fp32", bf16 ? cllm_matmul_bf16_backend() : "onednn",
+             cllm_isa_name(c->isa), c->model[0] ? c->model : "unknown CPU");
+    return buf;
+}

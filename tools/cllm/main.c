@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "cllm/core.h"
+#include "cllm/cpu.h"
+#include "cllm/kernels.h"
 #include "commands.h"
 
 typedef struct {
@@ -59,7 +61,8 @@ int tool_fail(const char *cmd) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: cllm <command> [flags]    (cllm <command> --help for its flags)\n\ncommands:\n");
+    fprintf(f, "usage: cllm <command> [flags]    (cllm <command> --help for its flags)\n"
+               "       cllm --version            (the CPU, its ISA and the kernels chosen on it)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
 }
@@ -72,6 +75,16 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
         usage(stdout);
         return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+        char info[1024];
+        cllm_kernels_describe(info, sizeof info);
+        printf("cllm %s\n%s", CLLM_VERSION_STRING, info);
+        return 0;
+    }
+    if (cllm_cpu_check_env()) {
+        fprintf(stderr, "cllm: %s\n", cllm_last_error());
+        return 2;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (strcmp(argv[1], commands[i].name) == 0) return commands[i].fn(argc - 2, argv + 2);
