@@ -7,10 +7,10 @@ that every figure carries the CPU and instruction set it was measured on.
 
 prints, for example,
 
-  machine: AMD EPYC (AuthenticAMD family 25 model 1); 2 logical CPUs, 2 usable;
-  isa: avx2 fma, lacking avx512f avx512_bf16 amx; oneDNN 2.6.3 isa: avx2;
-  cllm: fp32 gemm onednn, bf16 gemm none (oneDNN has no bf16 matmul below
-  avx512_core); load 1.52
+  machine: AMD EPYC (2 logical CPUs) [AuthenticAMD family 25 model 1]; 2
+  logical CPUs, 2 usable; isa flags: avx2 fma, lacking avx512f avx512_bf16
+  amx; oneDNN 2.6.3, isa avx2; cllm: isa avx2, fp32 gemm onednn, bf16 gemm
+  fp32-widened, kernels avx2; load 1.52
 
 (on one line). The parts:
   - the CPU model from /proc/cpuinfo ("model name"; vendor, family and
@@ -20,14 +20,17 @@ prints, for example,
     avx512f, avx512_bf16, amx (amx_bf16 + amx_tile);
   - oneDNN's effective ISA, asked of the libdnnl that cllm is linked with
     (dnnl_get_effective_cpu_isa, which honours ONEDNN_MAX_CPU_ISA);
-  - the GEMM kernels cllm uses for fp32 and bf16;
+  - the kernels cllm chose (from `cllm --version`; for a binary without it,
+    inferred: fp32 GEMM on oneDNN, bf16 GEMM on oneDNN from avx512_core up);
   - the 1-minute load average (this machine may be shared).
 
-Where `cllm --version` succeeds and prints "key: value" lines, its "cpu" and
-"isa" lines replace the /proc/cpuinfo ones, a "onednn" line replaces the
-oneDNN part, and every other line (e.g. "bf16 gemm: onednn|fp32-widened")
-is reported as a kernel choice: cllm's own account of what it chose is
-preferred to this script's inference.
+Where `cllm --version` succeeds and prints "key: value" lines, cllm's own
+account is preferred to this script's inference: its "cpu" line names the
+CPU (the vendor, family and model numbers are kept beside it), its "onednn"
+line replaces the oneDNN part, and its other lines ("isa: avx2", "fp32 gemm:
+onednn", "bf16 gemm: onednn|fp32-widened", "kernels: avx2", ...) are the
+kernel choices reported; the ISA flags always come from /proc/cpuinfo
+(cllm's "cpu features" line lists more than the five that matter here).
 
 Python benchmarks call header(cllm); shell benchmarks run this file.
 Nothing here fails: a fact that cannot be read is reported as unknown.
@@ -147,7 +150,7 @@ def facts(cllm=None):
         usable = os.cpu_count() or 0
     isa = ", ".join(x for x in (" ".join(have), "lacking " + " ".join(lack) if lack else "") if x) or "unknown"
     version, visa = dnnl_isa(cllm)
-    onednn = "oneDNN %s isa: %s" % (version, visa) if version else "oneDNN isa: unknown (libdnnl not found)"
+    onednn = "oneDNN %s, isa %s" % (version, visa) if version else "oneDNN: unknown (libdnnl not found)"
     if visa is None:
         bf16 = "unknown"
     elif visa in DNNL_BF16_ISAS:
@@ -160,12 +163,10 @@ def facts(cllm=None):
         kernels = []
         for key, value in reported:
             if key == "cpu":
-                cpu = value
-            elif key == "isa":
-                isa = value
+                cpu = value + (" [%s]" % ident if ident else "")
             elif key in ("onednn", "dnnl"):
                 onednn = "oneDNN " + value
-            elif key not in ("cllm", "version"):
+            elif key not in ("cllm", "version", "cpu features"):
                 kernels.append("%s %s" % (key, value))
     try:
         load = "%.2f" % os.getloadavg()[0]
@@ -179,7 +180,7 @@ def facts(cllm=None):
 def header(cllm=None):
     """One line naming the CPU, its core count and ISA, oneDNN's ISA and cllm's kernels."""
     f = facts(cllm)
-    return ("machine: %s; %s; isa: %s; %s; cllm: %s; load %s"
+    return ("machine: %s; %s; isa flags: %s; %s; cllm: %s; load %s"
             % (f["cpu"], f["cpus"], f["isa"], f["onednn"], f["kernels"] or "(none reported)", f["load"]))
 
 

@@ -79,16 +79,20 @@ def test_live_header(cllm):
     check(own.startswith("machine: "), "header line starts with 'machine: '")
     check(m is None or m.group(1).strip() in own, "header names /proc/cpuinfo's model name")
     check("%d logical CPUs" % os.cpu_count() in own, "header gives the logical CPU count")
-    isa = re.search(r"isa: ([^;]*);", own).group(1)
+    isa = re.search(r"isa flags: ([^;]*);", own).group(1)
     have = isa.split("lacking")[0].replace(",", " ").split()
     for flag in ("avx2", "fma", "avx512f", "avx512_bf16"):
         check((flag in flags) == (flag in have), "header's isa part agrees with /proc/cpuinfo on %s" % flag)
     # where cllm --version names the CPU, ISA and kernels, the header carries its values
     h = machine.header(cllm)
     print(h)
-    reported = machine.cllm_version(cllm)
-    check(all(value in h for key, value in reported if key not in ("cllm", "version")),
+    reported = dict(machine.cllm_version(cllm))
+    check(all(value in h for key, value in reported.items() if key not in ("cllm", "version", "cpu features")),
           "every line of cllm --version (%d) is in the header" % len(reported))
+    if "bf16 gemm" in reported:
+        # oneDNN 2.x runs bf16 natively from AVX-512 up; without avx512f cllm must widen to fp32
+        want = "onednn" if "avx512f" in flags else "fp32-widened"
+        check(("bf16 gemm " + want) in h, "bf16 gemm is %s on a CPU %s avx512f" % (want, "with" if "avx512f" in flags else "without"))
 
 
 def dnnl_verbose_isa(cllm, tmp, env):
@@ -122,7 +126,7 @@ def test_onednn_isa(cllm, tmp):
     p = subprocess.run([sys.executable, os.path.join(HERE, "..", "bench", "machine.py"), "--cllm", cllm, "--json"],
                        capture_output=True, text=True, env=env)
     f = json.loads(p.stdout)
-    check(f["onednn"].endswith("isa: sse41"), "ONEDNN_MAX_CPU_ISA=SSE41 reads back as sse41 (%s)" % f["onednn"])
+    check(f["onednn"].endswith("isa sse41"), "ONEDNN_MAX_CPU_ISA=SSE41 reads back as sse41 (%s)" % f["onednn"])
     if f["source"] != "cllm --version":  # else cllm names its kernels itself
         check("bf16 gemm none" in f["kernels"],
               "below avx512_core no oneDNN bf16 matmul is claimed (%s)" % f["kernels"])
@@ -131,13 +135,14 @@ def test_onednn_isa(cllm, tmp):
 def test_version_preferred(tmp):
     fake = os.path.join(tmp, "fake_version.sh")
     write_exec(fake, '#!/bin/sh\n[ "$1" = --version ] || exit 2\n'
-                     'printf "cllm 9.9\\ncpu: Example CPU 7 (4 cores)\\nisa: avx2 fma\\n'
-                     'bf16 gemm: fp32-widened\\n"\n')
+                     'printf "cllm 9.9\\ncpu: Example CPU 7 (4 logical CPUs)\\ncpu features: avx2 fma f16c\\n'
+                     'isa: avx2\\nonednn: 9.1.0, isa avx2\\nbf16 gemm: fp32-widened\\nkernels: avx2\\n"\n')
     f = machine.facts(fake)
-    check(f["cpu"] == "Example CPU 7 (4 cores)" and f["isa"] == "avx2 fma",
-          "cllm --version's cpu and isa lines replace /proc/cpuinfo's (%s; %s)" % (f["cpu"], f["isa"]))
-    check(f["kernels"] == "bf16 gemm fp32-widened" and f["source"] == "cllm --version",
+    check(f["cpu"].startswith("Example CPU 7 (4 logical CPUs)"), "cllm --version's cpu line names the CPU (%s)" % f["cpu"])
+    check(f["onednn"] == "oneDNN 9.1.0, isa avx2", "and its onednn line the oneDNN part (%s)" % f["onednn"])
+    check(f["kernels"] == "isa avx2, bf16 gemm fp32-widened, kernels avx2" and f["source"] == "cllm --version",
           "its other lines are the kernels reported (%s)" % f["kernels"])
+    check("lacking" in f["isa"] or "avx512f" in f["isa"], "the ISA flags still come from /proc/cpuinfo (%s)" % f["isa"])
     bad = os.path.join(tmp, "no_version.sh")
     write_exec(bad, "#!/bin/sh\necho \"cllm: unknown command '$1'\" >&2\nexit 2\n")
     check(machine.facts(bad)["source"] != "cllm --version", "a cllm without --version is not believed")
