@@ -481,8 +481,8 @@ def main():
     print("cllm/torch = torch median step time / cllm median step time (throughput ratio, >1 means cllm is faster).")
     print("FLOPs per step = 6*P_mm*B*T + 6*L*B*T^2*A (see the script's docstring).")
     print("of matmul peak: achieved GFLOP/s over the fp32 GEMM peak cllm measures at start-up (same threads, same run);")
-    print("for the bf16 rows, over the bf16 GEMM peak cllm measures at start-up of its bf16 runs (1024^3, whatever")
-    print("bf16 GEMM this CPU gets: AMX or AVX512-BF16 where present; see the machine line).")
+    print("for the bf16 rows, over the bf16 GEMM peak cllm measures at start-up of its bf16 runs (1024^3, on the")
+    print("bf16 gemm path the machine line names: onednn (AVX-512, AVX512-BF16, AMX) or fp32-widened).")
     for impl, why in skipped.items():
         print("skipped: %s rows, %s" % (impl, why))
     print("torch BLAS: %s" % ", ".join(rows[0][5]) if rows else "")
