@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds cllm and runs the whole test suite twice: a Release build with
 # warnings as errors, then an AddressSanitizer + UndefinedBehaviorSanitizer
-# build running the suite again (tests labelled "nosan" are left out: they
-# exercise only other programs, such as the tokenizer oracle). Exits non-zero
-# on any failure.
+# build running the suite again: every test but those labelled "nosan"
+# (memory measurements, which shadow memory would distort), the mpirun tests
+# included (with leak detection off for them: tests/CMakeLists.txt says
+# why). Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}

@@ -40,7 +40,9 @@ import argparse, json, os, random, shutil, struct, subprocess, sys, tempfile
 import numpy as np
 
 FAILS = []
-MPIRUN = ["timeout", "-k", "5", "60", "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
+# the sanitizer build runs slower: its ctest sets CLLM_TEST_TIME_SCALE
+SCALE = int(os.environ.get("CLLM_TEST_TIME_SCALE", "1"))
+MPIRUN = ["timeout", "-k", "5", str(60 * SCALE), "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
 
 
 def check(cond, msg):
@@ -83,7 +85,7 @@ class Env:
     def run(self, args, np_=0):
         env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
         cmd = (MPIRUN + ["-np", str(np_), self.cllm] if np_ else [self.cllm]) + args
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=90)
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=90 * SCALE)
         return p
 
     def init(self, arch, *sets):
@@ -288,7 +290,7 @@ def errors(env):
     b = env.config("b.json", model, seed=8)
     cmd = MPIRUN + ["-np", "1", env.cllm, "train", "--config", a, "--out", env.path("m"), ":",
                     "-np", "1", env.cllm, "train", "--config", b, "--out", env.path("m")]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=90,
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=90 * SCALE,
                        env=dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE"))
     check(p.returncode not in (0, 124, 137), f"config mismatch: exit {p.returncode}")
     check("rank 1 has a different training config than rank 0" in p.stderr,

@@ -3,13 +3,21 @@
 #                        (GQA, MQA, non-power-of-two ALiBi), cached attention vs a
 #                        float64 reference, sampler distributions, streaming
 #                        detokenization (C, also run under ASan/UBSan)
+#   test_decode          the library decode loop (cllm_generation): tokens and
+#                        log-probs against a plain cache loop, EOS lists, length,
+#                        context limit, cancel, stop strings with hold-back on real
+#                        tokenizers, bad arguments (C, also run under ASan/UBSan)
 #   generate_torch       greedy continuations of tiny random models compared token
 #                        by token with a plain-PyTorch reference of each family
 #   generate_cli         the cllm generate command: streamed UTF-8 text, EOS,
 #                        context limit, error paths and exit codes
+#   generate_stop_cli    cllm generate --stop: output cut before the first stop
+#                        string of the same run's text, usage errors
 cllm_add_c_test(test_generate LABELS generate ARGS ${CLLM_FIXTURES}/hf)
+cllm_add_c_test(test_decode LABELS generate ARGS ${CLLM_FIXTURES}/hf)
 cllm_add_py_test(generate_torch ref/generate_ref.py LABELS generate)
 cllm_add_py_test(generate_cli generate_cli.py LABELS generate cli ARGS --fixtures ${CLLM_FIXTURES}/hf)
+cllm_add_py_test(generate_stop_cli generate_stop_cli.py LABELS generate cli ARGS --fixtures ${CLLM_FIXTURES}/hf)
 # Many tiny parallel regions: with spinning waits, a loaded machine turns
 # each barrier into a scheduler time slice.
-set_tests_properties(test_generate PROPERTIES ENVIRONMENT "OMP_WAIT_POLICY=PASSIVE")
+set_tests_properties(test_generate test_decode PROPERTIES ENVIRONMENT "OMP_WAIT_POLICY=PASSIVE")

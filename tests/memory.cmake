@@ -15,9 +15,15 @@ if(CLLM_SANITIZE)
 else()
   set_tests_properties(memory_estimate PROPERTIES TIMEOUT 180)
 endif()
-# The same for pipeline and tensor ranks under mpirun (per-rank peak RSS).
+# The same for pipeline and tensor ranks under mpirun (per-rank peak RSS);
+# nosan: a sanitizer's shadow memory makes RSS meaningless.
 find_program(CLLM_MPIRUN_MEM mpirun)
 if(CLLM_HAVE_MPI AND CLLM_MPIRUN_MEM)
   cllm_add_py_test(memory_parallel memory_parallel_test.py LABELS mpi nosan)
   set_tests_properties(memory_parallel PROPERTIES TIMEOUT 240)
+endif()
+# cllm_matmul_workspace against the peak RSS rise of single GEMMs
+# (label kernel). Not under sanitizers: shadow memory is resident too.
+if(NOT CLLM_SANITIZE)
+  cllm_add_c_test(test_gemm_work LABELS kernel)
 endif()

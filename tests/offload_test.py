@@ -151,9 +151,10 @@ def case_checkpoint(env):
 
 
 def case_errors(env):
-    def fails(out, offload, want, **kw):
+    # rc 1: found when the run opens nvme_path; rc 2: a config error, found when the config is read
+    def fails(out, offload, want, rc=1, **kw):
         p = env.train(out, offload=offload, **kw)
-        check(p.returncode == 1 and want in p.stderr, f"{out}: rc {p.returncode}, want '{want}': {p.stderr}")
+        check(p.returncode == rc and want in p.stderr, f"{out}: rc {p.returncode}, want '{want}': {p.stderr}")
 
     fails("missing", {"device": "nvme", "nvme_path": env.path("no", "such")},
           "zero_optimization.offload_optimizer.nvme_path")
@@ -161,8 +162,8 @@ def case_errors(env):
         f.write("x")
     fails("notdir", {"device": "nvme", "nvme_path": env.path("afile")}, "is not a folder")
     fails("unwritable", {"device": "nvme", "nvme_path": "/proc"}, "cannot create")
-    fails("nopath", {"device": "nvme"}, "nvme_path: required")
-    fails("count", nvme(env, buffer_count=2), "buffer_count")
+    fails("nopath", {"device": "nvme"}, "zero_optimization.offload_optimizer.nvme_path: required", rc=2)
+    fails("count", nvme(env, buffer_count=2), "zero_optimization.offload_optimizer.buffer_count", rc=2)
     p = env.train("param", zero_optimization={"stage": 2, "offload_param": {"device": "nvme", "nvme_path": env.nvme}})
     check(p.returncode != 0 and "offload_param" in p.stderr and "stage 3" in p.stderr,
           f"offload_param below stage 3: {p.stderr}")

@@ -1,11 +1,11 @@
 # Sharded ZeRO checkpoints (label: mpi): save on one world size and ZeRO
 # stage, resume on another, convert to an HF folder, corrupted and
 # interrupted saves (shard_test.py). Registered like dist.cmake: only with
-# MPI and mpirun; nosan for OpenMPI's leaks at MPI_Init.
+# MPI and mpirun (label mpi: see dist.cmake).
 find_program(CLLM_MPIRUN mpirun)
 if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
   foreach(case resume convert errors)
-    cllm_add_py_test(shard_${case} shard_test.py LABELS mpi nosan ARGS --case ${case})
+    cllm_add_py_test(shard_${case} shard_test.py LABELS mpi ARGS --case ${case})
     set_tests_properties(shard_${case} PROPERTIES TIMEOUT 120)
   endforeach()
 endif()

@@ -607,6 +607,15 @@ static void test_prepared(void) {
     }
     cllm_loader_free(raw);
     cllm_loader_free(prep);
+    /* A padding id (GPT-2's EOS, 50256, from the .mask header) outside a
+     * smaller model's vocabulary is refused when the data is opened, not
+     * left to read past the embedding table when a short row is padded. */
+    prep = NULL;
+    o.vocab_size = 50000;
+    CHECK(cllm_loader_open(&prep, &o) == CLLM_ERR_FORMAT && strstr(cllm_last_error(), "padding id 50256") &&
+              strstr(cllm_last_error(), ".mask") && !prep,
+          "padding id outside the vocabulary refused at open: %s", cllm_last_error());
+    o.vocab_size = 50257;
     /* Packed: windows of T tokens with stride T-1 over the documents. */
     CHECK(prepare(f, pk, 1, true, 0, &r) == CLLM_OK, "%s", cllm_last_error());
     o.spec = pk;

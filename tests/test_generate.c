@@ -97,6 +97,100 @@ static void check_cache(const char *name, cllm_arch arch, const char *extra, int
     cllm_model_free(m);
 }
 
+/* Ragged batches on a paged cache: three sequences at different positions,
+ * adding different numbers of tokens per call (some sitting calls out),
+ * one of them reset and restarted with another text mid-way, over a pool of
+ * small blocks. After every call the logits of each sequence that added
+ * tokens must equal the last-position logits of a full forward over that
+ * sequence's own prefix, and the pool must account for every block. */
+static void check_ragged(const char *name, cllm_arch arch, const char *extra) {
+    enum { NSEQ = 3, L = 16, BS = 4, CALLS = 6 };
+    cllm_model *m = make_model(arch, extra, 13);
+    CHECK(m != NULL, "%s: model", name);
+    if (!m) return;
+    const int V = cllm_model_get_config(m)->vocab_size;
+    /* tokens added per call; call 4 restarts sequence 1 */
+    const int sched[CALLS][NSEQ] = {{5, 0, 2}, {1, 7, 3}, {1, 1, 0}, {1, 1, 1}, {2, 4, 1}, {0, 1, 1}};
+    int32_t text[NSEQ + 1][L], call_tok[NSEQ * L];
+    uint64_t x = 777;
+    for (int i = 0; i < NSEQ + 1; i++)
+        for (int t = 0; t < L; t++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            text[i][t] = (int32_t)((x >> 33) % (uint64_t)V);
+        }
+    float *got = malloc(sizeof(float) * NSEQ * V), *ref = malloc(sizeof(float) * V);
+    cllm_kv_cache_params p = cllm_kv_cache_params_default();
+    p.max_seqs = NSEQ;
+    p.max_pos = L;
+    p.max_rows = 12;
+    p.block_size = BS;
+    p.n_blocks = 8;
+    cllm_kv_cache *kv = NULL;
+    CHECK(cllm_model_prepare(m, 1, L, false) == CLLM_OK, "%s: prepare", name);
+    CHECK(cllm_kv_cache_init_paged(&kv, m, &p) == CLLM_OK, "%s: init: %s", name, cllm_last_error());
+    int pos[NSEQ] = {0}, which[NSEQ] = {0, 1, 2};
+    double worst = 0;
+    for (int c = 0; kv && c < CALLS; c++) {
+        if (c == 4) { /* sequence 1 finishes; its slot starts another text */
+            CHECK(cllm_kv_cache_seq_rewind(kv, 1, 0) == CLLM_OK, "%s: reset", name);
+            pos[1] = 0;
+            which[1] = 3;
+        }
+        int n = 0;
+        for (int i = 0; i < NSEQ; i++)
+            for (int t = 0; t < sched[c][i]; t++) call_tok[n++] = text[which[i]][pos[i] + t];
+        for (int i = 0; i < NSEQ * V; i++) got[i] = NAN;
+        cllm_status st = cllm_kv_cache_forward_ragged(kv, call_tok, sched[c], got);
+        CHECK(st == CLLM_OK, "%s: call %d: %s", name, c, cllm_last_error());
+        if (st) break;
+        int used = 0;
+        for (int i = 0; i < NSEQ; i++) {
+            pos[i] += sched[c][i];
+            used += (pos[i] + BS - 1) / BS;
+            CHECK(cllm_kv_cache_seq_pos(kv, i) == pos[i], "%s: call %d: sequence %d at %d, expected %d", name, c, i,
+                  cllm_kv_cache_seq_pos(kv, i), pos[i]);
+            if (!sched[c][i]) {
+                CHECK(isnan(got[(size_t)i * V]), "%s: call %d: logits of idle sequence %d written", name, c, i);
+                continue;
+            }
+            CHECK(cllm_model_forward_logits(m, text[which[i]], 1, pos[i], ref) == CLLM_OK, "%s: full forward", name);
+            double e = max_rel(got + (size_t)i * V, ref, (size_t)V);
+            worst = fmax(worst, e);
+            CHECK(e <= 1e-5, "%s: call %d: sequence %d (%d positions) differs by %.3g", name, c, i, pos[i], e);
+        }
+        CHECK(cllm_kv_cache_blocks_free(kv) == p.n_blocks - used, "%s: call %d: %d blocks free, expected %d", name, c,
+              cllm_kv_cache_blocks_free(kv), p.n_blocks - used);
+    }
+    /* the pool is nearly full: a call needing more blocks than are free
+     * fails with a message and changes nothing */
+    if (kv) {
+        int before[NSEQ], free_before = cllm_kv_cache_blocks_free(kv), add[NSEQ] = {0, 0, 8};
+        for (int i = 0; i < NSEQ; i++) before[i] = cllm_kv_cache_seq_pos(kv, i);
+        for (int t = 0; t < 8; t++) call_tok[t] = 1;
+        CHECK(cllm_kv_cache_forward_ragged(kv, call_tok, add, got) == CLLM_ERR_NOMEM &&
+                  strstr(cllm_last_error(), "blocks"),
+              "%s: pool exhausted: %s", name, cllm_last_error());
+        CHECK(cllm_kv_cache_blocks_free(kv) == free_before, "%s: failed call kept blocks", name);
+        for (int i = 0; i < NSEQ; i++) CHECK(cllm_kv_cache_seq_pos(kv, i) == before[i], "%s: failed call moved", name);
+        int bad[NSEQ] = {1, -1, 0};
+        CHECK(cllm_kv_cache_forward_ragged(kv, call_tok, bad, got) == CLLM_ERR_ARG, "%s: negative count", name);
+        int one[NSEQ] = {0, 1, 0};
+        call_tok[0] = V;
+        CHECK(cllm_kv_cache_forward_ragged(kv, call_tok, one, got) == CLLM_ERR_ARG &&
+                  strstr(cllm_last_error(), "sequence 1"),
+              "%s: bad id names its sequence: %s", name, cllm_last_error());
+        CHECK(cllm_kv_cache_seq_rewind(kv, 3, 0) == CLLM_ERR_ARG, "%s: no sequence 3", name);
+        for (int i = 0; i < NSEQ; i++) CHECK(cllm_kv_cache_seq_rewind(kv, i, 0) == CLLM_OK, "%s: reset %d", name, i);
+        CHECK(cllm_kv_cache_blocks_free(kv) == p.n_blocks, "%s: all blocks back after resets", name);
+    }
+    printf("%-28s ragged/paged  max relative logit error %.2e\n", name, worst);
+    fflush(stdout);
+    cllm_kv_cache_free(kv);
+    free(got);
+    free(ref);
+    cllm_model_free(m);
+}
+
 static void test_cache_errors(void) {
     cllm_model *m = make_model(CLLM_ARCH_GPT2, "{\"n_positions\": 16}", 3);
     CHECK(m != NULL, "gpt2 model");
@@ -138,42 +232,80 @@ static void test_cache_errors(void) {
     cllm_model_free(m);
 }
 
-/* cllm_attention_forward_cached against a float64 loop over the same cache. */
+/* cllm_attention_forward_paged against a float64 loop over each sequence's
+ * keys in logical order: three sequences at different positions adding
+ * different numbers of rows (ragged), their positions scattered over a
+ * pool of blocks in shuffled order, with block sizes that do and do not
+ * divide the lengths, including one block holding a whole sequence (the
+ * contiguous layout). */
 static void test_attention_kernel(void) {
-    enum { B = 2, T = 3, PAST = 5, S = 10, NH = 6, NKV = 2, HS = 12 };
-    static float q[B * T * NH * HS], out[B * T * NH * HS], kc[B * NKV * S * HS], vc[B * NKV * S * HS];
+    enum { NSEQ = 3, NH = 6, NKV = 2, HS = 12, SMAX = 16, NBLK = 16 };
+    const int past[NSEQ] = {5, 0, 9}, n_new[NSEQ] = {3, 1, 2};
+    int32_t rows[NSEQ + 1] = {0}, pastv[NSEQ];
+    for (int i = 0; i < NSEQ; i++) rows[i + 1] = rows[i] + n_new[i], pastv[i] = past[i];
+    const int N = rows[NSEQ];
+    static float q[6 * NH * HS], out[6 * NH * HS], keys[NSEQ][NKV][SMAX][HS], vals[NSEQ][NKV][SMAX][HS];
+    static float kpool[NBLK * NKV * SMAX * HS], vpool[NBLK * NKV * SMAX * HS];
     float slopes[NH];
     cllm_rng r;
     cllm_rng_seed(&r, 5);
-    for (size_t i = 0; i < sizeof q / sizeof *q; i++) q[i] = cllm_rng_normal(&r);
-    for (size_t i = 0; i < sizeof kc / sizeof *kc; i++) kc[i] = cllm_rng_normal(&r), vc[i] = cllm_rng_normal(&r);
+    for (int i = 0; i < N * NH * HS; i++) q[i] = cllm_rng_normal(&r);
+    for (int i = 0; i < NSEQ; i++)
+        for (int g = 0; g < NKV; g++)
+            for (int t = 0; t < SMAX; t++)
+                for (int d = 0; d < HS; d++) keys[i][g][t][d] = cllm_rng_normal(&r), vals[i][g][t][d] = cllm_rng_normal(&r);
     cllm_alibi_slopes(slopes, NH);
     const float scale = 1.0f / sqrtf((float)HS);
-    for (int use_alibi = 0; use_alibi < 2; use_alibi++) {
-        cllm_attention_forward_cached((cllm_view){out, NH * HS, HS}, (cllm_cview){q, NH * HS, HS}, kc, vc,
-                                      use_alibi ? slopes : NULL, B, T, PAST, S, NH, NKV, HS, scale);
-        double worst = 0;
-        for (int b = 0; b < B; b++)
-            for (int t = 0; t < T; t++)
-                for (int h = 0; h < NH; h++) {
-                    int g = h / (NH / NKV), p = PAST + t;
-                    const float *qr = q + ((b * T + t) * NH + h) * HS;
-                    const float *kb = kc + ((size_t)(b * NKV + g) * S) * HS, *vb = vc + ((size_t)(b * NKV + g) * S) * HS;
-                    double sc[S], mx = -INFINITY, sum = 0;
-                    for (int s = 0; s <= p; s++) {
-                        double d = 0;
-                        for (int i = 0; i < HS; i++) d += (double)qr[i] * kb[s * HS + i];
-                        sc[s] = d * scale + (use_alibi ? (double)slopes[h] * (s - p) : 0);
-                        mx = fmax(mx, sc[s]);
-                    }
-                    for (int s = 0; s <= p; s++) sum += sc[s] = exp(sc[s] - mx);
-                    for (int i = 0; i < HS; i++) {
-                        double o = 0;
-                        for (int s = 0; s <= p; s++) o += sc[s] / sum * vb[s * HS + i];
-                        worst = fmax(worst, fabs(o - out[((b * T + t) * NH + h) * HS + i]));
-                    }
+    const int block_sizes[] = {4, 3, 16};
+    for (size_t bsi = 0; bsi < sizeof block_sizes / sizeof *block_sizes; bsi++) {
+        const int BS = block_sizes[bsi], MB = (SMAX + BS - 1) / BS;
+        int32_t table[NSEQ * SMAX];
+        /* block ids handed out in a shuffled order */
+        int perm[NBLK];
+        for (int i = 0; i < NBLK; i++) perm[i] = i;
+        for (int i = NBLK - 1; i > 0; i--) {
+            int j = (int)(cllm_rng_u64(&r) % (uint64_t)(i + 1)), t = perm[i];
+            perm[i] = perm[j], perm[j] = t;
+        }
+        int used = 0;
+        for (int i = 0; i < NSEQ; i++)
+            for (int b = 0; b < MB; b++) table[i * MB + b] = b * BS < past[i] + n_new[i] ? perm[used++] : -1;
+        CHECK(used <= NBLK, "test pool too small");
+        for (int i = 0; i < NSEQ; i++)
+            for (int pos = 0; pos < past[i] + n_new[i]; pos++)
+                for (int g = 0; g < NKV; g++) {
+                    size_t at = (((size_t)table[i * MB + pos / BS] * NKV + g) * BS + (size_t)(pos % BS)) * HS;
+                    memcpy(kpool + at, keys[i][g][pos], sizeof(float) * HS);
+                    memcpy(vpool + at, vals[i][g][pos], sizeof(float) * HS);
                 }
-        CHECK(worst < 1e-5, "cached attention (alibi %d) differs from the float64 reference by %g", use_alibi, worst);
+        for (int use_alibi = 0; use_alibi < 2; use_alibi++) {
+            memset(out, 0, sizeof out);
+            cllm_attention_forward_paged((cllm_view){out, NH * HS, HS}, (cllm_cview){q, NH * HS, HS}, kpool, vpool,
+                                         table, MB, BS, rows, pastv, use_alibi ? slopes : NULL, NSEQ, NH, NKV, HS,
+                                         scale);
+            double worst = 0;
+            for (int i = 0; i < NSEQ; i++)
+                for (int t = 0; t < n_new[i]; t++)
+                    for (int h = 0; h < NH; h++) {
+                        int g = h / (NH / NKV), p = past[i] + t, row = rows[i] + t;
+                        const float *qr = q + ((size_t)row * NH + h) * HS;
+                        double sc[SMAX], mx = -INFINITY, sum = 0;
+                        for (int s2 = 0; s2 <= p; s2++) {
+                            double d = 0;
+                            for (int k = 0; k < HS; k++) d += (double)qr[k] * keys[i][g][s2][k];
+                            sc[s2] = d * scale + (use_alibi ? (double)slopes[h] * (s2 - p) : 0);
+                            mx = fmax(mx, sc[s2]);
+                        }
+                        for (int s2 = 0; s2 <= p; s2++) sum += sc[s2] = exp(sc[s2] - mx);
+                        for (int k = 0; k < HS; k++) {
+                            double o = 0;
+                            for (int s2 = 0; s2 <= p; s2++) o += sc[s2] / sum * vals[i][g][s2][k];
+                            worst = fmax(worst, fabs(o - out[((size_t)row * NH + h) * HS + k]));
+                        }
+                    }
+            CHECK(worst < 1e-5, "paged attention (block %d, alibi %d) differs from the float64 reference by %g", BS,
+                  use_alibi, worst);
+        }
     }
 }
 
@@ -430,6 +562,9 @@ int main(int argc, char **argv) {
     check_cache("bloom", CLLM_ARCH_BLOOM, "{\"initializer_range\": 0.2}", 2, 3, 5, 12);
     check_cache("bloom 6 heads (ALiBi non-pow2)", CLLM_ARCH_BLOOM,
                 "{\"initializer_range\": 0.2, \"hidden_size\": 48, \"n_head\": 6}", 2, 1, 4, 10);
+    check_ragged("gpt2", CLLM_ARCH_GPT2, "{\"initializer_range\": 0.2}");
+    check_ragged("llama GQA 4/2", CLLM_ARCH_LLAMA, "{\"initializer_range\": 0.2}");
+    check_ragged("bloom", CLLM_ARCH_BLOOM, "{\"initializer_range\": 0.2}");
     test_cache_errors();
     test_attention_kernel();
     test_sampler_probs();

@@ -170,6 +170,22 @@ static void test_config_errors(void) {
     expect_config_error("{\"model_type\":\"bloom\",\"vocab_size\":10,\"hidden_size\":8,\"n_layer\":1,\"n_head\":2,"
                         "\"apply_residual_connection_post_layernorm\":true}",
                         "apply_residual_connection_post_layernorm");
+    /* sizes past the limits are refused before any layout arithmetic */
+    expect_config_error("{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"intermediate_size\":8,"
+                        "\"num_hidden_layers\":100000,\"num_attention_heads\":2}",
+                        "layer count 100000 exceeds the supported maximum of 4096 (n_layer / num_hidden_layers)");
+    expect_config_error("{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"intermediate_size\":8,"
+                        "\"num_hidden_layers\":1000000000,\"num_attention_heads\":2}",
+                        "'num_hidden_layers' must be a positive integer of at most 2^28, got 1000000000");
+    expect_config_error("{\"model_type\":\"gpt2\",\"vocab_size\":100000000,\"n_positions\":8,\"n_embd\":8,"
+                        "\"n_layer\":1,\"n_head\":2}",
+                        "vocabulary size 100000000 exceeds");
+    expect_config_error("{\"model_type\":\"bloom\",\"vocab_size\":10,\"hidden_size\":268435456,\"n_layer\":1,"
+                        "\"n_head\":2}",
+                        "hidden size 268435456 exceeds");
+    expect_config_error("{\"model_type\":\"bloom\",\"vocab_size\":10,\"hidden_size\":1073741824,\"n_layer\":1,"
+                        "\"n_head\":2}",
+                        "'hidden_size' must be a positive integer of at most 2^28");
     json_t *p = NULL;
     CHECK(cllm_model_preset(&p, CLLM_ARCH_LLAMA, "huge") == CLLM_ERR_ARG && strstr(cllm_last_error(), "llama-100M"),
           "unknown preset message: %s", cllm_last_error());

@@ -408,6 +408,16 @@ def test_errors(cllm, tmp):
     for cmd in ("grad", "train", "init"):
         r = run([cllm, cmd, "--no-such-flag", "1"])
         check("unknown flag: cllm %s exits 2" % cmd, r.returncode == 2, describe(r))
+    # A --set key the family does not have (gpt2's n_layer on llama) is a
+    # usage error naming it, not a silently ignored key; a valid one works.
+    r = run([cllm, "init", "--arch", "llama", "--set", "n_layer=4", "--out", os.path.join(tmp, "init-bad-set")])
+    check("init --set unknown key exits 2 naming it",
+          r.returncode == 2 and "'n_layer' is not a llama config key" in r.stderr
+          and not os.path.exists(os.path.join(tmp, "init-bad-set")), describe(r))
+    r = run([cllm, "init", "--arch", "llama", "--set", "num_hidden_layers=3", "--out", os.path.join(tmp, "init-set")])
+    with open(os.path.join(tmp, "init-set", "config.json")) as f:
+        layers = json.load(f).get("num_hidden_layers")
+    check("init --set num_hidden_layers=3 applies", r.returncode == 0 and layers == 3, describe(r))
 
 
 def main():

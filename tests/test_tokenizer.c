@@ -393,6 +393,9 @@ static void test_bad_files(void) {
     expect_load_error(dir, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -3}, \"merges\": []}}", CLLM_ERR_FORMAT,
                       "vocab");
     expect_load_error(dir, "[1, 2]", CLLM_ERR_FORMAT, "object");
+    /* no vocabulary: nothing could be encoded; refused instead of encoding every text to [] */
+    expect_load_error(dir, "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", CLLM_ERR_FORMAT,
+                      "model.vocab is empty");
     /* a minimal valid tokenizer with a malformed tokenizer_config.json */
     char *cfg = path_join(dir, "tokenizer_config.json");
     write_file(cfg, "{\"model_max_length\": 12,,}");

@@ -20,9 +20,12 @@ static json_t *js(const char *text) {
     return j;
 }
 
+/* process_topology as a config gives it: read, then placed in a world */
 static cllm_status topo(cllm_topo *t, const char *text, int world, int rank) {
     json_t *j = text ? js(text) : NULL;
-    cllm_status st = cllm_topo_init(t, j, world, rank, "cfg.json");
+    cllm_topo_layout l;
+    cllm_status st = cllm_topo_layout_parse(&l, j, "cfg.json");
+    if (!st) st = cllm_topo_init(t, &l, world, rank, "cfg.json");
     json_decref(j);
     return st;
 }
@@ -91,7 +94,10 @@ static cllm_model_config config(cllm_arch arch, int n_layer) {
 
 static cllm_status split(const cllm_model_config *c, int n, const char *parts, cllm_stage *st) {
     json_t *j = parts ? js(parts) : NULL;
-    cllm_status s = cllm_topo_partition(c, n, j, st, "cfg.json");
+    cllm_topo_parts *p = malloc(sizeof *p);
+    cllm_status s = p ? cllm_topo_parts_parse(p, j, "cfg.json") : CLLM_ERR_NOMEM;
+    if (!s) s = cllm_topo_partition(c, n, p, st, "cfg.json");
+    free(p);
     json_decref(j);
     return s;
 }
@@ -127,7 +133,12 @@ static void test_partition(void) {
               strstr(cllm_last_error(), "sums to 33, but the model has 32 blocks"),
           "bad sum: %s", cllm_last_error());
     CHECK(split(&c, 8, "[1, 5, 5]", st) != CLLM_OK && strstr(cllm_last_error(), "has 3 entries"), "wrong length");
-    CHECK(split(&c, 2, "[0, 32]", st) != CLLM_OK && strstr(cllm_last_error(), "parts[0]"), "empty stage");
+    CHECK(split(&c, 2, "[0, 32]", st) != CLLM_OK && strstr(cllm_last_error(), "cfg.json: model_topo.parts[0]"),
+          "empty stage: %s", cllm_last_error());
+    CHECK(split(&c, 2, "[1, 40]", st) != CLLM_OK && strstr(cllm_last_error(), "cfg.json: model_topo.parts[1]"),
+          "a stage larger than the model: %s", cllm_last_error());
+    CHECK(split(&c, 2, "{\"a\": 1}", st) != CLLM_OK && strstr(cllm_last_error(), "model_topo.parts: expected an array"),
+          "not an array: %s", cllm_last_error());
     CHECK(split(&c, 33, "\"uniform\"", st) != CLLM_OK && strstr(cllm_last_error(), "only 32 units"),
           "too many stages: %s", cllm_last_error());
     CHECK(split(&c, 2, "\"balanced\"", st) != CLLM_OK, "unknown method");

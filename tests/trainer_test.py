@@ -119,6 +119,12 @@ def case_config(env):
     check(cfg["fp16"]["enabled"] is False and cfg["fp16"]["initial_scale_power"] == 16, "fp16 defaults")
     check(cfg["scheduler"]["type"] == "constant", "no scheduler = constant")
     check(cfg["weight_decay_skip"] == ["bias", "norm"], "no-decay default")
+    # a block of the wrong type is the file's error naming the key, even
+    # where flags would write into it (it used to be replaced by AdamW)
+    for bad, key in (({"optimizer": 5}, "optimizer"), ({"optimizer": {"params": [1]}}, "optimizer.params"),
+                     ({"data": 7}, "data")):
+        cfg, p = print_config(env, dict(bad, train_batch_size=4, train_iters=5), "--lr", "0.1", rc=2)
+        check(p.returncode == 2 and f"{key}: expected an object" in p.stderr, f"{bad}: {p.stderr}")
     # Adam with adam_w_mode false is L2-coupled Adam
     cfg, p = print_config(env, {"train_batch_size": 4, "train_iters": 5,
                                 "optimizer": {"type": "Adam", "params": {"adam_w_mode": False}}})
@@ -149,6 +155,70 @@ def case_config(env):
     check(p.returncode == 2 and "unknown key 'foo'" in p.stderr, f"--strict rejects: {p.stderr}")
     _, p = print_config(env, {"train_batch_size": 4, "train_iters": 5, "gradient_clipping": "x"}, rc=2)
     check(p.returncode == 2 and "gradient_clipping" in p.stderr, "wrong type names the key")
+    # a wrong type or value at a nested key names the full key path and the value
+    base = {"train_batch_size": 4, "train_iters": 5}
+    for extra, want in [
+        ({"zero_optimization": {"offload_param": {"device": 5}}},
+         'zero_optimization.offload_param.device: expected "cpu", "nvme" or "none", got 5'),
+        ({"zero_optimization": {"offload_optimizer": {"device": "disk"}}},
+         'zero_optimization.offload_optimizer.device: expected "cpu", "nvme" or "none", got "disk"'),
+        ({"zero_optimization": {"reduce_bucket_size": "big"}},
+         'zero_optimization.reduce_bucket_size: expected a number of elements, got "big"'),
+        ({"zero_optimization": {"allgather_bucket_size": 0}}, "zero_optimization.allgather_bucket_size: 0 (expected"),
+        ({"zero_optimization": {"stage3_param_persistence_threshold": -1}},
+         "zero_optimization.stage3_param_persistence_threshold: -1 (expected"),
+        ({"zero_optimization": {"overlap_comm": 1}}, "zero_optimization.overlap_comm: expected true or false, got 1"),
+        ({"zero_optimization": {"offload_optimizer": {"device": "cpu", "buffer_count": "x"}}},
+         'zero_optimization.offload_optimizer.buffer_count: expected an integer, got "x"'),
+        ({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}},
+         "zero_optimization.offload_optimizer.nvme_path: required"),
+        ({"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 2}}},
+         "zero_optimization.offload_optimizer.buffer_count: 2 (expected 3 to 64"),
+        ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": 7}}},
+         "zero_optimization.offload_param.nvme_path: expected a string, got 7"),
+        ({"zero_optimization": {"offload_param": []}}, "zero_optimization.offload_param: expected an object, got []"),
+        ({"optimizer": {"type": "SGD", "params": 3}}, "optimizer.params: expected an object, got 3"),
+        ({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 1.5}}},
+         "scheduler.params.warmup_num_steps: expected an integer, got 1.5"),
+        ({"fp16": {"enabled": "yes"}}, 'fp16.enabled: expected true or false, got "yes"'),
+        ({"activation_checkpointing": {"cpu_checkpointing": 1}},
+         "activation_checkpointing.cpu_checkpointing: expected true or false, got 1"),
+        ({"model": {"arch": "llama", "preset": "tiny", "set": 1}}, "model.set: expected an object, got 1"),
+        ({"model": {"arch": "gpt3", "preset": "tiny"}}, "model.arch: unknown architecture 'gpt3'"),
+        ({"data": {"seq_len": 1}}, "data.seq_len: 1 is out of range (minimum 2)"),
+        ({"model_topo": {"process_topology": {"axis": ["pipe", "data"], "dims": [0, 2]}}},
+         "model_topo.process_topology.dims[0] (pipe): expected a positive integer"),
+        ({"model_topo": {"parts": [1, "x"]}}, "model_topo.parts[1]: expected a positive number of blocks"),
+        ({"model_topo": {"schedule": "zigzag"}}, 'model_topo.schedule: expected "gpipe" or "1f1b", got "zigzag"'),
+    ]:
+        _, p = print_config(env, {**base, **extra}, rc=2)
+        check(p.returncode == 2 and "c.json: " + want in p.stderr, f"{extra}: want '{want}': {p.stderr}")
+    # an unknown nested key is named by its path: a warning, or an error with --strict
+    c = {**base, "zero_optimization": {"offload_param": {"device": "cpu", "nvme_pth": "/x"}}}
+    cfg, p = print_config(env, c)
+    check(cfg is not None and "unknown key 'zero_optimization.offload_param.nvme_pth' ignored" in p.stderr,
+          f"nested unknown key warned: {p.stderr}")
+    _, p = print_config(env, c, "--strict", rc=2)
+    check(p.returncode == 2 and "unknown key 'zero_optimization.offload_param.nvme_pth'" in p.stderr,
+          f"nested unknown key rejected with --strict: {p.stderr}")
+    # the zero_optimization block as the run uses it, DeepSpeed's defaults filled in; "auto" sizes keep them
+    cfg, p = print_config(env, {**base, "zero_optimization": {
+        "stage": 2, "reduce_bucket_size": "auto", "allgather_bucket_size": 3e3, "overlap_comm": True,
+        "stage3_prefetch_bucket_size": "auto", "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp",
+                                                                     "buffer_size": 1024}}})
+    check(cfg is not None, f"zero block: {p.stderr}")
+    if cfg:
+        z = cfg["zero_optimization"]
+        check(z["stage"] == 2 and z["reduce_bucket_size"] == 500000000 and z["allgather_bucket_size"] == 3000
+              and z["overlap_comm"] is True and z["stage3_prefetch_bucket_size"] == 5e7
+              and z["stage3_param_persistence_threshold"] == 1e5, f"zero sizes: {z}")
+        check(z["offload_optimizer"] == {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 4, "buffer_size": 1024}
+              and z["offload_param"]["device"] == "none", f"offload blocks: {z}")
+    cfg, p = print_config(env, {**base, "model_topo": {"process_topology": {"axis": ["model", "data"], "dims": [2, -1]},
+                                                       "schedule": "gpipe"}})
+    check(cfg is not None and cfg["model_topo"] == {"process_topology": {"axis": ["tensor", "data"], "dims": [2, "auto"]},
+                                                    "parts": "parameters", "schedule": "gpipe"},
+          f"model_topo as read: {cfg and cfg['model_topo']} {p.stderr}")
     # flags override the file
     cfg, p = print_config(env, {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
                                 "gradient_accumulation_steps": 4, "train_iters": 5, "seed": 1,
@@ -268,8 +338,14 @@ def case_schedules(env):
         ("linear", {"warmup_num_steps": 3, "total_num_steps": 12}),
         ("cosine", {"warmup_num_steps": 4}),
         ("constant", {}),
+        # "auto" (HF placeholders): the peak is the optimizer's lr, warmup_num_steps 0, total the run's steps
+        ("WarmupLR", {"warmup_max_lr": "auto", "warmup_num_steps": 5}),
+        ("WarmupDecayLR", {"warmup_min_lr": 1e-4, "warmup_max_lr": "auto", "warmup_num_steps": "auto",
+                           "total_num_steps": "auto"}),
+        ("OneCycle", {"cycle_min_lr": 1e-4, "cycle_max_lr": "auto", "cycle_first_step_size": 3}),
     ]
     base = 3e-3
+    auto = {"warmup_max_lr": base, "cycle_max_lr": base, "warmup_num_steps": 0, "total_num_steps": steps}
     for i, (typ, params) in enumerate(scheds):
         out = f"s{i}"
         cfg = env.base(out, train_iters=steps, scheduler={"type": typ, "params": params},
@@ -278,7 +354,7 @@ def case_schedules(env):
         check(p.returncode == 0, f"{typ}: {p.stderr}")
         if p.returncode:
             continue
-        pp = dict(params)
+        pp = {k: auto[k] if v == "auto" else v for k, v in params.items()}
         pp.setdefault("total_num_steps", steps)
         got = [r["lr"] for r in metrics(env.path(out, "metrics.jsonl"))]
         want = [expected_lr(typ, pp, base, s - 1) for s in range(1, steps + 1)]
@@ -392,6 +468,24 @@ def case_checkpoint(env):
     os.remove(os.path.join(bad, "config.json"))
     p = env.run("eval", "--model", bad, "--data", env.eval_data, "--seq-len", "32")
     check(p.returncode == 1 and "corrupted" in p.stderr, f"eval refuses it too: {p.stderr}")
+    # what a save killed half-way leaves (a checkpoint folder being
+    # assembled, the `latest` temporary of a process that is gone) is
+    # removed at the next start; a live process's temporary is kept
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    os.makedirs(env.path("ck", ".checkpoint-9.tmp"))
+    open(env.path("ck", ".checkpoint-9.tmp", "model.safetensors"), "wb").write(b"partial")
+    open(env.path("ck", f"latest.tmp.{dead.pid}"), "w").write("checkpoint-9\n")
+    open(env.path("ck", f"model.safetensors.tmp.{os.getpid()}"), "w").write("in use")
+    cfg_again = env.base("ck", train_iters=8, save_interval=2, save_total_limit=2)
+    p = env.run("train", "--config", env.config("ck2.json", cfg_again), "--resume", "auto")
+    left = sorted(os.listdir(env.path("ck")))
+    check(p.returncode == 0 and ".checkpoint-9.tmp" not in left and f"latest.tmp.{dead.pid}" not in left,
+          f"stale temporaries removed at start: {left} {p.stderr[-300:]}")
+    check(f"model.safetensors.tmp.{os.getpid()}" in left, "a live process's temporary is kept")
+    os.remove(env.path("ck", f"model.safetensors.tmp.{os.getpid()}"))
+    with open(env.path("ck", "latest")) as f:
+        check(f.read().strip() == "checkpoint-8", "the resumed run saved and moved latest")
 
 
 def resume_cfg(env, out, steps):

@@ -72,6 +72,14 @@ typedef struct {
 cllm_status cllm_ckpt_write(const char *output_dir, const cllm_model *m, const cllm_ckpt_tensors *t,
                             const cllm_ckpt_state *st, size_t max_shard_bytes, long keep_limit);
 
+/* Removes what an interrupted save left in output_dir: checkpoint folders
+ * still being assembled (.checkpoint-STEP.tmp) and atomic-write
+ * temporaries (NAME.tmp.PID, e.g. latest.tmp.PID) whose process no longer
+ * exists. Finished checkpoints, `latest` and other files are untouched.
+ * *n_removed (may be NULL) counts the entries removed. Call before a run
+ * writes into output_dir (rank 0 only). A missing folder is CLLM_OK. */
+cllm_status cllm_ckpt_clean_stale(const char *output_dir, int *n_removed);
+
 /* Finds the checkpoint folder to resume from: `resume` "auto" means the one
  * OUTPUT_DIR/latest names (*dir = NULL and CLLM_OK when there is none yet);
  * anything else is a checkpoint folder path. *dir is malloc'd. */

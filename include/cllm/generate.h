@@ -4,12 +4,18 @@
  *
  * Three independent pieces:
  *
- *   cllm_kv_cache   per-sequence keys and values of every layer, and the
- *                   inference forward that extends them: feed the prompt once
- *                   (prefill), then one token per step; each call returns the
- *                   logits of the last new position. Works for all three
- *                   families: GPT-2 learned positions, LLaMA RoPE at absolute
- *                   positions with grouped-query heads, BLOOM ALiBi.
+ *   cllm_kv_cache   per-sequence keys and values of every layer in a paged
+ *                   pool, and the inference forward that extends them (the
+ *                   training forward's code run on new rows): feed the
+ *                   prompt once (prefill), then one token per step; each
+ *                   call returns the logits of the last new position of
+ *                   each sequence. Sequences may stand at different
+ *                   positions and add different numbers of tokens in one
+ *                   call (ragged), so a server can batch requests that
+ *                   started at different times. Works for all three
+ *                   families: GPT-2 learned positions, LLaMA RoPE at
+ *                   absolute positions with grouped-query heads, BLOOM
+ *                   ALiBi.
  *   cllm_sampler    turns logits into a token: greedy, temperature, top-k,
  *                   top-p and repetition penalty with HF semantics, from a
  *                   seeded cllm_rng so runs are reproducible.
@@ -27,9 +33,15 @@
  *       cllm_kv_cache_forward(kv, &tok, 1, logits);
  *   }
  *
- * Not thread-safe per object; different caches over one model may be used
- * from different threads (they only read the model's parameters). Kernels
- * inside a forward run multi-threaded with OpenMP.
+ * The decode loop built on the three (prefill, sample, stop rules, stop
+ * strings, streamed text, log-probabilities) is cllm_generation, at the end
+ * of this header.
+ *
+ * Not thread-safe per object. Different caches over one fp32 model may be
+ * used from different threads (they only read its parameters); a model set
+ * to bf16/fp16 (cllm_model_set_precision) also lends its operand scratch
+ * to the cached pass, so its caches must be used from one thread at a
+ * time. Kernels inside a forward run multi-threaded with OpenMP.
  */
 #ifndef CLLM_GENERATE_H
 #define CLLM_GENERATE_H
@@ -50,45 +62,84 @@ extern "C" {
 
 typedef struct cllm_kv_cache cllm_kv_cache;
 
-/* Allocates a cache for B sequences that advance in lockstep (every
- * forward call adds the same number of tokens to each), holding up to
- * max_pos positions, with scratch for up to max_chunk new tokens per
- * sequence per call. Everything is allocated here; forward calls do not
- * allocate.
- *   max_pos = 0: the model's limit (n_ctx: GPT-2 n_positions, LLaMA
- *                max_position_embeddings), or 2048 for BLOOM, which has
- *                none. A value above n_ctx is CLLM_ERR_ARG naming the limit.
- *   max_chunk = 0: max_pos (a whole prompt in one call). Smaller values
- *                save memory; callers then prefill in chunks.
- * Memory: 2 * n_layer * B * n_kv_head * max_pos * head_dim floats of cache
- * plus about B * max_chunk * (5 C + 3 F) floats of scratch.
- * `m` is borrowed: it must outlive the cache and its parameters must not
- * change while the cache holds keys computed from them.
+/* A paged cache: keys and values of up to max_seqs sequences in blocks of
+ * block_size positions from one pool of n_blocks blocks. A sequence takes
+ * blocks as it grows and gives them back when rewound or reset, so
+ * sequences that start and finish at different times share the pool.
+ *   max_seqs    sequences (slots 0..max_seqs-1)
+ *   max_pos     positions per sequence; 0 = the model's limit (n_ctx), or
+ *               2048 for BLOOM, which has none; above n_ctx: CLLM_ERR_ARG
+ *   max_rows    new rows (tokens of all sequences together) per forward
+ *               call: the scratch is sized for it; 0 = max_seqs x max_pos
+ *   block_size  positions per block (default 64)
+ *   n_blocks    blocks in the pool; 0 = enough for every sequence to reach
+ *               max_pos */
+typedef struct {
+    int max_seqs, max_pos, max_rows, block_size, n_blocks;
+} cllm_kv_cache_params;
+
+/* max_seqs 1, everything else the defaults above. */
+cllm_kv_cache_params cllm_kv_cache_params_default(void);
+
+/* Allocates a paged cache with everything it will use (pool, block tables,
+ * scratch); forward calls do not allocate. Memory: 2 * n_layer * n_blocks *
+ * block_size * n_kv_head * head_dim floats of pool plus about max_rows *
+ * (4 C + 3 F + QKV) floats of scratch. `m` is borrowed: it must outlive the
+ * cache, and its parameters must not change while the cache holds keys
+ * computed from them. A tensor-parallel part is CLLM_ERR_UNSUPPORTED.
  * Returns CLLM_OK, CLLM_ERR_ARG or CLLM_ERR_NOMEM; *out is NULL on failure. */
+cllm_status cllm_kv_cache_init_paged(cllm_kv_cache **out, const cllm_model *m, const cllm_kv_cache_params *p);
+
+/* The lockstep form: B sequences that advance together (every forward call
+ * adds the same number of tokens to each), max_pos positions each, scratch
+ * for up to max_chunk new tokens per sequence per call (0 = max_pos: a
+ * whole prompt in one call; smaller values save memory, callers then
+ * prefill in chunks). A paged cache with block_size 64 and blocks for every
+ * sequence to reach max_pos. */
 cllm_status cllm_kv_cache_init(cllm_kv_cache **out, const cllm_model *m, int B, int max_pos, int max_chunk);
 
 /* NULL is a no-op. */
 void cllm_kv_cache_free(cllm_kv_cache *kv);
 
-/* Runs tokens[B,n] (row b holds sequence b's n new tokens) at positions
- * pos..pos+n-1, where pos = cllm_kv_cache_pos(kv), appends their keys and
- * values, advances pos by n and writes the logits of the last new position
- * of each sequence to logits[B,V].
- * Errors (nothing is changed): n < 1 or n > max_chunk, pos + n beyond the
- * cache (the message names the limit and whether it is the model's), and
- * token ids outside [0, V) (named with their position): CLLM_ERR_ARG.
- * CLLM_ERR_INTERNAL if a matmul fails; the position is not advanced then
- * either, so the call can be retried. */
+/* Ragged step: sequence i adds n_new[i] >= 0 tokens (0: it sits this call
+ * out); tokens holds them packed, sequence after sequence (sum n_new
+ * ids). Each sequence's tokens go to its own next positions, their keys and
+ * values are appended, its position advances, and the logits of its last
+ * new token are written to logits[i * V ..] (rows of sequences that add
+ * nothing are left untouched; logits has max_seqs rows).
+ * Errors, with nothing changed: a negative count, more rows than max_rows,
+ * positions beyond the sequence's capacity (the message names the limit and
+ * whether it is the model's), token ids outside [0, V) (named with their
+ * sequence and index): CLLM_ERR_ARG; not enough free blocks: CLLM_ERR_NOMEM
+ * naming how many are needed and free. CLLM_ERR_INTERNAL if a matmul fails;
+ * positions do not advance then and the blocks the call took are returned,
+ * so the call can be retried. */
+cllm_status cllm_kv_cache_forward_ragged(cllm_kv_cache *kv, const int32_t *tokens, const int *n_new, float *logits);
+
+/* Lockstep step: tokens[B,n] (row b holds sequence b's n new tokens), every
+ * sequence at its own next positions; logits[B,V] of each sequence's last
+ * new token. n < 1 or n > max_rows / B is CLLM_ERR_ARG; otherwise as
+ * cllm_kv_cache_forward_ragged with n_new[i] = n. */
 cllm_status cllm_kv_cache_forward(cllm_kv_cache *kv, const int32_t *tokens, int n, float *logits);
 
-/* Number of positions filled so far (the next token's position). */
+/* Positions filled in sequence 0 (the next token's position; in lockstep
+ * use, every sequence's). */
 int cllm_kv_cache_pos(const cllm_kv_cache *kv);
-/* The cache's capacity in positions (max_pos as resolved by init). */
+/* Positions filled in sequence `seq`; -1 if there is no such sequence. */
+int cllm_kv_cache_seq_pos(const cllm_kv_cache *kv, int seq);
+/* Positions one sequence can hold (max_pos as resolved by init). */
 int cllm_kv_cache_capacity(const cllm_kv_cache *kv);
-/* Forgets positions pos..end, so the next forward continues at `pos`
- * (0 starts new sequences). pos outside [0, cllm_kv_cache_pos] is
- * CLLM_ERR_ARG. */
+/* Sequences (slots), positions per block, and blocks free in the pool. */
+int cllm_kv_cache_max_seqs(const cllm_kv_cache *kv);
+int cllm_kv_cache_block_size(const cllm_kv_cache *kv);
+int cllm_kv_cache_blocks_free(const cllm_kv_cache *kv);
+/* Forgets every sequence's positions pos..end, so the next forward
+ * continues at `pos` (0 starts new sequences). pos outside [0, filled] of
+ * any sequence is CLLM_ERR_ARG and nothing changes. */
 cllm_status cllm_kv_cache_rewind(cllm_kv_cache *kv, int pos);
+/* The same for one sequence; its blocks past `pos` go back to the pool
+ * (pos 0: the slot is free for a new sequence). */
+cllm_status cllm_kv_cache_seq_rewind(cllm_kv_cache *kv, int seq, int pos);
 
 /* ------------------------------------------------------------- sampling */
 
@@ -132,6 +183,13 @@ void cllm_sampler_free(cllm_sampler *s); /* NULL is a no-op */
 cllm_status cllm_sampler_sample(cllm_sampler *s, int32_t *token, const float *logits, const int32_t *history,
                                 size_t n_history);
 
+/* cllm_sampler_sample that also returns in *logprob the natural log of the
+ * drawn token's probability under the distribution it was drawn from (the
+ * one cllm_sampler_probs returns; 0 when greedy). Same draws as
+ * cllm_sampler_sample for the same seed. */
+cllm_status cllm_sampler_sample_logprob(cllm_sampler *s, int32_t *token, double *logprob, const float *logits,
+                                        const int32_t *history, size_t n_history);
+
 /* The distribution cllm_sampler_sample draws from: probs[V] after every
  * processor (zero for removed tokens, summing to 1; greedy: one-hot).
  * Draws nothing from the RNG. For tests and for callers that sample
@@ -161,6 +219,195 @@ cllm_status cllm_text_stream_push(cllm_text_stream *ts, int32_t id, const char *
 /* Returns whatever is still held back (an incomplete character at the end
  * of generation comes out as U+FFFD, as in a full decode). */
 cllm_status cllm_text_stream_finish(cllm_text_stream *ts, const char **text, size_t *len);
+
+/* ------------------------------------------------------- the decode loop */
+/*
+ * cllm_generation: one sequence being generated, the loop that an HTTP
+ * server's scheduler (many sequences, each stepped one token at a time,
+ * some cancelled mid-way), an RL rollout and `cllm generate` share:
+ *
+ *   cllm_generate_init(&g, model, tok, &params);   // sampler, stop strings
+ *   cllm_generate_prefill(g, prompt, n_prompt);    // cache + first logits
+ *   do cllm_generate_step(g, &ev);                 // one token per call
+ *   while (ev.finish == CLLM_FINISH_NONE);
+ *   cllm_generate_free(g);
+ *
+ * or cllm_generate_run(g, prompt, n, callback, user) for the whole loop.
+ * It is built on the public cllm_kv_cache_* (B = 1), cllm_sampler_* and
+ * cllm_text_stream_* calls above.
+ *
+ * Each step returns the token, its log-probability under the distribution
+ * it was sampled from and under the raw model (log_softmax of the
+ * unmodified logits), the text that became final, and a finish reason on
+ * the step that ends the sequence. The token of that last step is part of
+ * the sequence (an EOS included); nothing comes after it.
+ *
+ * Text (only with a tokenizer): generated tokens are decoded incrementally
+ * (cllm_text_stream: whole UTF-8 characters, special tokens skipped). With
+ * stop strings, the text is cut right before the first occurrence of any of
+ * them, and text is held back while its end could still be the beginning
+ * of a stop string, so the pieces streamed to a client never contain any
+ * part of a stop string; when the sequence finishes for another reason the
+ * held-back text is released. The concatenated pieces always equal
+ * cllm_generate_text() without the prompt.
+ *
+ * Ownership: the model and tokenizer are borrowed and must outlive the
+ * object; the parameters (stop strings and EOS list included) are copied
+ * by init. Pointers returned by the object are borrowed until the next call
+ * on it (or its free).
+ *
+ * Threads: one object is used by one thread at a time. Objects over one
+ * model and one tokenizer may run on different threads: the cache forward
+ * only reads the model's parameters, the matmuls go through one global lock
+ * (so concurrent objects take turns rather than add speed), and tokenizer
+ * decoding is thread-safe. Nothing may modify the model (training, loading
+ * new weights) while objects over it exist.
+ */
+
+typedef enum {
+    CLLM_FINISH_NONE = 0,      /* still generating */
+    CLLM_FINISH_EOS,           /* the token is one of the EOS ids */
+    CLLM_FINISH_LENGTH,        /* max_new_tokens tokens generated */
+    CLLM_FINISH_STOP_SEQUENCE, /* the text reached a stop string */
+    CLLM_FINISH_CONTEXT,       /* the model's position limit is full */
+    CLLM_FINISH_CANCELLED      /* cllm_generate_cancel or the run callback */
+} cllm_finish_reason;
+
+/* "none", "eos", "length", "stop_sequence", "context", "cancelled" (the
+ * names of TGI's finish_reason); NULL for any other value. */
+const char *cllm_finish_reason_name(cllm_finish_reason r);
+
+/* Generation parameters; cllm_generate_params_default() gives the values in
+ * brackets. */
+typedef struct {
+    int max_new_tokens;        /* [64] >= 0; counts every generated token,
+                                * a final EOS included; 0: the step after
+                                * prefill finishes with `length` at once */
+    cllm_sample_params sample; /* [cllm_sample_params_default()] */
+    uint64_t seed;             /* [0] seed of the sampler's RNG */
+    const char *const *stop;   /* [NULL] n_stop non-empty stop strings */
+    size_t n_stop;             /* [0] needs a tokenizer */
+    const int32_t *eos_ids;    /* [NULL] n_eos ids that end generation; NULL:
+                                * the config's eos_token_id (every id of a
+                                * list) and the tokenizer's EOS */
+    size_t n_eos;              /* [0] */
+    bool ignore_eos;           /* [false] never stop at EOS (benchmarks) */
+    bool include_prompt;       /* [false] cllm_generate_text starts with the
+                                * decoded prompt (TGI return_full_text); the
+                                * streamed pieces never contain it */
+} cllm_generate_params;
+
+cllm_generate_params cllm_generate_params_default(void);
+
+typedef struct cllm_generation cllm_generation;
+
+/* What one step produced. */
+typedef struct {
+    int32_t token;        /* the new token; -1 when the step produced none
+                           * (max_new_tokens 0) */
+    float logprob;        /* ln p(token) under the sampling distribution
+                           * (penalty, temperature, top-k, top-p applied;
+                           * 0 when greedy) */
+    float raw_logprob;    /* ln softmax(logits)[token] of the unmodified
+                           * logits */
+    const char *text;     /* text that became final with this step (may be
+                           * empty; "" without a tokenizer); not
+                           * NUL-terminated; borrowed until the next call */
+    size_t text_len;
+    cllm_finish_reason finish; /* CLLM_FINISH_NONE while going on */
+} cllm_generate_event;
+
+/* Counters of one sequence. */
+typedef struct {
+    size_t n_prompt;        /* prompt tokens */
+    size_t n_generated;     /* tokens produced by steps, a final EOS included */
+    size_t n_decode_forwards; /* single-token forwards (one per token but
+                                * the last) */
+    double prefill_seconds; /* the prompt's forward */
+    double decode_seconds;  /* inside cllm_generate_step (forward, sampling,
+                             * detokenization) */
+} cllm_generate_stats;
+
+/* Creates a sequence over model `m` (borrowed) and tokenizer `tok`
+ * (borrowed; NULL: no text, and then no stop strings). Allocates the
+ * sampler and copies the parameters; the cache is allocated by prefill,
+ * sized for the prompt plus max_new_tokens (at most the model's position
+ * limit). Errors (CLLM_ERR_ARG naming the parameter; *out NULL):
+ * max_new_tokens < 0, sampling parameters out of range, stop strings
+ * without a tokenizer, an empty or NULL stop string, n_eos > 0 with a NULL
+ * list, an EOS id outside the vocabulary. */
+cllm_status cllm_generate_init(cllm_generation **out, const cllm_model *m, const cllm_tokenizer *tok,
+                               const cllm_generate_params *p);
+
+/* NULL is a no-op. */
+void cllm_generate_free(cllm_generation *g);
+
+/* Runs the prompt ids[n] through the model (one forward) and prepares the
+ * first step. Once per object. CLLM_ERR_ARG (nothing changed): a second
+ * call, an empty prompt (start from the BOS token), an id outside the
+ * vocabulary (named with its position), a prompt longer than the model's
+ * position limit. CLLM_ERR_NOMEM for the cache. */
+cllm_status cllm_generate_prefill(cllm_generation *g, const int32_t *ids, size_t n);
+
+/* Generates one token and fills *ev. The step that ends the sequence has
+ * ev->finish set (its token, if any, is part of the sequence) and releases
+ * all held-back text; an incomplete UTF-8 character at the end comes out
+ * as U+FFFD. CLLM_ERR_ARG: before prefill or after the sequence finished.
+ * A failing forward (CLLM_ERR_INTERNAL) leaves the object as it was, so the
+ * step may be retried; after any other failure (out of memory, logits that
+ * are not finite, an id the tokenizer cannot decode) further steps are
+ * CLLM_ERR_ARG and only free is useful. */
+cllm_status cllm_generate_step(cllm_generation *g, cllm_generate_event *ev);
+
+/* ---- sequences whose forward passes the caller runs (batching engines,
+ * cllm/engine.h): the same sampling, stop rules, text and statistics, with
+ * the logits supplied by a shared batched forward.
+ * cllm_generate_prefill_external takes the prompt without running it;
+ * `capacity` is the positions the caller's cache holds for the sequence
+ * (context limit). Then, repeatedly: feed cllm_generate_next_input(g) (the
+ * prompt's tokens the first time, then this id) through the model, and pass
+ * the logits of the sequence's last position to cllm_generate_step_logits,
+ * which draws the next token exactly as cllm_generate_step would. Mixing
+ * the two kinds of step on one object is CLLM_ERR_ARG. */
+cllm_status cllm_generate_prefill_external(cllm_generation *g, const int32_t *ids, size_t n, int capacity);
+cllm_status cllm_generate_step_logits(cllm_generation *g, const float *logits, cllm_generate_event *ev);
+/* The last token of the sequence so far (the one to feed next); -1 before
+ * the prompt or after the finish. */
+int32_t cllm_generate_next_input(const cllm_generation *g);
+/* Ends the sequence with `why` from outside (a server's deadline, a full
+ * cache): held-back text is released unless it is CLLM_FINISH_CANCELLED
+ * (then as cllm_generate_cancel). No-op on a finished sequence. */
+cllm_status cllm_generate_end(cllm_generation *g, cllm_finish_reason why);
+
+/* Ends the sequence with CLLM_FINISH_CANCELLED; held-back text is dropped.
+ * No-op on a finished sequence. */
+void cllm_generate_cancel(cllm_generation *g);
+
+/* Called after every step with its event; return non-zero to cancel. */
+typedef int (*cllm_generate_callback)(const cllm_generate_event *ev, void *user);
+
+/* prefill(ids, n), then steps until the sequence finishes, calling cb
+ * (may be NULL) after each. When cb returns non-zero on a step that did not
+ * finish the sequence, the sequence ends as CLLM_FINISH_CANCELLED (read it
+ * with cllm_generate_finish_reason) and CLLM_OK is returned. Errors as for
+ * prefill and step. */
+cllm_status cllm_generate_run(cllm_generation *g, const int32_t *ids, size_t n, cllm_generate_callback cb,
+                              void *user);
+
+/* CLLM_FINISH_NONE until the sequence has finished. */
+cllm_finish_reason cllm_generate_finish_reason(const cllm_generation *g);
+
+/* The generated ids so far (a final EOS included) in *n; borrowed. */
+const int32_t *cllm_generate_tokens(const cllm_generation *g, size_t *n);
+
+/* The text released so far: its first *len bytes (len may be NULL once
+ * finished). Once the sequence has finished this is the whole text (cut
+ * before a stop string) and it is NUL-terminated at *len; before that,
+ * bytes held back may follow. Starts with the decoded prompt when
+ * include_prompt is set. "" without a tokenizer. Borrowed. */
+const char *cllm_generate_text(const cllm_generation *g, size_t *len);
+
+cllm_generate_stats cllm_generate_get_stats(const cllm_generation *g);
 
 #ifdef __cplusplus
 }

@@ -38,6 +38,17 @@ cllm_status cllm_matmul(float *C, const float *A, const float *B, int M, int N, 
                         bool trans_b, float alpha, float beta);
 void cllm_matmul_cleanup(void);
 
+/* Bytes oneDNN allocates (and frees again) inside one fp32 cllm_matmul call
+ * of this shape on this CPU with n_threads OpenMP threads (0: this
+ * process's omp_get_max_threads()): the packed operand panels of oneDNN's
+ * copy-based sgemm, whose blocking depends on the ISA oneDNN runs
+ * (dnnl_get_effective_cpu_isa(), so ONEDNN_MAX_CPU_ISA counts), plus, for
+ * the layouts that run the matmul primitive (trans_b), the scratchpad that
+ * primitive reports. The sgemm part follows oneDNN 2.6's driver (blocking,
+ * thread split, no-copy rule), see docs/memory.md. 0 for empty shapes.
+ * Thread-safe; does not run the GEMM. */
+size_t cllm_matmul_workspace(int M, int N, int K, bool trans_a, bool trans_b, int n_threads);
+
 /* The same GEMM with bf16 operands (raw bfloat16 bit patterns, see
  * cllm_f32_to_bf16), fp32 accumulation and fp32 C; beta=1 accumulates into
  * the fp32 C. Same argument rules and cache as cllm_matmul. Runs on every
@@ -229,21 +240,29 @@ long cllm_xent_vp_finish(float *losses, float *logits, const int32_t *targets, c
 void cllm_embedding_vp_forward(float *out, const int32_t *tokens, const float *wte, int N, int C, int v0, int V);
 void cllm_embedding_vp_backward(float *dwte, const float *dout, const int32_t *tokens, int N, int C, int v0, int V);
 
-/* ------------------------------------------------- attention over a cache
- * Causal attention of T new query rows per sequence against cached keys
- * and values, for incremental decoding. Row t of sequence b sits at
- * absolute position past + t and attends keys 0..past+t.
- *   out, q: views over [B,T] rows as in cllm_attention_forward
- *   kc, vc: [B,NKV,S,HS] cache (S = positions the cache holds); rows
- *           0..past+T-1 of each (b, g) block must be filled, including the
- *           new tokens' own keys and values
- *   alibi:  [NH] slopes or NULL; the bias is slope * (s - (past + t))
- * Requires 0 <= past, past + T <= S, HS <= CLLM_ATTN_MAX_HS, NH % NKV == 0
+/* ------------------------------------------- attention over a paged cache
+ * Causal attention of new rows against cached keys and values, for
+ * incremental decoding of several sequences at once, each at its own
+ * position (ragged). The N = rows[n_seq] new rows are packed sequence after
+ * sequence: sequence i owns rows rows[i]..rows[i+1]-1, and its row t sits
+ * at absolute position past[i] + t and attends keys 0..past[i]+t of its own
+ * sequence.
+ *   out, q:       views over the N rows as in cllm_attention_forward
+ *   kpool, vpool: one layer's blocks [n_blocks, NKV, BS, HS]
+ *   table:        [n_seq, max_blocks] block ids: position s of sequence i
+ *                 is row s % BS of block table[i * max_blocks + s / BS];
+ *                 every position up to the sequence's last new row must be
+ *                 filled (the new rows' own keys and values included)
+ *   rows:         [n_seq + 1] row offsets (rows[0] = 0); past: [n_seq]
+ *   alibi:        [NH] slopes or NULL; the bias is slope * (s - position)
+ * A contiguous cache [B, NKV, S, HS] is the case BS = S, table[i] = i.
+ * Requires HS <= CLLM_ATTN_MAX_HS, NH % NKV == 0, enough table entries
  * (asserted). No scratch, no lse: inference only. Bit-identical for any
  * thread count. */
-void cllm_attention_forward_cached(cllm_view out, cllm_cview q, const float *kc, const float *vc,
-                                   const float *alibi, int B, int T, int past, int S, int NH,
-                                   int NKV, int HS, float scale);
+void cllm_attention_forward_paged(cllm_view out, cllm_cview q, const float *kpool, const float *vpool,
+                                  const int32_t *table, int max_blocks, int BS, const int32_t *rows,
+                                  const int32_t *past, const float *alibi, int n_seq, int NH, int NKV, int HS,
+                                  float scale);
 
 #ifdef __cplusplus
 }

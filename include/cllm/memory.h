@@ -29,6 +29,13 @@
  * (its blocks' activations, its message buffers): allocated pages that are
  * never written do not become resident. ZeRO 2-3 is not available with
  * either (refused).
+ *
+ * oneDNN's GEMMs allocate packed copies of their operands during each call
+ * (cllm_matmul_workspace: its size depends on the CPU's ISA, the thread
+ * count and the shapes); the estimate adds the largest over the step's
+ * GEMMs (every linear layer's forward and two backward GEMMs, and the
+ * head's on a logits chunk), as gemm_work; a pipeline stage counts the
+ * head's GEMMs only on the last stage.
  */
 #ifndef CLLM_MEMORY_H
 #define CLLM_MEMORY_H
@@ -62,6 +69,7 @@ typedef struct {
     size_t overhead;       /* fixed process memory (code, libraries, threads) */
     int pipe;              /* pipeline stages (0 or 1: none); 1F1B, parts by parameters */
     int tensor;            /* tensor-parallel ranks (0 or 1: none) */
+    int threads;           /* OpenMP threads of the run (0: this process's omp_get_max_threads()) */
 } cllm_mem_setup;
 
 /* The estimate for one rank, in bytes. total is the sum of every line
@@ -81,13 +89,16 @@ typedef struct {
     size_t snapshot;    /* checkpoint snapshot buffers (async_save) */
     size_t precision;   /* bf16/fp16 parameter copy (whole, any stage) and operand scratch */
     size_t pipe_buffers;/* pipeline: stage inputs in flight, send/receive buffers; tensor: the final gather */
+    size_t gemm_work;   /* oneDNN's packed GEMM operands: the largest cllm_matmul_workspace over the step's GEMMs */
     size_t other;       /* token, label and target arrays of a step */
     size_t overhead;    /* setup.overhead */
     size_t total;
     cllm_act_bytes act; /* the activation buffer, part by part */
 } cllm_mem_estimate;
 
-/* Fills `out` for a model of config c trained with setup s. Fails with
+/* Fills `out` for a model of config c trained with setup s. gemm_work
+ * depends on the CPU this runs on (the ISA oneDNN picks, see
+ * cllm_matmul_workspace) and on s->threads. Fails with
  * CLLM_ERR_ARG on an impossible setup (non-positive sizes, stage > 3,
  * seq_len over the model's positions). */
 cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setup *s, cllm_mem_estimate *out);

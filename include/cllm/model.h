@@ -30,6 +30,9 @@
 extern "C" {
 #endif
 
+/* Most ids a config's eos_token_id list may hold. */
+enum { CLLM_MAX_EOS_IDS = 8 };
+
 typedef enum { CLLM_ARCH_GPT2 = 0, CLLM_ARCH_LLAMA, CLLM_ARCH_BLOOM, CLLM_ARCH_COUNT } cllm_arch;
 
 /* "gpt2", "llama", "bloom"; CLLM_ARCH_COUNT and NULL for anything else. */
@@ -52,6 +55,11 @@ typedef struct {
     bool mlp_bias;  /* llama mlp_bias */
     bool tie_embeddings;
     int bos_token_id, eos_token_id, pad_token_id; /* -1 when absent */
+    /* Every id of eos_token_id (HF allows a list, e.g. Llama 3's
+     * [128001, 128009]); eos_token_id is the first, n_eos_token_ids = 0 when
+     * absent. Lists longer than CLLM_MAX_EOS_IDS are a format error. */
+    int eos_token_ids[CLLM_MAX_EOS_IDS];
+    int n_eos_token_ids;
 } cllm_model_config;
 
 /* One named parameter tensor: a view into the flat buffers at `offset`. */
@@ -137,6 +145,28 @@ cllm_status cllm_model_forward_backward(cllm_model *m, const int32_t *tokens,
                                         const int32_t *targets, int B, int T, bool backward,
                                         float grad_scale, double *loss_sum, long *n_counted);
 void cllm_model_zero_grads(cllm_model *m);
+
+/* Per-token inputs and outputs of a loss pass, for training objectives
+ * other than the mean token loss (include/cllm/objective.h):
+ *   token_loss  [B*T] out: each target's loss -log p(target | prefix),
+ *               0 where the target is -100; NULL: not wanted
+ *   token_scale [B*T] in: d(objective)/d(token_loss[n]) per token, used
+ *               by the backward pass in place of the uniform grad_scale
+ *               (e.g. -w for an objective that rewards a weighted sum of
+ *               log-probabilities); NULL: grad_scale for every token */
+typedef struct {
+    float *token_loss;
+    const float *token_scale;
+} cllm_token_io;
+
+/* cllm_model_forward_backward with per-token outputs and gradient scales
+ * (io may be NULL: then exactly cllm_model_forward_backward). With
+ * token_scale the backward pass ACCUMULATES sum_n token_scale[n] *
+ * d(token_loss[n])/dparam. Works at every ZeRO stage and under tensor
+ * parallelism; *loss_sum and *n_counted as there. */
+cllm_status cllm_model_forward_backward_ex(cllm_model *m, const int32_t *tokens, const int32_t *targets, int B, int T,
+                                           bool backward, float grad_scale, const cllm_token_io *io,
+                                           double *loss_sum, long *n_counted);
 
 /* ---- pipeline stages ----
  * A stage runs units [u0, u1) of the layer sequence (0 the embedding,
@@ -242,6 +272,10 @@ void cllm_model_set_params(cllm_model *m, float *params);
  * "gpt2-124M", "llama-100M", "bloom-560m"... Unknown names fail listing the
  * known ones. */
 cllm_status cllm_model_preset(struct json_t **config, cllm_arch arch, const char *preset);
+/* Whether `key` is a config.json key of the family that cllm reads or
+ * writes (the presets' keys and the optional ones the parser reads), so a
+ * misspelt `cllm init --set` key can be refused. */
+bool cllm_model_config_key_known(cllm_arch arch, const char *key);
 
 /* ---- vocabulary resizing ---- */
 /* Grows the vocabulary of *m to new_vocab rows: the token embedding (GPT-2

@@ -50,6 +50,10 @@ typedef struct {
     double warmup_min_ratio, cos_min_ratio;
     /* OneCycle */
     double cycle_min_lr, cycle_max_lr, decay_lr_rate;
+    /* The peak (warmup_max_lr of WarmupLR / WarmupDecayLR, cycle_max_lr of
+     * OneCycle) is base_lr, the optimizer's lr, instead of the field: a
+     * config's "auto" peak. Default false. */
+    bool peak_is_base_lr;
     long cycle_first_step_size, cycle_second_step_size; /* second: -1 = same as first */
     long cycle_first_stair_count, cycle_second_stair_count; /* second: -1 = same as first */
     long decay_step_size;
@@ -72,7 +76,8 @@ cllm_status cllm_sched_check(const cllm_sched_params *p);
 
 /* Learning rate at position iter (>= 0). base_lr is the optimizer's lr,
  * used by the schedules defined as ratios (WarmupCosineLR, constant,
- * linear, cosine); the others ignore it. Pure: no state, thread-safe. */
+ * linear, cosine) and as the peak when p->peak_is_base_lr; the others
+ * ignore it. Pure: no state, thread-safe. */
 double cllm_sched_lr(const cllm_sched_params *p, double base_lr, long iter);
 
 #ifdef __cplusplus

@@ -47,14 +47,30 @@ typedef struct {
 
 struct json_t;
 
-/* Reads model_topo.process_topology (NULL: everything on the data axis) for
- * a job of `world` ranks and places `rank` in it. The data axis may be left
- * out, or given as -1 / "auto": it is then world / (pipe x tensor). Errors
- * (an unknown or repeated axis name, dims that are not positive integers or
- * do not match axis in length, a product that is not the world size) name
- * the key; `where` names the config file in messages. */
-cllm_status cllm_topo_init(cllm_topo *t, const struct json_t *process_topology, int world, int rank,
-                           const char *where);
+/* model_topo.process_topology as read from a config: the axes in the order
+ * given (slowest varying rank digit first) with their sizes. */
+typedef struct {
+    int n_axes;                      /* 0: not given (every rank on the data axis) */
+    cllm_axis axis[CLLM_AXIS_COUNT]; /* "axis": "pipe", "data", "tensor" ("model" is DeepSpeed's name
+                                        for tensor), each at most once */
+    int dims[CLLM_AXIS_COUNT];       /* "dims": sizes 1..2^20, one per axis; 0 for a data axis given as
+                                        -1 or "auto" (world / (pipe x tensor) ranks) */
+} cllm_topo_layout;
+
+/* Reads a process_topology object {"axis": [...], "dims": [...]} (NULL or
+ * JSON null: n_axes 0) into *l. Errors (not an object, an unknown or repeated
+ * axis name, dims that are not positive integers or do not match axis in
+ * length) name the key "model_topo.process_topology..."; `where` names the
+ * config file in messages. The sizes are checked against a world by
+ * cllm_topo_init. */
+cllm_status cllm_topo_layout_parse(cllm_topo_layout *l, const struct json_t *process_topology, const char *where);
+
+/* Places `rank` of a job of `world` ranks in the layout `l` (NULL or
+ * n_axes 0: everything on the data axis). An axis left out has size 1, but
+ * a data axis left out or given as "auto" takes world / (pipe x tensor).
+ * Fails, naming model_topo.process_topology and the sizes, when that does
+ * not divide or the product is not the world size. */
+cllm_status cllm_topo_init(cllm_topo *t, const cllm_topo_layout *l, int world, int rank, const char *where);
 
 /* The rank at coordinates coord[CLLM_AXIS_COUNT]. */
 int cllm_topo_rank_of(const cllm_topo *t, const int *coord);
@@ -72,12 +88,35 @@ typedef struct {
     bool embed, head;        /* holds the embedding / the head */
 } cllm_stage;
 
+#define CLLM_TOPO_MAX_STAGES 1024
+
+/* How model_topo.parts splits the units into stages. */
+typedef enum {
+    CLLM_PARTS_PARAMETERS = 0, /* "parameters" (default): contiguous stages balancing parameter counts */
+    CLLM_PARTS_UNIFORM,        /* "uniform": equal unit counts, the first stages one more */
+    CLLM_PARTS_COUNTS          /* an array: the units of each stage, in order */
+} cllm_parts_mode;
+
+/* model_topo.parts as read from a config. */
+typedef struct {
+    cllm_parts_mode mode;
+    int n_counts;                       /* entries of the array (CLLM_PARTS_COUNTS), at most
+                                           CLLM_TOPO_MAX_STAGES */
+    int counts[CLLM_TOPO_MAX_STAGES];   /* each >= 1; their sum must be n_layer + 2 */
+} cllm_topo_parts;
+
+/* Reads model_topo.parts (an array of positive counts, "uniform",
+ * "parameters"; NULL or JSON null: "parameters") into *p. Errors name the
+ * key ("model_topo.parts[2]: ..."); `where` names the config file. The
+ * counts are checked against the model by cllm_topo_partition. */
+cllm_status cllm_topo_parts_parse(cllm_topo_parts *p, const struct json_t *parts, const char *where);
+
 /* Splits the n_layer + 2 units of a model of config c into n_stages stages
- * following `parts` (an array of counts, "uniform", "parameters", or NULL).
- * Fails naming model_topo.parts when the counts do not sum to n_layer + 2,
- * have the wrong length, or leave a stage empty, and when there are more
- * stages than units. */
-cllm_status cllm_topo_partition(const cllm_model_config *c, int n_stages, const struct json_t *parts,
+ * following `parts` (NULL: "parameters"). Fails naming model_topo.parts
+ * when the counts do not sum to n_layer + 2, have the wrong length, or hold
+ * a count larger than the model, and when there are more stages than
+ * units. */
+cllm_status cllm_topo_partition(const cllm_model_config *c, int n_stages, const cllm_topo_parts *parts,
                                 cllm_stage *stages, const char *where);
 
 /* Checks that a model can be split over `tensor` ranks in the Megatron way:

@@ -27,8 +27,11 @@
 #include <stdint.h>
 
 #include "cllm/core.h"
+#include "cllm/model.h"
 #include "cllm/optim.h"
+#include "cllm/pipe.h"
 #include "cllm/schedule.h"
+#include "cllm/topo.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -38,53 +41,153 @@ struct json_t;
 
 typedef enum { CLLM_LOG_MODE_AUTO = 0, CLLM_LOG_MODE_PROGRESS, CLLM_LOG_MODE_PLAIN, CLLM_LOG_MODE_QUIET } cllm_log_mode;
 
+/* Where an offload block puts its data ("device"). */
+typedef enum { CLLM_OFFLOAD_NONE = 0, CLLM_OFFLOAD_CPU, CLLM_OFFLOAD_NVME } cllm_offload_device;
+
+/* zero_optimization.offload_optimizer and zero_optimization.offload_param.
+ * The keys pin_memory, max_in_cpu, pipeline_read, pipeline_write, fast_init
+ * and ratio are accepted without effect. */
+typedef struct {
+    cllm_offload_device device; /* "device": "none" (default) or "cpu" keep the data in RAM; "nvme"
+                                   keeps it in a file under nvme_path */
+    const char *nvme_path;      /* "nvme_path": a folder; required with device "nvme" (borrowed from
+                                   cllm_train_config.json), else NULL */
+    long buffer_count;          /* "buffer_count": slots of the offload stream, default 4; with
+                                   device "nvme" 3..64 (offload_optimizer only) */
+    long buffer_size;           /* "buffer_size": floats per state per slot, default 1048576, >= 1
+                                   (offload_optimizer only) */
+} cllm_offload_config;
+
+/* zero_optimization. The other DeepSpeed keys of the block (contiguous_gradients,
+ * reduce_scatter, round_robin_gradients, sub_group_size, ...) are accepted
+ * without effect; docs/distributed.md. */
+typedef struct {
+    int stage;                       /* "stage": 0 (default), 1, 2 or 3 */
+    size_t reduce_bucket_size;       /* "reduce_bucket_size": elements per gradient reduction,
+                                        default 5e8, >= 1 (integers or whole floats such as 5e8;
+                                        at most 1e15; calls larger than 2^30 are split) */
+    size_t allgather_bucket_size;    /* "allgather_bucket_size": elements per parameter gather,
+                                        default 5e8, same range */
+    bool overlap_comm;               /* "overlap_comm": reduce during the backward pass (default false) */
+    double stage3_param_persistence_threshold; /* elements: smaller tensors stay whole on every
+                                                  rank at stage 3; default 1e5, >= 0 */
+    double stage3_prefetch_bucket_size; /* elements, default 5e7, >= 0; stored, no effect */
+    double stage3_max_live_parameters;  /* elements, default 1e9, >= 0; stored, no effect */
+    cllm_offload_config offload_optimizer; /* "offload_optimizer": any stage */
+    cllm_offload_config offload_param;     /* "offload_param": device "nvme" needs stage 3 */
+} cllm_zero_config;
+
+/* The keys whose value was the string "auto" (HF Trainer's placeholder),
+ * bits of cllm_train_config.auto_keys. The parser stores the default for
+ * such a key; cllm_train_config_resolve is the one place that gives "auto"
+ * values their meaning (see there). Keys not listed here treat "auto" as
+ * "not given". */
+enum {
+    CLLM_AUTO_TRAIN_BATCH_SIZE = 1u << 0,
+    CLLM_AUTO_MICRO_BATCH_SIZE = 1u << 1,
+    CLLM_AUTO_GRADIENT_ACCUMULATION = 1u << 2,
+    CLLM_AUTO_WARMUP_NUM_STEPS = 1u << 3,     /* scheduler.params.warmup_num_steps: 0 */
+    CLLM_AUTO_TOTAL_NUM_STEPS = 1u << 4,      /* scheduler.params.total_num_steps: train_iters */
+    CLLM_AUTO_REDUCE_BUCKET_SIZE = 1u << 5,   /* zero_optimization.*: DeepSpeed's defaults today */
+    CLLM_AUTO_PREFETCH_BUCKET_SIZE = 1u << 6,
+    CLLM_AUTO_PERSISTENCE_THRESHOLD = 1u << 7,
+};
+
+/* model_topo: how the ranks of a job split into pipeline stages, data-
+ * parallel replicas and tensor-parallel groups (docs/distributed.md). */
+typedef struct {
+    bool given;                 /* model_topo present */
+    cllm_topo_layout layout;    /* "process_topology": {"axis": [...], "dims": [...]}, checked against
+                                   the world when training starts; absent: every rank on the data axis */
+    cllm_topo_parts parts;      /* "parts": stage sizes, "uniform" or "parameters" (default) */
+    cllm_pipe_schedule schedule;/* "schedule": "1f1b" (default) or "gpipe" */
+} cllm_model_topo;
+
+/* model as an init spec: {"arch", "preset", "set": {...}, "seed"}. */
+typedef struct {
+    cllm_arch arch;         /* "arch": "gpt2", "llama" or "bloom" */
+    const char *preset;     /* "preset": a size of that architecture (cllm_model_preset) */
+    struct json_t *set;     /* "set": model config.json keys over the preset (an object; they are
+                               the model's keys, checked by the model config reader), or NULL */
+    bool has_seed;          /* "seed" given: the initialisation seed, else the run's seed */
+    uint64_t seed;
+} cllm_model_init_spec;
+
+/* A training config as parsed: each field names its key, its default and
+ * the range the parser accepts (values outside it fail naming the key). */
 typedef struct {
     /* ---- DeepSpeed keys ---- */
-    long train_batch_size;               /* global samples per optimizer step */
-    long train_micro_batch_size_per_gpu; /* samples per forward/backward on one rank */
-    long gradient_accumulation_steps;    /* micro-batches per step on one rank */
-    double gradient_clipping;            /* max global L2 norm; 0 = off */
-    cllm_optim_params optim;             /* optimizer.type / optimizer.params, resolved */
-    const char *optimizer_name;          /* as written ("Adam", "AdamW", "Lion", "SGD") */
-    bool adam_w_mode;                    /* DeepSpeed Adam: decoupled weight decay (default true) */
-    cllm_sched_params sched;
-    bool fp16_enabled, bf16_enabled;     /* fp16: loss scaling (cllm/loss_scale.h) */
-    double fp16_loss_scale;              /* 0 = dynamic */
-    int fp16_initial_scale_power, fp16_loss_scale_window, fp16_hysteresis;
-    double fp16_min_loss_scale;
-    bool fp16_consecutive_hysteresis;    /* refill the hysteresis on every clean step */
+    long train_batch_size;               /* global samples per optimizer step; >= 1; 0 = not given
+                                            (cllm_train_config_resolve works it out) */
+    long train_micro_batch_size_per_gpu; /* samples per forward/backward on one rank; >= 1; 0 = not given */
+    long gradient_accumulation_steps;    /* micro-batches per step on one rank; >= 1; 0 = not given */
+    double gradient_clipping;            /* max global L2 norm; >= 0; default 0 = off */
+    cllm_optim_params optim;             /* optimizer.type (default AdamW) / optimizer.params: lr
+                                            (1e-3), betas ([0.9, 0.999], each in [0, 1)), eps (1e-8),
+                                            weight_decay (0), momentum, dampening (0), nesterov
+                                            (false); numbers >= 0. optim.lr is the run's one
+                                            learning rate: the schedule scales it, and an "auto"
+                                            peak of the schedule is this value */
+    const char *optimizer_name;          /* optimizer.type as written ("Adam", "AdamW", "Lion", "SGD") */
+    bool adam_w_mode;                    /* optimizer.params.adam_w_mode (DeepSpeed Adam): decoupled
+                                            weight decay; default true */
+    cllm_sched_params sched;             /* scheduler.type (default "constant") / scheduler.params,
+                                            with cllm_sched_defaults (cllm/schedule.h) */
+    bool fp16_enabled, bf16_enabled;     /* fp16.enabled / bf16.enabled: default false, not both;
+                                            fp16 brings loss scaling (cllm/loss_scale.h) */
+    double fp16_loss_scale;              /* fp16.loss_scale: >= 0; default 0 = dynamic */
+    int fp16_initial_scale_power;        /* fp16.initial_scale_power: >= 0; default 16 */
+    int fp16_loss_scale_window;          /* fp16.loss_scale_window: >= 1; default 1000 */
+    int fp16_hysteresis;                 /* fp16.hysteresis: >= 1; default 2 */
+    double fp16_min_loss_scale;          /* fp16.min_loss_scale: >= 0; default 1 */
+    bool fp16_consecutive_hysteresis;    /* fp16.consecutive_hysteresis: refill the hysteresis on
+                                            every clean step; default false */
     cllm_dtype comm_dtype;               /* communication_data_type: gradient sums over ranks in
-                                            CLLM_F32 (default), CLLM_BF16 or CLLM_F16 */
-    int zero_stage;                      /* stored for the data-parallel work */
-    const char *zero_offload_optimizer, *zero_offload_param; /* device or NULL */
-    long steps_per_print;
-    bool wall_clock_breakdown;
-    bool use_grad_ckpt;                  /* activation checkpointing (also set by an enabling
-                                            activation_checkpointing block); docs/memory.md */
-    struct json_t *model_topo;           /* stored as given (borrowed from `json`), or NULL */
-    struct json_t *zero_optimization;    /* stored as given, or NULL */
+                                            CLLM_F32 ("fp32", default), CLLM_BF16 ("bf16") or
+                                            CLLM_F16 ("fp16") */
+    cllm_zero_config zero;               /* zero_optimization */
+    long steps_per_print;                /* steps_per_print: >= 1; default 10 */
+    bool wall_clock_breakdown;           /* wall_clock_breakdown: default false; stored */
+    bool use_grad_ckpt;                  /* use_grad_ckpt: activation checkpointing, default false
+                                            (also set by an enabling activation_checkpointing
+                                            block); docs/memory.md */
+    cllm_model_topo model_topo;          /* model_topo */
+    unsigned auto_keys;                  /* CLLM_AUTO_* bits: keys given as "auto" */
 
     /* ---- cllm keys ---- */
-    const char *model_dir;               /* HF folder, or NULL when model_init is used */
-    struct json_t *model_init;           /* {"arch","preset","set":{...},"seed"} or NULL */
-    const char *data_train, *data_eval, *tokenizer, *splits;
-    int seq_len;
-    int skip_bad; /* data.skip_bad: bad records of raw files tolerated */
-    long train_iters;                    /* total optimizer steps of the run; 0 = from epochs */
-    double epochs;                       /* used when train_iters is 0 */
-    long eval_interval, eval_iters;      /* eval_iters 0 = the whole eval set */
-    long save_interval, save_total_limit;/* 0 = no periodic saves / keep all */
-    const char *output_dir;
-    uint64_t seed;
-    bool shuffle;
-    cllm_log_mode log;
-    bool decay_skip_bias, decay_skip_norm; /* weight_decay_skip */
-    int max_consecutive_skips;           /* stop after this many non-finite steps in a row */
-    double peak_gflops;                  /* 0 = measure at start-up */
-    size_t max_shard_bytes;
-    bool async_save;                     /* write checkpoints on a background thread */
-    bool save_final_checkpoint;          /* also write checkpoint-STEP at the end */
-    const char *resume;                  /* NULL, "auto" or a checkpoint folder */
+    const char *model_dir;               /* model as a string: an HF folder; NULL otherwise */
+    bool has_model_init;                 /* model is an init spec (model_init) */
+    cllm_model_init_spec model_init;
+    const char *data_train;              /* data as a string, or data.train: the training data */
+    const char *data_eval;               /* data.eval: evaluation data, or NULL */
+    const char *tokenizer;               /* data.tokenizer: for raw text, or NULL (the model's) */
+    const char *splits;                  /* data.splits: "950,30,20" weights, or NULL */
+    int seq_len;                         /* data.seq_len: >= 2; default 128 */
+    int skip_bad;                        /* data.skip_bad: bad records of raw files tolerated; >= 0;
+                                            default 0 */
+    long train_iters;                    /* train_iters: optimizer steps of the run; >= 0; default
+                                            0 = from epochs */
+    double epochs;                       /* epochs: >= 0; used when train_iters is 0 */
+    long eval_interval, eval_iters;      /* eval_interval / eval_iters: >= 0; default 0 / 0
+                                            (eval_iters 0 = the whole eval set) */
+    long save_interval, save_total_limit;/* save_interval / save_total_limit: >= 0; default 0 =
+                                            no periodic saves / keep all */
+    const char *output_dir;              /* output_dir: default NULL (--out) */
+    uint64_t seed;                       /* seed: >= 0; default 42 */
+    bool shuffle;                        /* shuffle: default true */
+    cllm_log_mode log;                   /* log: "auto" (default), "progress", "plain", "quiet" */
+    bool decay_skip_bias, decay_skip_norm; /* weight_decay_skip: true / false, or a list of "bias",
+                                              "norm"; default true (both skipped) */
+    int max_consecutive_skips;           /* max_consecutive_skips: stop after this many non-finite
+                                            steps in a row; >= 1; default 10 */
+    double peak_gflops;                  /* peak_gflops: >= 0; default 0 = measure at start-up */
+    size_t max_shard_bytes;              /* max_shard_size: bytes >= 0 or a size such as "2GB";
+                                            default 0 = one file */
+    bool async_save;                     /* async_save: write checkpoints on a background thread;
+                                            default true */
+    bool save_final_checkpoint;          /* save_final_checkpoint: also write checkpoint-STEP at
+                                            the end; default true */
+    const char *resume;                  /* not a key (--resume): NULL, "auto" or a checkpoint folder */
     int dp_size, dp_rank;                /* data-parallel world: set by cllm_train_run from cllm_dist
                                           * (1, 0 without MPI); ranks > 0 write no files */
 
@@ -95,7 +198,11 @@ typedef struct {
  * config keeps the reference and frees it in cllm_train_config_free); `path`
  * names the source in messages. Unknown keys are reported by name: a warning
  * each, or CLLM_ERR_ARG for the first one when `strict`. Wrong types and
- * out-of-range values fail naming the key. Does not resolve batch sizes. */
+ * out-of-range values fail with CLLM_ERR_ARG and a message naming `path`,
+ * the full key path and the value ("run.json: zero_optimization.
+ * offload_param.device: expected \"cpu\", \"nvme\" or \"none\", got 5").
+ * Every key is read here: nothing reads `j` afterwards (strings in cfg are
+ * borrowed from it). Does not resolve batch sizes. */
 cllm_status cllm_train_config_parse(cllm_train_config *cfg, struct json_t *j, const char *path, bool strict);
 
 /* Resolves the batch-size triple against cfg->dp_size (DeepSpeed's rules:

@@ -179,6 +179,12 @@ static cllm_status open_source(source *s, const char *spec, const cllm_loader_op
                          ".jsonl or .txt file, or a blend \"W1 SPEC1 W2 SPEC2 ...\")",
                          spec);
     }
+    /* The padding id fills every row shorter than T: a stored one (the
+     * .mask header, or the tokenizer's) must be a token of the model. */
+    if (o->vocab_size > 0 && (s->pad < 0 || s->pad >= o->vocab_size))
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: padding id %d (from %s) is outside the vocabulary [0, %d); was it "
+                         "prepared with another tokenizer?", s->name, (int)s->pad,
+                         s->indexed ? "its .mask file" : "the tokenizer", o->vocab_size);
     /* Split: a range of documents, Megatron's rule. */
     uint64_t db = 0, de = n_doc;
     if (o->split) {

@@ -23,7 +23,44 @@ static int axis_from_name(const char *s) {
 
 #define PT "model_topo.process_topology"
 
-cllm_status cllm_topo_init(cllm_topo *t, const json_t *pt, int world, int rank, const char *where) {
+cllm_status cllm_topo_layout_parse(cllm_topo_layout *l, const json_t *pt, const char *where) {
+    memset(l, 0, sizeof *l);
+    if (!pt || json_is_null(pt)) return CLLM_OK;
+    if (!json_is_object(pt)) return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s: expected an object", where, PT);
+    json_t *axis = json_object_get(pt, "axis"), *dims = json_object_get(pt, "dims");
+    if (!json_is_array(axis) || !json_is_array(dims))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s: expected arrays \"axis\" and \"dims\"", where, PT);
+    if (json_array_size(axis) != json_array_size(dims))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s: %zu axes but %zu dims", where, PT, json_array_size(axis),
+                         json_array_size(dims));
+    if (json_array_size(axis) > CLLM_AXIS_COUNT)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s.axis: at most pipe, data and tensor", where, PT);
+    bool seen[CLLM_AXIS_COUNT] = {false, false, false};
+    for (size_t i = 0; i < json_array_size(axis); i++) {
+        const char *name = json_string_value(json_array_get(axis, i));
+        int a = axis_from_name(name);
+        if (a < 0)
+            return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s.axis[%zu]: '%s' (expected pipe, data or tensor)", where, PT, i,
+                             name ? name : "(not a string)");
+        if (seen[a]) return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s.axis: '%s' appears twice", where, PT, axis_names[a]);
+        seen[a] = true;
+        json_t *d = json_array_get(dims, i);
+        bool is_auto = (json_is_string(d) && strcmp(json_string_value(d), "auto") == 0) ||
+                       (json_is_integer(d) && json_integer_value(d) == -1);
+        int size = 0;
+        if (!is_auto || a != CLLM_AXIS_DATA) {
+            if (!json_is_integer(d) || json_integer_value(d) < 1 || json_integer_value(d) > 1 << 20)
+                return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s.dims[%zu] (%s): expected a positive integer%s", where, PT, i,
+                                 axis_names[a], a == CLLM_AXIS_DATA ? " or \"auto\"" : "");
+            size = (int)json_integer_value(d);
+        }
+        l->axis[l->n_axes] = (cllm_axis)a;
+        l->dims[l->n_axes++] = size;
+    }
+    return CLLM_OK;
+}
+
+cllm_status cllm_topo_init(cllm_topo *t, const cllm_topo_layout *l, int world, int rank, const char *where) {
     memset(t, 0, sizeof *t);
     if (world < 1 || rank < 0 || rank >= world)
         return CLLM_FAIL(CLLM_ERR_ARG, "rank %d of a world of %d", rank, world);
@@ -34,38 +71,17 @@ cllm_status cllm_topo_init(cllm_topo *t, const json_t *pt, int world, int rank, 
     int listed[CLLM_AXIS_COUNT], n_listed = 0;
     bool seen[CLLM_AXIS_COUNT] = {false, false, false};
     int data_auto = 1;
-    if (pt) {
-        if (!json_is_object(pt)) return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s: expected an object", where, PT);
-        json_t *axis = json_object_get(pt, "axis"), *dims = json_object_get(pt, "dims");
-        if (!json_is_array(axis) || !json_is_array(dims))
-            return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s: expected arrays \"axis\" and \"dims\"", where, PT);
-        if (json_array_size(axis) != json_array_size(dims))
-            return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s: %zu axes but %zu dims", where, PT, json_array_size(axis),
-                             json_array_size(dims));
-        if (json_array_size(axis) > CLLM_AXIS_COUNT)
-            return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s.axis: at most pipe, data and tensor", where, PT);
-        for (size_t i = 0; i < json_array_size(axis); i++) {
-            const char *name = json_string_value(json_array_get(axis, i));
-            int a = axis_from_name(name);
-            if (a < 0)
-                return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s.axis[%zu]: '%s' (expected pipe, data or tensor)", where, PT, i,
-                                 name ? name : "(not a string)");
-            if (seen[a]) return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s.axis: '%s' appears twice", where, PT, axis_names[a]);
-            seen[a] = true;
-            listed[n_listed++] = a;
-            json_t *d = json_array_get(dims, i);
-            bool is_auto = (json_is_string(d) && strcmp(json_string_value(d), "auto") == 0) ||
-                           (json_is_integer(d) && json_integer_value(d) == -1);
-            if (is_auto && a == CLLM_AXIS_DATA) {
-                data_auto = 1;
-                continue;
-            }
-            if (!json_is_integer(d) || json_integer_value(d) < 1 || json_integer_value(d) > 1 << 20)
-                return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s.dims[%zu] (%s): expected a positive integer%s", where, PT, i,
-                                 axis_names[a], a == CLLM_AXIS_DATA ? " or \"auto\"" : "");
-            t->dims[a] = (int)json_integer_value(d);
-            if (a == CLLM_AXIS_DATA) data_auto = 0;
-        }
+    if (l && (l->n_axes < 0 || l->n_axes > CLLM_AXIS_COUNT))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s: %d axes (at most %d)", where, PT, l->n_axes, CLLM_AXIS_COUNT);
+    for (int i = 0; l && i < l->n_axes; i++) {
+        int a = (int)l->axis[i];
+        if (a < 0 || a >= CLLM_AXIS_COUNT || seen[a] || l->dims[i] < 0 || (l->dims[i] == 0 && a != CLLM_AXIS_DATA))
+            return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s: a malformed layout (axis %d, size %d)", where, PT, a, l->dims[i]);
+        seen[a] = true;
+        listed[n_listed++] = a;
+        if (l->dims[i] == 0) continue; /* the auto data axis */
+        t->dims[a] = l->dims[i];
+        if (a == CLLM_AXIS_DATA) data_auto = 0;
     }
     /* the order: listed axes as given, then the missing ones (size 1 or the
      * auto data axis) in the default order around them */
@@ -174,8 +190,40 @@ static cllm_status balance(const size_t *w, int n, int k, int *counts) {
     return CLLM_OK;
 }
 
-cllm_status cllm_topo_partition(const cllm_model_config *c, int n_stages, const json_t *parts, cllm_stage *stages,
-                                const char *where) {
+cllm_status cllm_topo_parts_parse(cllm_topo_parts *p, const json_t *parts, const char *where) {
+    p->mode = CLLM_PARTS_PARAMETERS;
+    p->n_counts = 0;
+    if (!parts || json_is_null(parts)) return CLLM_OK;
+    if (json_is_string(parts)) {
+        const char *m = json_string_value(parts);
+        if (strcmp(m, "parameters") == 0) return CLLM_OK;
+        if (strcmp(m, "uniform") == 0) {
+            p->mode = CLLM_PARTS_UNIFORM;
+            return CLLM_OK;
+        }
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s: '%s' (expected an array of block counts, \"uniform\" or \"parameters\")",
+                         where, PARTS, m);
+    }
+    if (!json_is_array(parts))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s: expected an array of block counts, \"uniform\" or \"parameters\"", where,
+                         PARTS);
+    if (json_array_size(parts) > CLLM_TOPO_MAX_STAGES)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s: %zu stages (at most %d)", where, PARTS, json_array_size(parts),
+                         CLLM_TOPO_MAX_STAGES);
+    size_t i;
+    json_t *v;
+    json_array_foreach(parts, i, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1 << 20)
+            return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s[%zu]: expected a positive number of blocks", where, PARTS, i);
+        p->counts[i] = (int)json_integer_value(v);
+    }
+    p->mode = CLLM_PARTS_COUNTS;
+    p->n_counts = (int)json_array_size(parts);
+    return CLLM_OK;
+}
+
+cllm_status cllm_topo_partition(const cllm_model_config *c, int n_stages, const cllm_topo_parts *parts,
+                                cllm_stage *stages, const char *where) {
     int units = c->n_layer + 2;
     if (n_stages < 1) return CLLM_FAIL(CLLM_ERR_ARG, "%s: %d pipeline stages", where, n_stages);
     if (n_stages > units)
@@ -186,20 +234,20 @@ cllm_status cllm_topo_partition(const cllm_model_config *c, int n_stages, const 
     int *counts = calloc((size_t)n_stages, sizeof *counts);
     if (!counts) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     cllm_status st = CLLM_OK;
-    if (json_is_array(parts)) {
-        if ((int)json_array_size(parts) != n_stages) {
-            st = CLLM_FAIL(CLLM_ERR_ARG, "%s: %s has %zu entries but the pipe axis has %d stages", where, PARTS,
-                           json_array_size(parts), n_stages);
+    cllm_parts_mode mode = parts ? parts->mode : CLLM_PARTS_PARAMETERS;
+    if (mode == CLLM_PARTS_COUNTS) {
+        if (parts->n_counts != n_stages) {
+            st = CLLM_FAIL(CLLM_ERR_ARG, "%s: %s has %d entries but the pipe axis has %d stages", where, PARTS,
+                           parts->n_counts, n_stages);
             goto done;
         }
         long sum = 0;
         for (int s = 0; s < n_stages; s++) {
-            json_t *v = json_array_get(parts, (size_t)s);
-            if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > units) {
+            if (parts->counts[s] < 1 || parts->counts[s] > units) {
                 st = CLLM_FAIL(CLLM_ERR_ARG, "%s: %s[%d]: expected a positive number of blocks", where, PARTS, s);
                 goto done;
             }
-            counts[s] = (int)json_integer_value(v);
+            counts[s] = parts->counts[s];
             sum += counts[s];
         }
         if (sum != units) {
@@ -209,7 +257,7 @@ cllm_status cllm_topo_partition(const cllm_model_config *c, int n_stages, const 
                            where, PARTS, sum, units, c->n_layer);
             goto done;
         }
-    } else if (!parts || (json_is_string(parts) && strcmp(json_string_value(parts), "parameters") == 0)) {
+    } else if (mode == CLLM_PARTS_PARAMETERS) {
         size_t *w = malloc((size_t)units * sizeof *w);
         if (!w) {
             st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
@@ -219,12 +267,8 @@ cllm_status cllm_topo_partition(const cllm_model_config *c, int n_stages, const 
         if (!st) st = balance(w, units, n_stages, counts);
         free(w);
         if (st) goto done;
-    } else if (json_is_string(parts) && strcmp(json_string_value(parts), "uniform") == 0) {
-        for (int s = 0; s < n_stages; s++) counts[s] = units / n_stages + (s < units % n_stages ? 1 : 0);
     } else {
-        st = CLLM_FAIL(CLLM_ERR_ARG, "%s: %s: expected an array of block counts, \"uniform\" or \"parameters\"", where,
-                       PARTS);
-        goto done;
+        for (int s = 0; s < n_stages; s++) counts[s] = units / n_stages + (s < units % n_stages ? 1 : 0);
     }
     fill_stages(stages, counts, n_stages, c->n_layer);
 done:

@@ -1,14 +1,17 @@
 /*
- * Causal attention of new queries against a key/value cache, for
- * incremental decoding: T new tokens of each of B sequences sit at absolute
- * positions past..past+T-1, and query t attends to every cached key at
- * positions 0..past+t (the cache already holds the new tokens' keys).
+ * Causal attention of new queries against a paged key/value cache, for
+ * incremental decoding and batches of sequences at different positions
+ * (ragged): the new rows of sequence i sit at absolute positions
+ * past[i]..past[i]+n_i-1, and each attends to every cached key of its own
+ * sequence at positions 0..its own (the cache already holds the new rows'
+ * keys).
  *
- * Dimensions: B batch, T new tokens, NH query heads, NKV key/value heads, HS
- * head size, S the cache's position capacity; query head h reads key/value
- * head g = h / (NH / NKV). Cache layout kc, vc [B, NKV, S, HS]: the keys one
- * query head reads form one contiguous [past+T, HS] block, so a decode step
- * streams it front to back.
+ * Dimensions: NH query heads, NKV key/value heads, HS head size, BS
+ * positions per cache block; query head h reads key/value head
+ * g = h / (NH / NKV). A layer's pool is [n_blocks, NKV, BS, HS]: within a
+ * block, the keys one query head reads form one contiguous [BS, HS] run, so
+ * a decode step streams each block front to back. A contiguous cache is
+ * the case of one block of S positions per sequence.
  *
  * For the query at position p = past + t of head h:
  *   S[s] = scale * q . k_s + slope_h * (s - p),   s <= p
@@ -17,20 +20,21 @@
  * differs from HF BLOOM's slope * s only by a per-row constant, which the
  * softmax cancels.
  *
- * Each (b, h, t) row is one task: keys are visited in tiles of KT with an
+ * Each (row, head) is one task: keys are visited in tiles of KT with an
  * online softmax (running max and sum, the accumulator rescaled when the
  * max grows), so no scratch is needed and the cost per row is linear in its
  * key count. Dot products and the value updates are `omp simd` loops over
  * HS. A row's arithmetic does not depend on the thread that runs it, so the
  * output is identical for any thread count.
  *
- * Left out: a backward (inference only), paged or ring-buffer caches,
- * padding masks for sequences of different lengths in one batch.
+ * Left out: a backward (inference only), sliding windows, quantised
+ * caches.
  */
 #include "variant.h" /* first: renames the kernels to their ISA variant */
 #include <assert.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "cllm/kernels.h"
 
@@ -44,35 +48,45 @@ static inline float dot(const float *restrict a, const float *restrict b, int n)
 }
 
 /* One query row: out[HS] = softmax(scores over keys 0..L-1) @ values.
- * k, v: [L, HS] contiguous. slope * (s - pos) is the ALiBi bias. */
+ * Keys and values come in blocks of BS positions: position s is row s % BS
+ * of block table[s / BS], whose [BS, HS] keys start at
+ * k + table[s / BS] * bstride (values alike). The online softmax state
+ * (max m, sum l, acc) runs across tiles and blocks. slope * (s - pos) is
+ * the ALiBi bias. */
 static void attend_row(float *restrict out, const float *restrict q, const float *restrict k,
-                       const float *restrict v, int L, int pos, int HS, float scale, float slope) {
+                       const float *restrict v, const int32_t *table, int BS, size_t bstride, int L, int pos,
+                       int HS, float scale, float slope) {
     float acc[HSMAX];
     float sc[KT];
     float m = -INFINITY, l = 0.0f;
     for (int d = 0; d < HS; d++) acc[d] = 0.0f;
-    for (int s0 = 0; s0 < L; s0 += KT) {
-        const int n = L - s0 < KT ? L - s0 : KT;
-        float mx = m;
-        for (int j = 0; j < n; j++) {
-            const float x = scale * dot(q, k + (size_t)(s0 + j) * HS, HS) + slope * (float)(s0 + j - pos);
-            sc[j] = x;
-            mx = x > mx ? x : mx;
-        }
-        /* m is -inf only before the first tile, where acc and l are zero. */
-        const float corr = expf(m - mx);
-        if (corr != 1.0f) {
-            l *= corr;
+    for (int b0 = 0, bi = 0; b0 < L; b0 += BS, bi++) {
+        const float *restrict kb = k + (size_t)table[bi] * bstride, *restrict vb = v + (size_t)table[bi] * bstride;
+        const int in_block = L - b0 < BS ? L - b0 : BS;
+        for (int s0 = 0; s0 < in_block; s0 += KT) {
+            const int n = in_block - s0 < KT ? in_block - s0 : KT;
+            float mx = m;
+            for (int j = 0; j < n; j++) {
+                const float x =
+                    scale * dot(q, kb + (size_t)(s0 + j) * HS, HS) + slope * (float)(b0 + s0 + j - pos);
+                sc[j] = x;
+                mx = x > mx ? x : mx;
+            }
+            /* m is -inf only before the first tile, where acc and l are zero. */
+            const float corr = expf(m - mx);
+            if (corr != 1.0f) {
+                l *= corr;
 #pragma omp simd
-            for (int d = 0; d < HS; d++) acc[d] *= corr;
-        }
-        m = mx;
-        for (int j = 0; j < n; j++) {
-            const float p = expf(sc[j] - mx);
-            const float *restrict vs = v + (size_t)(s0 + j) * HS;
-            l += p;
+                for (int d = 0; d < HS; d++) acc[d] *= corr;
+            }
+            m = mx;
+            for (int j = 0; j < n; j++) {
+                const float p = expf(sc[j] - mx);
+                const float *restrict vs = vb + (size_t)(s0 + j) * HS;
+                l += p;
 #pragma omp simd
-            for (int d = 0; d < HS; d++) acc[d] += p * vs[d];
+                for (int d = 0; d < HS; d++) acc[d] += p * vs[d];
+            }
         }
     }
     const float inv = 1.0f / l;
@@ -80,26 +94,34 @@ static void attend_row(float *restrict out, const float *restrict q, const float
     for (int d = 0; d < HS; d++) out[d] = acc[d] * inv;
 }
 
-void cllm_attention_forward_cached(cllm_view out, cllm_cview q, const float *kc, const float *vc,
-                                   const float *alibi, int B, int T, int past, int S, int NH,
-                                   int NKV, int HS, float scale) {
-    assert(HS > 0 && HS <= HSMAX && NKV > 0 && NH % NKV == 0 && past >= 0 && past + T <= S);
-    const int group = NH / NKV;
-    const long ntask = (long)B * NH * T;
-    /* Rows with more keys first: t runs backwards inside each (b, h). A
-     * decode step of a small model is a few thousand multiply-adds, less
-     * than waking the thread team costs: run those serially. */
-    const double work = (double)ntask * (past + T) * HS;
-#pragma omp parallel for schedule(dynamic, 1) if (work > 65536.0)
+void cllm_attention_forward_paged(cllm_view out, cllm_cview q, const float *kpool, const float *vpool,
+                                  const int32_t *table, int max_blocks, int BS, const int32_t *rows,
+                                  const int32_t *past, const float *alibi, int n_seq, int NH, int NKV, int HS,
+                                  float scale) {
+    assert(HS > 0 && HS <= HSMAX && NKV > 0 && NH % NKV == 0 && BS > 0 && n_seq >= 0);
+    const int group = NH / NKV, N = n_seq > 0 ? rows[n_seq] : 0;
+    const size_t bstride = (size_t)NKV * BS * HS;
+    const long ntask = (long)N * NH;
+    double keys = 0;
+    for (int i = 0; i < n_seq; i++) keys += (double)(rows[i + 1] - rows[i]) * (past[i] + rows[i + 1] - rows[i]);
+    /* A decode step of a small model is a few thousand multiply-adds, less
+     * than waking the thread team costs: run those serially. Later rows of
+     * a sequence have more keys: tasks run from the last row back. */
+#pragma omp parallel for schedule(dynamic, 1) if (keys * NH * HS > 65536.0)
     for (long task = 0; task < ntask; task++) {
-        const int t = T - 1 - (int)(task % T);
-        const int h = (int)((task / T) % NH);
-        const int b = (int)(task / ((long)T * NH));
-        const int g = h / group;
-        const int pos = past + t;
-        const size_t base = ((size_t)b * NKV + g) * (size_t)S * HS;
-        const float *qr = q.p + ((ptrdiff_t)b * T + t) * q.rs + (ptrdiff_t)h * q.hs;
-        float *o = out.p + ((ptrdiff_t)b * T + t) * out.rs + (ptrdiff_t)h * out.hs;
-        attend_row(o, qr, kc + base, vc + base, pos + 1, pos, HS, scale, alibi ? alibi[h] : 0.0f);
+        const int r = N - 1 - (int)(task / NH), h = (int)(task % NH);
+        int lo = 0, hi = n_seq - 1; /* the sequence of row r: rows[i] <= r < rows[i + 1] */
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (rows[mid] <= r) lo = mid;
+            else hi = mid - 1;
+        }
+        const int i = lo, pos = past[i] + (r - rows[i]), g = h / group;
+        assert((pos + BS) / BS <= max_blocks);
+        const float *qr = q.p + (ptrdiff_t)r * q.rs + (ptrdiff_t)h * q.hs;
+        float *o = out.p + (ptrdiff_t)r * out.rs + (ptrdiff_t)h * out.hs;
+        const size_t goff = (size_t)g * BS * HS;
+        attend_row(o, qr, kpool + goff, vpool + goff, table + (size_t)i * max_blocks, BS, bstride, pos + 1, pos, HS,
+                   scale, alibi ? alibi[h] : 0.0f);
     }
 }

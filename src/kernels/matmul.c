@@ -47,6 +47,7 @@
 
 #include "cllm/cpu.h"
 #include <dnnl_debug.h>
+#include <omp.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -424,6 +425,150 @@ void cllm_matmul_cleanup(void) {
     g_wbuf = NULL;
     g_wcap = 0;
     pthread_mutex_unlock(&g_wlock);
+}
+
+/* ------------------------------------------------------------- workspace
+ * oneDNN 2.x allocates, inside every copy-based sgemm call (dnnl_sgemm, and
+ * the matmul primitive's "gemm:jit" implementation that runs NT layouts on
+ * CPUs without AVX-512), packed copies of its operands
+ * (src/cpu/x64/gemm/gemm_driver.cpp): per thread an A panel of
+ * m_padd x k_padd and a B panel of k_padd x n_padd floats, both in the
+ * column-major terms of the call (m = our N, n = our M, op(A) = op(B)^T),
+ * with m_padd = roundup(min(m_thread, bm), um), n_padd = roundup(min(n_thread,
+ * bn), un), and k_padd = max(128, K) for K <= bk_traditional, K/2 below 2 bk,
+ * else bk. The blocking depends on the ISA (gemm_info.cpp): with bm near
+ * 10000 rows, a thread packs its whole share of a weight matrix as tall as
+ * a vocabulary. Which threads get which share follows the driver's rules
+ * (set_thread_opts_nopack: 2-D split, parallel copy of A, or 1-D split);
+ * shapes the driver sends to its no-copy kernels (nocopy_checker) allocate
+ * almost nothing. The model below follows oneDNN 2.6 for fp32; it is what
+ * cllm_memory_estimate counts as the GEMM workspace. */
+typedef struct {
+    long um, un, bm, bn, bk, bk_trad;
+} sgemm_blocking;
+
+static long rnd_up(long a, long b) { return (a + b - 1) / b * b; }
+static long lmin(long a, long b) { return a < b ? a : b; }
+static long lmax(long a, long b) { return a > b ? a : b; }
+static long div_up(long a, long b) { return (a + b - 1) / b; }
+
+static bool isa_has(dnnl_cpu_isa_t isa, dnnl_cpu_isa_t want) { return ((unsigned)isa & (unsigned)want) == (unsigned)want; }
+
+/* col-major (m, n, k): no-copy kernels, as oneDNN 2.6's nocopy_checker */
+static bool sgemm_nocopy(dnnl_cpu_isa_t isa, int nthr, bool ta, bool tb, long m, long n, long k, long lda, long ldb,
+                         long ldc) {
+    if (!isa_has(isa, dnnl_cpu_isa_avx)) return false;
+    if (isa_has(isa, dnnl_cpu_isa_avx512_core)) {
+        bool nn = !ta && !tb, nt = !ta && tb, tn = ta && !tb;
+        bool lda_bad = lda % 256 == 0, ldb_bad = ldb % 256 == 0, ldc_bad = ldc % 256 == 0;
+        bool lda_verybad = lda % 1024 == 0;
+        if (nthr == 1 && tn && m > 100 && ((m < 1200 && n < 200 && k < 1200) || (lda_bad && ldb_bad))) return false;
+        if (nthr <= 8 && nn && lda_verybad && k > 500 && n > 100) return false;
+        if (1.0 / (double)m + 1.0 / (double)n >= 0.00196 && !(lda_verybad && nt)) return true;
+        if (lda_bad || ldb_bad || ldc_bad) {
+            if (m >= 32 && n > 16) return false;
+            if (m >= 32 && n == 16 && (k >= 6400 || ta || m == 4096)) return false;
+        }
+        if (m <= 378 && n <= 378 && k >= nthr * 378L) return false;
+        if (m >= nthr * 378L && k >= nthr * 378L) return false;
+        if (!tb) return m <= nthr * 28L || n <= nthr * 28L || k <= nthr;
+        return (m <= nthr * 28L && m >= n) || n <= nthr * 28L || k <= nthr;
+    }
+    if (1.0 / (double)m + 1.0 / (double)n >= 0.0038) return true;
+    if (m <= 378 && n <= 378 && k >= nthr * 378L) return false;
+    if (m >= nthr * 378L && k >= nthr * 378L) return false;
+    if (m <= 128 && n <= 128) return true;
+    if (!tb) return n <= nthr * 16L || k <= nthr * 2L || (m <= 64 && n >= nthr * 16L);
+    return n <= nthr || k <= nthr;
+}
+
+/* Bytes one copy-based sgemm call of col-major shape (m, n, k) mallocs. */
+static size_t sgemm_workspace(dnnl_cpu_isa_t isa, int nthr, bool ta, bool tb, long m, long n, long k, long lda,
+                              long ldb, long ldc) {
+    sgemm_blocking b;
+    if (isa_has(isa, dnnl_cpu_isa_avx512_core))
+        b = (sgemm_blocking){48, 8, 9984, 384, 384, 384};
+    else if (isa_has(isa, dnnl_cpu_isa_avx2))
+        b = (sgemm_blocking){24, 4, 10000, 384, 192, 256};
+    else if (isa_has(isa, dnnl_cpu_isa_avx))
+        b = (sgemm_blocking){16, 4, 4096, 96, 256, 256};
+    else if (isa_has(isa, dnnl_cpu_isa_sse41))
+        b = (sgemm_blocking){8, 4, 4096, 96, 256, 256};
+    else
+        return 0; /* reference GEMM: no packing */
+    if (m <= 0 || n <= 0 || k <= 0 || sgemm_nocopy(isa, nthr, ta, tb, m, n, k, lda, ldb, ldc)) return 0;
+    const bool avx512 = isa_has(isa, dnnl_cpu_isa_avx512_core);
+    const long page = 4096, T = nthr;
+    long kp = k <= b.bk_trad ? lmax(128, k) : k < 2 * b.bk ? (k + 1) / 2 : b.bk;
+#define M_PADD(mm) rnd_up(lmin(lmax((mm), b.um), b.bm), b.um)
+#define N_PADD(nn) rnd_up(lmin(lmax((nn), b.un), k < 48 ? 24 : b.bn), b.un)
+    bool two_d = !avx512 && n <= 384 && m >= T * 384 ? false : (n > T * 384 || n <= T * 192) && m >= 768;
+    bool copy_a = avx512 ? m >= 1000 && n >= T * 96 : m >= 1000 && n >= 4000;
+    if (copy_a) two_d = false;
+    long tm = 1, tn = T;
+    if (two_d) {
+        while (tn % 2 == 0 && (n / T > 384 || n / tn <= 192) && m / tm >= 768 && tm < 4) {
+            tm *= 2;
+            tn /= 2;
+        }
+    } else if (copy_a) {
+        /* one shared A panel for all threads, a B panel per thread */
+        long mpar = lmin(M_PADD(m) * lmin(T, 10), rnd_up(m, b.um)), np = N_PADD(div_up(n, T));
+        size_t shared = (size_t)(mpar * kp) * 4 + (size_t)page;
+        size_t per = (size_t)(lmin(k, kp) * np) * 4 + (size_t)page + (size_t)(lmin(m, mpar) + np) * 4 + 2 * (size_t)page;
+        return shared + (size_t)T * per;
+    } else {
+        long veclen = avx512 ? 16 : isa_has(isa, dnnl_cpu_isa_avx) ? 8 : 4;
+        if (m > n && (m >= T * veclen || n < T))
+            tm = T, tn = 1;
+    }
+    long mt = div_up(m, tm), nt = div_up(n, tn);
+    size_t per = (size_t)(M_PADD(mt) * kp + kp * N_PADD(nt)) * 4 + 2 * (size_t)page + (size_t)(b.um + N_PADD(nt)) * 4 +
+                 2 * (size_t)page;
+#undef M_PADD
+#undef N_PADD
+    return (size_t)(tm * tn) * per;
+}
+
+/* The matmul primitive of an fp32 NT GEMM: its scratchpad as oneDNN
+ * reports it, and whether its implementation is the copy-based sgemm. */
+static cllm_status primitive_workspace(int M, int N, int K, bool trans_a, size_t *scratch, bool *gemm) {
+    dnnl_memory_desc_t md_a, md_b, md_c;
+    dnnl_matmul_desc_t desc;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_engine_t engine = NULL; /* its own: nothing is left behind to free */
+    cllm_status st = dnnl_check(dnnl_engine_create(&engine, dnnl_cpu, 0), "engine_create");
+    if (!st) st = dnnl_check(md_2d(&md_a, M, K, trans_a, dnnl_f32), "memory_desc (A)");
+    if (!st) st = dnnl_check(md_2d(&md_b, K, N, true, dnnl_f32), "memory_desc (B)");
+    if (!st) st = dnnl_check(md_2d(&md_c, M, N, false, dnnl_f32), "memory_desc (C)");
+    if (!st) st = dnnl_check(dnnl_matmul_desc_init(&desc, &md_a, &md_b, NULL, &md_c), "matmul_desc");
+    if (!st) st = dnnl_check(dnnl_primitive_desc_create(&pd, &desc, NULL, engine, NULL), "primitive_desc_create");
+    if (!st) {
+        const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        *scratch = md ? dnnl_memory_desc_get_size(md) : 0;
+        const char *impl = NULL;
+        if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success) impl = NULL;
+        *gemm = impl && strncmp(impl, "gemm", 4) == 0;
+    }
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (engine) dnnl_engine_destroy(engine);
+    return st;
+}
+
+size_t cllm_matmul_workspace(int M, int N, int K, bool trans_a, bool trans_b, int n_threads) {
+    if (M <= 0 || N <= 0 || K <= 0) return 0;
+    int nthr = n_threads > 0 ? n_threads : omp_get_max_threads();
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    /* row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T */
+    long m = N, n = M, k = K, lda = trans_b ? K : N, ldb = trans_a ? M : K, ldc = N;
+    if (!trans_b) return sgemm_workspace(isa, nthr, false, trans_a, m, n, k, lda, ldb, ldc);
+    size_t scratch = 0;
+    bool gemm = false;
+    if (primitive_workspace(M, N, K, trans_a, &scratch, &gemm)) {
+        cllm_error_clear();
+        gemm = true; /* no primitive to ask: count the sgemm it would fall back to */
+    }
+    return scratch + (gemm ? sgemm_workspace(isa, nthr, true, trans_a, m, n, k, lda, ldb, ldc) : 0);
 }
 
 /* ---------------------------------------------------------------- linear

@@ -30,8 +30,8 @@ static cllm_status req_pos(const json_t *j, const char *key, int *out, const cha
     int64_t v;
     cllm_status st = cllm_json_get_int(j, key, &v, path);
     if (st) return st;
-    if (v <= 0 || v > (1 << 30))
-        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: key '%s' must be a positive integer, got %lld", path, key,
+    if (v <= 0 || v > (1 << 28)) /* 4 * v (a default FFN width) must fit an int */
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: key '%s' must be a positive integer of at most 2^28, got %lld", path, key,
                          (long long)v);
     *out = (int)v;
     return CLLM_OK;
@@ -52,6 +52,28 @@ static cllm_status opt_token_id(const json_t *j, const char *key, int *out, cons
     if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
         return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: key '%s' must be a token id", path, key);
     *out = (int)json_integer_value(v);
+    return CLLM_OK;
+}
+
+/* eos_token_id as a list (opt_token_id has read the first into
+ * cfg->eos_token_id): an int is a list of one, null or absent is none. */
+static cllm_status eos_list(const json_t *j, cllm_model_config *cfg, const char *path) {
+    const json_t *v = json_object_get(j, "eos_token_id");
+    cfg->n_eos_token_ids = 0;
+    if (!v || json_is_null(v)) return CLLM_OK;
+    if (!json_is_array(v)) {
+        cfg->eos_token_ids[cfg->n_eos_token_ids++] = cfg->eos_token_id;
+        return CLLM_OK;
+    }
+    if (json_array_size(v) > CLLM_MAX_EOS_IDS)
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: key 'eos_token_id' lists %zu ids; at most %d are supported", path,
+                         json_array_size(v), CLLM_MAX_EOS_IDS);
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        const json_t *e = json_array_get(v, i);
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
+            return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: key 'eos_token_id' element %zu must be a token id", path, i);
+        cfg->eos_token_ids[cfg->n_eos_token_ids++] = (int)json_integer_value(e);
+    }
     return CLLM_OK;
 }
 
@@ -191,12 +213,29 @@ cllm_status cllm_model_config_from_json(cllm_model_config *cfg, const json_t *j,
                          mt);
     }
     if (st) return st;
+    /* Sizes a model of this program can hold, far above any real model:
+     * they keep every product of the layout (tensor counts, fused widths)
+     * inside an int before any allocation is tried. */
+    const struct {
+        int v, max;
+        const char *what, *keys;
+    } lim[] = {{cfg->n_layer, 1 << 12, "layer count", "n_layer / num_hidden_layers"},
+               {cfg->n_embd, 1 << 18, "hidden size", "n_embd / hidden_size"},
+               {cfg->n_inner, 1 << 20, "FFN width", "n_inner / intermediate_size"},
+               {cfg->n_head, 1 << 14, "attention head count", "n_head / num_attention_heads"},
+               {cfg->n_kv_head, 1 << 14, "key/value head count", "num_key_value_heads"},
+               {cfg->vocab_size, 1 << 26, "vocabulary size", "vocab_size"},
+               {cfg->n_ctx, 1 << 24, "position limit", "n_positions / max_position_embeddings"}};
+    for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
+        if (lim[i].v > lim[i].max)
+            return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: %s %d exceeds the supported maximum of %d (%s)", path,
+                             lim[i].what, lim[i].v, lim[i].max, lim[i].keys);
     if (cfg->head_dim > 256)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: head size %d exceeds the supported maximum of 256", path,
                          cfg->head_dim);
     if ((st = opt_token_id(j, "bos_token_id", &cfg->bos_token_id, path)) ||
         (st = opt_token_id(j, "eos_token_id", &cfg->eos_token_id, path)) ||
-        (st = opt_token_id(j, "pad_token_id", &cfg->pad_token_id, path)))
+        (st = opt_token_id(j, "pad_token_id", &cfg->pad_token_id, path)) || (st = eos_list(j, cfg, path)))
         return st;
     return CLLM_OK;
 }
@@ -254,6 +293,29 @@ static const char *family_defaults(cllm_arch a) {
                "\"bos_token_id\":1,\"eos_token_id\":2,\"pad_token_id\":3,\"torch_dtype\":\"float32\"}";
     default: return "{}";
     }
+}
+
+bool cllm_model_config_key_known(cllm_arch arch, const char *key) {
+    /* read by the parsers above but absent from the presets */
+    static const char *const extra[CLLM_ARCH_COUNT][6] = {
+        [CLLM_ARCH_GPT2] = {"n_embed", "pad_token_id", "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx"},
+        [CLLM_ARCH_LLAMA] = {"head_dim", "pad_token_id"},
+        [CLLM_ARCH_BLOOM] = {"n_embed", "num_hidden_layers", "num_attention_heads"},
+    };
+    if ((unsigned)arch >= CLLM_ARCH_COUNT || !key) return false;
+    for (int i = 0; i < 6 && extra[arch][i]; i++)
+        if (!strcmp(key, extra[arch][i])) return true;
+    bool found = false;
+    json_t *d = json_loads(family_defaults(arch), 0, NULL);
+    found = d && json_object_get(d, key);
+    json_decref(d);
+    for (size_t i = 0; !found && i < sizeof presets / sizeof presets[0]; i++) {
+        if (presets[i].arch != arch) continue;
+        json_t *j = json_loads(presets[i].json, 0, NULL);
+        found = j && json_object_get(j, key);
+        json_decref(j);
+    }
+    return found;
 }
 
 cllm_status cllm_model_preset(json_t **config, cllm_arch arch, const char *name) {

@@ -1,31 +1,31 @@
 /*
- * Inference forward with a key/value cache, for GPT-2, LLaMA and BLOOM.
+ * The key/value cache and the cached inference pass, for GPT-2, LLaMA and
+ * BLOOM.
  *
- * The math is the training forward of run.c restricted to new rows: with
- * N = B*n new tokens at positions pos..pos+n-1,
- *   gpt2:  x = wte[tok] + wpe[pos + t]
- *   bloom: x = LN(wte[tok])
- *   llama: x = wte[tok]
- *   block: h = x + o(attn(q, K, V)),  y = h + mlp(norm2(h))
- * where q is the new rows' query (rotated at its absolute position for
- * LLaMA) and K, V are the cached keys/values of positions 0..pos+t, into
- * which the new rows' own keys and values are written first. Only the last
- * new row of each sequence goes through the final norm and the head.
+ * The pass is the training forward of run.c (model_embed_forward and
+ * model_block_forward, the same code) run on new rows only: sequence i's
+ * n_i new tokens stand at positions past_i..past_i+n_i-1, their keys and
+ * values are written into the cache, and each row attends to its own
+ * sequence's cached positions 0..its own. Sequences in one call may stand at
+ * different positions and add different numbers of rows (ragged batches).
+ * Only the last new row of each sequence goes through the final norm and
+ * the head.
  *
- * Cache layout k[n_layer][B][NKV][S][HS] (and v alike), S = capacity:
- * attention for one (sequence, kv head) reads one contiguous [pos+n, HS]
- * block, and appending a token writes one HS row per head. The alternative
- * [S][NKV][HS] (token-major) makes appends one contiguous row but strides
- * every key read by NKV*HS; reads dominate (every step reads all keys), so
- * head-major wins.
+ * Paged cache: keys and values live in fixed-size blocks of block_size
+ * positions taken from one pool, k[n_layer][n_blocks][NKV][block_size][HS]
+ * (v alike); each sequence has a block table mapping its position s to
+ * block table[s / block_size], row s % block_size. Blocks are taken from a
+ * free list as a sequence grows and returned when it is rewound or reset,
+ * so sequences that start and end at different times share one pool (what
+ * a server batching requests needs). Within a block the keys one head reads
+ * are contiguous: a decode step streams each block front to back.
  *
- * All scratch is carved out of one allocation at init, sized for B x
- * max_chunk rows, so forward calls never allocate. Projections go through
- * cllm_linear_forward (oneDNN).
+ * All memory is allocated at init (pool, tables, scratch for max_rows new
+ * rows per call), so forward calls never allocate.
  *
- * Left out: sequences of different lengths in one batch (rows advance in
- * lockstep), sliding windows, cache quantisation, logits of every new
- * position (only the last one is returned).
+ * Left out: sliding windows, cache quantisation, sharing blocks between
+ * sequences (prefix caching), logits of every new position (only the last
+ * one of each sequence is returned).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -36,25 +36,28 @@
 #include "model_impl.h"
 
 /* Default capacity for models without a position limit (BLOOM). */
-enum { DEFAULT_MAX_POS = 2048 };
+enum { DEFAULT_MAX_POS = 2048, DEFAULT_BLOCK = 64 };
 
 struct cllm_kv_cache {
-    const cllm_model *m;
-    int B, S, chunk, pos;
-    float *kc, *vc;          /* [n_layer][B][NKV][S][HS] */
-    float *buf;              /* everything below is carved from buf */
-    float *x, *ln, *x1;      /* [N,C] residual stream, normed input, residual after attention */
-    float *mean, *rstd;      /* [N] */
-    float *qkv;              /* [N,QKV] same layouts as training */
-    float *atty;             /* [N,NH*HS] */
-    float *fc, *up, *act;    /* [N,F] (up: llama only) */
-    float *last, *lnf;       /* [B,C] last rows, normed */
-    float *lmean, *lrstd;    /* [B] */
+    cllm_model *m;            /* read only, but for the operand scratch of bf16/fp16 linears */
+    int n_seq, S, max_rows, block_size, max_blocks, n_blocks;
+    int32_t *past;            /* [n_seq] positions filled per sequence */
+    int32_t *table;           /* [n_seq][max_blocks] block ids, -1 = none */
+    int32_t *call_table;      /* [n_seq][max_blocks] the current call's entries' tables */
+    int *n_lock;              /* [n_seq] scratch of cllm_kv_cache_forward */
+    int32_t *free_list;       /* [n_blocks] free block ids, n_free of them */
+    int n_free;
+    int32_t *rows, *call_past; /* [n_seq + 1], [n_seq]: the rows of the current call */
+    int32_t *seq_of;          /* [n_seq] sequence of each call entry */
+    float *kc, *vc;           /* pools */
+    float *buf;               /* everything below is carved from buf */
+    layer_acts a;             /* [N,...] scratch for one block (ln1 == ln2, mean/rstd shared) */
+    float *emb;               /* [N,C] BLOOM's embedding before its LayerNorm */
+    float *last, *lnf;        /* [n_seq,C] last rows, normed */
+    float *lmean, *lrstd;     /* [n_seq] */
     float *rope_cos, *rope_sin; /* [S,HS/2] llama */
-    float *alibi;            /* [NH] bloom */
+    float *alibi;             /* [NH] bloom */
 };
-
-static const float *param(const cllm_model *m, int idx) { return idx < 0 ? NULL : m->params + m->tensors[idx].offset; }
 
 static size_t carve(float **p, float *base, size_t used, size_t n) {
     *p = base ? base + used : NULL;
@@ -64,62 +67,101 @@ static size_t carve(float **p, float *base, size_t used, size_t n) {
 /* Lays out the scratch (base == NULL: measure only); returns floats used. */
 static size_t assign(cllm_kv_cache *kv, float *base) {
     const cllm_model_config *c = &kv->m->cfg;
-    size_t N = (size_t)kv->B * kv->chunk, C = (size_t)c->n_embd, F = (size_t)c->n_inner;
+    size_t N = (size_t)kv->max_rows, C = (size_t)c->n_embd, F = (size_t)c->n_inner;
+    layer_acts *a = &kv->a;
     size_t u = 0;
-    u = carve(&kv->x, base, u, N * C);
-    u = carve(&kv->ln, base, u, N * C);
-    u = carve(&kv->x1, base, u, N * C);
-    u = carve(&kv->mean, base, u, N);
-    u = carve(&kv->rstd, base, u, N);
-    u = carve(&kv->qkv, base, u, N * (size_t)model_qkv_width(c));
-    u = carve(&kv->atty, base, u, N * (size_t)c->n_head * c->head_dim);
-    u = carve(&kv->fc, base, u, N * F);
-    u = carve(&kv->up, base, u, c->arch == CLLM_ARCH_LLAMA ? N * F : 0);
-    u = carve(&kv->act, base, u, N * F);
-    u = carve(&kv->last, base, u, (size_t)kv->B * C);
-    u = carve(&kv->lnf, base, u, (size_t)kv->B * C);
-    u = carve(&kv->lmean, base, u, (size_t)kv->B);
-    u = carve(&kv->lrstd, base, u, (size_t)kv->B);
+    u = carve(&a->x, base, u, N * C);
+    u = carve(&a->ln1, base, u, N * C);
+    u = carve(&a->x1, base, u, N * C);
+    u = carve(&a->ln1_mean, base, u, N);
+    u = carve(&a->ln1_rstd, base, u, N);
+    u = carve(&a->qkv, base, u, N * (size_t)model_qkv_width(c));
+    u = carve(&a->atty, base, u, N * (size_t)c->n_head * c->head_dim);
+    u = carve(&a->fc, base, u, N * F);
+    u = carve(&a->up, base, u, c->arch == CLLM_ARCH_LLAMA ? N * F : 0);
+    u = carve(&a->act, base, u, N * F);
+    u = carve(&kv->last, base, u, (size_t)kv->n_seq * C);
+    u = carve(&kv->lnf, base, u, (size_t)kv->n_seq * C);
+    u = carve(&kv->lmean, base, u, (size_t)kv->n_seq);
+    u = carve(&kv->lrstd, base, u, (size_t)kv->n_seq);
     size_t half = c->arch == CLLM_ARCH_LLAMA ? (size_t)kv->S * (c->head_dim / 2) : 0;
     u = carve(&kv->rope_cos, base, u, half);
     u = carve(&kv->rope_sin, base, u, half);
     u = carve(&kv->alibi, base, u, (size_t)c->n_head);
+    /* the second norm and the embedding reuse buffers that are dead then */
+    a->ln2 = a->ln1;
+    a->ln2_mean = a->ln1_mean;
+    a->ln2_rstd = a->ln1_rstd;
+    a->lse = NULL;
+    kv->emb = a->ln1;
     return u;
 }
 
-cllm_status cllm_kv_cache_init(cllm_kv_cache **out, const cllm_model *m, int B, int max_pos, int max_chunk) {
+cllm_kv_cache_params cllm_kv_cache_params_default(void) {
+    return (cllm_kv_cache_params){.max_seqs = 1, .max_pos = 0, .max_rows = 0, .block_size = DEFAULT_BLOCK,
+                                  .n_blocks = 0};
+}
+
+static const char *limit_name(const cllm_model_config *c) {
+    return c->arch == CLLM_ARCH_GPT2 ? "n_positions" : "max_position_embeddings";
+}
+
+cllm_status cllm_kv_cache_init_paged(cllm_kv_cache **out, const cllm_model *m, const cllm_kv_cache_params *p) {
     *out = NULL;
     const cllm_model_config *c = &m->cfg;
-    if (B < 1 || max_pos < 0 || max_chunk < 0)
-        return CLLM_FAIL(CLLM_ERR_ARG, "batch %d, max_pos %d, max_chunk %d: need B >= 1 and sizes >= 0", B, max_pos,
-                         max_chunk);
-    int S = max_pos ? max_pos : (c->n_ctx > 0 ? c->n_ctx : DEFAULT_MAX_POS);
+    if (m->tp_size > 1)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a key/value cache over a tensor-parallel part (rank %d of %d): "
+                         "generate with the whole model", m->tp_rank, m->tp_size);
+    if (!m->params) return CLLM_FAIL(CLLM_ERR_ARG, "the model holds no parameters");
+    if (p->max_seqs < 1 || p->max_pos < 0 || p->max_rows < 0 || p->block_size < 1 || p->n_blocks < 0)
+        return CLLM_FAIL(CLLM_ERR_ARG, "max_seqs %d, max_pos %d, max_rows %d, block_size %d, n_blocks %d: need "
+                         "max_seqs >= 1, block_size >= 1 and sizes >= 0", p->max_seqs, p->max_pos, p->max_rows,
+                         p->block_size, p->n_blocks);
+    int S = p->max_pos ? p->max_pos : (c->n_ctx > 0 ? c->n_ctx : DEFAULT_MAX_POS);
     if (c->n_ctx > 0 && S > c->n_ctx)
         return CLLM_FAIL(CLLM_ERR_ARG, "%d positions requested, but the %s model handles at most %d (%s)", S,
-                         cllm_arch_name(c->arch), c->n_ctx,
-                         c->arch == CLLM_ARCH_GPT2 ? "n_positions" : "max_position_embeddings");
-    int chunk = max_chunk && max_chunk < S ? max_chunk : S;
-
-    size_t kv_floats, row = (size_t)c->n_kv_head * c->head_dim;
-    if (!cllm_size_mul(row, (size_t)S, &kv_floats) || !cllm_size_mul(kv_floats, (size_t)B, &kv_floats) ||
-        !cllm_size_mul(kv_floats, (size_t)c->n_layer, &kv_floats) ||
-        (size_t)B * (size_t)chunk > ((size_t)1 << 28))
-        return CLLM_FAIL(CLLM_ERR_NOMEM, "cache of %d x %d positions is too large", B, S);
+                         cllm_arch_name(c->arch), c->n_ctx, limit_name(c));
+    int max_blocks = (S + p->block_size - 1) / p->block_size;
+    size_t n_blocks = p->n_blocks ? (size_t)p->n_blocks : (size_t)p->max_seqs * (size_t)max_blocks;
+    size_t rows = p->max_rows ? (size_t)p->max_rows : (size_t)p->max_seqs * (size_t)S;
+    size_t kv_floats, row = (size_t)c->n_kv_head * c->head_dim, table_len;
+    if (!cllm_size_mul(row, (size_t)p->block_size, &kv_floats) || !cllm_size_mul(kv_floats, n_blocks, &kv_floats) ||
+        !cllm_size_mul(kv_floats, (size_t)c->n_layer, &kv_floats) || n_blocks > INT32_MAX ||
+        !cllm_size_mul((size_t)p->max_seqs, (size_t)max_blocks, &table_len) || rows > ((size_t)1 << 28))
+        return CLLM_FAIL(CLLM_ERR_NOMEM, "cache of %zu blocks of %d positions (%d sequences) is too large", n_blocks,
+                         p->block_size, p->max_seqs);
 
     cllm_kv_cache *kv = calloc(1, sizeof *kv);
     if (!kv) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
-    kv->m = m;
-    kv->B = B;
+    kv->m = (cllm_model *)(uintptr_t)m; /* see the struct: only the lp scratch is written */
+    kv->n_seq = p->max_seqs;
     kv->S = S;
-    kv->chunk = chunk;
+    kv->max_rows = (int)rows;
+    kv->block_size = p->block_size;
+    kv->max_blocks = max_blocks;
+    kv->n_blocks = (int)n_blocks;
     size_t scratch = assign(kv, NULL);
+    size_t ns = (size_t)kv->n_seq;
+    kv->past = calloc(ns, sizeof *kv->past);
+    kv->call_past = calloc(ns, sizeof *kv->call_past);
+    kv->seq_of = calloc(ns, sizeof *kv->seq_of);
+    kv->rows = calloc(ns + 1, sizeof *kv->rows);
+    kv->table = malloc(table_len * sizeof *kv->table);
+    kv->call_table = malloc(table_len * sizeof *kv->call_table);
+    kv->n_lock = malloc(ns * sizeof *kv->n_lock);
+    kv->free_list = malloc(n_blocks * sizeof *kv->free_list);
     kv->kc = cllm_alloc(kv_floats * sizeof(float), "key cache");
     kv->vc = kv->kc ? cllm_alloc(kv_floats * sizeof(float), "value cache") : NULL;
     kv->buf = kv->vc ? cllm_alloc(scratch * sizeof(float), "generation scratch") : NULL;
-    if (!kv->buf) {
+    if (!kv->buf || !kv->past || !kv->call_past || !kv->seq_of || !kv->rows || !kv->table || !kv->free_list ||
+        !kv->call_table || !kv->n_lock) {
         cllm_kv_cache_free(kv);
-        return CLLM_ERR_NOMEM;
+        return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for a cache of %zu blocks", n_blocks);
     }
+    for (size_t i = 0; i < table_len; i++) kv->table[i] = -1;
+    /* popped from the end: block 0 first */
+    for (int i = 0; i < kv->n_blocks; i++) kv->free_list[i] = kv->n_blocks - 1 - i;
+    kv->n_free = kv->n_blocks;
     assign(kv, kv->buf);
     if (c->arch == CLLM_ARCH_LLAMA) cllm_rope_tables(kv->rope_cos, kv->rope_sin, S, c->head_dim, c->rope_theta);
     if (c->arch == CLLM_ARCH_BLOOM) cllm_alibi_slopes(kv->alibi, c->n_head);
@@ -127,68 +169,75 @@ cllm_status cllm_kv_cache_init(cllm_kv_cache **out, const cllm_model *m, int B, 
     return CLLM_OK;
 }
 
+cllm_status cllm_kv_cache_init(cllm_kv_cache **out, const cllm_model *m, int B, int max_pos, int max_chunk) {
+    *out = NULL;
+    if (B < 1 || max_pos < 0 || max_chunk < 0)
+        return CLLM_FAIL(CLLM_ERR_ARG, "batch %d, max_pos %d, max_chunk %d: need B >= 1 and sizes >= 0", B, max_pos,
+                         max_chunk);
+    const cllm_model_config *c = &m->cfg;
+    int S = max_pos ? max_pos : (c->n_ctx > 0 ? c->n_ctx : DEFAULT_MAX_POS);
+    int chunk = max_chunk && max_chunk < S ? max_chunk : S;
+    if ((size_t)B * (size_t)chunk > ((size_t)1 << 28))
+        return CLLM_FAIL(CLLM_ERR_NOMEM, "cache of %d x %d positions is too large", B, S);
+    cllm_kv_cache_params p = cllm_kv_cache_params_default();
+    p.max_seqs = B;
+    p.max_pos = max_pos;
+    p.max_rows = B * chunk;
+    return cllm_kv_cache_init_paged(out, m, &p);
+}
+
 void cllm_kv_cache_free(cllm_kv_cache *kv) {
     if (!kv) return;
     cllm_free(kv->kc);
     cllm_free(kv->vc);
     cllm_free(kv->buf);
+    free(kv->past);
+    free(kv->call_past);
+    free(kv->seq_of);
+    free(kv->rows);
+    free(kv->table);
+    free(kv->call_table);
+    free(kv->n_lock);
+    free(kv->free_list);
     free(kv);
 }
 
-int cllm_kv_cache_pos(const cllm_kv_cache *kv) { return kv->pos; }
+int cllm_kv_cache_pos(const cllm_kv_cache *kv) { return kv->past[0]; }
 int cllm_kv_cache_capacity(const cllm_kv_cache *kv) { return kv->S; }
+int cllm_kv_cache_max_seqs(const cllm_kv_cache *kv) { return kv->n_seq; }
+int cllm_kv_cache_block_size(const cllm_kv_cache *kv) { return kv->block_size; }
+int cllm_kv_cache_blocks_free(const cllm_kv_cache *kv) { return kv->n_free; }
 
-cllm_status cllm_kv_cache_rewind(cllm_kv_cache *kv, int pos) {
-    if (pos < 0 || pos > kv->pos)
-        return CLLM_FAIL(CLLM_ERR_ARG, "cannot rewind to position %d (filled: %d)", pos, kv->pos);
-    kv->pos = pos;
-    return CLLM_OK;
+int cllm_kv_cache_seq_pos(const cllm_kv_cache *kv, int seq) {
+    return seq >= 0 && seq < kv->n_seq ? kv->past[seq] : -1;
 }
 
-/* Views of q, k, v inside the qkv scratch of N rows: GPT-2 [N, Q|K|V],
- * BLOOM [N, NH, 3, HS], LLaMA three regions [N,Q] [N,K] [N,K] (the layouts
- * of the training forward, so the same weights apply unchanged). */
-static void qkv_views(const cllm_model_config *c, float *qkv, size_t N, cllm_view *q, cllm_view *k, cllm_view *v) {
-    int C = c->n_embd, HS = c->head_dim, Q = c->n_head * HS, K = c->n_kv_head * HS;
-    switch (c->arch) {
-    case CLLM_ARCH_GPT2:
-        *q = (cllm_view){qkv, 3 * C, HS};
-        *k = (cllm_view){qkv + C, 3 * C, HS};
-        *v = (cllm_view){qkv + 2 * C, 3 * C, HS};
-        break;
-    case CLLM_ARCH_BLOOM:
-        *q = (cllm_view){qkv, 3 * C, 3 * HS};
-        *k = (cllm_view){qkv + HS, 3 * C, 3 * HS};
-        *v = (cllm_view){qkv + 2 * HS, 3 * C, 3 * HS};
-        break;
-    default:
-        *q = (cllm_view){qkv, Q, HS};
-        *k = (cllm_view){qkv + N * (size_t)Q, K, HS};
-        *v = (cllm_view){qkv + N * (size_t)(Q + K), K, HS};
-        break;
+/* Returns the blocks of sequence `seq` past position `pos` to the pool. */
+static void release_from(cllm_kv_cache *kv, int seq, int pos) {
+    int32_t *t = kv->table + (size_t)seq * kv->max_blocks;
+    for (int b = (pos + kv->block_size - 1) / kv->block_size; b < kv->max_blocks && t[b] >= 0; b++) {
+        kv->free_list[kv->n_free++] = t[b];
+        t[b] = -1;
     }
 }
 
-/* Copies the n new rows of every (sequence, kv head) from a view into the
- * cache block of layer l at positions pos..pos+n-1. */
-static void cache_append(float *cache, cllm_view src, const cllm_kv_cache *kv, int l, int n) {
-    const cllm_model_config *c = &kv->m->cfg;
-    int NKV = c->n_kv_head, HS = c->head_dim;
-    for (int b = 0; b < kv->B; b++)
-        for (int g = 0; g < NKV; g++) {
-            float *dst = cache + ((((size_t)l * kv->B + b) * NKV + g) * kv->S + kv->pos) * HS;
-            for (int t = 0; t < n; t++)
-                memcpy(dst + (size_t)t * HS, src.p + ((size_t)b * n + t) * src.rs + (size_t)g * src.hs,
-                       (size_t)HS * sizeof(float));
-        }
+cllm_status cllm_kv_cache_seq_rewind(cllm_kv_cache *kv, int seq, int pos) {
+    if (seq < 0 || seq >= kv->n_seq)
+        return CLLM_FAIL(CLLM_ERR_ARG, "sequence %d outside the cache's %d", seq, kv->n_seq);
+    if (pos < 0 || pos > kv->past[seq])
+        return CLLM_FAIL(CLLM_ERR_ARG, "cannot rewind sequence %d to position %d (filled: %d)", seq, pos,
+                         kv->past[seq]);
+    release_from(kv, seq, pos);
+    kv->past[seq] = pos;
+    return CLLM_OK;
 }
 
-static void norm(const cllm_model_config *c, float *out, float *mean, float *rstd, const float *inp, const float *w,
-                 const float *b, int N) {
-    if (c->arch == CLLM_ARCH_LLAMA)
-        cllm_rmsnorm_forward(out, rstd, inp, w, N, c->n_embd, c->norm_eps);
-    else
-        cllm_layernorm_forward(out, mean, rstd, inp, w, b, N, c->n_embd, c->norm_eps);
+cllm_status cllm_kv_cache_rewind(cllm_kv_cache *kv, int pos) {
+    for (int i = 0; i < kv->n_seq; i++)
+        if (pos < 0 || pos > kv->past[i])
+            return CLLM_FAIL(CLLM_ERR_ARG, "cannot rewind to position %d (filled: %d)", pos, kv->past[i]);
+    for (int i = 0; i < kv->n_seq; i++) cllm_kv_cache_seq_rewind(kv, i, pos);
+    return CLLM_OK;
 }
 
 #define TRY(x)                          \
@@ -197,96 +246,109 @@ static void norm(const cllm_model_config *c, float *out, float *mean, float *rst
         if (st_ != CLLM_OK) return st_; \
     } while (0)
 
-/* One block over N = B*n new rows: kv->x in, kv->x out (updated in place). */
-static cllm_status block(cllm_kv_cache *kv, int l, int n) {
-    const cllm_model *m = kv->m;
+/* Checks a call and takes the blocks it needs; on failure nothing has
+ * changed. Builds kv->rows / call_past / seq_of for the n_call sequences
+ * that add rows. */
+static cllm_status plan(cllm_kv_cache *kv, const int32_t *tokens, const int *n_new, int *n_call) {
+    const cllm_model_config *c = &kv->m->cfg;
+    const int V = c->vocab_size;
+    long total = 0;
+    int k = 0;
+    kv->rows[0] = 0;
+    for (int i = 0; i < kv->n_seq; i++) {
+        int n = n_new[i];
+        if (n < 0) return CLLM_FAIL(CLLM_ERR_ARG, "sequence %d: %d new tokens", i, n);
+        if (n == 0) continue;
+        if (n > kv->S - kv->past[i]) {
+            if (c->n_ctx > 0 && kv->S == c->n_ctx)
+                return CLLM_FAIL(CLLM_ERR_ARG,
+                                 "positions %d..%d exceed the model's limit of %d positions (%s); shorten the prompt "
+                                 "or generate fewer tokens",
+                                 kv->past[i], kv->past[i] + n - 1, c->n_ctx, limit_name(c));
+            return CLLM_FAIL(CLLM_ERR_ARG, "positions %d..%d exceed the cache's %d positions; init a larger cache",
+                             kv->past[i], kv->past[i] + n - 1, kv->S);
+        }
+        for (int t = 0; t < n; t++) {
+            int32_t id = tokens[total + t];
+            if (id < 0 || id >= V)
+                return CLLM_FAIL(CLLM_ERR_ARG, "token id %d (sequence %d, new token %d) is outside the vocabulary "
+                                 "[0, %d)", id, i, t, V);
+        }
+        total += n;
+        kv->seq_of[k] = i;
+        kv->call_past[k] = kv->past[i];
+        kv->rows[k + 1] = (int32_t)total;
+        k++;
+    }
+    if (total > kv->max_rows)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%ld new rows in one call; this cache takes at most %d", total, kv->max_rows);
+    int need = 0;
+    for (int j = 0; j < k; j++) {
+        int i = kv->seq_of[j], n = kv->rows[j + 1] - kv->rows[j];
+        need += (kv->past[i] + n + kv->block_size - 1) / kv->block_size - (kv->past[i] + kv->block_size - 1) /
+                                                                            kv->block_size;
+    }
+    if (need > kv->n_free)
+        return CLLM_FAIL(CLLM_ERR_NOMEM, "the cache needs %d more blocks of %d positions, %d are free", need,
+                         kv->block_size, kv->n_free);
+    for (int j = 0; j < k; j++) {
+        int i = kv->seq_of[j], end = kv->past[i] + kv->rows[j + 1] - kv->rows[j];
+        int32_t *t = kv->table + (size_t)i * kv->max_blocks;
+        for (int b = 0; b * kv->block_size < end; b++)
+            if (t[b] < 0) t[b] = kv->free_list[--kv->n_free];
+    }
+    *n_call = k;
+    return CLLM_OK;
+}
+
+/* Runs the planned rows: embeddings, every block, and the head on the
+ * last new row of each sequence that added rows. */
+static cllm_status run_rows(cllm_kv_cache *kv, const int32_t *tokens, int n_call, float *logits) {
+    cllm_model *m = kv->m;
     const cllm_model_config *c = &m->cfg;
-    const int *s = m->lslot[l];
-    int N = kv->B * n, C = c->n_embd, F = c->n_inner, HS = c->head_dim;
-    int Q = c->n_head * HS, K = c->n_kv_head * HS;
-    bool in_out = c->arch == CLLM_ARCH_GPT2; /* Conv1D weights [IN,OUT] */
-    const float *P[L_NSLOTS];
-    for (int i = 0; i < L_NSLOTS; i++) P[i] = param(m, s[i]);
+    const int C = c->n_embd, V = c->vocab_size, L = c->n_layer;
+    /* the kernel reads tables by call entry */
+    for (int j = 0; j < n_call; j++)
+        memcpy(kv->call_table + (size_t)j * kv->max_blocks, kv->table + (size_t)kv->seq_of[j] * kv->max_blocks,
+               (size_t)kv->max_blocks * sizeof *kv->table);
+    model_rows rows = {.n_seq = n_call, .rows = kv->rows, .past = kv->call_past, .k = kv->kc, .v = kv->vc,
+                       .layer_stride = (size_t)kv->n_blocks * c->n_kv_head * kv->block_size * c->head_dim,
+                       .block_size = kv->block_size, .max_blocks = kv->max_blocks, .table = kv->call_table,
+                       .rope_cos = kv->rope_cos, .rope_sin = kv->rope_sin, .alibi = kv->alibi};
+    layer_acts *a = &kv->a;
+    cllm_status st = model_embed_forward(m, a->x, kv->emb, a->ln1_mean, a->ln1_rstd, tokens, 0, 0, &rows);
+    for (int l = 0; l < L && !st; l++) st = model_block_forward(m, l, a, a->x, 0, 0, &rows, false);
+    if (st) return st;
+    for (int j = 0; j < n_call; j++)
+        memcpy(kv->last + (size_t)j * C, a->x + ((size_t)kv->rows[j + 1] - 1) * C, (size_t)C * sizeof(float));
+    model_norm_forward(m, kv->lnf, kv->lmean, kv->lrstd, kv->last, model_param(m, m->gslot[G_LNF_W]),
+                       model_param(m, m->gslot[G_LNF_B]), n_call);
+    int head = m->gslot[G_HEAD] >= 0 ? m->gslot[G_HEAD] : m->gslot[G_WTE];
+    const float *W = model_param(m, head);
+    if (n_call == kv->n_seq) return model_linear_forward(m, logits, kv->lnf, W, NULL, n_call, C, V, false);
+    for (int j = 0; j < n_call; j++)
+        TRY(model_linear_forward(m, logits + (size_t)kv->seq_of[j] * V, kv->lnf + (size_t)j * C, W, NULL, 1, C, V,
+                                 false));
+    return CLLM_OK;
+}
 
-    norm(c, kv->ln, kv->mean, kv->rstd, kv->x, P[L_LN1_W], P[L_LN1_B], N);
-    cllm_view q, k, v;
-    qkv_views(c, kv->qkv, (size_t)N, &q, &k, &v);
-    if (c->arch == CLLM_ARCH_LLAMA) {
-        TRY(cllm_linear_forward(q.p, kv->ln, P[L_Q_W], P[L_Q_B], N, C, Q, false));
-        TRY(cllm_linear_forward(k.p, kv->ln, P[L_K_W], P[L_K_B], N, C, K, false));
-        TRY(cllm_linear_forward(v.p, kv->ln, P[L_V_W], P[L_V_B], N, C, K, false));
-        /* rope_apply takes row t's angles from row t of the table it is given:
-         * starting the tables at row pos rotates row t by position pos + t. */
-        size_t off = (size_t)kv->pos * (HS / 2);
-        cllm_rope_apply(q.p, kv->rope_cos + off, kv->rope_sin + off, kv->B, n, c->n_head, HS, Q, HS, 1);
-        cllm_rope_apply(k.p, kv->rope_cos + off, kv->rope_sin + off, kv->B, n, c->n_kv_head, HS, K, HS, 1);
-    } else {
-        TRY(cllm_linear_forward(kv->qkv, kv->ln, P[L_QKV_W], P[L_QKV_B], N, C, 3 * C, in_out));
+cllm_status cllm_kv_cache_forward_ragged(cllm_kv_cache *kv, const int32_t *tokens, const int *n_new, float *logits) {
+    int n_call = 0;
+    TRY(plan(kv, tokens, n_new, &n_call));
+    if (n_call == 0) return CLLM_OK;
+    cllm_status st = run_rows(kv, tokens, n_call, logits);
+    if (st) { /* keep the positions: return the blocks this call took */
+        for (int j = 0; j < n_call; j++) release_from(kv, kv->seq_of[j], kv->past[kv->seq_of[j]]);
+        return st;
     }
-    cache_append(kv->kc, k, kv, l, n);
-    cache_append(kv->vc, v, kv, l, n);
-    size_t layer_off = (size_t)l * kv->B * c->n_kv_head * kv->S * HS;
-    cllm_attention_forward_cached((cllm_view){kv->atty, Q, HS}, (cllm_cview){q.p, q.rs, q.hs}, kv->kc + layer_off,
-                                  kv->vc + layer_off, c->arch == CLLM_ARCH_BLOOM ? kv->alibi : NULL, kv->B, n,
-                                  kv->pos, kv->S, c->n_head, c->n_kv_head, HS, 1.0f / sqrtf((float)HS));
-    TRY(cllm_linear_forward(kv->x1, kv->atty, P[L_O_W], P[L_O_B], N, Q, C, in_out));
-    cllm_add(kv->x1, kv->x1, kv->x, (long)N * C);
-
-    norm(c, kv->ln, kv->mean, kv->rstd, kv->x1, P[L_LN2_W], P[L_LN2_B], N);
-    TRY(cllm_linear_forward(kv->fc, kv->ln, P[L_FC_W], P[L_FC_B], N, C, F, in_out));
-    if (c->arch == CLLM_ARCH_LLAMA) {
-        TRY(cllm_linear_forward(kv->up, kv->ln, P[L_UP_W], P[L_UP_B], N, C, F, false));
-        cllm_swiglu_forward(kv->act, kv->fc, kv->up, (long)N * F);
-    } else {
-        cllm_gelu_forward(kv->act, kv->fc, (long)N * F);
-    }
-    TRY(cllm_linear_forward(kv->x, kv->act, P[L_DOWN_W], P[L_DOWN_B], N, F, C, in_out));
-    cllm_add(kv->x, kv->x, kv->x1, (long)N * C);
+    for (int j = 0; j < n_call; j++) kv->past[kv->seq_of[j]] += kv->rows[j + 1] - kv->rows[j];
     return CLLM_OK;
 }
 
 cllm_status cllm_kv_cache_forward(cllm_kv_cache *kv, const int32_t *tokens, int n, float *logits) {
-    const cllm_model *m = kv->m;
-    const cllm_model_config *c = &m->cfg;
-    int B = kv->B, C = c->n_embd, V = c->vocab_size, N = B * n;
-    if (n < 1 || n > kv->chunk)
-        return CLLM_FAIL(CLLM_ERR_ARG, "%d new tokens per sequence; this cache takes 1 to %d per call", n, kv->chunk);
-    if (n > kv->S - kv->pos) {
-        if (c->n_ctx > 0 && kv->S == c->n_ctx)
-            return CLLM_FAIL(CLLM_ERR_ARG,
-                             "positions %d..%d exceed the model's limit of %d positions (%s); shorten the prompt or "
-                             "generate fewer tokens",
-                             kv->pos, kv->pos + n - 1, c->n_ctx,
-                             c->arch == CLLM_ARCH_GPT2 ? "n_positions" : "max_position_embeddings");
-        return CLLM_FAIL(CLLM_ERR_ARG, "positions %d..%d exceed the cache's %d positions; init a larger cache", kv->pos,
-                         kv->pos + n - 1, kv->S);
-    }
-    for (int i = 0; i < N; i++)
-        if (tokens[i] < 0 || tokens[i] >= V)
-            return CLLM_FAIL(CLLM_ERR_ARG, "token id %d (sequence %d, new token %d) is outside the vocabulary [0, %d)",
-                             tokens[i], i / n, i % n, V);
-
-    const float *wte = param(m, m->gslot[G_WTE]);
-    switch (c->arch) {
-    case CLLM_ARCH_GPT2: /* wpe rows pos..pos+n-1: row t of each sequence gets wpe[pos + t] */
-        cllm_embedding_forward(kv->x, tokens, wte, param(m, m->gslot[G_WPE]) + (size_t)kv->pos * C, N, n, C);
-        break;
-    case CLLM_ARCH_LLAMA: cllm_embedding_forward(kv->x, tokens, wte, NULL, N, n, C); break;
-    default:
-        cllm_embedding_forward(kv->ln, tokens, wte, NULL, N, n, C);
-        cllm_layernorm_forward(kv->x, kv->mean, kv->rstd, kv->ln, param(m, m->gslot[G_EMB_LN_W]),
-                               param(m, m->gslot[G_EMB_LN_B]), N, C, c->norm_eps);
-        break;
-    }
-    for (int l = 0; l < c->n_layer; l++) {
-        cllm_status st = block(kv, l, n);
-        if (st) return st;
-    }
-    for (int b = 0; b < B; b++)
-        memcpy(kv->last + (size_t)b * C, kv->x + ((size_t)b * n + n - 1) * C, (size_t)C * sizeof(float));
-    norm(c, kv->lnf, kv->lmean, kv->lrstd, kv->last, param(m, m->gslot[G_LNF_W]), param(m, m->gslot[G_LNF_B]), B);
-    int head = m->gslot[G_HEAD] >= 0 ? m->gslot[G_HEAD] : m->gslot[G_WTE];
-    TRY(cllm_linear_forward(logits, kv->lnf, param(m, head), NULL, B, C, V, false));
-    kv->pos += n;
-    return CLLM_OK;
+    int chunk = kv->max_rows / kv->n_seq;
+    if (n < 1 || n > chunk)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%d new tokens per sequence; this cache takes 1 to %d per call", n, chunk);
+    for (int i = 0; i < kv->n_seq; i++) kv->n_lock[i] = n;
+    return cllm_kv_cache_forward_ragged(kv, tokens, kv->n_lock, logits);
 }

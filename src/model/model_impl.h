@@ -1,7 +1,7 @@
 /*
- * Private model internals shared by layout.c, model.c and run.c: the
- * per-layer parameter slots of the architecture table, and the activation
- * buffers of a prepared model.
+ * Private model internals shared by layout.c, model.c, run.c and
+ * generate.c: the per-layer parameter slots of the architecture table, the
+ * activation buffers of a prepared model, and the one forward pass.
  */
 #ifndef CLLM_MODEL_IMPL_H
 #define CLLM_MODEL_IMPL_H
@@ -99,6 +99,33 @@ struct cllm_model {
     double *tp_sum;  /* [2 * logit chunk] per-row sum of exp, target logit */
     int tp_rows;     /* rows of tp_max / tp_sum */
 };
+
+/* The rows of a cached forward pass (generate.c builds it, run.c reads
+ * it): n_seq sequences, sequence i with new rows rows[i]..rows[i+1]-1 at
+ * positions past[i].., and the paged key/value cache they extend. */
+typedef struct {
+    int n_seq;
+    const int32_t *rows;       /* [n_seq + 1] row offsets */
+    const int32_t *past;       /* [n_seq] positions already cached */
+    float *k, *v;              /* [n_layer][n_blocks][NKV][block_size][HS] */
+    size_t layer_stride;       /* floats of one layer's pool */
+    int block_size, max_blocks;
+    const int32_t *table;      /* [n_seq][max_blocks] block ids */
+    const float *rope_cos, *rope_sin; /* [positions, HS/2] from position 0 (llama) */
+    const float *alibi;        /* [NH] (bloom) */
+} model_rows;
+
+/* The one forward pass of the three families (run.c), used by training,
+ * evaluation, pipeline stages, tensor-parallel parts and the cached
+ * inference pass (generate.c). Rows are B x T from position 0 when `rows`
+ * is NULL, else the cache's ragged rows (B, T unused). */
+cllm_status model_embed_forward(cllm_model *m, float *x0, float *emb, float *emb_mean, float *emb_rstd,
+                                const int32_t *tokens, int B, int T, const model_rows *rows);
+cllm_status model_block_forward(cllm_model *m, int l, const layer_acts *a, float *y, int B, int T,
+                                const model_rows *rows, bool recompute);
+/* The family's norm (RMSNorm for llama, LayerNorm otherwise) over N rows. */
+void model_norm_forward(const cllm_model *m, float *out, float *mean, float *rstd, const float *inp, const float *w,
+                        const float *b, int N);
 
 /* Tensor-parallel pieces of the forward and backward passes (tp.c). */
 cllm_status model_tp_embed_forward(cllm_model *m, float *out, const int32_t *tokens, int N, int T);

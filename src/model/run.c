@@ -62,7 +62,7 @@ static qkv_views make_views(const cllm_model_config *c, float *qkv, size_t N) {
 
 static cllm_cview cv(cllm_view v) { return (cllm_cview){v.p, v.rs, v.hs}; }
 
-static void norm_forward(const cllm_model *m, float *out, float *mean, float *rstd, const float *inp, const float *w,
+void model_norm_forward(const cllm_model *m, float *out, float *mean, float *rstd, const float *inp, const float *w,
                          const float *b, int N) {
     const cllm_model_config *c = &m->cfg;
     if (c->arch == CLLM_ARCH_LLAMA)
@@ -80,69 +80,125 @@ static void norm_backward(const cllm_model *m, float *dinp, float *dw, float *db
         cllm_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, c->n_embd);
 }
 
-static cllm_status embed_forward(cllm_model *m, const int32_t *tokens, int B, int T) {
+/* The embeddings of N rows into x0[N,C] (BLOOM: through emb[N,C] and its
+ * LayerNorm, statistics in emb_mean/emb_rstd). Positions: B x T from 0, or
+ * the cache's ragged rows (GPT-2 reads wpe at each row's position). */
+cllm_status model_embed_forward(cllm_model *m, float *x0, float *emb, float *emb_mean, float *emb_rstd,
+                                const int32_t *tokens, int B, int T, const model_rows *rows) {
     const cllm_model_config *c = &m->cfg;
-    int N = B * T;
-    float *x0 = m->layers[0].x;
+    const int C = c->n_embd, N = rows ? rows->rows[rows->n_seq] : B * T;
+    float *e = c->arch == CLLM_ARCH_BLOOM ? emb : x0;
+    const float *wte = model_param(m, m->gslot[G_WTE]);
+    const float *wpe = c->arch == CLLM_ARCH_GPT2 ? model_param(m, m->gslot[G_WPE]) : NULL;
     if (m->tp_size > 1) { /* vocabulary-parallel lookup, summed over the tensor group */
-        TRY(model_tp_embed_forward(m, c->arch == CLLM_ARCH_BLOOM ? m->emb : x0, tokens, N, T));
-        if (c->arch == CLLM_ARCH_BLOOM)
-            cllm_layernorm_forward(x0, m->emb_mean, m->emb_rstd, m->emb, model_param(m, m->gslot[G_EMB_LN_W]),
-                                   model_param(m, m->gslot[G_EMB_LN_B]), N, c->n_embd, c->norm_eps);
-        return CLLM_OK;
+        if (rows) return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a cached forward pass of a tensor-parallel part");
+        TRY(model_tp_embed_forward(m, e, tokens, N, T));
+    } else if (!rows) {
+        cllm_embedding_forward(e, tokens, wte, wpe, N, T, C);
+    } else { /* sequence i's rows start at position past[i]: wpe rows from there */
+        for (int i = 0; i < rows->n_seq; i++) {
+            int r0 = rows->rows[i], n = rows->rows[i + 1] - r0;
+            if (n > 0)
+                cllm_embedding_forward(e + (size_t)r0 * C, tokens + r0, wte, wpe ? wpe + (size_t)rows->past[i] * C : NULL,
+                                       n, n, C);
+        }
     }
-    switch (c->arch) {
-    case CLLM_ARCH_GPT2:
-        cllm_embedding_forward(x0, tokens, model_param(m, m->gslot[G_WTE]), model_param(m, m->gslot[G_WPE]), N, T,
-                               c->n_embd);
-        break;
-    case CLLM_ARCH_LLAMA:
-        cllm_embedding_forward(x0, tokens, model_param(m, m->gslot[G_WTE]), NULL, N, T, c->n_embd);
-        break;
-    default:
-        cllm_embedding_forward(m->emb, tokens, model_param(m, m->gslot[G_WTE]), NULL, N, T, c->n_embd);
-        cllm_layernorm_forward(x0, m->emb_mean, m->emb_rstd, m->emb, model_param(m, m->gslot[G_EMB_LN_W]),
-                               model_param(m, m->gslot[G_EMB_LN_B]), N, c->n_embd, c->norm_eps);
-        break;
-    }
+    if (c->arch == CLLM_ARCH_BLOOM)
+        cllm_layernorm_forward(x0, emb_mean, emb_rstd, emb, model_param(m, m->gslot[G_EMB_LN_W]),
+                               model_param(m, m->gslot[G_EMB_LN_B]), N, C, c->norm_eps);
     return CLLM_OK;
 }
 
-/* With `recompute`, refills the block's saved activations from its input and
- * stops before the down projection: the block output (the next block's
- * input) is kept from the forward pass. */
-static cllm_status block_forward(cllm_model *m, int l, int B, int T, bool recompute) {
+static cllm_status embed_forward(cllm_model *m, const int32_t *tokens, int B, int T) {
+    return model_embed_forward(m, m->layers[0].x, m->emb, m->emb_mean, m->emb_rstd, tokens, B, T, NULL);
+}
+
+/* Rotates the q or k view by each row's position: B x T rows from 0 with
+ * the model's tables, or the cache's ragged rows with the cache's. */
+static void rope_rows(cllm_model *m, cllm_view x, int nh, int B, int T, const model_rows *rows, int sign) {
+    const int HS = m->cfg.head_dim;
+    if (!rows) {
+        cllm_rope_apply(x.p, m->rope_cos, m->rope_sin, B, T, nh, HS, x.rs, x.hs, sign);
+        return;
+    }
+    /* rope_apply takes row t's angles from row t of the table it is given:
+     * starting the tables at row past rotates row t by position past + t */
+    for (int i = 0; i < rows->n_seq; i++) {
+        int r0 = rows->rows[i], n = rows->rows[i + 1] - r0;
+        size_t off = (size_t)rows->past[i] * (HS / 2);
+        if (n > 0)
+            cllm_rope_apply(x.p + (size_t)r0 * x.rs, rows->rope_cos + off, rows->rope_sin + off, 1, n, nh, HS, x.rs,
+                            x.hs, sign);
+    }
+}
+
+/* Writes the new rows' keys and values of layer l into the cache blocks
+ * at their positions. */
+static void cache_append(const model_rows *rows, int l, cllm_view k, cllm_view v, int NKV, int HS) {
+    const int BS = rows->block_size;
+    float *kl = rows->k + (size_t)l * rows->layer_stride, *vl = rows->v + (size_t)l * rows->layer_stride;
+    for (int i = 0; i < rows->n_seq; i++)
+        for (int r = rows->rows[i]; r < rows->rows[i + 1]; r++) {
+            int pos = rows->past[i] + (r - rows->rows[i]);
+            size_t blk = (size_t)rows->table[(size_t)i * rows->max_blocks + pos / BS];
+            for (int g = 0; g < NKV; g++) {
+                size_t dst = ((blk * NKV + g) * BS + (size_t)(pos % BS)) * HS;
+                memcpy(kl + dst, k.p + (size_t)r * k.rs + (size_t)g * k.hs, (size_t)HS * sizeof(float));
+                memcpy(vl + dst, v.p + (size_t)r * v.rs + (size_t)g * v.hs, (size_t)HS * sizeof(float));
+            }
+        }
+}
+
+/* One block over N rows: a->x in, y out; every intermediate lands in a's
+ * buffers (saved for backward in training, scratch in a cached pass).
+ * Without `rows` the rows are B x T from position 0 and attention is the
+ * causal self-attention of each sequence (lse saved for backward); with
+ * `rows` they are the cache's ragged new rows, whose keys and values are
+ * appended to the cache before they attend to it. With `recompute`,
+ * refills the activations from a->x and stops before the down projection:
+ * the block output (the next block's input) is kept from the forward pass.
+ * y may be a->x (a cached pass updates the residual stream in place). */
+cllm_status model_block_forward(cllm_model *m, int l, const layer_acts *a, float *y, int B, int T,
+                                const model_rows *rows, bool recompute) {
     const cllm_model_config *c = &m->cfg;
     const int *s = m->lslot[l];
-    layer_acts *a = &m->layers[l];
-    float *y = l + 1 < c->n_layer ? m->layers[l + 1].x : m->x_out;
-    int N = B * T, C = c->n_embd, F = c->n_inner, HS = c->head_dim;
+    int N = rows ? rows->rows[rows->n_seq] : B * T, C = c->n_embd, F = c->n_inner, HS = c->head_dim;
     int Q = c->n_head * HS, K = c->n_kv_head * HS;
     bool in_out = c->arch == CLLM_ARCH_GPT2; /* Conv1D weights */
     float *P[L_NSLOTS];
     for (int i = 0; i < L_NSLOTS; i++) P[i] = model_param(m, s[i]);
 
-    norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, a->x, P[L_LN1_W], P[L_LN1_B], N);
+    model_norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, a->x, P[L_LN1_W], P[L_LN1_B], N);
     qkv_views v = make_views(c, a->qkv, (size_t)N);
     if (c->arch == CLLM_ARCH_LLAMA) {
         TRY(model_linear_forward(m, v.q.p, a->ln1, P[L_Q_W], P[L_Q_B], N, C, Q, false));
         TRY(model_linear_forward(m, v.k.p, a->ln1, P[L_K_W], P[L_K_B], N, C, K, false));
         TRY(model_linear_forward(m, v.v.p, a->ln1, P[L_V_W], P[L_V_B], N, C, K, false));
-        cllm_rope_apply(v.q.p, m->rope_cos, m->rope_sin, B, T, c->n_head, HS, Q, HS, 1);
-        cllm_rope_apply(v.k.p, m->rope_cos, m->rope_sin, B, T, c->n_kv_head, HS, K, HS, 1);
+        rope_rows(m, v.q, c->n_head, B, T, rows, 1);
+        rope_rows(m, v.k, c->n_kv_head, B, T, rows, 1);
     } else {
         TRY(model_linear_forward(m, a->qkv, a->ln1, P[L_QKV_W], P[L_QKV_B], N, C, 3 * Q, in_out));
     }
-    const float *alibi = c->arch == CLLM_ARCH_BLOOM ? m->alibi : NULL;
-    cllm_attention_forward((cllm_view){a->atty, Q, HS}, a->lse, cv(v.q), cv(v.k), cv(v.v), alibi, B, T, c->n_head,
-                           c->n_kv_head, HS, 1.0f / sqrtf((float)HS));
+    const float scale = 1.0f / sqrtf((float)HS);
+    if (!rows) {
+        const float *alibi = c->arch == CLLM_ARCH_BLOOM ? m->alibi : NULL;
+        cllm_attention_forward((cllm_view){a->atty, Q, HS}, a->lse, cv(v.q), cv(v.k), cv(v.v), alibi, B, T,
+                               c->n_head, c->n_kv_head, HS, scale);
+    } else {
+        cache_append(rows, l, v.k, v.v, c->n_kv_head, HS);
+        cllm_attention_forward_paged((cllm_view){a->atty, Q, HS}, cv(v.q), rows->k + (size_t)l * rows->layer_stride,
+                                     rows->v + (size_t)l * rows->layer_stride, rows->table, rows->max_blocks,
+                                     rows->block_size, rows->rows, rows->past,
+                                     c->arch == CLLM_ARCH_BLOOM ? rows->alibi : NULL, rows->n_seq, c->n_head,
+                                     c->n_kv_head, HS, scale);
+    }
     /* row-parallel under tensor parallelism: partial sums, reduced, then the bias once */
     const bool tp = m->tp_size > 1;
     TRY(model_linear_forward(m, a->x1, a->atty, P[L_O_W], tp ? NULL : P[L_O_B], N, Q, C, in_out));
     if (tp) TRY(model_tp_reduce_bias(m, a->x1, P[L_O_B], N, C));
     cllm_add(a->x1, a->x1, a->x, (long)N * C);
 
-    norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->x1, P[L_LN2_W], P[L_LN2_B], N);
+    model_norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->x1, P[L_LN2_W], P[L_LN2_B], N);
     TRY(model_linear_forward(m, a->fc, a->ln2, P[L_FC_W], P[L_FC_B], N, C, F, in_out));
     if (c->arch == CLLM_ARCH_LLAMA) {
         TRY(model_linear_forward(m, a->up, a->ln2, P[L_UP_W], P[L_UP_B], N, C, F, false));
@@ -155,6 +211,12 @@ static cllm_status block_forward(cllm_model *m, int l, int B, int T, bool recomp
     if (tp) TRY(model_tp_reduce_bias(m, y, P[L_DOWN_B], N, C));
     cllm_add(y, y, a->x1, (long)N * C);
     return CLLM_OK;
+}
+
+/* Block l of the training pass: its saved activations and output slot. */
+static cllm_status block_forward(cllm_model *m, int l, int B, int T, bool recompute) {
+    float *y = l + 1 < m->cfg.n_layer ? m->layers[l + 1].x : m->x_out;
+    return model_block_forward(m, l, &m->layers[l], y, B, T, NULL, recompute);
 }
 
 /* dx holds dL/d(block output) on entry and dL/d(block input) on return. */
@@ -231,6 +293,17 @@ static void embed_backward(cllm_model *m, const int32_t *tokens, int B, int T) {
         cllm_embedding_backward(dwte, dwpe, dout, tokens, N, T, C, c->vocab_size);
 }
 
+/* x[r, :] *= scale[r] for a [rows, V] chunk. */
+static void scale_rows(float *x, const float *scale, int rows, int V) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        float *row = x + (size_t)r * V;
+        const float s = scale[r];
+#pragma omp simd
+        for (int v = 0; v < V; v++) row[v] *= s;
+    }
+}
+
 static int head_slot(const cllm_model *m) { return m->gslot[G_HEAD] >= 0 ? m->gslot[G_HEAD] : m->gslot[G_WTE]; }
 
 /* The layer hooks (cllm_model_hooks): no-ops without them. Group 0 is the
@@ -279,11 +352,11 @@ static cllm_status forward_blocks(cllm_model *m, const int32_t *tokens, int B, i
  * chunk are this rank's vocabulary columns, the softmax statistics come from
  * the tensor group, and dlnf is summed over it. */
 static cllm_status head_run(cllm_model *m, const int32_t *targets, int N, bool backward, float grad_scale,
-                            double *loss_sum, long *n_counted) {
+                            const float *tscale, double *loss_sum, long *n_counted) {
     const cllm_model_config *c = &m->cfg;
     int C = c->n_embd, V = c->vocab_size;
     const bool tp = m->tp_size > 1;
-    norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, model_param(m, m->gslot[G_LNF_W]),
+    model_norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, model_param(m, m->gslot[G_LNF_W]),
                  model_param(m, m->gslot[G_LNF_B]), N);
     int hs = head_slot(m);
     const float *W = model_param(m, hs);
@@ -297,12 +370,16 @@ static cllm_status head_run(cllm_model *m, const int32_t *targets, int N, bool b
         const float *h = m->lnf + (size_t)r0 * C;
         TRY(model_linear_forward(m, m->logits, h, W, NULL, rows, C, V, false));
         long k;
+        /* per-token scales: the unit gradient of each row's loss, then each
+         * row times its own scale */
+        float ds = tscale ? 1.0f : grad_scale;
         if (tp)
-            TRY(model_tp_xent(m, m->losses + r0, m->logits, targets + r0, rows, backward, grad_scale, &k));
+            TRY(model_tp_xent(m, m->losses + r0, m->logits, targets + r0, rows, backward, ds, &k));
         else if (backward)
-            k = cllm_xent_forward_backward(m->losses + r0, m->logits, targets + r0, rows, V, grad_scale);
+            k = cllm_xent_forward_backward(m->losses + r0, m->logits, targets + r0, rows, V, ds);
         else
             k = cllm_xent_forward(m->losses + r0, m->logits, targets + r0, rows, V);
+        if (backward && tscale && k) scale_rows(m->logits, tscale + r0, rows, V);
         if (backward && k)
             TRY(model_linear_backward(m, m->dlnf + (size_t)r0 * C, dW, NULL, m->logits, h, W, rows, C, V, false));
         count += k;
@@ -325,7 +402,14 @@ static cllm_status check_prepared(const cllm_model *m, int B, int T, bool backwa
 
 cllm_status cllm_model_forward_backward(cllm_model *m, const int32_t *tokens, const int32_t *targets, int B, int T,
                                         bool backward, float grad_scale, double *loss_sum, long *n_counted) {
+    return cllm_model_forward_backward_ex(m, tokens, targets, B, T, backward, grad_scale, NULL, loss_sum, n_counted);
+}
+
+cllm_status cllm_model_forward_backward_ex(cllm_model *m, const int32_t *tokens, const int32_t *targets, int B, int T,
+                                           bool backward, float grad_scale, const cllm_token_io *io,
+                                           double *loss_sum, long *n_counted) {
     TRY(check_prepared(m, B, T, backward));
+    const float *tscale = io ? io->token_scale : NULL;
     const cllm_model_config *c = &m->cfg;
     int N = B * T, C = c->n_embd, L = c->n_layer;
     int hs = head_slot(m);
@@ -337,7 +421,8 @@ cllm_status cllm_model_forward_backward(cllm_model *m, const int32_t *tokens, co
         TRY(fetch_grads(m, L + 1));
         if (tied) TRY(fetch_grads(m, 0));
     }
-    TRY(head_run(m, targets, N, backward, grad_scale, loss_sum, n_counted));
+    TRY(head_run(m, targets, N, backward, grad_scale, tscale, loss_sum, n_counted));
+    if (io && io->token_loss) memcpy(io->token_loss, m->losses, (size_t)N * sizeof(float));
     if (tied) TRY(release(m, 0));
     if (!backward) return release(m, L + 1);
 
@@ -387,7 +472,7 @@ cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, i
     *loss_sum = 0;
     *n_counted = 0;
     if (head) {
-        TRY(head_run(m, io->targets, N, io->backward, io->grad_scale, loss_sum, n_counted));
+        TRY(head_run(m, io->targets, N, io->backward, io->grad_scale, NULL, loss_sum, n_counted));
     } else {
         memcpy(io->x_out, out, NC * sizeof(float));
     }
@@ -420,7 +505,7 @@ cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int 
     TRY(forward_blocks(m, tokens, B, T));
     TRY(fetch(m, L + 1, tied ? 0 : -1));
     if (tied) TRY(fetch(m, 0, -1));
-    norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, model_param(m, m->gslot[G_LNF_W]),
+    model_norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, model_param(m, m->gslot[G_LNF_W]),
                  model_param(m, m->gslot[G_LNF_B]), N);
     const float *W = model_param(m, hs);
     for (int b = 0; b < B; b++)

@@ -197,11 +197,20 @@ cllm_status cllm_sampler_probs(cllm_sampler *s, float *probs, const float *logit
 
 cllm_status cllm_sampler_sample(cllm_sampler *s, int32_t *token, const float *logits, const int32_t *history,
                                 size_t n_history) {
+    double logprob;
+    return cllm_sampler_sample_logprob(s, token, &logprob, logits, history, n_history);
+}
+
+/* The drawn token's probability is read from s->prob (normalised over the
+ * kept tokens), so it is the one cllm_sampler_probs reports, in double. */
+cllm_status cllm_sampler_sample_logprob(cllm_sampler *s, int32_t *token, double *logprob, const float *logits,
+                                        const int32_t *history, size_t n_history) {
     int32_t am;
     cllm_status st = process(s, logits, history, n_history, &am);
     if (st) return st;
     if (am >= 0) {
         *token = am;
+        *logprob = 0.0;
         return CLLM_OK;
     }
     double total = 0.0;
@@ -217,9 +226,11 @@ cllm_status cllm_sampler_sample(cllm_sampler *s, int32_t *token, const float *lo
         cum += s->prob[i];
         if (cum > u) {
             *token = i;
+            *logprob = log(s->prob[i]);
             return CLLM_OK;
         }
     }
     *token = last; /* u rounded up to the total */
+    *logprob = log(s->prob[last]);
     return CLLM_OK;
 }

@@ -458,6 +458,9 @@ static cllm_status parse_model(const ctx *c, const json_t *root) {
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (only BPE)", c->file, t);
     if (!json_is_object(vocab)) return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: model.vocab must be an object", c->file);
     if (!json_is_array(merges)) return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: model.merges must be an array", c->file);
+    if (json_object_size(vocab) == 0)
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: model.vocab is empty: this tokenizer cannot encode any text",
+                         c->file);
     cllm_status st;
     const char *s;
     size_t sl;

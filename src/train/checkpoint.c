@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,6 +123,74 @@ static cllm_status remove_flat_dir(const char *dir) {
     closedir(d);
     if (rmdir(dir) != 0 && errno != ENOENT) return CLLM_FAIL(CLLM_ERR_IO, "cannot remove '%s': %s", dir, strerror(errno));
     return CLLM_OK;
+}
+
+/* Removes a folder and what it holds, two levels deep at most (a sharded
+ * checkpoint's folder holds files only; this is the defensive bound). */
+static cllm_status remove_tree(const char *dir, int depth) {
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? CLLM_OK : CLLM_FAIL(CLLM_ERR_IO, "cannot open '%s': %s", dir, strerror(errno));
+    struct dirent *e;
+    char path[4096];
+    cllm_status st = CLLM_OK;
+    while (!st && (e = readdir(d))) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        struct stat sb;
+        if (lstat(path, &sb) == 0 && S_ISDIR(sb.st_mode) && depth > 0)
+            st = remove_tree(path, depth - 1);
+        else if (unlink(path) != 0 && errno != ENOENT)
+            st = CLLM_FAIL(CLLM_ERR_IO, "cannot remove '%s': %s", path, strerror(errno));
+    }
+    closedir(d);
+    if (!st && rmdir(dir) != 0 && errno != ENOENT)
+        st = CLLM_FAIL(CLLM_ERR_IO, "cannot remove '%s': %s", dir, strerror(errno));
+    return st;
+}
+
+/* Whether name is NAME.tmp.PID (an atomic write's temporary, see
+ * cllm_write_file_atomic) and that process is gone. */
+static bool stale_atomic_tmp(const char *name) {
+    const char *t = strstr(name, ".tmp.");
+    if (!t || t == name) return false;
+    const char *p = t + 5;
+    if (!*p) return false;
+    long pid = 0;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9' || pid > 100000000) return false;
+        pid = pid * 10 + (*p - '0');
+    }
+    return pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Whether name is .checkpoint-STEP.tmp, a checkpoint being assembled. */
+static bool checkpoint_tmp(const char *name) {
+    if (strncmp(name, ".checkpoint-", 12) != 0) return false;
+    const char *p = name + 12;
+    if (*p < '0' || *p > '9') return false;
+    while (*p >= '0' && *p <= '9') p++;
+    return strcmp(p, ".tmp") == 0;
+}
+
+cllm_status cllm_ckpt_clean_stale(const char *output_dir, int *n_removed) {
+    if (n_removed) *n_removed = 0;
+    DIR *d = opendir(output_dir);
+    if (!d) return errno == ENOENT ? CLLM_OK : CLLM_FAIL(CLLM_ERR_IO, "cannot open '%s': %s", output_dir, strerror(errno));
+    struct dirent *e;
+    char path[4096];
+    cllm_status st = CLLM_OK;
+    while (!st && (e = readdir(d))) {
+        bool ck = checkpoint_tmp(e->d_name);
+        if (!ck && !stale_atomic_tmp(e->d_name)) continue;
+        snprintf(path, sizeof path, "%s/%s", output_dir, e->d_name);
+        if (ck)
+            st = remove_tree(path, 2);
+        else if (unlink(path) != 0 && errno != ENOENT)
+            st = CLLM_FAIL(CLLM_ERR_IO, "cannot remove '%s': %s", path, strerror(errno));
+        if (!st && n_removed) (*n_removed)++;
+    }
+    closedir(d);
+    return st;
 }
 
 /* ---------------------------------------------------------- manifest */

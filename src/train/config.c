@@ -4,11 +4,17 @@
  * looked up by name in a table per object level, so an unknown key is
  * reported by its dotted path ("optimizer.params.lrr"). DeepSpeed keys that
  * have no meaning for a CPU fp32 run are accepted and listed at info level.
+ * This is the one place that reads the config's JSON: every key becomes a
+ * typed field of cllm_train_config (model_topo's two blocks through the
+ * topology module's readers, cllm/topo.h), and a wrong type or value fails
+ * with "FILE: full.key.path: what was expected, got VALUE".
  * The string "auto" (HF Trainer's placeholder) counts as "not given" for
- * every key; cllm_train_config_resolve fills those values in.
+ * every key; keys where it means more are recorded in cfg->auto_keys (or
+ * sched.peak_is_base_lr) and given their value by cllm_train_config_resolve.
  * Not here: batch-size resolution and JSON output (config_resolve.c).
  */
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +73,31 @@ static cllm_status check_keys(const json_t *obj, const char *const *known, const
 
 static bool is_auto(const json_t *v) { return json_is_string(v) && strcmp(json_string_value(v), "auto") == 0; }
 
+/* The value as JSON text for a message ("got 5", "got \"disk\""), cut at
+ * 40 characters. */
+typedef struct {
+    char s[48];
+} shown;
+
+static shown show(const json_t *v) {
+    shown r = {{0}};
+    char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!s) return r;
+    if (strlen(s) > 40) {
+        memcpy(r.s, s, 37);
+        memcpy(r.s + 37, "...", 4);
+    } else {
+        strcpy(r.s, s);
+    }
+    free(s);
+    return r;
+}
+
+/* Values are looked up as obj[key]; `where` is the dotted path of obj ("" at
+ * the top) and `path` the config file: messages read "PATH: WHERE.KEY: ...". */
+#define KEYFMT "%s: %s%s%s"
+#define KEYARGS(path, where, key) path, where, *where ? "." : "", key
+
 static cllm_status get_long(const json_t *obj, const char *key, long *out, long min, const char *where,
                             const char *path) {
     json_t *v = json_object_get(obj, key);
@@ -77,11 +108,10 @@ static cllm_status get_long(const json_t *obj, const char *key, long *out, long 
     } else if (json_is_real(v) && json_real_value(v) == (double)(long long)json_real_value(v)) {
         x = json_real_value(v);
     } else {
-        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s%s%s: expected an integer", path, where, *where ? "." : "", key);
+        return CLLM_FAIL(CLLM_ERR_ARG, KEYFMT ": expected an integer, got %s", KEYARGS(path, where, key), show(v).s);
     }
     if (x < (double)min || x > 9.2e18)
-        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s%s%s: %.0f is out of range (minimum %ld)", path, where,
-                         *where ? "." : "", key, x, min);
+        return CLLM_FAIL(CLLM_ERR_ARG, KEYFMT ": %.0f is out of range (minimum %ld)", KEYARGS(path, where, key), x, min);
     *out = (long)x;
     return CLLM_OK;
 }
@@ -91,8 +121,7 @@ static cllm_status get_int(const json_t *obj, const char *key, int *out, long mi
     long x = *out;
     cllm_status st = get_long(obj, key, &x, min, where, path);
     if (st) return st;
-    if (x > 2147483647L)
-        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s%s%s: %ld is too large", path, where, *where ? "." : "", key, x);
+    if (x > 2147483647L) return CLLM_FAIL(CLLM_ERR_ARG, KEYFMT ": %ld is too large", KEYARGS(path, where, key), x);
     *out = (int)x;
     return CLLM_OK;
 }
@@ -102,11 +131,10 @@ static cllm_status get_num(const json_t *obj, const char *key, double *out, doub
     json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v) || is_auto(v)) return CLLM_OK;
     if (!json_is_number(v))
-        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s%s%s: expected a number", path, where, *where ? "." : "", key);
+        return CLLM_FAIL(CLLM_ERR_ARG, KEYFMT ": expected a number, got %s", KEYARGS(path, where, key), show(v).s);
     double x = json_number_value(v);
     if (!(x >= min))
-        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s%s%s: %g is out of range (minimum %g)", path, where,
-                         *where ? "." : "", key, x, min);
+        return CLLM_FAIL(CLLM_ERR_ARG, KEYFMT ": %g is out of range (minimum %g)", KEYARGS(path, where, key), x, min);
     *out = x;
     return CLLM_OK;
 }
@@ -115,7 +143,7 @@ static cllm_status get_bool(const json_t *obj, const char *key, bool *out, const
     json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v) || is_auto(v)) return CLLM_OK;
     if (!json_is_boolean(v))
-        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s%s%s: expected true or false", path, where, *where ? "." : "", key);
+        return CLLM_FAIL(CLLM_ERR_ARG, KEYFMT ": expected true or false, got %s", KEYARGS(path, where, key), show(v).s);
     *out = json_is_true(v);
     return CLLM_OK;
 }
@@ -125,16 +153,22 @@ static cllm_status get_str(const json_t *obj, const char *key, const char **out,
     json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v)) return CLLM_OK;
     if (!json_is_string(v))
-        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s%s%s: expected a string", path, where, *where ? "." : "", key);
+        return CLLM_FAIL(CLLM_ERR_ARG, KEYFMT ": expected a string, got %s", KEYARGS(path, where, key), show(v).s);
     *out = json_string_value(v);
     return CLLM_OK;
 }
 
-static cllm_status get_obj(const json_t *obj, const char *key, json_t **out, const char *path) {
+/* Sets `bit` in c->auto_keys when obj[key] is "auto". */
+static void note_auto(cllm_train_config *c, const json_t *obj, const char *key, unsigned bit) {
+    if (obj && is_auto(json_object_get(obj, key))) c->auto_keys |= bit;
+}
+
+static cllm_status get_obj(const json_t *obj, const char *key, json_t **out, const char *where, const char *path) {
     json_t *v = json_object_get(obj, key);
     *out = NULL;
     if (!v || json_is_null(v)) return CLLM_OK;
-    if (!json_is_object(v)) return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s: expected an object", path, key);
+    if (!json_is_object(v))
+        return CLLM_FAIL(CLLM_ERR_ARG, KEYFMT ": expected an object, got %s", KEYARGS(path, where, key), show(v).s);
     *out = v;
     return CLLM_OK;
 }
@@ -168,7 +202,7 @@ static cllm_status parse_optimizer(cllm_train_config *c, const json_t *o, const 
     }
     c->adam_w_mode = true;
     json_t *params = NULL;
-    TRY(get_obj(o, "params", &params, path));
+    TRY(get_obj(o, "params", &params, "optimizer", path));
     if (params) {
         static const char *const adam_keys[] = {"lr", "betas", "eps", "weight_decay", "adam_w_mode",
                                                 "bias_correction", "amsgrad", NULL};
@@ -237,7 +271,7 @@ static cllm_status parse_scheduler(cllm_train_config *c, const json_t *o, const 
                          path, type);
     cllm_sched_params s = cllm_sched_defaults(t);
     json_t *p = NULL;
-    TRY(get_obj(o, "params", &p, path));
+    TRY(get_obj(o, "params", &p, "scheduler", path));
     if (p) {
         static const char *const warm_keys[] = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
                                                 "total_num_steps", NULL};
@@ -286,6 +320,12 @@ static cllm_status parse_scheduler(cllm_train_config *c, const json_t *o, const 
         TRY(get_num(p, "cycle_min_mom", &s.cycle_min_mom, 0.0, w, path));
         TRY(get_num(p, "cycle_max_mom", &s.cycle_max_mom, 0.0, w, path));
         TRY(get_num(p, "decay_mom_rate", &s.decay_mom_rate, 0.0, w, path));
+        /* an "auto" peak is the optimizer's lr itself, not a copy of it */
+        const char *peak = t == CLLM_SCHED_ONE_CYCLE ? "cycle_max_lr" : "warmup_max_lr";
+        s.peak_is_base_lr = (t == CLLM_SCHED_WARMUP_LR || t == CLLM_SCHED_WARMUP_DECAY_LR || t == CLLM_SCHED_ONE_CYCLE) &&
+                            is_auto(json_object_get(p, peak));
+        note_auto(c, p, "warmup_num_steps", CLLM_AUTO_WARMUP_NUM_STEPS);
+        note_auto(c, p, "total_num_steps", CLLM_AUTO_TOTAL_NUM_STEPS);
     }
     c->sched = s;
     return CLLM_OK;
@@ -295,8 +335,8 @@ static cllm_status parse_scheduler(cllm_train_config *c, const json_t *o, const 
 
 static cllm_status parse_precision(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
     json_t *fp16 = NULL, *bf16 = NULL;
-    TRY(get_obj(j, "fp16", &fp16, path));
-    TRY(get_obj(j, "bf16", &bf16, path));
+    TRY(get_obj(j, "fp16", &fp16, "", path));
+    TRY(get_obj(j, "bf16", &bf16, "", path));
     if (fp16) {
         static const char *const k[] = {"enabled", "auto_cast", "loss_scale", "initial_scale_power",
                                         "loss_scale_window", "hysteresis", "consecutive_hysteresis",
@@ -333,49 +373,109 @@ static cllm_status parse_precision(cllm_train_config *c, const json_t *j, const 
     return CLLM_OK;
 }
 
-static cllm_status parse_offload(const json_t *z, const char *key, const char **device, const char *path,
+/* A whole number of elements >= 0 (DeepSpeed writes them as integers or as
+ * floats such as 5e8), at most 1e15. */
+static cllm_status get_count(const json_t *obj, const char *key, double *out, double min, const char *where,
+                             const char *path) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v) || is_auto(v)) return CLLM_OK;
+    if (!json_is_number(v))
+        return CLLM_FAIL(CLLM_ERR_ARG, KEYFMT ": expected a number of elements, got %s", KEYARGS(path, where, key),
+                         show(v).s);
+    double d = json_number_value(v);
+    if (!(d >= min) || d > 1e15 || d != floor(d))
+        return CLLM_FAIL(CLLM_ERR_ARG, KEYFMT ": %g (expected a whole number of elements, %g to 1e15)",
+                         KEYARGS(path, where, key), d, min);
+    *out = d;
+    return CLLM_OK;
+}
+
+static cllm_status parse_offload(const json_t *z, const char *key, cllm_offload_config *oc, const char *path,
                                  bool strict) {
+    oc->device = CLLM_OFFLOAD_NONE;
+    oc->nvme_path = NULL;
+    oc->buffer_count = 4;
+    oc->buffer_size = 1L << 20;
     json_t *o = NULL;
-    TRY(get_obj(z, key, &o, path));
+    TRY(get_obj(z, key, &o, "zero_optimization", path));
     if (!o) return CLLM_OK;
     static const char *const k[] = {"device", "pin_memory", "nvme_path", "buffer_count", "buffer_size",
                                     "max_in_cpu", "pipeline_read", "pipeline_write", "fast_init", "ratio", NULL};
     char where[64];
     snprintf(where, sizeof where, "zero_optimization.%s", key);
     TRY(check_keys(o, k, NULL, where, path, strict));
-    TRY(get_str(o, "device", device, where, path));
-    if (*device && strcmp(*device, "cpu") != 0 && strcmp(*device, "none") != 0 && strcmp(*device, "nvme") != 0)
-        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s.device: '%s' (expected cpu, nvme or none)", path, where, *device);
+    json_t *dev = json_object_get(o, "device");
+    if (dev && !json_is_null(dev)) {
+        const char *d = json_string_value(dev);
+        if (d && strcmp(d, "none") == 0)
+            oc->device = CLLM_OFFLOAD_NONE;
+        else if (d && strcmp(d, "cpu") == 0)
+            oc->device = CLLM_OFFLOAD_CPU;
+        else if (d && strcmp(d, "nvme") == 0)
+            oc->device = CLLM_OFFLOAD_NVME;
+        else
+            return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s.device: expected \"cpu\", \"nvme\" or \"none\", got %s", path,
+                             where, show(dev).s);
+    }
+    TRY(get_str(o, "nvme_path", &oc->nvme_path, where, path));
+    TRY(get_long(o, "buffer_count", &oc->buffer_count, 1, where, path));
+    TRY(get_long(o, "buffer_size", &oc->buffer_size, 1, where, path));
+    if (oc->device != CLLM_OFFLOAD_NVME) return CLLM_OK;
+    if (!oc->nvme_path || !*oc->nvme_path)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s.nvme_path: required with device \"nvme\" (a folder for the %s)", path,
+                         where, strcmp(key, "offload_param") == 0 ? "parameters" : "optimizer state");
+    if (strcmp(key, "offload_optimizer") == 0 && (oc->buffer_count < 3 || oc->buffer_count > 64))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s.buffer_count: %ld (expected 3 to 64 with device \"nvme\")", path, where,
+                         oc->buffer_count);
     return CLLM_OK;
 }
 
 static cllm_status parse_zero(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
+    cllm_zero_config *zc = &c->zero;
+    /* DeepSpeed's defaults */
+    double reduce = 5e8, gather = 5e8, persist = 1e5, prefetch = 5e7, live = 1e9;
     json_t *z = NULL;
-    TRY(get_obj(j, "zero_optimization", &z, path));
-    c->zero_optimization = z;
-    if (!z) return CLLM_OK;
-    static const char *const k[] = {
-        "stage", "offload_param", "offload_optimizer", "contiguous_gradients", "overlap_comm", "reduce_scatter",
-        "reduce_bucket_size", "allgather_partitions", "allgather_bucket_size", "round_robin_gradients",
-        "sub_group_size", "elastic_checkpoint", "load_from_fp32_weights", "cpu_offload", "cpu_offload_params",
-        "cpu_offload_use_pin_memory", "stage3_max_live_parameters", "stage3_max_reuse_distance",
-        "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold", "stage3_gather_16bit_weights_on_model_save",
-        "stage3_gather_fp16_weights_on_model_save", "ignore_unused_parameters", "legacy_stage1",
-        "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients", "mics_shard_size",
-        "memory_efficient_linear", "use_multi_rank_bucket_allreduce", "model_persistence_threshold",
-        "max_live_parameters", "max_reuse_distance", "prefetch_bucket_size", "param_persistence_threshold", NULL};
-    TRY(check_keys(z, k, NULL, "zero_optimization", path, strict));
+    TRY(get_obj(j, "zero_optimization", &z, "", path));
+    if (z) {
+        static const char *const k[] = {
+            "stage", "offload_param", "offload_optimizer", "contiguous_gradients", "overlap_comm", "reduce_scatter",
+            "reduce_bucket_size", "allgather_partitions", "allgather_bucket_size", "round_robin_gradients",
+            "sub_group_size", "elastic_checkpoint", "load_from_fp32_weights", "cpu_offload", "cpu_offload_params",
+            "cpu_offload_use_pin_memory", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+            "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+            "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+            "ignore_unused_parameters", "legacy_stage1", "zero_hpz_partition_size", "zero_quantized_weights",
+            "zero_quantized_gradients", "mics_shard_size", "memory_efficient_linear",
+            "use_multi_rank_bucket_allreduce", "model_persistence_threshold", "max_live_parameters",
+            "max_reuse_distance", "prefetch_bucket_size", "param_persistence_threshold", NULL};
+        TRY(check_keys(z, k, NULL, "zero_optimization", path, strict));
+    }
+    const char *w = "zero_optimization";
     long stage = 0;
-    TRY(get_long(z, "stage", &stage, 0, "zero_optimization", path));
+    TRY(get_long(z, "stage", &stage, 0, w, path));
     if (stage > 3) return CLLM_FAIL(CLLM_ERR_ARG, "%s: zero_optimization.stage: %ld (expected 0, 1, 2 or 3)", path, stage);
-    c->zero_stage = (int)stage;
-    TRY(parse_offload(z, "offload_optimizer", &c->zero_offload_optimizer, path, strict));
-    TRY(parse_offload(z, "offload_param", &c->zero_offload_param, path, strict));
-    if (c->zero_offload_param && strcmp(c->zero_offload_param, "nvme") == 0 && c->zero_stage < 3)
+    zc->stage = (int)stage;
+    TRY(get_count(z, "reduce_bucket_size", &reduce, 1, w, path));
+    TRY(get_count(z, "allgather_bucket_size", &gather, 1, w, path));
+    TRY(get_bool(z, "overlap_comm", &zc->overlap_comm, w, path));
+    TRY(get_count(z, "stage3_param_persistence_threshold", &persist, 0, w, path));
+    TRY(get_count(z, "stage3_prefetch_bucket_size", &prefetch, 0, w, path));
+    TRY(get_count(z, "stage3_max_live_parameters", &live, 0, w, path));
+    zc->reduce_bucket_size = (size_t)reduce;
+    zc->allgather_bucket_size = (size_t)gather;
+    zc->stage3_param_persistence_threshold = persist;
+    zc->stage3_prefetch_bucket_size = prefetch;
+    zc->stage3_max_live_parameters = live;
+    note_auto(c, z, "reduce_bucket_size", CLLM_AUTO_REDUCE_BUCKET_SIZE);
+    note_auto(c, z, "stage3_prefetch_bucket_size", CLLM_AUTO_PREFETCH_BUCKET_SIZE);
+    note_auto(c, z, "stage3_param_persistence_threshold", CLLM_AUTO_PERSISTENCE_THRESHOLD);
+    TRY(parse_offload(z, "offload_optimizer", &zc->offload_optimizer, path, strict));
+    TRY(parse_offload(z, "offload_param", &zc->offload_param, path, strict));
+    if (zc->offload_param.device == CLLM_OFFLOAD_NVME && zc->stage < 3)
         return CLLM_FAIL(CLLM_ERR_ARG,
                          "%s: zero_optimization.offload_param: offloading parameters requires ZeRO stage 3 "
                          "(zero_optimization.stage is %d); use offload_optimizer to offload the optimizer state",
-                         path, c->zero_stage);
+                         path, zc->stage);
     return CLLM_OK;
 }
 
@@ -387,7 +487,7 @@ static cllm_status parse_zero(cllm_train_config *c, const json_t *j, const char 
  * CPU copies, contiguous buffers) have no counterpart in one process. */
 static cllm_status parse_act_ckpt(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
     json_t *a = NULL;
-    TRY(get_obj(j, "activation_checkpointing", &a, path));
+    TRY(get_obj(j, "activation_checkpointing", &a, "", path));
     if (!a) return CLLM_OK;
     static const char *const k[] = {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
                                     "number_checkpoints", "synchronize_checkpoint_boundary", "profile", NULL};
@@ -397,11 +497,13 @@ static cllm_status parse_act_ckpt(cllm_train_config *c, const json_t *j, const c
     json_object_foreach(a, v, x) {
         if (strcmp(v, "number_checkpoints") == 0) {
             if (!json_is_null(x) && !json_is_integer(x))
-                return CLLM_FAIL(CLLM_ERR_ARG, "%s: activation_checkpointing.number_checkpoints: expected an integer or null",
-                                 path);
+                return CLLM_FAIL(CLLM_ERR_ARG,
+                                 "%s: activation_checkpointing.number_checkpoints: expected an integer or null, got %s",
+                                 path, show(x).s);
             if (json_is_integer(x) && json_integer_value(x) > 0) c->use_grad_ckpt = true;
         } else if (!json_is_boolean(x)) {
-            return CLLM_FAIL(CLLM_ERR_ARG, "%s: activation_checkpointing.%s: expected true or false", path, v);
+            return CLLM_FAIL(CLLM_ERR_ARG, "%s: activation_checkpointing.%s: expected true or false, got %s", path, v,
+                             show(x).s);
         } else if (json_is_true(x) && strcmp(v, "profile") != 0) {
             c->use_grad_ckpt = true;
         }
@@ -410,61 +512,24 @@ static cllm_status parse_act_ckpt(cllm_train_config *c, const json_t *j, const c
 }
 
 /* model_topo (seed-003 pipeline configs): {"process_topology": {"axis":
- * [...], "dims": [...]}, "parts": [...]}; checked for shape, stored. */
-/* model_topo: the structure is checked here (names, types); the sizes
- * against the world and the model when training starts (cllm/topo.h). */
+ * [...], "dims": [...]}, "parts": [...], "schedule": "1f1b"}. The topology
+ * module reads its two blocks (cllm/topo.h); the sizes are checked against
+ * the world and the model when training starts. */
 static cllm_status parse_topo(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
+    cllm_model_topo *mt = &c->model_topo;
     json_t *t = NULL;
-    TRY(get_obj(j, "model_topo", &t, path));
-    c->model_topo = t;
-    if (!t) return CLLM_OK;
+    TRY(get_obj(j, "model_topo", &t, "", path));
+    mt->given = t != NULL;
+    mt->schedule = CLLM_PIPE_1F1B;
     static const char *const k[] = {"process_topology", "parts", "schedule", NULL};
-    TRY(check_keys(t, k, NULL, "model_topo", path, strict));
-    json_t *pt = json_object_get(t, "process_topology");
-    if (pt) {
-        json_t *axis = json_object_get(pt, "axis"), *dims = json_object_get(pt, "dims");
-        if (!json_is_object(pt) || !json_is_array(axis) || !json_is_array(dims) ||
-            json_array_size(axis) != json_array_size(dims))
-            return CLLM_FAIL(CLLM_ERR_ARG,
-                             "%s: model_topo.process_topology: expected {\"axis\": [names], \"dims\": [sizes]} of "
-                             "equal length",
-                             path);
-        size_t i;
-        json_t *v;
-        json_array_foreach(dims, i, v) {
-            const char *name = json_string_value(json_array_get(axis, i));
-            if (!name || (strcmp(name, "pipe") != 0 && strcmp(name, "data") != 0 && strcmp(name, "tensor") != 0 &&
-                          strcmp(name, "model") != 0))
-                return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.process_topology.axis[%zu]: expected \"pipe\", "
-                                 "\"data\" or \"tensor\"", path, i);
-            bool is_auto = json_is_string(v) && strcmp(json_string_value(v), "auto") == 0 && strcmp(name, "data") == 0;
-            if (!is_auto && (!json_is_integer(v) || (json_integer_value(v) < 1 &&
-                                                     !(json_integer_value(v) == -1 && strcmp(name, "data") == 0))))
-                return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.process_topology.dims[%zu]: expected a positive integer%s",
-                                 path, i, strcmp(name, "data") == 0 ? " or \"auto\"" : "");
-        }
-    }
-    json_t *parts = json_object_get(t, "parts");
-    if (parts && json_is_string(parts)) {
-        const char *m = json_string_value(parts);
-        if (strcmp(m, "uniform") != 0 && strcmp(m, "parameters") != 0)
-            return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.parts: '%s' (expected an array of block counts, "
-                             "\"uniform\" or \"parameters\")", path, m);
-    } else if (parts) {
-        size_t i;
-        json_t *v;
-        if (!json_is_array(parts))
-            return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.parts: expected an array of block counts, \"uniform\" or "
-                             "\"parameters\"", path);
-        json_array_foreach(parts, i, v) if (!json_is_integer(v) || json_integer_value(v) < 1) return CLLM_FAIL(
-            CLLM_ERR_ARG, "%s: model_topo.parts[%zu]: expected a positive number of blocks", path, i);
-    }
+    if (t) TRY(check_keys(t, k, NULL, "model_topo", path, strict));
+    TRY(cllm_topo_layout_parse(&mt->layout, json_object_get(t, "process_topology"), path));
+    TRY(cllm_topo_parts_parse(&mt->parts, json_object_get(t, "parts"), path));
     json_t *sched = json_object_get(t, "schedule");
-    if (sched) {
-        cllm_pipe_schedule ps;
-        if (!json_is_string(sched) || cllm_pipe_schedule_parse(json_string_value(sched), &ps) != CLLM_OK)
-            return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.schedule: expected \"gpipe\" or \"1f1b\"", path);
-    }
+    if (sched && !json_is_null(sched) &&
+        (!json_is_string(sched) || cllm_pipe_schedule_parse(json_string_value(sched), &mt->schedule) != CLLM_OK))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.schedule: expected \"gpipe\" or \"1f1b\", got %s", path,
+                         show(sched).s);
     return CLLM_OK;
 }
 
@@ -482,15 +547,21 @@ static cllm_status parse_model(cllm_train_config *c, const json_t *j, const char
                          path);
     static const char *const k[] = {"arch", "preset", "set", "seed", NULL};
     TRY(check_keys(m, k, NULL, "model", path, strict));
-    const char *arch = NULL, *preset = NULL;
+    cllm_model_init_spec *mi = &c->model_init;
+    const char *arch = NULL;
     TRY(get_str(m, "arch", &arch, "model", path));
-    TRY(get_str(m, "preset", &preset, "model", path));
-    if (!arch || !preset) return CLLM_FAIL(CLLM_ERR_ARG, "%s: model: an init spec needs \"arch\" and \"preset\"", path);
-    json_t *set = json_object_get(m, "set");
-    if (set && !json_is_object(set)) return CLLM_FAIL(CLLM_ERR_ARG, "%s: model.set: expected an object", path);
-    long seed = 0;
+    TRY(get_str(m, "preset", &mi->preset, "model", path));
+    if (!arch || !mi->preset)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: model: an init spec needs \"arch\" and \"preset\"", path);
+    mi->arch = cllm_arch_from_name(arch);
+    if (mi->arch == CLLM_ARCH_COUNT)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: model.arch: unknown architecture '%s' (gpt2, llama, bloom)", path, arch);
+    TRY(get_obj(m, "set", &mi->set, "model", path));
+    long seed = -1;
     TRY(get_long(m, "seed", &seed, 0, "model", path));
-    c->model_init = m;
+    mi->has_seed = seed >= 0;
+    mi->seed = mi->has_seed ? (uint64_t)seed : 0;
+    c->has_model_init = true;
     return CLLM_OK;
 }
 
@@ -604,14 +675,17 @@ cllm_status cllm_train_config_parse(cllm_train_config *cfg, json_t *j, const cha
     TRY(get_long(j, "train_batch_size", &cfg->train_batch_size, 1, "", path));
     TRY(get_long(j, "train_micro_batch_size_per_gpu", &cfg->train_micro_batch_size_per_gpu, 1, "", path));
     TRY(get_long(j, "gradient_accumulation_steps", &cfg->gradient_accumulation_steps, 1, "", path));
+    note_auto(cfg, j, "train_batch_size", CLLM_AUTO_TRAIN_BATCH_SIZE);
+    note_auto(cfg, j, "train_micro_batch_size_per_gpu", CLLM_AUTO_MICRO_BATCH_SIZE);
+    note_auto(cfg, j, "gradient_accumulation_steps", CLLM_AUTO_GRADIENT_ACCUMULATION);
     TRY(get_num(j, "gradient_clipping", &cfg->gradient_clipping, 0.0, "", path));
     TRY(get_long(j, "steps_per_print", &cfg->steps_per_print, 1, "", path));
     TRY(get_bool(j, "wall_clock_breakdown", &cfg->wall_clock_breakdown, "", path));
     TRY(get_bool(j, "use_grad_ckpt", &cfg->use_grad_ckpt, "", path));
     json_t *o = NULL;
-    TRY(get_obj(j, "optimizer", &o, path));
+    TRY(get_obj(j, "optimizer", &o, "", path));
     if (o) TRY(parse_optimizer(cfg, o, path, strict));
-    TRY(get_obj(j, "scheduler", &o, path));
+    TRY(get_obj(j, "scheduler", &o, "", path));
     if (o) TRY(parse_scheduler(cfg, o, path, strict));
     TRY(parse_precision(cfg, j, path, strict));
     TRY(parse_zero(cfg, j, path, strict));

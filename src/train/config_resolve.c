@@ -1,7 +1,8 @@
 /*
  * Resolving a parsed training config: the batch-size triple against the
- * data-parallel size (DeepSpeed's rules), the run length, "auto" scheduler
- * values, and the resolved config written back as JSON (--print-config) and
+ * data-parallel size (DeepSpeed's rules), the run length, "auto" values
+ * (cfg->auto_keys: the one place that gives them a value), and the resolved
+ * config written back as JSON from the typed fields (--print-config) and
  * hashed (checkpoints record which config produced them).
  */
 #include <jansson.h>
@@ -11,13 +12,6 @@
 #include <string.h>
 
 #include "cllm/train.h"
-
-static bool sched_is_auto(const cllm_train_config *c, const char *key) {
-    json_t *s = json_object_get(c->json, "scheduler");
-    json_t *p = s ? json_object_get(s, "params") : NULL;
-    json_t *v = p ? json_object_get(p, key) : NULL;
-    return v && json_is_string(v) && strcmp(json_string_value(v), "auto") == 0;
-}
 
 static cllm_status resolve_batch(cllm_train_config *c) {
     long tb = c->train_batch_size, mb = c->train_micro_batch_size_per_gpu, ga = c->gradient_accumulation_steps;
@@ -84,9 +78,12 @@ cllm_status cllm_train_config_resolve(cllm_train_config *c, uint64_t n_samples) 
     }
     cllm_sched_params *s = &c->sched;
     if (s->total_num_steps <= 0) s->total_num_steps = c->train_iters;
-    if (sched_is_auto(c, "warmup_max_lr")) s->warmup_max_lr = c->optim.lr;
-    if (sched_is_auto(c, "cycle_max_lr")) s->cycle_max_lr = c->optim.lr;
-    if (sched_is_auto(c, "warmup_num_steps")) s->warmup_num_steps = 0;
+    /* "auto" values (c->auto_keys). An "auto" schedule peak needs nothing
+     * here: it is the optimizer's lr (sched.peak_is_base_lr). The batch
+     * sizes count as absent (resolve_batch), total_num_steps as absent (the
+     * run's steps, above), the zero_optimization sizes keep DeepSpeed's
+     * defaults, which the parser stored. */
+    if (c->auto_keys & CLLM_AUTO_WARMUP_NUM_STEPS) s->warmup_num_steps = 0;
     if ((st = cllm_sched_check(s))) return cllm_fail_context(st, "scheduler");
     if (c->seq_len < 2) return CLLM_FAIL(CLLM_ERR_ARG, "seq_len must be at least 2 (got %d)", c->seq_len);
     return CLLM_OK;
@@ -101,6 +98,56 @@ static const char *optim_ds_name(const cllm_train_config *c) {
     case CLLM_OPT_ADAM: return "Adam";
     default: return "AdamW";
     }
+}
+
+static json_t *offload_to_json(const cllm_offload_config *o) {
+    static const char *const devices[] = {"none", "cpu", "nvme"};
+    json_t *j = json_pack("{sssIsI}", "device", devices[o->device], "buffer_count", (json_int_t)o->buffer_count,
+                          "buffer_size", (json_int_t)o->buffer_size);
+    if (o->nvme_path) json_object_set_new(j, "nvme_path", json_string(o->nvme_path));
+    return j;
+}
+
+static json_t *zero_to_json(const cllm_zero_config *z) {
+    json_t *j = json_object();
+    json_object_set_new(j, "stage", json_integer(z->stage));
+    json_object_set_new(j, "reduce_bucket_size", json_integer((json_int_t)z->reduce_bucket_size));
+    json_object_set_new(j, "allgather_bucket_size", json_integer((json_int_t)z->allgather_bucket_size));
+    json_object_set_new(j, "overlap_comm", json_boolean(z->overlap_comm));
+    json_object_set_new(j, "stage3_param_persistence_threshold", json_real(z->stage3_param_persistence_threshold));
+    json_object_set_new(j, "stage3_prefetch_bucket_size", json_real(z->stage3_prefetch_bucket_size));
+    json_object_set_new(j, "stage3_max_live_parameters", json_real(z->stage3_max_live_parameters));
+    json_object_set_new(j, "offload_optimizer", offload_to_json(&z->offload_optimizer));
+    json_object_set_new(j, "offload_param", offload_to_json(&z->offload_param));
+    return j;
+}
+
+static json_t *topo_to_json(const cllm_model_topo *t) {
+    json_t *j = json_object();
+    if (t->layout.n_axes > 0) {
+        json_t *axis = json_array(), *dims = json_array();
+        for (int i = 0; i < t->layout.n_axes; i++) {
+            json_array_append_new(axis, json_string(cllm_axis_name(t->layout.axis[i])));
+            json_array_append_new(dims, t->layout.dims[i] ? json_integer(t->layout.dims[i]) : json_string("auto"));
+        }
+        json_object_set_new(j, "process_topology", json_pack("{soso}", "axis", axis, "dims", dims));
+    }
+    if (t->parts.mode == CLLM_PARTS_COUNTS) {
+        json_t *parts = json_array();
+        for (int i = 0; i < t->parts.n_counts; i++) json_array_append_new(parts, json_integer(t->parts.counts[i]));
+        json_object_set_new(j, "parts", parts);
+    } else {
+        json_object_set_new(j, "parts", json_string(t->parts.mode == CLLM_PARTS_UNIFORM ? "uniform" : "parameters"));
+    }
+    json_object_set_new(j, "schedule", json_string(cllm_pipe_schedule_name(t->schedule)));
+    return j;
+}
+
+static json_t *model_init_to_json(const cllm_model_init_spec *m) {
+    json_t *j = json_pack("{ssss}", "arch", cllm_arch_name(m->arch), "preset", m->preset);
+    if (m->set) json_object_set_new(j, "set", json_deep_copy(m->set));
+    if (m->has_seed) json_object_set_new(j, "seed", json_integer((json_int_t)m->seed));
+    return j;
 }
 
 json_t *cllm_train_config_to_json(const cllm_train_config *c) {
@@ -133,7 +180,7 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
     case CLLM_SCHED_WARMUP_LR:
     case CLLM_SCHED_WARMUP_DECAY_LR:
         json_object_set_new(sp, "warmup_min_lr", json_real(s->warmup_min_lr));
-        json_object_set_new(sp, "warmup_max_lr", json_real(s->warmup_max_lr));
+        json_object_set_new(sp, "warmup_max_lr", json_real(s->peak_is_base_lr ? c->optim.lr : s->warmup_max_lr));
         json_object_set_new(sp, "warmup_num_steps", json_integer(s->warmup_num_steps));
         json_object_set_new(sp, "warmup_type", json_string(s->warmup_linear ? "linear" : "log"));
         if (s->type == CLLM_SCHED_WARMUP_DECAY_LR)
@@ -148,7 +195,7 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
         break;
     case CLLM_SCHED_ONE_CYCLE:
         json_object_set_new(sp, "cycle_min_lr", json_real(s->cycle_min_lr));
-        json_object_set_new(sp, "cycle_max_lr", json_real(s->cycle_max_lr));
+        json_object_set_new(sp, "cycle_max_lr", json_real(s->peak_is_base_lr ? c->optim.lr : s->cycle_max_lr));
         json_object_set_new(sp, "decay_lr_rate", json_real(s->decay_lr_rate));
         json_object_set_new(sp, "cycle_first_step_size", json_integer(s->cycle_first_step_size));
         json_object_set_new(sp, "cycle_second_step_size",
@@ -185,14 +232,12 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
     json_object_set_new(j, "bf16", json_pack("{sb}", "enabled", c->bf16_enabled));
     json_object_set_new(j, "communication_data_type",
                         json_string(c->comm_dtype == CLLM_BF16 ? "bf16" : c->comm_dtype == CLLM_F16 ? "fp16" : "fp32"));
-    json_t *z = c->zero_optimization ? json_deep_copy(c->zero_optimization) : json_object();
-    json_object_set_new(z, "stage", json_integer(c->zero_stage));
-    json_object_set_new(j, "zero_optimization", z);
+    json_object_set_new(j, "zero_optimization", zero_to_json(&c->zero));
     json_object_set_new(j, "steps_per_print", json_integer(c->steps_per_print));
     json_object_set_new(j, "wall_clock_breakdown", json_boolean(c->wall_clock_breakdown));
     json_object_set_new(j, "use_grad_ckpt", json_boolean(c->use_grad_ckpt));
-    if (c->model_topo) json_object_set_new(j, "model_topo", json_deep_copy(c->model_topo));
-    json_object_set_new(j, "model", c->model_init ? json_deep_copy(c->model_init) : str_or_null(c->model_dir));
+    if (c->model_topo.given) json_object_set_new(j, "model_topo", topo_to_json(&c->model_topo));
+    json_object_set_new(j, "model", c->has_model_init ? model_init_to_json(&c->model_init) : str_or_null(c->model_dir));
     json_t *d = json_object();
     json_object_set_new(d, "train", str_or_null(c->data_train));
     json_object_set_new(d, "eval", str_or_null(c->data_eval));

@@ -1,8 +1,9 @@
 /*
  * The training loop (see cllm/train.h): opening model and data, resuming,
- * the step (local micro-batches -> gradient reduction hook -> clip ->
- * optimizer on ranges of the flat buffer), evaluation, checkpoints, metrics
- * and the progress display.
+ * the step (local micro-batches through the objective (cllm/objective.h) ->
+ * gradient reduction -> clip -> optimizer on ranges of the flat buffer),
+ * evaluation and checkpoints. The progress line and metrics records are
+ * written by report.c.
  *
  * The data position is one integer: sample g of the loader's stream for
  * row i of rank r at a step that starts at position G0 is
@@ -23,49 +24,14 @@
 #include "cllm/io.h"
 #include "cllm/loader.h"
 #include "cllm/model.h"
+#include "cllm/objective.h"
 #include "cllm/split.h"
-#include "offload.h"
-#include "train_impl.h"
+#include "engine_impl.h"
 
 static volatile sig_atomic_t stop_requested;
 
 void cllm_train_request_stop(void) { stop_requested = 1; }
 
-typedef struct {
-    cllm_train_config *cfg;
-    const cllm_train_hooks *hooks;
-    cllm_model *m;
-    cllm_loader *train, *eval;
-    cllm_optimizer *opt;
-    cllm_param_range *ranges;
-    int n_ranges;
-    int32_t *tokens, *labels, *targets; /* [local, T] */
-    long local;                         /* rows per step on this rank */
-    train_saver *saver;
-    train_metrics metrics;
-    cllm_ckpt_state state;
-    double flops_per_step, peak_gflops;
-    bool progress; /* \r line on a terminal */
-    bool line_open;
-    long last_save_step, last_eval_step;
-    size_t act_bytes; /* activation buffer of the model */
-    double save_wait_total, time_save_pending;
-    int n_saves;
-    train_zero zero;        /* data parallelism: slices, buckets, memory */
-    bool fp16;              /* fp16.enabled: loss scaling (fp16_step.c) */
-    cllm_loss_scaler scaler;
-    train_offload *offload; /* optimizer state in a file (offload_optimizer nvme), or NULL */
-    train_shard *shard;     /* ZeRO 2-3: per-layer reduction, partitioned parameters (zero3.c); else NULL */
-    double comm_seconds;    /* stages 0-1: time in the gradient reduction and parameter all-gather */
-    train_overlap *overlap; /* stages 0-1 with overlap_comm: reductions started during the backward */
-    bool ckpt_ok;           /* this layout can write checkpoints */
-    cllm_topo topo;         /* pipe x data x tensor */
-    train_pipe *pipe;       /* pipeline parallelism: this rank's stage (NULL without) */
-    cllm_dist_group *data_grp; /* with a pipeline: the ranks of this stage (NULL: the world) */
-    train_tp *tp;           /* tensor parallelism: groups and the whole model (NULL without) */
-    size_t base;            /* start of this rank's stage in the flat buffers (0 without a pipeline) */
-    const char *output_dir; /* the caller's, restored at the end (ranks > 0 write nothing) */
-} trainer;
 
 /* ------------------------------------------------------------ set-up */
 
@@ -73,20 +39,14 @@ static cllm_status open_model(trainer *tr, const char *resume_dir) {
     cllm_train_config *c = tr->cfg;
     if (resume_dir) return cllm_ckpt_load_model(&tr->m, resume_dir); /* either checkpoint format */
     if (c->model_dir) return cllm_model_load(&tr->m, c->model_dir);
-    if (!c->model_init)
+    const cllm_model_init_spec *mi = &c->model_init;
+    if (!c->has_model_init)
         return CLLM_FAIL(CLLM_ERR_ARG, "no model: set \"model\" (an HF folder or an init spec) or --model");
-    const char *arch = json_string_value(json_object_get(c->model_init, "arch"));
-    const char *preset = json_string_value(json_object_get(c->model_init, "preset"));
-    cllm_arch a = cllm_arch_from_name(arch);
-    if (a == CLLM_ARCH_COUNT) return CLLM_FAIL(CLLM_ERR_ARG, "model.arch: unknown architecture '%s' (gpt2, llama, bloom)", arch);
     json_t *conf = NULL;
-    cllm_status st = cllm_model_preset(&conf, a, preset);
+    cllm_status st = cllm_model_preset(&conf, mi->arch, mi->preset);
     if (st) return st;
-    json_t *set = json_object_get(c->model_init, "set");
-    if (set) json_object_update(conf, set);
-    json_t *seed = json_object_get(c->model_init, "seed");
-    uint64_t s = seed && json_is_integer(seed) ? (uint64_t)json_integer_value(seed) : c->seed;
-    st = cllm_model_init_random(&tr->m, conf, s);
+    if (mi->set) json_object_update(conf, mi->set);
+    st = cllm_model_init_random(&tr->m, conf, mi->has_seed ? mi->seed : c->seed);
     json_decref(conf);
     return st;
 }
@@ -228,42 +188,6 @@ static cllm_status resume_from(trainer *tr, const char *dir) {
 
 /* ----------------------------------------------------------- display */
 
-static void fmt_eta(char *buf, size_t cap, double sec) {
-    if (!(sec >= 0) || sec > 1e8) {
-        snprintf(buf, cap, "?");
-        return;
-    }
-    long s = (long)sec;
-    if (s >= 3600)
-        snprintf(buf, cap, "%ldh%02ldm", s / 3600, (s / 60) % 60);
-    else
-        snprintf(buf, cap, "%ldm%02lds", s / 60, s % 60);
-}
-
-static void end_line(trainer *tr) {
-    if (tr->line_open) fputc('\n', stderr);
-    tr->line_open = false;
-}
-
-static void show_step(trainer *tr, long step, double loss, double lr, double gnorm, double tps, double mfu,
-                      double avg_step) {
-    cllm_train_config *c = tr->cfg;
-    if (c->log == CLLM_LOG_MODE_QUIET) return;
-    char eta[32];
-    fmt_eta(eta, sizeof eta, avg_step * (double)(c->train_iters - step));
-    char mfu_s[32] = "";
-    if (mfu > 0) snprintf(mfu_s, sizeof mfu_s, " | MFU %.1f%%", mfu * 100);
-    if (tr->progress) {
-        fprintf(stderr, "\rstep %ld/%ld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s%s | ETA %s   ", step,
-                c->train_iters, loss, lr, gnorm, tps, mfu_s, eta);
-        fflush(stderr);
-        tr->line_open = true;
-    } else if (step % c->steps_per_print == 0 || step == c->train_iters) {
-        fprintf(stderr, "step %5ld/%ld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s%s | ETA %s\n", step,
-                c->train_iters, loss, lr, gnorm, tps, mfu_s, eta);
-    }
-}
-
 /* --------------------------------------------------------------- eval */
 
 static cllm_status run_eval(trainer *tr, long step) {
@@ -300,7 +224,8 @@ static cllm_status run_eval(trainer *tr, long step) {
         cllm_model_make_targets(tr->targets, tr->labels, rows, T);
         double sum = 0;
         long k = 0;
-        st = cllm_model_forward_backward(tr->m, tr->tokens, tr->targets, rows, T, false, 0.0f, &sum, &k);
+        cllm_objective_batch b = {tr->tokens, tr->targets, rows, T};
+        st = cllm_objective_run(tr->obj, tr->m, &b, false, 0.0f, &sum, &k);
         total += sum;
         count += k;
     }
@@ -316,7 +241,7 @@ static cllm_status run_eval(trainer *tr, long step) {
     rec_int(&r, "eval_batches", (long long)batches);
     rec_num(&r, "eval_time", dt);
     if (tr->cfg->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0) {
-        end_line(tr);
+        train_end_line(tr);
         fprintf(stderr, "eval  %5ld | loss %.4f | ppl %.3f | %ld tokens | %.2f s\n", step, loss, exp(loss), count, dt);
     }
     return train_metrics_write(&tr->metrics, rec_end(&r));
@@ -504,7 +429,8 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
             if (tr->overlap) train_overlap_arm(tr->overlap, j + 1 == c->gradient_accumulation_steps);
             double s = 0;
             long k = 0;
-            st = cllm_model_forward_backward(tr->m, tr->tokens + off, tr->targets + off, mb, T, true, scale, &s, &k);
+            cllm_objective_batch b = {tr->tokens + off, tr->targets + off, mb, T};
+            st = cllm_objective_run(tr->obj, tr->m, &b, true, scale, &s, &k);
             if (st) return cllm_fail_context(st, "step %ld", step);
             loss_sum += s;
         }
@@ -532,7 +458,7 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     if (tr->fp16) {
         bool skip = false;
         if ((st = cllm_loss_scaler_update(&tr->scaler, !finite, &skip))) {
-            end_line(tr);
+            train_end_line(tr);
             if (c->dp_rank == 0)
                 fprintf(stderr, "step %ld: gradient overflow at loss scale %g, the minimum (fp16.min_loss_scale)\n",
                         step, loss_scale);
@@ -567,53 +493,19 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     double tok = (double)tr->local * T * c->dp_size;
     double gflops = tr->flops_per_step / dt * 1e-9;
     double mfu = tr->peak_gflops > 0 ? gflops / tr->peak_gflops : 0;
-    train_record r;
-    rec_begin(&r);
-    rec_int(&r, "step", step);
-    rec_num(&r, "loss", loss);
-    rec_num(&r, "lr", lr);
-    rec_num(&r, "grad_norm", gnorm);
-    rec_int(&r, "tokens", count);
-    rec_num(&r, "step_time", dt);
-    rec_num(&r, "tokens_per_sec", tok / dt);
-    rec_num(&r, "gflops", gflops);
-    rec_num(&r, "mfu", mfu);
-    rec_num(&r, "time_data", t1 - t0);
-    rec_num(&r, "time_fwdbwd", t2 - t1);
-    rec_num(&r, "time_optim", t3 - t2);
-    rec_num(&r, "time_save", tr->time_save_pending);
-    rec_int(&r, "samples", (long long)tr->state.next_sample);
-    rec_num(&r, "epoch", (double)tr->state.next_sample / (double)cllm_loader_size(tr->train));
-    rec_num(&r, "tokens_seen", tr->state.tokens_seen);
-    rec_int(&r, "state_bytes_params", (long long)tr->zero.mem.params);
-    rec_int(&r, "state_bytes_grads", (long long)tr->zero.mem.grads);
-    rec_int(&r, "state_bytes_optim", (long long)tr->zero.mem.optim);
-    rec_int(&r, "state_bytes_work", (long long)tr->zero.mem.work);
-    /* communication: each collective from start to completion, and the
-     * part of it the computation did not wait for (overlap_comm) */
-    rec_num(&r, "time_comm", comm_seconds(tr) - comm0);
-    rec_num(&r, "comm_hidden_fraction", hidden_fraction(comm_seconds(tr) - comm0, wait_seconds(tr) - wait0));
-    rec_int(&r, "activation_bytes", (long long)tr->act_bytes);
-    if (tr->offload) {
-        double io = 0, wait = 0;
-        train_offload_take_step_times(tr->offload, &io, &wait);
-        rec_num(&r, "offload_io_time", io);
-        rec_num(&r, "offload_wait_time", wait);
-    }
-    if (tr->fp16) rec_num(&r, "loss_scale", loss_scale);
-    if (!finite) rec_bool(&r, "skipped", true);
-    tr->time_save_pending = 0;
-    if ((st = train_metrics_write(&tr->metrics, rec_end(&r)))) return st;
+    train_step_report rep = {step, count, loss, lr, gnorm, dt, tok, gflops, mfu, t1 - t0, t2 - t1, t3 - t2,
+                             comm_seconds(tr) - comm0, wait_seconds(tr) - wait0, loss_scale, finite};
+    if ((st = train_record_step(tr, &rep))) return st;
     if (!finite && tr->fp16 && tr->scaler.dynamic) {
         /* an overflow is routine with dynamic scaling: the scaler's minimum is the stop */
-        end_line(tr);
+        train_end_line(tr);
         if (c->dp_rank == 0 && c->log != CLLM_LOG_MODE_QUIET)
             fprintf(stderr, "step %ld: gradient overflow, update skipped; loss scale %g -> %g\n", step, loss_scale,
                     cllm_loss_scaler_scale(&tr->scaler));
         return CLLM_OK;
     }
     if (!finite) {
-        end_line(tr);
+        train_end_line(tr);
         fprintf(stderr, "step %ld: non-finite %s (loss %g, grad norm %g): update skipped (%ld in a row)\n", step,
                 isfinite(loss) ? "gradients" : "loss", loss, gnorm, tr->state.consecutive_skips);
         if (tr->state.consecutive_skips >= c->max_consecutive_skips)
@@ -624,7 +516,7 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
                              tr->state.consecutive_skips, step, c->max_consecutive_skips);
         return CLLM_OK;
     }
-    show_step(tr, step, loss, lr, gnorm, tok / dt, mfu, *avg_step);
+    train_show_step(tr, step, loss, lr, gnorm, tok / dt, mfu, *avg_step);
     return CLLM_OK;
 }
 
@@ -634,9 +526,9 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
  * range of the flat buffer. */
 static cllm_status setup_pipeline(trainer *tr) {
     cllm_train_config *c = tr->cfg;
-    if (c->zero_stage >= 2)
+    if (c->zero.stage >= 2)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "zero_optimization.stage %d with pipeline parallelism: stages 2 and 3 "
-                         "reduce per layer inside the whole-model pass; use stage 0 or 1", c->zero_stage);
+                         "reduce per layer inside the whole-model pass; use stage 0 or 1", c->zero.stage);
     if (c->comm_dtype != CLLM_F32)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "communication_data_type %s with pipeline parallelism: the stages' "
                          "reductions run in fp32", (c->comm_dtype == CLLM_BF16 ? "bf16" : "fp16"));
@@ -700,7 +592,7 @@ static cllm_status pipe_report(trainer *tr, bool times) {
     v[4 * me + 3] = (double)train_pipe_inflight_bytes(tr->pipe);
     cllm_status st = cllm_dist_allreduce_sum_f64(v, 4 * (size_t)W);
     if (!st && me == 0 && tr->cfg->log != CLLM_LOG_MODE_QUIET) {
-        end_line(tr);
+        train_end_line(tr);
         for (int r = 0; r < W; r++) {
             const double *x = v + 4 * r;
             if (times)
@@ -721,8 +613,7 @@ static cllm_status pipe_report(trainer *tr, bool times) {
 static cllm_status run(trainer *tr, cllm_train_result *res) {
     cllm_train_config *c = tr->cfg;
     char *resume_dir = NULL;
-    json_t *ptopo = c->model_topo ? json_object_get(c->model_topo, "process_topology") : NULL;
-    cllm_status st = cllm_topo_init(&tr->topo, ptopo, cllm_dist_size(), cllm_dist_rank(), "config");
+    cllm_status st = cllm_topo_init(&tr->topo, &c->model_topo.layout, cllm_dist_size(), cllm_dist_rank(), "config");
     if (st) return st;
     const bool piped = tr->topo.dims[CLLM_AXIS_PIPE] > 1, tensor = tr->topo.dims[CLLM_AXIS_TENSOR] > 1;
     c->dp_size = tr->topo.dims[CLLM_AXIS_DATA];
@@ -759,11 +650,11 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if (piped) {
         if ((st = setup_pipeline(tr))) goto done;
     } else if (tensor) {
-        if (c->zero_stage >= 2 || c->comm_dtype != CLLM_F32) {
+        if (c->zero.stage >= 2 || c->comm_dtype != CLLM_F32) {
             st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s with tensor parallelism: use zero_optimization.stage 0 or 1 "
                            "and fp32 communication (the per-layer reductions of stages 2-3 and the 16-bit sums run "
                            "over the whole world, not the data group)",
-                           c->zero_stage >= 2 ? "zero_optimization.stage 2-3" : "communication_data_type");
+                           c->zero.stage >= 2 ? "zero_optimization.stage 2-3" : "communication_data_type");
             goto done;
         }
         if ((st = train_zero_init_group(&tr->zero, c, n, n, tr->ranges, tr->n_ranges, train_tp_data_group(tr->tp),
@@ -811,14 +702,13 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
      * backward pass (one process, pipelines, tensor parallelism and 16-bit
      * sums keep the reduction after it) */
     if (tr->zero.stage <= 1 && tr->zero.size > 1 && !tr->pipe && !tr->tp && c->comm_dtype == CLLM_F32 &&
-        train_overlap_wanted(c) && (st = train_overlap_init(&tr->overlap, &tr->zero, tr->m)))
+        c->zero.overlap_comm && (st = train_overlap_init(&tr->overlap, &tr->zero, tr->m)))
         goto done;
-    train_offload_config oc;
-    if ((st = train_offload_config_get(c, &oc))) goto done;
-    if (oc.nvme) {
+    const cllm_offload_config *oc = &c->zero.offload_optimizer;
+    if (oc->device == CLLM_OFFLOAD_NVME) {
         size_t slice = train_zero_slice_len(&tr->zero);
         if ((st = cllm_optim_init_streamed(&tr->opt, &c->optim, slice))) goto done;
-        if ((st = train_offload_init(&tr->offload, &oc, &c->optim, slice, c->dp_rank))) goto done;
+        if ((st = train_offload_init(&tr->offload, oc, &c->optim, slice, c->dp_rank))) goto done;
         tr->zero.offload = tr->offload;
     } else if ((st = cllm_optim_init(&tr->opt, &c->optim, train_zero_slice_len(&tr->zero)))) {
         goto done;
@@ -856,6 +746,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         goto done;
     if (cllm_dist_rank() > 0) c->output_dir = NULL; /* only rank 0 writes: model, checkpoints, metrics */
     if (c->output_dir && (st = cllm_make_dirs(c->output_dir))) goto done;
+    if (c->output_dir && (st = cllm_ckpt_clean_stale(c->output_dir, NULL))) goto done;
     if (c->output_dir && (st = train_metrics_open(&tr->metrics, c->output_dir, resume_dir ? tr->state.global_step : -1)))
         goto done;
     tr->flops_per_step = cllm_model_train_flops(tr->m, (int)c->train_micro_batch_size_per_gpu, c->seq_len) *
@@ -897,7 +788,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         bool stop = stop_requested; /* every rank stops at the same step */
         if ((st = train_zero_agree(&tr->zero, &stop))) goto done;
         if (stop) {
-            end_line(tr);
+            train_end_line(tr);
             bool can_save = tr->ckpt_ok; /* tensor-parallel checkpoints: not yet */
             if (cllm_dist_rank() == 0)
                 fprintf(stderr, "cllm train: stop requested; %s at step %ld\n",
@@ -908,7 +799,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         }
         if (c->save_interval > 0 && step % c->save_interval == 0 && (st = save_checkpoint(tr, false))) goto done;
     }
-    end_line(tr);
+    train_end_line(tr);
     res->last_step = tr->state.global_step;
     if (tr->offload && c->log != CLLM_LOG_MODE_QUIET && c->dp_rank == 0) {
         double io = 0, wait = 0;
@@ -971,11 +862,12 @@ cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks
     tr.hooks = hooks;
     tr.output_dir = cfg->output_dir;
     stop_requested = 0;
-    cllm_status st = run(&tr, res);
+    cllm_status st = cllm_objective_lm_init(&tr.obj);
+    if (!st) st = run(&tr, res);
     cfg->output_dir = tr.output_dir;
     if (st) {
         /* keep the message of the failure, not of the clean-up */
-        end_line(&tr);
+        train_end_line(&tr);
         train_saver_wait(tr.saver, NULL);
     }
     train_saver_free(tr.saver);
@@ -995,5 +887,6 @@ cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks
     cllm_loader_free(tr.train);
     cllm_loader_free(tr.eval);
     cllm_model_free(tr.m);
+    cllm_objective_free(tr.obj);
     return st;
 }

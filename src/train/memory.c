@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cllm/kernels.h"
 #include "cllm/memory.h"
 #include "cllm/topo.h"
 
@@ -18,11 +19,42 @@ static size_t shard(size_t n, int dp) {
     return s < n ? s : n;
 }
 
+/* The three GEMMs of a linear layer over R rows, IN -> OUT (w_in_out: the
+ * weight stored [IN, OUT]), as cllm_linear_forward/_backward call them:
+ * the largest oneDNN workspace among them. */
+static size_t linear_work(int R, int IN, int OUT, bool w_in_out, int threads) {
+    size_t w[3] = {cllm_matmul_workspace(R, OUT, IN, false, !w_in_out, threads),
+                   cllm_matmul_workspace(R, IN, OUT, false, w_in_out, threads),
+                   w_in_out ? cllm_matmul_workspace(IN, OUT, R, true, false, threads)
+                            : cllm_matmul_workspace(OUT, IN, R, true, false, threads)};
+    size_t m = w[0] > w[1] ? w[0] : w[1];
+    return m > w[2] ? m : w[2];
+}
+
+/* The largest oneDNN GEMM workspace of a training step of (local) config
+ * c: *blocks over every linear layer of a block (llama: separate q, k, v
+ * and gate/up projections; gpt2: Conv1D weights stored [IN, OUT]) over
+ * N = B*T rows, *head over the head's logits chunk of `rows` rows. */
+static void gemm_work(const cllm_model_config *c, int N, int rows, int threads, size_t *blocks, size_t *head) {
+    const int C = c->n_embd, F = c->n_inner, Q = c->n_head * c->head_dim, K = c->n_kv_head * c->head_dim;
+    const bool io = c->arch == CLLM_ARCH_GPT2, llama = c->arch == CLLM_ARCH_LLAMA;
+    size_t w[5] = {llama ? linear_work(N, C, Q, false, threads) : linear_work(N, C, 3 * Q, io, threads),
+                   llama ? linear_work(N, C, K, false, threads) : 0,
+                   linear_work(N, Q, C, io, threads),
+                   linear_work(N, C, F, io, threads),
+                   linear_work(N, F, C, io, threads)};
+    *blocks = 0;
+    for (int i = 0; i < 5; i++)
+        if (w[i] > *blocks) *blocks = w[i];
+    *head = rows > 0 ? linear_work(rows, C, c->vocab_size, false, threads) : 0;
+}
+
 cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setup *s, cllm_mem_estimate *out) {
     memset(out, 0, sizeof *out);
-    if (s->micro_batch <= 0 || s->seq_len <= 0 || s->grad_accum <= 0 || s->dp <= 0 || s->pipe < 0 || s->tensor < 0)
-        return CLLM_FAIL(CLLM_ERR_ARG, "micro-batch, sequence length, accumulation, dp, pipe and tensor must be "
-                         "positive");
+    if (s->micro_batch <= 0 || s->seq_len <= 0 || s->grad_accum <= 0 || s->dp <= 0 || s->pipe < 0 || s->tensor < 0 ||
+        s->threads < 0)
+        return CLLM_FAIL(CLLM_ERR_ARG, "micro-batch, sequence length, accumulation and dp must be positive, pipe, "
+                         "tensor and threads not negative");
     if (s->zero_stage < 0 || s->zero_stage > 3)
         return CLLM_FAIL(CLLM_ERR_ARG, "ZeRO stage %d (expected 0, 1, 2 or 3)", s->zero_stage);
     if (c->n_ctx > 0 && s->seq_len > c->n_ctx)
@@ -116,6 +148,11 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     out->activations = out->act.total - out->act.logits;
     out->snapshot = s->async_save && !s->offload_optimizer ? out->params + out->optim : 0;
     out->other = 3 * (size_t)s->micro_batch * (size_t)s->grad_accum * (size_t)s->seq_len * sizeof(int32_t);
+    /* the head's chunk rows, from the logits chunk the carving code sized */
+    int rows = c->vocab_size > 0 ? (int)(out->act.logits / sizeof(float) / (size_t)c->vocab_size) : 0;
+    size_t gw_blocks = 0, gw_head = 0;
+    gemm_work(c, s->micro_batch * s->seq_len, rows, s->threads, &gw_blocks, &gw_head);
+    out->gemm_work = gw_blocks > gw_head ? gw_blocks : gw_head;
     if (P > 1) {
         /* the stage whose own memory is largest. Pages a stage never touches
          * (other stages' activations, unused message buffers) are allocated
@@ -143,8 +180,11 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
              * whole parameters for evaluation and the final save */
             size_t keep = range + (c->tie_embeddings && k == P - 1 ? (size_t)c->vocab_size * (size_t)c->n_embd : 0);
             size_t prm = (k == 0 ? len : keep) * sizeof(float), grd = keep * sizeof(float);
-            size_t tot = prm + grd + opt + act + logits + bufs;
+            /* only the last stage runs the head's GEMMs */
+            size_t gw = g->head && gw_head > gw_blocks ? gw_head : g->n_layers > 0 ? gw_blocks : 0;
+            size_t tot = prm + grd + opt + act + logits + bufs + gw;
             if (tot >= best) {
+                out->gemm_work = gw;
                 best = tot;
                 opt_len = range;
                 out->params = prm + full_len * sizeof(float);
@@ -169,7 +209,8 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     out->precision = cllm_model_precision_bytes(c, len, s->micro_batch, s->seq_len, s->precision);
     out->overhead = s->overhead;
     out->total = out->params + out->grads + out->optim + out->offload_buffer + out->work + out->activations +
-                 out->logits + out->snapshot + out->other + out->precision + out->pipe_buffers + out->overhead;
+                 out->logits + out->snapshot + out->other + out->precision + out->pipe_buffers + out->gemm_work +
+                 out->overhead;
     return CLLM_OK;
 }
 

@@ -16,7 +16,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <jansson.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -58,39 +57,6 @@ struct train_offload {
     void *map;
     size_t map_len;
 };
-
-/* ------------------------------------------------------------- config */
-
-static cllm_status get_count(const json_t *o, const char *key, long def, long min, long *out) {
-    json_t *v = json_object_get(o, key);
-    *out = def;
-    if (!v || json_is_null(v)) return CLLM_OK;
-    double d = json_is_integer(v) ? (double)json_integer_value(v) : json_is_real(v) ? json_real_value(v) : NAN;
-    if (!(d >= (double)min) || d != floor(d) || d > 1e15)
-        return CLLM_FAIL(CLLM_ERR_ARG, "%s.%s: expected a whole number >= %ld", KEY, key, min);
-    *out = (long)d;
-    return CLLM_OK;
-}
-
-cllm_status train_offload_config_get(const cllm_train_config *cfg, train_offload_config *oc) {
-    memset(oc, 0, sizeof *oc);
-    oc->buffer_count = 4;
-    oc->buffer_size = 1L << 20;
-    const json_t *z = cfg->zero_optimization;
-    json_t *o = z ? json_object_get(z, "offload_optimizer") : NULL;
-    if (!o || !json_is_object(o)) return CLLM_OK;
-    const char *dev = json_string_value(json_object_get(o, "device"));
-    if (!dev || strcmp(dev, "nvme") != 0) return CLLM_OK; /* cpu / none: resident state */
-    oc->nvme = true;
-    oc->nvme_path = json_string_value(json_object_get(o, "nvme_path"));
-    if (!oc->nvme_path || !*oc->nvme_path)
-        return CLLM_FAIL(CLLM_ERR_ARG, "%s.nvme_path: required with device \"nvme\" (a folder for the optimizer state)",
-                         KEY);
-    cllm_status st = get_count(o, "buffer_count", 4, 3, &oc->buffer_count);
-    if (!st) st = get_count(o, "buffer_size", 1L << 20, 1, &oc->buffer_size);
-    if (!st && oc->buffer_count > 64) st = CLLM_FAIL(CLLM_ERR_ARG, "%s.buffer_count: %ld (at most 64)", KEY, oc->buffer_count);
-    return st;
-}
 
 /* ---------------------------------------------------------- I/O thread */
 
@@ -172,7 +138,7 @@ static cllm_status wait_job(train_offload *f, long id) {
 
 /* ----------------------------------------------------------- lifetime */
 
-cllm_status train_offload_init(train_offload **out, const train_offload_config *oc, const cllm_optim_params *p,
+cllm_status train_offload_init(train_offload **out, const cllm_offload_config *oc, const cllm_optim_params *p,
                                size_t n, int rank) {
     static int serial;
     *out = NULL;

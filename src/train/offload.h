@@ -20,24 +20,15 @@
 #include "cllm/optim.h"
 #include "cllm/train.h"
 
-/* zero_optimization.offload_optimizer as the offload uses it. */
-typedef struct {
-    bool nvme;             /* device "nvme"; "cpu"/"none"/absent keep the state in memory */
-    const char *nvme_path; /* borrowed from the config JSON */
-    long buffer_count;     /* slots of the stream, >= 3 (default 4) */
-    long buffer_size;      /* floats per state per slot (default 1048576) */
-} train_offload_config;
-
-/* Reads the offload_optimizer block of cfg->zero_optimization; fails naming
- * the key on a missing nvme_path or a bad buffer_count / buffer_size. */
-cllm_status train_offload_config_get(const cllm_train_config *cfg, train_offload_config *oc);
-
 typedef struct train_offload train_offload;
 
 /* Creates the state file (zero-filled, n floats per state of optimizer
- * params p) under oc->nvme_path and starts the I/O thread. Fails naming the
+ * params p) under oc->nvme_path (zero_optimization.offload_optimizer with
+ * device "nvme", as parsed and range-checked by the config parser: a
+ * nvme_path, buffer_count slots >= 3, buffer_size floats per state per
+ * slot) and starts the I/O thread. Fails naming the
  * key when the folder is missing, is not a folder or is not writable. */
-cllm_status train_offload_init(train_offload **out, const train_offload_config *oc, const cllm_optim_params *p,
+cllm_status train_offload_init(train_offload **out, const cllm_offload_config *oc, const cllm_optim_params *p,
                                size_t n, int rank);
 /* One optimizer update of params[n] / grads[n] (this rank's slice, with
  * slice-relative ranges) through the stream; o is a streamed optimizer

@@ -21,7 +21,6 @@
  * stages' parts are never read except the tied embedding on the last
  * stage, and are refreshed only when the model is saved or evaluated).
  */
-#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,14 +75,8 @@ cllm_status train_pipe_init(train_pipe **out, const cllm_train_config *c, cllm_m
         st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
         goto done;
     }
-    json_t *parts = c->model_topo ? json_object_get(c->model_topo, "parts") : NULL;
-    if ((st = cllm_topo_partition(mc, p->K, parts, stages, where))) goto done;
-    const char *sched = c->model_topo ? json_string_value(json_object_get(c->model_topo, "schedule")) : NULL;
-    p->sched = CLLM_PIPE_1F1B;
-    if (sched && (st = cllm_pipe_schedule_parse(sched, &p->sched))) {
-        st = cllm_fail_context(st, "%s: model_topo.schedule", where);
-        goto done;
-    }
+    if ((st = cllm_topo_partition(mc, p->K, &c->model_topo.parts, stages, where))) goto done;
+    p->sched = c->model_topo.schedule;
     p->stage = stages[p->s];
     p->stages = stages;
     for (int k = 0; k < p->K; k++) {

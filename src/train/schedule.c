@@ -87,11 +87,13 @@ double cllm_sched_lr(const cllm_sched_params *p, double base_lr, long iter) {
     if (iter < 0) iter = 0;
     const double x = (double)iter;
     long warm = p->warmup_num_steps < 2 ? 2 : p->warmup_num_steps;
+    const double warmup_max = p->peak_is_base_lr ? base_lr : p->warmup_max_lr;
+    const double cycle_max = p->peak_is_base_lr ? base_lr : p->cycle_max_lr;
     switch (p->type) {
     case CLLM_SCHED_CONSTANT: return base_lr;
     case CLLM_SCHED_WARMUP_LR: {
         double gamma = iter < warm ? ds_warmup_gamma(p, iter, warm) : 1.0;
-        return p->warmup_min_lr + (p->warmup_max_lr - p->warmup_min_lr) * gamma;
+        return p->warmup_min_lr + (warmup_max - p->warmup_min_lr) * gamma;
     }
     case CLLM_SCHED_WARMUP_DECAY_LR: {
         double gamma;
@@ -101,7 +103,7 @@ double cllm_sched_lr(const cllm_sched_params *p, double base_lr, long iter) {
             double rest = (double)(p->total_num_steps - warm);
             gamma = fmax(0.0, (double)(p->total_num_steps - iter) / fmax(1.0, rest));
         }
-        return p->warmup_min_lr + (p->warmup_max_lr - p->warmup_min_lr) * gamma;
+        return p->warmup_min_lr + (warmup_max - p->warmup_min_lr) * gamma;
     }
     case CLLM_SCHED_WARMUP_COSINE_LR: {
         double ratio;
@@ -124,7 +126,7 @@ double cllm_sched_lr(const cllm_sched_params *p, double base_lr, long iter) {
             double cycle = floor(1.0 + b / total);
             double f = 1.0 + b / total - cycle;
             double scale = f <= step_ratio ? f / step_ratio : (f - 1.0) / (step_ratio - 1.0);
-            return p->cycle_min_lr + (p->cycle_max_lr - p->cycle_min_lr) * scale;
+            return p->cycle_min_lr + (cycle_max - p->cycle_min_lr) * scale;
         }
         if (p->decay_step_size == 0 || p->decay_lr_rate == 0.0) return p->cycle_min_lr;
         double interval = (x - total + 1.0) / (double)p->decay_step_size;

@@ -104,8 +104,9 @@ typedef struct {
     int n_norm_skip;
 } train_zero;
 
-/* Partitions n floats over the world by c->zero_stage, checks the topology
- * and bucket sizes. Call train_zero_free also after a failure. */
+/* Partitions n floats over the world by c->zero.stage, checks the topology;
+ * the bucket sizes are c->zero's (capped at 2^30 elements per call). Call
+ * train_zero_free also after a failure. */
 cllm_status train_zero_init(train_zero *z, const cllm_train_config *c, size_t n, const cllm_param_range *ranges,
                             int n_ranges);
 /* The same over a data-parallel group (NULL: the world) for a part of n
@@ -209,8 +210,6 @@ cllm_status train_fp16_unscale(const train_zero *z, float *grads, double scale, 
 
 /* ---- overlap_comm at ZeRO stages 0-1 (zero_overlap.c) ---- */
 typedef struct train_overlap train_overlap;
-/* zero_optimization.overlap_comm is true. */
-bool train_overlap_wanted(const cllm_train_config *c);
 /* Installs the model's grads_ready hook (after cllm_model_prepare: the flat
  * gradient buffer must exist) and starts the progress thread when MPI
  * allows it. */

@@ -23,7 +23,6 @@
  * buckets, the world checks and the memory report are shared from here.
  * Checkpoints of the slices: ckpt_shard.c.
  */
-#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,23 +33,10 @@
 #include "train_impl.h"
 
 #define SLICE_ALIGN 16 /* floats: 64 bytes, the alignment of tensors in the flat buffer */
-/* DeepSpeed's defaults for reduce_bucket_size and allgather_bucket_size */
-#define DEFAULT_BUCKET 500000000.0
+/* MPI counts are ints: larger buckets are split anyway */
+#define MAX_BUCKET ((size_t)1 << 30)
 
-/* zero_optimization[key] as a positive element count (DeepSpeed writes them
- * as integers or as floats such as 5e8). */
-static cllm_status bucket_size(const cllm_train_config *c, const char *key, size_t *out) {
-    json_t *v = c->zero_optimization ? json_object_get(c->zero_optimization, key) : NULL;
-    double d = DEFAULT_BUCKET;
-    if (v && !json_is_number(v))
-        return CLLM_FAIL(CLLM_ERR_ARG, "zero_optimization.%s: expected a number of elements", key);
-    if (v) d = json_number_value(v);
-    if (!(d >= 1) || d > 1e15)
-        return CLLM_FAIL(CLLM_ERR_ARG, "zero_optimization.%s: %g (expected a positive number of elements)", key, d);
-    /* MPI counts are ints: larger buckets are split anyway */
-    *out = d > 1073741824.0 ? (size_t)1073741824 : (size_t)d;
-    return CLLM_OK;
-}
+static size_t clamp_bucket(size_t n) { return n > MAX_BUCKET ? MAX_BUCKET : n; }
 
 cllm_status train_zero_init(train_zero *z, const cllm_train_config *c, size_t n, const cllm_param_range *ranges,
                             int n_ranges) {
@@ -67,13 +53,12 @@ cllm_status train_zero_init_group(train_zero *z, const cllm_train_config *c, siz
     z->rank = cllm_dist_group_rank(grp);
     z->size = cllm_dist_group_size(grp);
     z->world = cllm_dist_size();
-    z->stage = c->zero_stage;
+    z->stage = c->zero.stage;
     z->comm = c->comm_dtype;
     z->n = n;
     z->n_total = n_total;
-    cllm_status st = bucket_size(c, "reduce_bucket_size", &z->bucket);
-    if (!st) st = bucket_size(c, "allgather_bucket_size", &z->gather_bucket);
-    if (st) return st;
+    z->bucket = clamp_bucket(c->zero.reduce_bucket_size);
+    z->gather_bucket = clamp_bucket(c->zero.allgather_bucket_size);
     z->counts = calloc(2 * (size_t)z->size, sizeof *z->counts);
     z->ranges = calloc(n_ranges > 0 ? (size_t)n_ranges : 1, sizeof *z->ranges);
     if (!z->counts || !z->ranges) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");

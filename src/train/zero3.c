@@ -40,7 +40,6 @@
 #include <stdint.h>
 #include <sys/mman.h>
 #include <unistd.h>
-#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,7 +50,6 @@
 #include "offload.h"
 #include "train_impl.h"
 
-#define DEFAULT_PERSISTENCE 100000.0 /* DeepSpeed's stage3_param_persistence_threshold */
 #define N_PSLOTS 4                   /* group 0, last group, two blocks */
 #define N_GSLOTS 4                   /* group 0, last group, two blocks (the second one with overlap_comm) */
 
@@ -182,17 +180,6 @@ static cllm_status gather_range(train_shard *s, float *buf, size_t b, size_t e) 
     inflight f = {NULL, 0, false, 0};
     cllm_status st = gather_start(s, &f, buf, b, e);
     return st ? st : gather_finish(s, &f, buf, b, e);
-}
-
-/* zero_optimization[key] as a non-negative number, or `def`. */
-static cllm_status zero_number(const cllm_train_config *c, const char *key, double def, double *out) {
-    json_t *v = c->zero_optimization ? json_object_get(c->zero_optimization, key) : NULL;
-    *out = def;
-    if (!v) return CLLM_OK;
-    if (!json_is_number(v) || !(json_number_value(v) >= 0))
-        return CLLM_FAIL(CLLM_ERR_ARG, "zero_optimization.%s: expected a non-negative number of elements", key);
-    *out = json_number_value(v);
-    return CLLM_OK;
 }
 
 /* -------------------------------------------------------------- hooks */
@@ -383,19 +370,8 @@ static cllm_status finish_all(train_shard *s) {
  * updated, and are dropped from the process right after (madvise
  * MADV_DONTNEED on a shared mapping keeps their contents in the file), so
  * the resident share of the slice stays small and the kernel can write it
- * back and evict it under memory pressure. */
-static const char *offload_param_dir(const cllm_train_config *c, cllm_status *st) {
-    *st = CLLM_OK;
-    json_t *o = c->zero_optimization ? json_object_get(c->zero_optimization, "offload_param") : NULL;
-    const char *dev = o ? json_string_value(json_object_get(o, "device")) : NULL;
-    if (!dev || strcmp(dev, "nvme") != 0) return NULL;
-    const char *dir = json_string_value(json_object_get(o, "nvme_path"));
-    if (!dir || !*dir)
-        *st = CLLM_FAIL(CLLM_ERR_ARG, "zero_optimization.offload_param.nvme_path: a folder is required with "
-                        "device \"nvme\"");
-    return dir;
-}
-
+ * back and evict it under memory pressure. The config parser has checked
+ * that nvme_path is given with device "nvme". */
 static cllm_status map_slice(train_shard *s, const char *dir, size_t n) {
     char path[4096];
     int len = snprintf(path, sizeof path, "%s/cllm-params-%ld-rank%d.bin", dir, (long)getpid(), cllm_dist_rank());
@@ -434,9 +410,8 @@ static cllm_status init_stage3(train_shard *s, const cllm_train_config *c, const
                                int n_ranges) {
     train_zero *z = s->z;
     cllm_model *m = s->m;
-    double thr;
-    cllm_status st = zero_number(c, "stage3_param_persistence_threshold", DEFAULT_PERSISTENCE, &thr);
-    if (st) return st;
+    const double thr = c->zero.stage3_param_persistence_threshold;
+    cllm_status st = CLLM_OK;
     int nt = cllm_model_n_tensors(m);
     if (n_ranges != nt) return CLLM_FAIL(CLLM_ERR_INTERNAL, "%d ranges for %d tensors", n_ranges, nt);
     s->pers = calloc((size_t)nt, sizeof *s->pers);
@@ -464,8 +439,8 @@ static cllm_status init_stage3(train_shard *s, const cllm_train_config *c, const
     }
     size_t slice = z->end - z->begin;
     const float *full = cllm_model_params(m);
-    const char *pdir = offload_param_dir(c, &st);
-    if (st) return st;
+    const cllm_offload_config *op = &c->zero.offload_param;
+    const char *pdir = op->device == CLLM_OFFLOAD_NVME ? op->nvme_path : NULL;
     if (pdir && slice) {
         if ((st = map_slice(s, pdir, slice))) return st;
     } else {
@@ -515,9 +490,7 @@ cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, co
         if (g > 0 && g + 1 < s->n_groups && gsize(s, g) > s->max_block) s->max_block = gsize(s, g);
     }
     size_t slice = z->end - z->begin;
-    json_t *ov = c->zero_optimization ? json_object_get(c->zero_optimization, "overlap_comm") : NULL;
-    if (ov && !json_is_boolean(ov)) return CLLM_FAIL(CLLM_ERR_ARG, "zero_optimization.overlap_comm: expected true or false");
-    s->overlap = json_is_true(ov) && z->size > 1;
+    s->overlap = c->zero.overlap_comm && z->size > 1;
     size_t chunk = z->bucket < z->gather_bucket ? z->bucket : z->gather_bucket, longest = s->max_block;
     if (gsize(s, 0) > longest) longest = gsize(s, 0);
     if (gsize(s, s->n_groups - 1) > longest) longest = gsize(s, s->n_groups - 1);

@@ -9,7 +9,6 @@
  * thread of cllm/dist.h moves the collectives while the computation runs
  * (OpenMPI does not progress nonblocking collectives on its own).
  */
-#include <jansson.h>
 #include <stdlib.h>
 
 #include "cllm/dist.h"
@@ -49,11 +48,6 @@ static cllm_status on_grads_ready(void *ctx, int g) {
         o->n++;
     }
     return CLLM_OK;
-}
-
-bool train_overlap_wanted(const cllm_train_config *c) {
-    json_t *v = c->zero_optimization ? json_object_get(c->zero_optimization, "overlap_comm") : NULL;
-    return json_is_true(v);
 }
 
 cllm_status train_overlap_init(train_overlap **out, train_zero *z, cllm_model *m) {

@@ -92,6 +92,7 @@ static void print_table(const cllm_mem_estimate *e) {
     row("other buffers", e->other, e->total, "token, label and target arrays");
     if (e->pipe_buffers)
         row("parallel buffers", e->pipe_buffers, e->total, "pipeline messages and inputs in flight; tensor gather");
+    row("GEMM workspace", e->gemm_work, e->total, "oneDNN's packed operands, largest GEMM (this CPU's ISA)");
     if (e->precision) row("low-precision copy", e->precision, e->total, "bf16/fp16 weights and matmul operand scratch");
     row("process overhead", e->overhead, e->total, "libraries, threads (--overhead)");
     row("total", e->total, e->total, "");
@@ -100,7 +101,7 @@ static void print_table(const cllm_mem_estimate *e) {
 }
 
 static json_t *to_json(const cllm_mem_estimate *e) {
-    return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsI}", "precision", (json_int_t)e->precision, "n_params",
+    return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsI}", "precision", (json_int_t)e->precision, "n_params",
                      (json_int_t)e->n_params, "params", (json_int_t)e->params,
                      "grads", (json_int_t)e->grads, "optim", (json_int_t)e->optim, "work", (json_int_t)e->work,
                      "activations",
@@ -109,12 +110,13 @@ static json_t *to_json(const cllm_mem_estimate *e) {
                      (json_int_t)e->total, "block_inputs", (json_int_t)e->act.block_inputs, "block_saved",
                      (json_int_t)e->act.block_saved, "block_set", (json_int_t)e->act.block_set, "optim_disk",
                      (json_int_t)e->optim_disk, "offload_buffer", (json_int_t)e->offload_buffer, "pipe_buffers",
-                     (json_int_t)e->pipe_buffers, "params_disk", (json_int_t)e->params_disk);
+                     (json_int_t)e->pipe_buffers, "params_disk", (json_int_t)e->params_disk, "gemm_work",
+                     (json_int_t)e->gemm_work);
 }
 
 int cmd_estimate(int argc, char **argv) {
     const char *model, *arch_name, *preset, *opt_name, *precision, *overhead_s, *memory_s;
-    int B, T, accum, stage, dp, off_count, off_size, pipe, tensor;
+    int B, T, accum, stage, dp, off_count, off_size, pipe, tensor, threads;
     bool grad_ckpt = false, momentum = false, async_save = false, as_json = false, offload = false, offload_p = false;
     arg_list sets;
     arg_spec specs[] = {
@@ -140,6 +142,8 @@ int cmd_estimate(int argc, char **argv) {
         {"offload-buffer-count", ARG_INT, &off_count, "4", false, "offload stream buffers (buffer_count, >= 3)"},
         {"offload-buffer-size", ARG_INT, &off_size, "1048576", false, "floats per state per buffer (buffer_size)"},
         {"async-save", ARG_FLAG, &async_save, NULL, false, "count the snapshot buffers of asynchronous checkpoints"},
+        {"threads", ARG_INT, &threads, "0", false,
+         "OpenMP threads of the run, for the GEMM workspace (0: OMP_NUM_THREADS / all cores, as cllm train)"},
         {"overhead", ARG_STR, &overhead_s, DEFAULT_OVERHEAD, false, "fixed process memory to add"},
         {"memory", ARG_STR, &memory_s, NULL, false, "budget per rank (e.g. 16GB): suggest the cheapest setup that fits"},
         {"json", ARG_FLAG, &as_json, NULL, false, "print the estimate as JSON (bytes)"},
@@ -153,7 +157,7 @@ int cmd_estimate(int argc, char **argv) {
                         .sgd_momentum = momentum, .zero_stage = stage, .dp = dp, .async_save = async_save,
                         .offload_optimizer = offload, .offload_buffer_count = off_count,
                         .offload_buffer_size = off_size, .pipe = pipe, .tensor = tensor,
-                        .offload_param = offload_p};
+                        .offload_param = offload_p, .threads = threads};
     size_t budget = 0;
     if (!cllm_precision_from_name(precision, &s.precision)) {
         fprintf(stderr, "cllm estimate: --precision must be fp32, bf16 or fp16, got '%s'\n", precision);

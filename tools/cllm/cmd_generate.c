@@ -8,11 +8,15 @@
  * by default the model folder; BOS/EOS as its post-processor adds them), run
  * through the model once to fill the key/value cache, then tokens are
  * sampled one at a time until EOS (the config's eos_token_id or the
- * tokenizer's), --max-new-tokens, or the model's position limit. Text is
- * printed as soon as it forms whole UTF-8 characters. With --prompt-ids and
- * no tokenizer, the generated ids are printed instead, separated by spaces.
+ * tokenizer's), --max-new-tokens, a --stop string, or the model's position
+ * limit. Text is printed as soon as it forms whole UTF-8 characters (and
+ * can no longer turn into a stop string). With --prompt-ids and no
+ * tokenizer, the generated ids are printed instead, separated by spaces.
  * A summary (token counts, prefill and decode speed, why it stopped) goes to
  * stderr. Exit codes: 0 ok, 1 failure, 2 usage.
+ *
+ * The loop itself is the library's cllm_generation (cllm/generate.h); this
+ * file parses flags, loads, prints.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -71,6 +75,7 @@ int cmd_generate(int argc, char **argv) {
     double temperature, top_p, rep;
     long long seed;
     bool greedy = false, ignore_eos = false;
+    arg_list stops = {0};
     arg_spec specs[] = {
         {"model", ARG_STR, &model_dir, NULL, true, "HF model folder (config.json + safetensors)"},
         {"prompt", ARG_STR, &prompt, NULL, false, "prompt text (encoded with the tokenizer)"},
@@ -84,12 +89,16 @@ int cmd_generate(int argc, char **argv) {
         {"seed", ARG_I64, &seed, "0", false, "random seed for sampling"},
         {"greedy", ARG_FLAG, &greedy, NULL, false, "always take the most likely token"},
         {"ignore-eos", ARG_FLAG, &ignore_eos, NULL, false, "keep generating past EOS (benchmarks)"},
+        {"stop", ARG_LIST, &stops, NULL, false,
+         "stop strings (repeatable): the text ends right before the first one generated (needs a tokenizer)"},
         {"output", ARG_STR, &output, "auto", false, "text, ids, or auto (text when a tokenizer is available)"},
     };
     const char *summary = "Continue a prompt with a model, streaming text to stdout.";
     int rc = args_parse("generate", summary, argc, argv, specs, ARGS_COUNT(specs));
-    args_free(specs, ARGS_COUNT(specs));
-    if (rc) return rc == 1 ? 0 : 2;
+    if (rc) {
+        args_free(specs, ARGS_COUNT(specs));
+        return rc == 1 ? 0 : 2;
+    }
 
     const char *usage_err = NULL;
     if (!prompt == !prompt_ids) usage_err = "give exactly one of --prompt and --prompt-ids";
@@ -100,8 +109,11 @@ int cmd_generate(int argc, char **argv) {
     else if (!(rep > 0) || rep > 1e30) usage_err = "--repetition-penalty must be > 0 (1 = off)";
     else if (strcmp(output, "auto") && strcmp(output, "text") && strcmp(output, "ids"))
         usage_err = "--output must be text, ids or auto";
+    for (int i = 0; !usage_err && i < stops.n; i++)
+        if (!stops.items[i][0]) usage_err = "--stop strings must not be empty";
     if (usage_err) {
         fprintf(stderr, "cllm generate: %s (see cllm generate --help)\n", usage_err);
+        args_free(specs, ARGS_COUNT(specs));
         return 2;
     }
     int32_t *ids = NULL;
@@ -112,24 +124,21 @@ int cmd_generate(int argc, char **argv) {
             free(ids);
             fprintf(stderr, "cllm generate: --prompt-ids '%s': %s\n", prompt_ids,
                     prc == 1 ? "out of memory" : "expected comma-separated integers such as \"1,2,3\"");
+            args_free(specs, ARGS_COUNT(specs));
             return prc == 1 ? 1 : 2;
         }
     }
 
     cllm_model *m = NULL;
     cllm_tokenizer *tok = NULL;
-    cllm_kv_cache *kv = NULL;
-    cllm_sampler *smp = NULL;
-    cllm_text_stream *ts = NULL;
+    cllm_generation *gen = NULL;
     cllm_token_buf enc = {0};
-    int32_t *hist = NULL;
-    float *logits = NULL;
     rc = 1;
     if (cllm_model_load(&m, model_dir)) goto fail;
     const cllm_model_config *c = cllm_model_get_config(m);
     const char *tdir = tok_dir ? tok_dir : model_dir;
     bool want_tok = prompt || tok_dir || file_exists(tdir, "tokenizer.json");
-    if (want_tok && strcmp(output, "ids") == 0 && !prompt) want_tok = false;
+    if (want_tok && strcmp(output, "ids") == 0 && !prompt && !stops.n) want_tok = false;
     if (want_tok && cllm_tokenizer_load(&tok, tdir)) {
         if (prompt && !tok_dir)
             cllm_fail_context(CLLM_ERR_IO, "no tokenizer for --prompt (put tokenizer.json in the model folder, pass "
@@ -157,109 +166,76 @@ int cmd_generate(int argc, char **argv) {
             n_prompt = 1;
         }
     }
-    if (cllm_model_check_ids(m, ids, NULL, n_prompt)) {
-        cllm_fail_context(CLLM_ERR_ARG, "prompt");
-        goto fail;
-    }
     bool text_out = tok && strcmp(output, "ids") != 0;
     if (strcmp(output, "text") == 0 && !tok) {
         CLLM_FAIL(CLLM_ERR_ARG, "--output text needs a tokenizer (tokenizer.json in %s)", tdir);
         goto fail;
     }
-
-    /* Positions: the prompt, then one per generated token but the last. */
-    long want = (long)n_prompt + (max_new > 0 ? max_new - 1 : 0);
-    int cap = want > (1 << 30) ? 1 << 30 : (int)want;
-    if (c->n_ctx > 0 && cap > c->n_ctx) {
-        if ((long)n_prompt > c->n_ctx) {
-            CLLM_FAIL(CLLM_ERR_ARG, "the prompt has %zu tokens; the model handles at most %d positions", n_prompt,
-                      c->n_ctx);
-            goto fail;
-        }
-        cap = c->n_ctx;
-    }
-    if (cllm_kv_cache_init(&kv, m, 1, cap, (int)n_prompt)) goto fail;
-    cllm_sample_params sp = {greedy, (float)temperature, top_k, (float)top_p, (float)rep};
-    if (cllm_sampler_init(&smp, c->vocab_size, sp, (uint64_t)seed)) goto fail;
-    if (text_out && cllm_text_stream_init(&ts, tok, ids, n_prompt)) goto fail;
-    hist = malloc(((size_t)n_prompt + (size_t)max_new) * sizeof *hist);
-    logits = malloc((size_t)c->vocab_size * sizeof *logits);
-    if (!hist || !logits) {
-        CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    if (stops.n && !tok) {
+        CLLM_FAIL(CLLM_ERR_ARG, "--stop needs a tokenizer (tokenizer.json in %s, or --tokenizer DIR)", tdir);
         goto fail;
     }
-    memcpy(hist, ids, n_prompt * sizeof *hist);
-    int32_t eos1 = ignore_eos ? -1 : c->eos_token_id, eos2 = ignore_eos || !tok ? -1 : cllm_tokenizer_eos_id(tok);
 
-    double t0 = cllm_time_sec();
-    if (cllm_kv_cache_forward(kv, ids, (int)n_prompt, logits)) goto fail;
-    double t_prefill = cllm_time_sec() - t0, t1 = cllm_time_sec();
-    const char *why = "max-new-tokens";
-    int n_gen = 0, steps = 0;
-    size_t n_hist = n_prompt;
-    while (n_gen < max_new) {
-        int32_t id;
-        if (cllm_sampler_sample(smp, &id, logits, hist, n_hist)) goto fail;
-        if (id == eos1 || id == eos2) {
-            why = "eos";
-            break;
-        }
-        hist[n_hist++] = id;
-        n_gen++;
-        bool ok;
-        if (ts) {
-            const char *s;
-            size_t len;
-            if (cllm_text_stream_push(ts, id, &s, &len)) goto fail;
-            ok = write_out(s, len);
-        } else {
-            ok = printf(n_gen > 1 ? " %d" : "%d", id) > 0 && fflush(stdout) == 0;
-        }
+    cllm_generate_params gp = cllm_generate_params_default();
+    gp.max_new_tokens = max_new;
+    gp.sample = (cllm_sample_params){greedy, (float)temperature, top_k, (float)top_p, (float)rep};
+    gp.seed = (uint64_t)seed;
+    gp.stop = (const char *const *)stops.items;
+    gp.n_stop = (size_t)stops.n;
+    gp.ignore_eos = ignore_eos;
+    /* The EOS ids are listed here because the tokenizer's EOS counts even
+     * when the loop gets no tokenizer (--output ids decodes nothing). */
+    int32_t eos[CLLM_MAX_EOS_IDS + 1];
+    size_t n_eos = 0;
+    for (int i = 0; i < c->n_eos_token_ids; i++)
+        if (c->eos_token_ids[i] < c->vocab_size) eos[n_eos++] = c->eos_token_ids[i];
+    int32_t tok_eos = tok ? cllm_tokenizer_eos_id(tok) : -1;
+    if (tok_eos >= 0 && tok_eos < c->vocab_size) eos[n_eos++] = tok_eos;
+    gp.eos_ids = eos;
+    gp.n_eos = n_eos;
+    if (cllm_generate_init(&gen, m, text_out || stops.n ? tok : NULL, &gp)) goto fail;
+    if (cllm_generate_prefill(gen, ids, n_prompt)) goto fail;
+    cllm_generate_event ev = {0};
+    int printed = 0;
+    do {
+        if (cllm_generate_step(gen, &ev)) goto fail;
+        bool ok = true;
+        if (text_out)
+            ok = write_out(ev.text, ev.text_len);
+        else if (ev.token >= 0 && ev.finish != CLLM_FINISH_EOS)
+            ok = printf(printed++ ? " %d" : "%d", ev.token) > 0 && fflush(stdout) == 0;
         if (!ok) {
             CLLM_FAIL(CLLM_ERR_IO, "stdout: %s", strerror(errno));
             goto fail;
         }
-        if (n_gen == max_new) break;
-        if (cllm_kv_cache_pos(kv) == cllm_kv_cache_capacity(kv)) {
-            why = "context limit";
-            break;
-        }
-        if (cllm_kv_cache_forward(kv, &id, 1, logits)) goto fail;
-        steps++;
-    }
-    double t_decode = cllm_time_sec() - t1;
-    if (ts) {
-        const char *s;
-        size_t len;
-        if (cllm_text_stream_finish(ts, &s, &len)) goto fail;
-        if (!write_out(s, len)) {
-            CLLM_FAIL(CLLM_ERR_IO, "stdout: %s", strerror(errno));
-            goto fail;
-        }
-    }
-    if (!ts && n_gen) printf("\n");
+    } while (!ev.finish);
+    if (!text_out && printed) printf("\n");
     fflush(stdout);
-    if (strcmp(why, "context limit") == 0)
+    cllm_generate_stats gs = cllm_generate_get_stats(gen);
+    size_t n_gen = gs.n_generated - (ev.finish == CLLM_FINISH_EOS);
+    const char *why = ev.finish == CLLM_FINISH_EOS              ? "eos"
+                      : ev.finish == CLLM_FINISH_CONTEXT        ? "context limit"
+                      : ev.finish == CLLM_FINISH_STOP_SEQUENCE ? "stop sequence"
+                                                                : "max-new-tokens";
+    if (ev.finish == CLLM_FINISH_CONTEXT)
         fprintf(stderr, "\ncllm generate: stopped at the model's limit of %d positions\n", c->n_ctx);
+    double tp = gs.prefill_seconds, td = gs.decode_seconds;
     fprintf(stderr,
-            "\ncllm generate: prompt %zu tokens in %.3f s (%.1f tok/s), generated %d tokens, decode %.3f s (%.1f "
+            "\ncllm generate: prompt %zu tokens in %.3f s (%.1f tok/s), generated %zu tokens, decode %.3f s (%.1f "
             "tok/s), stop: %s\n",
-            n_prompt, t_prefill, t_prefill > 0 ? (double)n_prompt / t_prefill : 0.0, n_gen, t_decode,
-            t_decode > 0 && steps ? steps / t_decode : 0.0, why);
+            n_prompt, tp, tp > 0 ? (double)n_prompt / tp : 0.0, n_gen, td,
+            td > 0 && gs.n_decode_forwards ? (double)gs.n_decode_forwards / td : 0.0, why);
     rc = 0;
     goto done;
 fail:
     fflush(stdout);
     tool_fail("generate");
 done:
-    free(logits);
-    free(hist);
     free(ids);
     cllm_token_buf_free(&enc);
-    cllm_text_stream_free(ts);
-    cllm_sampler_free(smp);
-    cllm_kv_cache_free(kv);
+    cllm_generate_free(gen);
     cllm_tokenizer_free(tok);
     cllm_model_free(m);
+    args_free(specs, ARGS_COUNT(specs));
     return rc;
 }

@@ -59,6 +59,12 @@ int cmd_init(int argc, char **argv) {
         if (klen >= sizeof key) klen = sizeof key - 1;
         memcpy(key, kv, klen);
         key[klen] = '\0';
+        if (!cllm_model_config_key_known(arch, key)) {
+            fprintf(stderr, "cllm init: --set '%s': '%s' is not a %s config key that cllm reads (the config.json "
+                    "that `cllm init --arch %s` writes lists them)\n", kv, key, arch_name, arch_name);
+            rc = 2;
+            goto done;
+        }
         json_t *v = json_loads(eq + 1, JSON_DECODE_ANY, NULL);
         if (!v) v = json_string(eq + 1);
         json_object_set_new(config, key, v);

@@ -113,6 +113,24 @@ static int set_optimizer(json_t *j, const char *name) {
     return 0;
 }
 
+/* The blocks that flags write into must be objects where the file has
+ * them ("data" may also be a string: the training data spec); anything
+ * else is the file's error, not a value to replace silently. */
+static int check_blocks(const json_t *j, const char *where) {
+    const json_t *o = json_object_get(j, "optimizer"), *d = json_object_get(j, "data");
+    const char *bad = NULL;
+    if (o && !json_is_object(o)) bad = "optimizer";
+    else if (o && json_object_get(o, "params") && !json_is_object(json_object_get(o, "params"))) bad = "optimizer.params";
+    else if (d && !json_is_object(d) && !json_is_string(d)) bad = "data";
+    if (!bad) return 0;
+    const json_t *v = strcmp(bad, "optimizer.params") == 0 ? json_object_get(o, "params") : json_object_get(j, bad);
+    char *got = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    fprintf(stderr, "cllm train: %s: %s: expected an object%s, got %.60s\n", where, bad,
+            strcmp(bad, "data") == 0 ? " or a data spec string" : "", got ? got : "?");
+    free(got);
+    return 2; /* as the library's config errors */
+}
+
 static int apply_flags(json_t *j, const train_flags *f) {
     int rc = 0;
     if (f->model) json_object_set_new(j, "model", json_string(f->model));
@@ -223,7 +241,7 @@ int cmd_train(int argc, char **argv) {
         json_object_set_new(sub_object(j, "data"), "seq_len", json_integer(128));
         if (!f.batch && !f.micro && !f.accum) json_object_set_new(j, "train_micro_batch_size_per_gpu", json_integer(8));
     }
-    if ((rc = apply_flags(j, &f))) {
+    if ((rc = check_blocks(j, where)) || (rc = apply_flags(j, &f))) {
         json_decref(j);
         goto done;
     }

@@ -1,0 +1,37 @@
+/*
+ * The causal language-modelling objective and the objective dispatch (see
+ * cllm/objective.h): the loss sum of every counted target, the model's
+ * fused head + cross-entropy doing the work.
+ */
+#include <stdlib.h>
+
+#include "cllm/objective.h"
+
+static cllm_status lm_run(cllm_objective *o, cllm_model *m, const cllm_objective_batch *b, bool backward,
+                          float grad_scale, double *loss_sum, long *n_counted) {
+    (void)o;
+    return cllm_model_forward_backward(m, b->tokens, b->targets, b->B, b->T, backward, grad_scale, loss_sum,
+                                       n_counted);
+}
+
+static void lm_free(cllm_objective *o) { free(o); }
+
+static const cllm_objective_ops lm_ops = {"lm", lm_run, lm_free};
+
+cllm_status cllm_objective_lm_init(cllm_objective **out) {
+    *out = calloc(1, sizeof **out);
+    if (!*out) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    (*out)->ops = &lm_ops;
+    return CLLM_OK;
+}
+
+cllm_status cllm_objective_run(cllm_objective *o, cllm_model *m, const cllm_objective_batch *b, bool backward,
+                               float grad_scale, double *loss_sum, long *n_counted) {
+    return o->ops->run(o, m, b, backward, grad_scale, loss_sum, n_counted);
+}
+
+const char *cllm_objective_name(const cllm_objective *o) { return o->ops->name; }
+
+void cllm_objective_free(cllm_objective *o) {
+    if (o) o->ops->free(o);
+}

@@ -1,0 +1,69 @@
+/*
+ * The trainer's state, shared by the training loop (engine.c) and its
+ * reporting (report.c: progress line, metrics records).
+ */
+#ifndef CLLM_TRAIN_ENGINE_IMPL_H
+#define CLLM_TRAIN_ENGINE_IMPL_H
+
+#include "cllm/checkpoint.h"
+#include "cllm/loader.h"
+#include "cllm/model.h"
+#include "cllm/objective.h"
+#include "offload.h"
+#include "train_impl.h"
+
+typedef struct {
+    cllm_train_config *cfg;
+    const cllm_train_hooks *hooks;
+    cllm_model *m;
+    cllm_objective *obj;    /* what a step minimises (src/tasks/); the loop does not know which */
+    cllm_loader *train, *eval;
+    cllm_optimizer *opt;
+    cllm_param_range *ranges;
+    int n_ranges;
+    int32_t *tokens, *labels, *targets; /* [local, T] */
+    long local;                         /* rows per step on this rank */
+    train_saver *saver;
+    train_metrics metrics;
+    cllm_ckpt_state state;
+    double flops_per_step, peak_gflops;
+    bool progress; /* \r line on a terminal */
+    bool line_open;
+    long last_save_step, last_eval_step;
+    size_t act_bytes; /* activation buffer of the model */
+    double save_wait_total, time_save_pending;
+    int n_saves;
+    train_zero zero;        /* data parallelism: slices, buckets, memory */
+    bool fp16;              /* fp16.enabled: loss scaling (fp16_step.c) */
+    cllm_loss_scaler scaler;
+    train_offload *offload; /* optimizer state in a file (offload_optimizer nvme), or NULL */
+    train_shard *shard;     /* ZeRO 2-3: per-layer reduction, partitioned parameters (zero3.c); else NULL */
+    double comm_seconds;    /* stages 0-1: time in the gradient reduction and parameter all-gather */
+    train_overlap *overlap; /* stages 0-1 with overlap_comm: reductions started during the backward */
+    bool ckpt_ok;           /* this layout can write checkpoints */
+    cllm_topo topo;         /* pipe x data x tensor */
+    train_pipe *pipe;       /* pipeline parallelism: this rank's stage (NULL without) */
+    cllm_dist_group *data_grp; /* with a pipeline: the ranks of this stage (NULL: the world) */
+    train_tp *tp;           /* tensor parallelism: groups and the whole model (NULL without) */
+    size_t base;            /* start of this rank's stage in the flat buffers (0 without a pipeline) */
+    const char *output_dir; /* the caller's, restored at the end (ranks > 0 write nothing) */
+} trainer;
+
+/* report.c */
+/* Ends an open progress line (a terminal's \r line) before other output. */
+void train_end_line(trainer *tr);
+/* The step's progress line: every steps_per_print steps, or a \r line on a
+ * terminal; nothing in quiet mode. */
+void train_show_step(trainer *tr, long step, double loss, double lr, double gnorm, double tps, double mfu,
+                     double avg_step);
+/* What one step measured, for its metrics.jsonl record. */
+typedef struct {
+    long step, count;
+    double loss, lr, gnorm, dt, tok, gflops, mfu;
+    double t_data, t_fwdbwd, t_optim, comm, comm_wait, loss_scale;
+    bool finite;
+} train_step_report;
+/* Writes the step's metrics.jsonl record (rank 0's output folder). */
+cllm_status train_record_step(trainer *tr, const train_step_report *s);
+
+#endif

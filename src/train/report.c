@@ -1,0 +1,88 @@
+/*
+ * The trainer's reporting: the progress line on stderr and each step's
+ * metrics.jsonl record (field meanings in docs/training.md). The loop
+ * (engine.c) measures; this file only formats and writes.
+ */
+#include <math.h>
+#include <stdio.h>
+
+#include "engine_impl.h"
+
+static void fmt_eta(char *buf, size_t cap, double sec) {
+    if (!(sec >= 0) || sec > 1e8) {
+        snprintf(buf, cap, "?");
+        return;
+    }
+    long s = (long)sec;
+    if (s >= 3600)
+        snprintf(buf, cap, "%ldh%02ldm", s / 3600, (s / 60) % 60);
+    else
+        snprintf(buf, cap, "%ldm%02lds", s / 60, s % 60);
+}
+
+void train_end_line(trainer *tr) {
+    if (tr->line_open) fputc('\n', stderr);
+    tr->line_open = false;
+}
+
+void train_show_step(trainer *tr, long step, double loss, double lr, double gnorm, double tps, double mfu,
+                     double avg_step) {
+    cllm_train_config *c = tr->cfg;
+    if (c->log == CLLM_LOG_MODE_QUIET) return;
+    char eta[32];
+    fmt_eta(eta, sizeof eta, avg_step * (double)(c->train_iters - step));
+    char mfu_s[32] = "";
+    if (mfu > 0) snprintf(mfu_s, sizeof mfu_s, " | MFU %.1f%%", mfu * 100);
+    if (tr->progress) {
+        fprintf(stderr, "\rstep %ld/%ld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s%s | ETA %s   ", step,
+                c->train_iters, loss, lr, gnorm, tps, mfu_s, eta);
+        fflush(stderr);
+        tr->line_open = true;
+    } else if (step % c->steps_per_print == 0 || step == c->train_iters) {
+        fprintf(stderr, "step %5ld/%ld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s%s | ETA %s\n", step,
+                c->train_iters, loss, lr, gnorm, tps, mfu_s, eta);
+    }
+}
+
+/* The share of communication time the computation did not wait for. */
+static double hidden_fraction(double comm, double wait) { return comm > 0 && wait < comm ? 1.0 - wait / comm : 0.0; }
+
+cllm_status train_record_step(trainer *tr, const train_step_report *s) {
+    train_record r;
+    rec_begin(&r);
+    rec_int(&r, "step", s->step);
+    rec_num(&r, "loss", s->loss);
+    rec_num(&r, "lr", s->lr);
+    rec_num(&r, "grad_norm", s->gnorm);
+    rec_int(&r, "tokens", s->count);
+    rec_num(&r, "step_time", s->dt);
+    rec_num(&r, "tokens_per_sec", s->tok / s->dt);
+    rec_num(&r, "gflops", s->gflops);
+    rec_num(&r, "mfu", s->mfu);
+    rec_num(&r, "time_data", s->t_data);
+    rec_num(&r, "time_fwdbwd", s->t_fwdbwd);
+    rec_num(&r, "time_optim", s->t_optim);
+    rec_num(&r, "time_save", tr->time_save_pending);
+    rec_int(&r, "samples", (long long)tr->state.next_sample);
+    rec_num(&r, "epoch", (double)tr->state.next_sample / (double)cllm_loader_size(tr->train));
+    rec_num(&r, "tokens_seen", tr->state.tokens_seen);
+    rec_int(&r, "state_bytes_params", (long long)tr->zero.mem.params);
+    rec_int(&r, "state_bytes_grads", (long long)tr->zero.mem.grads);
+    rec_int(&r, "state_bytes_optim", (long long)tr->zero.mem.optim);
+    rec_int(&r, "state_bytes_work", (long long)tr->zero.mem.work);
+    /* communication: each collective from start to completion, and the
+     * part of it the computation did not wait for (overlap_comm) */
+    rec_num(&r, "time_comm", s->comm);
+    rec_num(&r, "comm_hidden_fraction", hidden_fraction(s->comm, s->comm_wait));
+    rec_int(&r, "activation_bytes", (long long)tr->act_bytes);
+    if (tr->offload) {
+        double io = 0, wait = 0;
+        train_offload_take_step_times(tr->offload, &io, &wait);
+        rec_num(&r, "offload_io_time", io);
+        rec_num(&r, "offload_wait_time", wait);
+    }
+    if (tr->fp16) rec_num(&r, "loss_scale", s->loss_scale);
+    if (!s->finite) rec_bool(&r, "skipped", true);
+    tr->time_save_pending = 0;
+    return train_metrics_write(&tr->metrics, rec_end(&r));
+}

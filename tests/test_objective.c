@@ -1,0 +1,143 @@
+/*
+ * The per-token loss interface that training objectives build on
+ * (cllm_model_forward_backward_ex), for all three families:
+ * - token_loss: every target's loss; their sum is the pass's loss sum, and
+ *   the last position's equals -log_softmax of cllm_model_forward_logits
+ *   (a separate pass) at the target;
+ * - token_scale: by linearity, per-token scales that take the value a on a
+ *   set S of tokens and b elsewhere must give a * grad(S) + b * grad(rest),
+ *   where grad(S) comes from the plain uniform-scale pass (checked against
+ *   PyTorch elsewhere) with every target outside S set to -100;
+ * - the language-modelling objective's loss and gradient equal the plain
+ *   pass's.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "cllm/model.h"
+#include "cllm/objective.h"
+
+enum { B = 3, T = 9 };
+
+static cllm_model *make_model(cllm_arch arch, uint64_t seed) {
+    json_t *cfg = NULL;
+    cllm_model *m = NULL;
+    if (cllm_model_preset(&cfg, arch, "tiny")) return NULL;
+    json_object_set_new(cfg, "initializer_range", json_real(0.2));
+    if (cllm_model_init_random(&m, cfg, seed)) fprintf(stderr, "init: %s\n", cllm_last_error());
+    json_decref(cfg);
+    return m;
+}
+
+/* ||a - b|| / ||b|| */
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double d = 0, nb = 1e-300;
+    for (size_t i = 0; i < n; i++) {
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        nb += (double)b[i] * b[i];
+    }
+    return sqrt(d / nb);
+}
+
+static void check_family(const char *name, cllm_arch arch) {
+    cllm_model *m = make_model(arch, 21);
+    CHECK(m != NULL, "%s: model", name);
+    if (!m) return;
+    const int V = cllm_model_get_config(m)->vocab_size, N = B * T;
+    const size_t P = cllm_model_buffer_len(m);
+    int32_t tokens[B * T], targets[B * T], t_s[B * T], t_rest[B * T];
+    float scale[B * T], loss[B * T];
+    bool in_s[B * T];
+    uint64_t x = 99;
+    for (int i = 0; i < N; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        tokens[i] = (int32_t)((x >> 33) % (uint64_t)V);
+        targets[i] = (int32_t)((x >> 13) % (uint64_t)V);
+        if (i % 7 == 3) targets[i] = -100; /* some targets not counted */
+        in_s[i] = (x >> 50) & 1;
+    }
+    const float a = 0.75f, b = -0.3f;
+    for (int i = 0; i < N; i++) {
+        scale[i] = in_s[i] ? a : b;
+        t_s[i] = in_s[i] ? targets[i] : -100;
+        t_rest[i] = in_s[i] ? -100 : targets[i];
+    }
+    float *g = malloc(P * sizeof *g), *gs = malloc(P * sizeof *gs), *gr = malloc(P * sizeof *gr),
+          *want = malloc(P * sizeof *want);
+    CHECK(cllm_model_prepare(m, B, T, true) == CLLM_OK, "%s: prepare: %s", name, cllm_last_error());
+    double sum = 0, sum_s = 0, sum_r = 0;
+    long k = 0, k_s = 0, k_r = 0;
+    cllm_token_io io = {.token_loss = loss, .token_scale = scale};
+    cllm_model_zero_grads(m);
+    CHECK(cllm_model_forward_backward_ex(m, tokens, targets, B, T, true, 1.0f, &io, &sum, &k) == CLLM_OK,
+          "%s: weighted pass: %s", name, cllm_last_error());
+    memcpy(g, cllm_model_grads(m), P * sizeof *g);
+    cllm_model_zero_grads(m);
+    CHECK(cllm_model_forward_backward(m, tokens, t_s, B, T, true, 1.0f, &sum_s, &k_s) == CLLM_OK, "%s: S pass", name);
+    memcpy(gs, cllm_model_grads(m), P * sizeof *gs);
+    cllm_model_zero_grads(m);
+    CHECK(cllm_model_forward_backward(m, tokens, t_rest, B, T, true, 1.0f, &sum_r, &k_r) == CLLM_OK, "%s: rest", name);
+    memcpy(gr, cllm_model_grads(m), P * sizeof *gr);
+    for (size_t i = 0; i < P; i++) want[i] = (float)(a * (double)gs[i] + b * (double)gr[i]);
+    double e = rel_l2(g, want, P);
+    CHECK(e < 1e-5, "%s: per-token scaled gradient vs a*grad(S) + b*grad(rest): relative L2 %.3g", name, e);
+    CHECK(k == k_s + k_r && fabs(sum - (sum_s + sum_r)) <= 1e-5 * fabs(sum), "%s: counts %ld = %ld + %ld, sums", name,
+          k, k_s, k_r);
+    double tl = 0;
+    for (int i = 0; i < N; i++) {
+        tl += loss[i];
+        if (targets[i] == -100) CHECK(loss[i] == 0.0f, "%s: uncounted target %d has loss %g", name, i, loss[i]);
+    }
+    CHECK(fabs(tl - sum) <= 1e-5 * fabs(sum), "%s: token losses sum to %.9g, loss sum %.9g", name, tl, sum);
+
+    /* the last position of each row against a separate logits pass */
+    float *logits = malloc((size_t)B * V * sizeof *logits);
+    CHECK(cllm_model_forward_logits(m, tokens, B, T, logits) == CLLM_OK, "%s: logits", name);
+    for (int r = 0; r < B; r++) {
+        int n = r * T + T - 1;
+        if (targets[n] == -100) continue;
+        const float *l = logits + (size_t)r * V;
+        double mx = -INFINITY, s = 0;
+        for (int v = 0; v < V; v++) mx = fmax(mx, l[v]);
+        for (int v = 0; v < V; v++) s += exp(l[v] - mx);
+        double want_loss = mx + log(s) - l[targets[n]];
+        CHECK(fabs(loss[n] - want_loss) <= 1e-5 * fmax(1.0, fabs(want_loss)), "%s: row %d token loss %.7g, want %.7g",
+              name, r, loss[n], want_loss);
+    }
+
+    /* the language-modelling objective is the plain pass */
+    cllm_objective *o = NULL;
+    CHECK(cllm_objective_lm_init(&o) == CLLM_OK && !strcmp(cllm_objective_name(o), "lm"), "%s: lm objective", name);
+    cllm_objective_batch batch = {tokens, targets, B, T};
+    double so = 0;
+    long ko = 0;
+    cllm_model_zero_grads(m);
+    CHECK(o && cllm_objective_run(o, m, &batch, true, 0.5f, &so, &ko) == CLLM_OK, "%s: lm run", name);
+    memcpy(g, cllm_model_grads(m), P * sizeof *g);
+    double sp = 0;
+    long kp = 0;
+    cllm_model_zero_grads(m);
+    cllm_model_forward_backward(m, tokens, targets, B, T, true, 0.5f, &sp, &kp);
+    CHECK(so == sp && ko == kp && rel_l2(g, cllm_model_grads(m), P) == 0, "%s: lm objective differs from the plain pass",
+          name);
+    cllm_objective_free(o);
+    cllm_objective_free(NULL);
+    printf("%-6s per-token scales: relative L2 %.2e\n", name, e);
+    free(logits);
+    free(g);
+    free(gs);
+    free(gr);
+    free(want);
+    cllm_model_free(m);
+}
+
+int main(void) {
+    check_family("gpt2", CLLM_ARCH_GPT2);
+    check_family("llama", CLLM_ARCH_LLAMA);
+    check_family("bloom", CLLM_ARCH_BLOOM);
+    return check_summary();
+}
