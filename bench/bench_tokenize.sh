@@ -4,7 +4,8 @@
 # text, alternating the implementations (A B C A B C) so a change in this
 # machine's CPU share hits all of them alike. Text comes from the machine's
 # own documentation (English) and the seed notes plus generated Chinese
-# sentences (Chinese); 100 KB documents.
+# sentences (Chinese); 100 KB documents. The report starts with
+# bench/machine.py's line (CPU model, cores, ISA flags) and node's version.
 # Usage: bash bench/bench_tokenize.sh [MB per language, default 8] [rounds, default 2]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,22 +20,27 @@ if [ ! -d build/oracle/node_modules/tiktoken ]; then
   (cd build/oracle && npm ci --ignore-scripts --no-audit --no-fund >/dev/null)
 fi
 cp bench/tokenize_js.mjs build/oracle/
+/usr/bin/python3 bench/machine.py --cllm build/cllm
+echo "node $(node --version)"
 
 # English: plain-text docs of this machine, repeated to size
-# (head ends the pipes early on purpose: pipefail is off for these lines)
+# (head ends the pipes early on purpose: pipefail is off for these lines).
+# iconv -c drops invalid sequences, and a character cut by head -c, but then
+# exits 1 all the same: clean_utf8 keeps its output and fails only if it is empty.
+clean_utf8() { iconv -f utf-8 -t utf-8 -c >"$1" || [ -s "$1" ]; }
 set +o pipefail
 find /usr/share/doc -name '*.txt' -o -name 'README*' -o -name 'copyright' 2>/dev/null | head -3000 |
-  xargs cat 2>/dev/null | iconv -f utf-8 -t utf-8 -c > "$work/en-base.txt"
+  xargs cat 2>/dev/null | clean_utf8 "$work/en-base.txt"
 : > "$work/en-all.txt"
 while [ "$(stat -c %s "$work/en-all.txt")" -lt $((MB * 1000000)) ]; do cat "$work/en-base.txt" >> "$work/en-all.txt"; done
-head -c $((MB * 1000000)) "$work/en-all.txt" | iconv -f utf-8 -t utf-8 -c > "$work/en.txt"
+head -c $((MB * 1000000)) "$work/en-all.txt" | clean_utf8 "$work/en.txt"
 # Chinese: the seed notes' Chinese lines and sentences assembled from them
 cat ../shared/seeds/*.txt 2>/dev/null | grep -P '[\x{4e00}-\x{9fff}]' > "$work/zh-base.txt" || true
 : > "$work/zh.txt"
 while [ "$(stat -c %s "$work/zh.txt")" -lt $((MB * 1000000)) ]; do
   shuf --random-source=<(yes) "$work/zh-base.txt" >> "$work/zh.txt"
 done
-head -c $((MB * 1000000)) "$work/zh.txt" | iconv -f utf-8 -t utf-8 -c > "$work/zh-cut.txt"
+head -c $((MB * 1000000)) "$work/zh.txt" | clean_utf8 "$work/zh-cut.txt"
 set -o pipefail
 
 for lang in en zh-cut; do

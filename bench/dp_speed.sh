@@ -13,7 +13,9 @@
 # share of this machine fluctuates; each run's tokens/s is the median of its
 # metrics.jsonl records after the first --skip steps, and the table reports
 # the median over runs and the ratio dp / single. The load average is
-# printed before and after: figures taken under load are provisional.
+# printed before and after: figures taken under load are provisional. The
+# report starts with bench/machine.py's line: CPU model, cores, ISA flags,
+# oneDNN's effective ISA and cllm's GEMM kernels.
 set -euo pipefail
 
 CLLM=build/cllm
@@ -48,6 +50,7 @@ CLLM=$(realpath "$CLLM")
 
 WORK=$(mktemp -d -t cllm_dp_speed.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
+/usr/bin/python3 "$(dirname "$0")/machine.py" --cllm "$CLLM"
 echo "load before: $(uptime)"
 
 "$CLLM" init --arch gpt2 --preset tiny --set n_layer="$LAYERS" --set n_embd="$EMBD" --set n_head=8 \

@@ -3,7 +3,7 @@
 Pipeline bubble and stage memory: GPipe vs 1F1B at several micro-batch
 counts, measured against the (K-1)/(M+K-1) theory.
 
-  /usr/bin/python3 bench/pipe_bubble.py --cllm build/cllm [--stages 2]
+  /usr/bin/python3 bench/pipe_bubble.py [--cllm build/cllm] [--stages 2]
       [--micro 2,4,8] [--steps 4] [--reps 2] [--preset small] [--seq 128]
 
 For each schedule and micro-batch count M the driver runs
@@ -20,8 +20,14 @@ micro-batches in flight (GPipe M, 1F1B K - s on stage s).
 Stage times are not equal here: the first stages recompute their forward
 before each backward, the last stage runs forward and backward fused, so
 the theory is a guide, not an exact prediction.
+
+The report starts with bench/machine.py's line (CPU model, cores, ISA
+flags, oneDNN's effective ISA, cllm's GEMM kernels).
 """
 import argparse, json, os, re, statistics, subprocess, sys, tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402
 
 
 def run(cmd, env=None):
@@ -33,7 +39,7 @@ def run(cmd, env=None):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cllm", required=True)
+    ap.add_argument("--cllm", default="build/cllm")
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--micro", default="2,4,8")
     ap.add_argument("--steps", type=int, default=4)
@@ -41,6 +47,10 @@ def main():
     ap.add_argument("--preset", default="small")
     ap.add_argument("--seq", type=int, default=128)
     a = ap.parse_args()
+    a.cllm = os.path.abspath(a.cllm)
+    if not os.access(a.cllm, os.X_OK):
+        ap.error(f"no executable at {a.cllm} (build it, or pass --cllm)")
+    print(machine.header(a.cllm), flush=True)
     K = a.stages
     tmp = tempfile.mkdtemp(prefix="pipe_bubble_")
     model = os.path.join(tmp, "model")

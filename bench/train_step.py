@@ -48,24 +48,38 @@ x3 for forward + backward) over the causal half of the T x T scores.
 BLAS: Debian's torch does its fp32 matmuls through the system BLAS
 (libblas.so.3, chosen with update-alternatives). OPENBLAS_CORETYPE only
 matters when that is OpenBLAS; with --openblas-coretype auto the driver
-times an sgemm under HASWELL and SKYLAKEX and keeps the faster one when
-OpenBLAS is loaded, and otherwise sets SKYLAKEX (the AVX-512 kernels, the
-expected best on AVX-512 CPUs) and reports that the setting is inert. The
-header of the report names the BLAS library torch actually loaded.
+times an sgemm under HASWELL, SKYLAKEX and ZEN, each in a child process, and
+keeps the fastest when OpenBLAS is loaded (otherwise the first that ran,
+and it reports that the setting is inert). A core type whose kernels the
+CPU lacks (SKYLAKEX's AVX-512 on an AVX2-only CPU) kills its probe with
+SIGILL: any probe that dies by a signal or fails counts as that core type
+being unavailable, and the next one is tried; the bench stops only when all
+fail, listing each core type with the reason. The report names the BLAS
+library torch actually loaded.
+
+Machine: the report starts with bench/machine.py's line (CPU model, cores,
+the avx2/fma/avx512f/avx512_bf16/amx flags, oneDNN's effective ISA and the
+GEMM kernels cllm uses), so that every figure carries the CPU it came from.
 
 bf16 peak: a cllm bf16 run measures its bf16 GEMM rate (1024^3) at
 start-up, and the bf16 rows report their model FLOP rate as a fraction of
 it (MFU). The driver also times torch's bf16 matmul (oneDNN) on the MLP
 shapes of the model, [B*T, C] x [C, 4C] and [B*T, 4C] x [4C, C], printed on
 stderr and used only if cllm reported no peak.
+
+bf16 on a CPU without a bf16 GEMM: when a cllm bf16 run (or torch's
+autocast run) fails, e.g. because cllm has no bf16 GEMM for this CPU, its
+rows are printed as "skipped" with the failing process's reason (its signal
+or exit status and last stderr line), the rest of the table is measured,
+and the driver exits 0.
 """
 
 import argparse
 import json
 import os
-import platform
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -74,6 +88,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "ref"))
+sys.path.insert(0, HERE)
 
 DEFAULT_CONFIGS = "gpt2-124M:4:64,gpt2-124M:4:256,llama-100M:4:256"
 PY = "/usr/bin/python3"
@@ -180,25 +195,63 @@ def torch_env(threads, coretype):
     return env
 
 
+# OpenBLAS core types the auto setting tries, in order; one whose kernels the
+# CPU lacks (SKYLAKEX without AVX-512) dies with SIGILL and is skipped
+CORETYPES = ("HASWELL", "SKYLAKEX", "ZEN")
+
+
+def exit_reason(rc, err):
+    """Why a child failed, in words: the signal that killed it, or its exit
+    status and the last line it wrote on stderr."""
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = "signal %d" % -rc
+        why = "killed by %s" % name
+        if -rc == signal.SIGILL:
+            why += " (an instruction this CPU lacks)"
+    else:
+        why = "exit status %d" % rc
+    last = [l for l in err.strip().splitlines() if l.strip()]
+    return why + (": " + last[-1].strip()[-300:] if last else "")
+
+
 def choose_coretype(requested, threads):
+    """The OPENBLAS_CORETYPE torch runs with and why. auto times an sgemm
+    under each of CORETYPES in a child process; a child that fails (a signal
+    such as SIGILL, or an error) counts as that core type being unavailable
+    and the next one is tried. Stops the bench only when every one failed."""
     if requested != "auto":
         return requested, "given"
-    results = {}
+    results, failed = {}, {}
     blas = []
-    for ct in ("HASWELL", "SKYLAKEX"):
+    for ct in CORETYPES:
         rc, out, err, _ = run_child([PY, __file__, "--worker", "sgemm", "--threads", str(threads)],
                                     torch_env(threads, ct))
-        if rc != 0:
-            sys.exit("sgemm probe failed: %s" % err)
-        r = json.loads(out.strip().splitlines()[-1])
+        try:
+            r = json.loads(out.strip().splitlines()[-1]) if rc == 0 else None
+        except (ValueError, IndexError):
+            r, err = None, "no result line in its output: %r" % out[-200:]
+        if r is None:
+            failed[ct] = exit_reason(rc, err)
+            print("  sgemm probe OPENBLAS_CORETYPE=%s unavailable: %s" % (ct, failed[ct]), file=sys.stderr)
+            continue
         results[ct] = r["gflops"]
         blas = r["blas"]
+    if not results:
+        sys.exit("sgemm probe failed under every OPENBLAS_CORETYPE tried:\n%s\n"
+                 "hint: check that %s can import torch, or pass --openblas-coretype NAME with a core type "
+                 "this CPU supports (HASWELL needs AVX2, SKYLAKEX AVX-512)"
+                 % ("\n".join("  %s: %s" % kv for kv in failed.items()), PY))
     probe = ", ".join("%s %.1f GFLOP/s" % kv for kv in results.items())
+    probe += "".join("; %s unavailable (%s)" % (ct, why.split(":")[0].split(" (")[0]) for ct, why in failed.items())
     if any("openblas" in b for b in blas):
         best = max(results, key=results.get)
         return best, "fastest sgemm (%s)" % probe
-    return "SKYLAKEX", ("inert: torch uses %s, not OpenBLAS (sgemm probe: %s)"
-                        % (", ".join(blas) or "no shared BLAS", probe))
+    first = next(iter(results))
+    return first, ("inert: torch uses %s, not OpenBLAS (sgemm probe: %s)"
+                   % (", ".join(blas) or "no shared BLAS", probe))
 
 
 def preset_arch(preset):
@@ -236,7 +289,10 @@ def run_torch(args, d, data, B, T, coretype, autocast="none"):
            "--autocast", autocast]
     rc, out, err, rss = run_child(cmd, torch_env(args.threads, coretype))
     if rc != 0:
-        sys.exit("torch worker failed (%d): %s" % (rc, err.strip()[-2000:]))
+        if autocast != "none":
+            return {"skipped": "torch %s autocast %s" % (autocast, exit_reason(rc, err))}
+        sys.exit("torch worker (OPENBLAS_CORETYPE=%s) failed, %s\n%s"
+                 % (coretype, exit_reason(rc, err), err.strip()[-2000:]))
     r = json.loads(out.strip().splitlines()[-1])
     r["rss_kb"] = rss
     return r
@@ -257,7 +313,10 @@ def run_cllm(args, d, data, B, T, workdir, precision="fp32"):
         cmd += ["--config", conf]
     rc, _, err, rss = run_child(cmd, env)
     if rc != 0:
-        sys.exit("%s failed (%d): %s" % (" ".join(cmd), rc, err.strip()[-2000:]))
+        if precision != "fp32":
+            # e.g. no bf16 GEMM on this CPU: the row is skipped, with cllm's reason
+            return {"skipped": "cllm %s %s" % (precision, exit_reason(rc, err))}
+        sys.exit("%s failed, %s\n%s" % (" ".join(cmd), exit_reason(rc, err), err.strip()[-2000:]))
     with open(os.path.join(out, "metrics.jsonl")) as f:
         m = [json.loads(l) for l in f if l.strip()]
     shutil.rmtree(out, ignore_errors=True)
@@ -281,17 +340,6 @@ def summarize(runs):
 
 def cfg_width(cfg):
     return cfg.get("n_embd") or cfg.get("hidden_size")
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main():
@@ -340,7 +388,9 @@ def main():
     os.makedirs(workdir, exist_ok=True)
     print("# train_step benchmark")
     print()
-    print("- CPU: %s, %d logical CPUs visible; threads: %d" % (cpu_model(), os.cpu_count(), args.threads))
+    import machine
+    print("- %s" % machine.header(None if args.torch_only else args.cllm))
+    print("- threads: %d" % args.threads)
     print("- torch env: OMP_WAIT_POLICY=PASSIVE, OMP_NUM_THREADS=%d, OPENBLAS_CORETYPE=%s (%s)"
           % (args.threads, coretype, why))
     print("- cllm env: OMP_NUM_THREADS=%d" % args.threads)
@@ -349,6 +399,7 @@ def main():
     sys.stdout.flush()
 
     rows = []
+    skipped = {}  # impl -> why it cannot run on this machine
     try:
         for preset, B, T in configs:
             d = os.path.join(workdir, preset)
@@ -366,27 +417,36 @@ def main():
             runs = {name: [] for name, _ in impls}
             for rep in range(args.reps):
                 for name, mode in impls:
+                    if name in skipped:
+                        continue
                     t0 = time.time()
                     if name.startswith("torch"):
-                        runs[name].append(run_torch(args, d, data, B, T, coretype, mode))
+                        r = run_torch(args, d, data, B, T, coretype, mode)
                     else:
-                        runs[name].append(run_cllm(args, d, data, B, T, workdir, mode))
+                        r = run_cllm(args, d, data, B, T, workdir, mode)
+                    if "skipped" in r:
+                        # a bf16 side that cannot run here (no bf16 GEMM for this CPU): its rows
+                        # are skipped in every config, with the reason, and the rest goes on
+                        skipped[name] = r["skipped"]
+                        print("  %s: skipped, %s" % (name, r["skipped"]), file=sys.stderr)
+                        continue
+                    runs[name].append(r)
                     print("  %s B=%d T=%d rep %d %s: steps %s (%.0fs)"
-                          % (preset, B, T, rep + 1, name, ["%.3f" % x for x in runs[name][-1]["step_times"]],
+                          % (preset, B, T, rep + 1, name, ["%.3f" % x for x in r["step_times"]],
                              time.time() - t0), file=sys.stderr)
             bf16_peak = None
-            if args.precision == "bf16":
+            if args.precision == "bf16" and "torch-bf16" not in skipped:
                 rc, out, err, _ = run_child([PY, __file__, "--worker", "bf16gemm", "--threads", str(args.threads),
                                              "--seq-len", str(B * T), "--batch-size", str(cfg_width(cfg))],
                                             torch_env(args.threads, coretype))
-                if rc != 0:
-                    sys.exit("bf16 GEMM probe failed: %s" % err.strip()[-2000:])
-                bf16_peak = json.loads(out.strip().splitlines()[-1])["gflops"]
+                if rc == 0:
+                    bf16_peak = json.loads(out.strip().splitlines()[-1])["gflops"]
+                    print("  torch bf16 GEMM probe: %.0f GFLOP/s" % bf16_peak, file=sys.stderr)
+                else:
+                    print("  torch bf16 GEMM probe failed, %s" % exit_reason(rc, err), file=sys.stderr)
             flops = hm.train_step_flops(cfg, B, T)
-            if bf16_peak:
-                print("  torch bf16 GEMM probe: %.0f GFLOP/s" % bf16_peak, file=sys.stderr)
-            rows.append((preset, B, T, flops, {k: summarize(v) for k, v in runs.items()},
-                         runs["torch"][0]["blas"], bf16_peak))
+            res = {k: summarize(v) if v else {"skipped": skipped[k]} for k, v in runs.items()}
+            rows.append((preset, B, T, flops, res, runs["torch"][0]["blas"], bf16_peak))
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -403,6 +463,9 @@ def main():
         if res.get("cllm-bf16", {}).get("peak"):
             bf16_peak = res["cllm-bf16"]["peak"]
         for impl, s in res.items():
+            if "skipped" in s:
+                print("| %s | %s | skipped: %s | | | | | | | | |" % (name, impl, s["skipped"].replace("|", "/")))
+                continue
             tps = B * T / s["median"]
             ratio = "%.2fx" % (ts["median"] / s["median"]) if impl.startswith("cllm") else ""
             peak = bf16_peak if impl.endswith("bf16") else fp32_peak
@@ -410,7 +473,7 @@ def main():
             print("| %s | %s | %.3f | %.3f..%.3f | %.0f | %s | %.1f | %.1f | %s | %.0f | %.4f..%.4f |"
                   % (name, impl, s["median"], s["min"], s["max"], tps, ratio, flops / 1e9,
                      flops / s["median"] / 1e9, frac, s["rss_mib"], s["loss"][0], s["loss"][1]))
-        if "cllm-bf16" in res and "torch-bf16" in res:
+        if all(k in res and "skipped" not in res[k] for k in ("cllm-bf16", "torch-bf16")):
             b = res["cllm-bf16"]["median"]
             print("| %s | cllm-bf16 speed-up | | | | %.2fx vs cllm fp32, %.2fx vs torch fp32, %.2fx vs torch bf16 autocast | | | | | |"
                   % (name, res["cllm"]["median"] / b, ts["median"] / b, res["torch-bf16"]["median"] / b))
@@ -418,7 +481,10 @@ def main():
     print("cllm/torch = torch median step time / cllm median step time (throughput ratio, >1 means cllm is faster).")
     print("FLOPs per step = 6*P_mm*B*T + 6*L*B*T^2*A (see the script's docstring).")
     print("of matmul peak: achieved GFLOP/s over the fp32 GEMM peak cllm measures at start-up (same threads, same run);")
-    print("for the bf16 rows, over the bf16 GEMM peak cllm measures at start-up of its bf16 runs (1024^3, AMX).")
+    print("for the bf16 rows, over the bf16 GEMM peak cllm measures at start-up of its bf16 runs (1024^3, on the")
+    print("bf16 gemm path the machine line names: onednn (AVX-512, AVX512-BF16, AMX) or fp32-widened).")
+    for impl, why in skipped.items():
+        print("skipped: %s rows, %s" % (impl, why))
     print("torch BLAS: %s" % ", ".join(rows[0][5]) if rows else "")
     return 0
 
