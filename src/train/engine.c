@@ -399,7 +399,6 @@ static double wait_seconds(const trainer *tr) {
     return tr->shard ? train_shard_wait_seconds(tr->shard) : tr->comm_seconds + train_overlap_wait_seconds(tr->overlap);
 }
 /* The part of the communication time the computation did not wait for. */
-static double hidden_fraction(double comm, double wait) { return comm > 0 && wait < comm ? 1.0 - wait / comm : 0.0; }
 
 static cllm_status train_step(trainer *tr, double *avg_step) {
     cllm_train_config *c = tr->cfg;
@@ -810,7 +809,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     }
     if (c->dp_size > 1 && c->log != CLLM_LOG_MODE_QUIET && c->dp_rank == 0)
         fprintf(stderr, "cllm train: %.2f s in gradient/parameter collectives on rank 0, %.0f%% of it hidden behind "
-                "computation\n", comm_seconds(tr), 100.0 * hidden_fraction(comm_seconds(tr), wait_seconds(tr)));
+                "computation\n", comm_seconds(tr), 100.0 * train_hidden_fraction(comm_seconds(tr), wait_seconds(tr)));
     if (!res->stopped) {
         long step = tr->state.global_step;
         if (c->eval_interval > 0 && tr->last_eval_step != step && step > first && (st = eval_at(tr, step))) goto done;

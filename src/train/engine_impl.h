@@ -63,6 +63,9 @@ typedef struct {
     double t_data, t_fwdbwd, t_optim, comm, comm_wait, loss_scale;
     bool finite;
 } train_step_report;
+/* The share of communication time the computation did not wait for
+ * (overlap_comm): 1 - wait / comm, 0 without communication. */
+double train_hidden_fraction(double comm, double wait);
 /* Writes the step's metrics.jsonl record (rank 0's output folder). */
 cllm_status train_record_step(trainer *tr, const train_step_report *s);
 

@@ -44,8 +44,7 @@ void train_show_step(trainer *tr, long step, double loss, double lr, double gnor
     }
 }
 
-/* The share of communication time the computation did not wait for. */
-static double hidden_fraction(double comm, double wait) { return comm > 0 && wait < comm ? 1.0 - wait / comm : 0.0; }
+double train_hidden_fraction(double comm, double wait) { return comm > 0 && wait < comm ? 1.0 - wait / comm : 0.0; }
 
 cllm_status train_record_step(trainer *tr, const train_step_report *s) {
     train_record r;
@@ -73,7 +72,7 @@ cllm_status train_record_step(trainer *tr, const train_step_report *s) {
     /* communication: each collective from start to completion, and the
      * part of it the computation did not wait for (overlap_comm) */
     rec_num(&r, "time_comm", s->comm);
-    rec_num(&r, "comm_hidden_fraction", hidden_fraction(s->comm, s->comm_wait));
+    rec_num(&r, "comm_hidden_fraction", train_hidden_fraction(s->comm, s->comm_wait));
     rec_int(&r, "activation_bytes", (long long)tr->act_bytes);
     if (tr->offload) {
         double io = 0, wait = 0;
