@@ -8,6 +8,9 @@
  *   set S of tokens and b elsewhere must give a * grad(S) + b * grad(rest),
  *   where grad(S) comes from the plain uniform-scale pass (checked against
  *   PyTorch elsewhere) with every target outside S set to -100;
+ * - hidden states out / their gradient in (reward and value heads): with
+ *   no LM head, the gradient of sum(D * hidden) against a central finite
+ *   difference; with it, the LM gradient plus that one;
  * - the language-modelling objective's loss and gradient equal the plain
  *   pass's.
  */
@@ -107,6 +110,67 @@ static void check_family(const char *name, cllm_arch arch) {
         double want_loss = mx + log(s) - l[targets[n]];
         CHECK(fabs(loss[n] - want_loss) <= 1e-5 * fmax(1.0, fabs(want_loss)), "%s: row %d token loss %.7g, want %.7g",
               name, r, loss[n], want_loss);
+    }
+
+    /* hidden states out and their gradient in (reward/value heads): with
+     * no LM head, the gradient of f = sum(D * hidden) against a central
+     * finite difference along a random direction; with the LM head, the
+     * gradient is the LM one plus that one (linearity) */
+    {
+        const int C = cllm_model_get_config(m)->n_embd;
+        float *D = malloc((size_t)N * C * sizeof *D), *hid = malloc((size_t)N * C * sizeof *hid);
+        float *gh = malloc(P * sizeof *gh), *dir = malloc(P * sizeof *dir), *p0 = malloc(P * sizeof *p0);
+        for (int i = 0; i < N * C; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            D[i] = (float)((double)(x >> 11) / 9007199254740992.0 - 0.5);
+        }
+        for (size_t i = 0; i < P; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            dir[i] = (float)((double)(x >> 11) / 9007199254740992.0 - 0.5);
+        }
+        cllm_token_io hio = {.hidden = hid, .dhidden = D, .no_lm_head = true};
+        double sh = 1;
+        long kh = 1;
+        cllm_model_zero_grads(m);
+        CHECK(cllm_model_forward_backward_ex(m, tokens, targets, B, T, true, 1.0f, &hio, &sh, &kh) == CLLM_OK &&
+                  sh == 0 && kh == 0,
+              "%s: hidden-only pass: %s", name, cllm_last_error());
+        memcpy(gh, cllm_model_grads(m), P * sizeof *gh);
+        double dd = 0;
+        for (size_t i = 0; i < P; i++) dd += (double)gh[i] * dir[i];
+        float *params = cllm_model_params(m);
+        memcpy(p0, params, P * sizeof *p0);
+        const double eps = 1e-3;
+        double f[2];
+        for (int side = 0; side < 2; side++) {
+            for (size_t i = 0; i < P; i++) params[i] = p0[i] + (float)((side ? -eps : eps) * dir[i]);
+            cllm_model_params_updated(m);
+            cllm_token_io fio = {.hidden = hid, .no_lm_head = true};
+            cllm_model_forward_backward_ex(m, tokens, targets, B, T, false, 1.0f, &fio, &sh, &kh);
+            f[side] = 0;
+            for (int i = 0; i < N * C; i++) f[side] += (double)D[i] * hid[i];
+        }
+        memcpy(params, p0, P * sizeof *p0);
+        cllm_model_params_updated(m);
+        double fd = (f[0] - f[1]) / (2 * eps);
+        CHECK(fabs(fd - dd) <= 2e-2 * fmax(fabs(dd), 1e-3), "%s: d/d(params) of sum(D * hidden): %.6g, finite "
+              "difference %.6g", name, dd, fd);
+        /* LM loss and the hidden gradient together = the sum of the two */
+        cllm_token_io both = {.dhidden = D};
+        cllm_model_zero_grads(m);
+        cllm_model_forward_backward_ex(m, tokens, targets, B, T, true, 1.0f, &both, &sh, &kh);
+        memcpy(g, cllm_model_grads(m), P * sizeof *g);
+        cllm_model_zero_grads(m);
+        cllm_model_forward_backward(m, tokens, targets, B, T, true, 1.0f, &sh, &kh);
+        for (size_t i = 0; i < P; i++) want[i] = cllm_model_grads(m)[i] + gh[i];
+        double eb = rel_l2(g, want, P);
+        CHECK(eb < 1e-5, "%s: LM + hidden gradient vs their sum: relative L2 %.3g", name, eb);
+        printf("%-6s hidden head: directional derivative %.6g, finite difference %.6g\n", name, dd, fd);
+        free(D);
+        free(hid);
+        free(gh);
+        free(dir);
+        free(p0);
     }
 
     /* the language-modelling objective is the plain pass */

@@ -157,13 +157,25 @@ void cllm_model_zero_grads(cllm_model *m);
 typedef struct {
     float *token_loss;
     const float *token_scale;
+    /* hidden  [B*T, C] out: the final norm's output (what the LM head reads;
+     *         a reward model's score head reads a row of it); NULL: not wanted
+     * dhidden [B*T, C] in: d(objective)/d(hidden), added to what the LM head
+     *         sends back (a value head beside the LM loss, or alone);
+     *         NULL: none
+     * no_lm_head: skip the LM head and its loss altogether (*loss_sum and
+     *         *n_counted are 0; targets are not read): the backward pass
+     *         starts from dhidden alone */
+    float *hidden;
+    const float *dhidden;
+    bool no_lm_head;
 } cllm_token_io;
 
 /* cllm_model_forward_backward with per-token outputs and gradient scales
  * (io may be NULL: then exactly cllm_model_forward_backward). With
  * token_scale the backward pass ACCUMULATES sum_n token_scale[n] *
  * d(token_loss[n])/dparam. Works at every ZeRO stage and under tensor
- * parallelism; *loss_sum and *n_counted as there. */
+ * parallelism; *loss_sum and *n_counted as there. The hidden-state fields
+ * serve heads other than the LM head (reward scores, values). */
 cllm_status cllm_model_forward_backward_ex(cllm_model *m, const int32_t *tokens, const int32_t *targets, int B, int T,
                                            bool backward, float grad_scale, const cllm_token_io *io,
                                            double *loss_sum, long *n_counted);

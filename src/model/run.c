@@ -421,8 +421,19 @@ cllm_status cllm_model_forward_backward_ex(cllm_model *m, const int32_t *tokens,
         TRY(fetch_grads(m, L + 1));
         if (tied) TRY(fetch_grads(m, 0));
     }
-    TRY(head_run(m, targets, N, backward, grad_scale, tscale, loss_sum, n_counted));
-    if (io && io->token_loss) memcpy(io->token_loss, m->losses, (size_t)N * sizeof(float));
+    const bool lm = !(io && io->no_lm_head);
+    if (lm) {
+        TRY(head_run(m, targets, N, backward, grad_scale, tscale, loss_sum, n_counted));
+        if (io && io->token_loss) memcpy(io->token_loss, m->losses, (size_t)N * sizeof(float));
+    } else { /* the final norm only: another head (a reward score) reads it */
+        model_norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, model_param(m, m->gslot[G_LNF_W]),
+                           model_param(m, m->gslot[G_LNF_B]), N);
+        *loss_sum = 0;
+        *n_counted = 0;
+        if (backward) memset(m->dlnf, 0, (size_t)N * C * sizeof(float));
+    }
+    if (io && io->hidden) memcpy(io->hidden, m->lnf, (size_t)N * C * sizeof(float));
+    if (backward && io && io->dhidden) cllm_add(m->dlnf, m->dlnf, io->dhidden, (long)N * C);
     if (tied) TRY(release(m, 0));
     if (!backward) return release(m, L + 1);
 
