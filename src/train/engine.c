@@ -1,9 +1,11 @@
 /*
  * The training loop (see cllm/train.h): opening model and data, resuming,
- * the step (local micro-batches through the objective (cllm/objective.h) ->
- * gradient reduction -> clip -> optimizer on ranges of the flat buffer),
- * evaluation and checkpoints. The progress line and metrics records are
- * written by report.c.
+ * the step (micro-batches through the objective (cllm/objective.h) ->
+ * gradient reduction -> unscale -> clip -> optimizer), evaluation and
+ * checkpoints. What differs by parallel layout is behind two strategy
+ * objects (step_modes.c: how micro-batches run, local or pipelined; where
+ * gradients and optimizer state live, replicated or sharded); the progress
+ * line and metrics records are written by report.c.
  *
  * The data position is one integer: sample g of the loader's stream for
  * row i of rank r at a step that starts at position G0 is
@@ -384,26 +386,16 @@ static cllm_status reduce_grads(trainer *tr, float *grads, double *loss_sum) {
     /* every rank of a tensor group holds the whole loss: tensor rank 0's counts */
     if (tr->tp && !train_tp_is_first(tr->tp)) *loss_sum = 0;
     cllm_status st = cllm_dist_allreduce_sum_f64(loss_sum, 1);
-    if (st || tr->shard) return st; /* stages 2-3 reduced during the backward pass */
-    if (tr->overlap) return train_overlap_finish(tr->overlap); /* started during the backward pass */
-    double t0 = cllm_time_sec();
-    st = train_zero_reduce_grads(&tr->zero, grads);
-    tr->comm_seconds += cllm_time_sec() - t0;
-    return st;
+    return st ? st : tr->smode->reduce(tr, grads);
 }
 
-static double comm_seconds(const trainer *tr) {
-    return tr->shard ? train_shard_comm_seconds(tr->shard) : tr->comm_seconds + train_overlap_comm_seconds(tr->overlap);
-}
-static double wait_seconds(const trainer *tr) {
-    return tr->shard ? train_shard_wait_seconds(tr->shard) : tr->comm_seconds + train_overlap_wait_seconds(tr->overlap);
-}
-/* The part of the communication time the computation did not wait for. */
+static double comm_seconds(const trainer *tr) { return tr->smode ? tr->smode->comm_seconds(tr) : 0; }
+static double wait_seconds(const trainer *tr) { return tr->smode ? tr->smode->wait_seconds(tr) : 0; }
 
 static cllm_status train_step(trainer *tr, double *avg_step) {
     cllm_train_config *c = tr->cfg;
     const long step = tr->state.global_step + 1;
-    const int T = c->seq_len, mb = (int)c->train_micro_batch_size_per_gpu;
+    const int T = c->seq_len;
     double t0 = cllm_time_sec();
     cllm_dist_set_step(step); /* named by the collective timeout's message */
     long count = 0;
@@ -411,48 +403,27 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     if (st) return cllm_fail_context(st, "step %ld", step);
     if ((st = reduce_count(tr, &count))) return cllm_fail_context(st, "step %ld", step);
     double t1 = cllm_time_sec(), comm0 = comm_seconds(tr), wait0 = wait_seconds(tr);
-    if (tr->pipe)
-        train_pipe_zero_grads(tr->pipe, cllm_model_grads(tr->m)); /* this stage's parts only */
-    else
-        cllm_model_zero_grads(tr->m);
-    if (tr->shard) train_shard_zero_grads(tr->shard);
+    tr->exec->zero_grads(tr);
+    tr->smode->zero_grads(tr);
     double loss_sum = 0;
     const double loss_scale = tr->fp16 ? cllm_loss_scaler_scale(&tr->scaler) : 1.0;
     if (count > 0) {
         float scale = (float)(1.0 / (double)count);
         if (tr->fp16) scale *= (float)loss_scale; /* a power of two: exact */
-        if (tr->pipe && (st = train_pipe_run(tr->pipe, tr->m, tr->tokens, tr->targets, scale, &loss_sum)))
-            return cllm_fail_context(st, "step %ld", step);
-        for (long j = 0; j < c->gradient_accumulation_steps && !tr->pipe; j++) {
-            size_t off = (size_t)j * (size_t)mb * (size_t)T;
-            if (tr->overlap) train_overlap_arm(tr->overlap, j + 1 == c->gradient_accumulation_steps);
-            double s = 0;
-            long k = 0;
-            cllm_objective_batch b = {tr->tokens + off, tr->targets + off, mb, T};
-            st = cllm_objective_run(tr->obj, tr->m, &b, true, scale, &s, &k);
-            if (st) return cllm_fail_context(st, "step %ld", step);
-            loss_sum += s;
-        }
+        if ((st = tr->exec->run(tr, scale, &loss_sum))) return cllm_fail_context(st, "step %ld", step);
     }
-    float *grads = tr->shard ? train_shard_grads(tr->shard) : cllm_model_grads(tr->m);
+    float *grads = NULL, *g = tr->smode->grads(tr, &grads);
     /* (the test hook cannot reach gradients already in flight with overlap_comm) */
     if (grads && !tr->overlap && tr->hooks && tr->hooks->poison_grads && tr->hooks->poison_grads(step, tr->hooks->ctx)) grads[0] = NAN;
-    if (tr->pipe && (st = train_pipe_sync_tied_grads(tr->pipe, grads))) return cllm_fail_context(st, "step %ld", step);
-    /* with a pipeline this rank's ZeRO partition covers its stage's range */
-    float *g = grads && !tr->shard ? grads + tr->base : grads;
+    if ((st = tr->exec->sync_grads(tr, grads))) return cllm_fail_context(st, "step %ld", step);
     if ((st = reduce_grads(tr, g, &loss_sum))) return cllm_fail_context(st, "step %ld", step);
     double t2 = cllm_time_sec();
     double loss = count > 0 ? loss_sum / (double)count : 0.0;
     double gnorm = 0;
     bool overflow = false;
-    if (tr->fp16) {
-        st = tr->shard ? train_shard_unscale(tr->shard, loss_scale, &overflow)
-                       : train_fp16_unscale(&tr->zero, g, loss_scale, &overflow);
-        if (st) return cllm_fail_context(st, "step %ld", step);
-    }
-    st = tr->shard ? train_shard_clip(tr->shard, c->gradient_clipping, &gnorm)
-                   : train_zero_clip(&tr->zero, g, c->gradient_clipping, &gnorm);
-    if (st) return cllm_fail_context(st, "step %ld", step);
+    if (tr->fp16 && (st = tr->smode->unscale(tr, g, loss_scale, &overflow)))
+        return cllm_fail_context(st, "step %ld", step);
+    if ((st = tr->smode->clip(tr, g, c->gradient_clipping, &gnorm))) return cllm_fail_context(st, "step %ld", step);
     bool finite = !overflow && isfinite(loss) && isfinite(gnorm);
     if (tr->fp16) {
         bool skip = false;
@@ -467,13 +438,7 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     }
     double lr = cllm_sched_lr(&c->sched, c->optim.lr, tr->state.sched_iter);
     if (finite && count > 0) {
-        double tc = cllm_time_sec();
-        float *params = cllm_model_params(tr->m);
-        st = tr->shard ? train_shard_step(tr->shard, tr->opt, lr)
-                       : train_zero_step(&tr->zero, tr->opt, params + tr->base, g, lr);
-        if (!tr->shard) tr->comm_seconds += cllm_time_sec() - tc; /* the update is small next to the gather */
-        if (st) return cllm_fail_context(st, "step %ld", step);
-        if (tr->pipe && (st = train_pipe_sync_tied_params(tr->pipe, params)))
+        if ((st = tr->smode->update(tr, g, lr)) || (st = tr->exec->sync_params(tr, cllm_model_params(tr->m))))
             return cllm_fail_context(st, "step %ld", step);
         cllm_model_params_updated(tr->m); /* refreshes the bf16/fp16 weight copy */
         tr->state.sched_iter++;
@@ -768,6 +733,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
                 c->gradient_accumulation_steps, c->dp_size, cllm_opt_name(c->optim.type),
                 cllm_sched_name(c->sched.type), c->optim.lr, tr->peak_gflops,
                 cllm_train_gemm_summary(c->bf16_enabled), resume_dir ? " (resumed)" : "");
+    train_modes_pick(tr);
     if ((st = train_zero_report(&tr->zero, c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0))) goto done;
     if (tr->pipe && (st = pipe_report(tr, false))) goto done;
     if (c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0) {

@@ -12,8 +12,13 @@
 #include "offload.h"
 #include "train_impl.h"
 
+typedef struct train_exec_mode train_exec_mode;
+typedef struct train_state_mode train_state_mode;
+
 typedef struct {
     cllm_train_config *cfg;
+    const train_exec_mode *exec;   /* how the micro-batches run (step_modes.c) */
+    const train_state_mode *smode; /* where gradients and optimizer state live (step_modes.c) */
     const cllm_train_hooks *hooks;
     cllm_model *m;
     cllm_objective *obj;    /* what a step minimises (src/tasks/); the loop does not know which */
@@ -48,6 +53,31 @@ typedef struct {
     size_t base;            /* start of this rank's stage in the flat buffers (0 without a pipeline) */
     const char *output_dir; /* the caller's, restored at the end (ranks > 0 write nothing) */
 } trainer;
+
+/* step_modes.c: the parts of a step that differ by layout. */
+struct train_exec_mode {
+    const char *name;
+    void (*zero_grads)(trainer *tr);
+    /* forward + backward of the step's micro-batches; loss sum added */
+    cllm_status (*run)(trainer *tr, float scale, double *loss_sum);
+    cllm_status (*sync_grads)(trainer *tr, float *grads);   /* after the backward (tied embeddings) */
+    cllm_status (*sync_params)(trainer *tr, float *params); /* after the update */
+};
+struct train_state_mode {
+    const char *name;
+    void (*zero_grads)(trainer *tr);
+    /* the gradient buffer the step reduces, clips and applies; *full: the
+     * whole buffer it lies in */
+    float *(*grads)(trainer *tr, float **full);
+    cllm_status (*reduce)(trainer *tr, float *g);
+    cllm_status (*unscale)(trainer *tr, float *g, double scale, bool *overflow);
+    cllm_status (*clip)(trainer *tr, float *g, double max_norm, double *norm);
+    cllm_status (*update)(trainer *tr, float *g, double lr);
+    double (*comm_seconds)(const trainer *tr); /* communication so far, start to completion */
+    double (*wait_seconds)(const trainer *tr); /* the part of it the computation waited for */
+};
+/* Sets tr->exec and tr->smode from the set-up (tr->pipe, tr->shard). */
+void train_modes_pick(trainer *tr);
 
 /* report.c */
 /* Ends an open progress line (a terminal's \r line) before other output. */
