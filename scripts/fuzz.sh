@@ -3,7 +3,8 @@
 # float-cast-overflow, in build-fuzz/) and runs each one: first over its
 # checked-in seed corpus (tests/fuzz/corpus/TARGET/, every file once), then a
 # fresh run of SECONDS_PER_TARGET seconds (default 600) mutating from that
-# corpus. Any crash, sanitizer report, leak, input taking over a second
+# corpus, with the keywords of tests/fuzz/dict/TARGET.dict (key names, type
+# names, magics) offered to the mutator. Any crash, sanitizer report, leak, input taking over a second
 # (-timeout=1) or over 2 GB (-rss_limit_mb=2048) fails the script; the
 # offending input is left in build-fuzz/findings/TARGET/ and the run goes
 # on with the next target. Prints the executions of each target.
@@ -32,6 +33,7 @@ cmake --build build-fuzz -j"$JOBS"
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   for f in tests/fuzz/fuzz_*.c; do
+    [ "$f" = tests/fuzz/fuzz_util.c ] && continue
     n=$(basename "$f" .c)
     targets+=("${n#fuzz_}")
   done
@@ -57,6 +59,8 @@ for t in "${targets[@]}"; do
     continue
   fi
   mkdir -p "$work" "$found"
+  dict=()
+  [ -f tests/fuzz/dict/$t.dict ] && dict=(-dict=tests/fuzz/dict/$t.dict)
   echo "== $t: seed corpus ($(ls "$seeds" | wc -l) inputs)"
   if ! "$bin" "${FLAGS[@]}" -artifact_prefix="$found/" -runs=0 "$seeds" >"$log.seeds" 2>&1; then
     tail -40 "$log.seeds"
@@ -64,7 +68,7 @@ for t in "${targets[@]}"; do
     continue
   fi
   echo "== $t: fresh run, ${SECONDS_PER_TARGET}s"
-  if "$bin" "${FLAGS[@]}" -artifact_prefix="$found/" -max_total_time="$SECONDS_PER_TARGET" \
+  if "$bin" "${FLAGS[@]}" "${dict[@]}" -artifact_prefix="$found/" -max_total_time="$SECONDS_PER_TARGET" \
       "$work" "$seeds" >"$log" 2>&1; then
     ok=ok
   else
@@ -72,7 +76,7 @@ for t in "${targets[@]}"; do
     failed+=("$t")
     ok=FAILED
   fi
-  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
+  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | tail -1 | grep -o '[0-9]*$' || echo "?")
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*' || echo "?")
   summary+=("$(printf '%-14s %10s execs  %6s edges  %s' "$t" "$execs" "$cov" "$ok")")
 done
