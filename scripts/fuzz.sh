@@ -4,10 +4,13 @@
 # checked-in seed corpus (tests/fuzz/corpus/TARGET/, every file once), then a
 # fresh run of SECONDS_PER_TARGET seconds (default 600) mutating from that
 # corpus, with the keywords of tests/fuzz/dict/TARGET.dict (key names, type
-# names, magics) offered to the mutator. Any crash, sanitizer report, leak, input taking over a second
-# (-timeout=1) or over 2 GB (-rss_limit_mb=2048) fails the script; the
-# offending input is left in build-fuzz/findings/TARGET/ and the run goes
-# on with the next target. Prints the executions of each target.
+# names, magics) offered to the mutator. Any crash, sanitizer report, leak,
+# input taking over a second (-timeout=1) or over 2 GB (-rss_limit_mb,
+# -malloc_limit_mb) fails the script; the offending input is left in
+# build-fuzz/findings/TARGET/ and the run goes on with the next target. A
+# timeout whose input runs within the second when run again alone is
+# reported but does not fail (the limit is wall-clock time, which a machine
+# busy with other work can exceed). Prints the executions of each target.
 #
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]     e.g. scripts/fuzz.sh 30 safetensors tokenizer
 #
@@ -45,6 +48,23 @@ export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 FLAGS=(-rss_limit_mb=2048 -timeout=1 -malloc_limit_mb=2048 -print_final_stats=1)
+# True when every finding in $2 is a timeout and each input runs within the
+# limit when run again: -timeout is wall-clock time, which a loaded machine
+# (other builds on few cores) can exceed for an input that is not slow.
+# Such inputs are kept in $2/slow-when-busy/ for a look.
+only_slow_when_busy() {
+  local bin=$1 found=$2 f any=0
+  for f in "$found"/*; do
+    [ -f "$f" ] || continue
+    any=1
+    case $(basename "$f") in timeout-*) ;; *) return 1 ;; esac
+    "$bin" -timeout=1 -rss_limit_mb=2048 "$f" >/dev/null 2>&1 || return 1
+  done
+  [ "$any" = 1 ] || return 1
+  mkdir -p "$found/slow-when-busy"
+  mv "$found"/timeout-* "$found/slow-when-busy/"
+}
+
 failed=()
 summary=()
 for t in "${targets[@]}"; do
@@ -58,6 +78,7 @@ for t in "${targets[@]}"; do
     failed+=("$t")
     continue
   fi
+  rm -rf "$found"
   mkdir -p "$work" "$found"
   dict=()
   [ -f tests/fuzz/dict/$t.dict ] && dict=(-dict=tests/fuzz/dict/$t.dict)
@@ -71,6 +92,8 @@ for t in "${targets[@]}"; do
   if "$bin" "${FLAGS[@]}" "${dict[@]}" -artifact_prefix="$found/" -max_total_time="$SECONDS_PER_TARGET" \
       "$work" "$seeds" >"$log" 2>&1; then
     ok=ok
+  elif only_slow_when_busy "$bin" "$found"; then
+    ok="ok (a timeout that did not recur when run again alone: the machine was busy)"
   else
     tail -60 "$log"
     failed+=("$t")
