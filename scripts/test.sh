@@ -4,7 +4,9 @@
 # build running the suite again: every test but those labelled "nosan"
 # (memory measurements, which shadow memory would distort), the mpirun tests
 # included (with leak detection off for them: tests/CMakeLists.txt says
-# why). Exits non-zero on any failure.
+# why), then the fuzz targets of tests/fuzz/ (scripts/fuzz.sh: clang
+# build, each target over its seed corpus plus a fresh FUZZ_SECONDS run,
+# default 20 s per target). Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
@@ -20,3 +22,6 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLLM_SANITIZE=ON -D
 cmake --build build-asan -j"$JOBS"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$JOBS" -LE nosan ${CTEST_ARGS:-}
+
+echo "== fuzz targets (clang, libFuzzer + ASan/UBSan)"
+scripts/fuzz.sh "${FUZZ_SECONDS:-20}"

@@ -403,6 +403,26 @@ static void test_bad_files(void) {
                       "tokenizer_config.json:1:");
     remove(cfg);
     free(cfg);
+    /* characters outside a vocabulary with neither unk_token nor byte
+     * fallback encode to nothing; a word made only of them gave the word
+     * cache an empty id buffer (NULL), which it used to offset (UB caught by
+     * the sanitizer build and by tests/fuzz). Twice: the second encode reads
+     * the cached word. */
+    char *p = path_join(dir, "tokenizer.json");
+    write_file(p, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []}}");
+    cllm_tokenizer *tok = NULL;
+    CHECK(cllm_tokenizer_load(&tok, p) == CLLM_OK, "vocabulary {a, b}: %s", cllm_last_error());
+    for (int k = 0; tok && k < 2; k++) {
+        cllm_token_buf ids = {0};
+        CHECK(cllm_tokenizer_encode(tok, "xyz", 3, false, &ids) == CLLM_OK && ids.n == 0,
+              "unknown-only word: %zu ids, want none (pass %d)", ids.n, k);
+        CHECK(cllm_tokenizer_encode(tok, "xaz", 3, false, &ids) == CLLM_OK && ids.n == 1 && ids.ids[0] == 0,
+              "known character among unknown ones: want [0] (pass %d)", k);
+        cllm_token_buf_free(&ids);
+    }
+    cllm_tokenizer_free(tok);
+    remove(p);
+    free(p);
     rmdir(dir);
 }
 

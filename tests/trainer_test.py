@@ -219,6 +219,15 @@ def case_config(env):
     check(cfg is not None and cfg["model_topo"] == {"process_topology": {"axis": ["tensor", "data"], "dims": [2, "auto"]},
                                                     "parts": "parameters", "schedule": "gpipe"},
           f"model_topo as read: {cfg and cfg['model_topo']} {p.stderr}")
+    # an integer written as a real beyond a long is out of range (it used to be converted first: UB)
+    _, p = print_config(env, {"train_batch_size": 4, "train_iters": 9.3e19}, rc=2)
+    check(p.returncode == 2 and "train_iters" in p.stderr and "out of range" in p.stderr, f"9.3e19: {p.stderr}")
+    cfg, p = print_config(env, {"train_batch_size": 4, "train_iters": 1e3})
+    check(cfg and cfg["train_iters"] == 1000, f"1e3 is the integer 1000: {p.stderr}")
+    # epochs worth more steps than a long holds: refused once the data size is known
+    p = env.run("train", "--config", env.config("e.json", {"train_batch_size": 4, "epochs": 1e300}),
+                "--model", env.model, "--data", env.data, "--out", env.path("epochs"), "--seq-len", "16")
+    check(p.returncode != 0 and "too many (lower epochs)" in p.stderr, f"epochs 1e300: {p.returncode} {p.stderr}")
     # flags override the file
     cfg, p = print_config(env, {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
                                 "gradient_accumulation_steps": 4, "train_iters": 5, "seed": 1,

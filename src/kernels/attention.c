@@ -459,7 +459,7 @@ void cllm_attention_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cvie
                         const int t = t0 + i;
                         const float x = MADD(scale, pj[i], slope * (float)(s - t)) - lt[i];
                         const float e = exp_tile(x);
-                        const float p = (s <= t) & (i < nq) ? e : 0.0f;
+                        const float p = ((s <= t) & (i < nq)) ? e : 0.0f;
                         dpj[i] = p * (dpj[i] - D[i]);
                     }
                 }

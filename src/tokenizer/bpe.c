@@ -190,7 +190,9 @@ static cllm_status bpe_piece(const cllm_tokenizer *tok, tk_work *w, const char *
         slot->klen = (uint8_t)n;
         slot->nid = (uint8_t)(out->n - start_n);
         memcpy(slot->key, s, n);
-        memcpy(slot->ids, out->ids + start_n, slot->nid * sizeof(int32_t));
+        /* nothing pushed (an unknown character with neither unk nor byte
+         * fallback) leaves out->ids NULL: no pointer arithmetic on it */
+        if (slot->nid) memcpy(slot->ids, out->ids + start_n, slot->nid * sizeof(int32_t));
     }
     return CLLM_OK;
 }

@@ -105,8 +105,8 @@ static cllm_status get_long(const json_t *obj, const char *key, long *out, long 
     double x;
     if (json_is_integer(v)) {
         x = (double)json_integer_value(v);
-    } else if (json_is_real(v) && json_real_value(v) == (double)(long long)json_real_value(v)) {
-        x = json_real_value(v);
+    } else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v))) {
+        x = json_real_value(v); /* 1024.0 or 1e3; the range is checked before any conversion */
     } else {
         return CLLM_FAIL(CLLM_ERR_ARG, KEYFMT ": expected an integer, got %s", KEYARGS(path, where, key), show(v).s);
     }

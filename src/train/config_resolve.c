@@ -66,8 +66,12 @@ cllm_status cllm_train_config_resolve(cllm_train_config *c, uint64_t n_samples) 
     if (st) return st;
     if (c->train_iters <= 0) {
         if (c->epochs > 0 && n_samples > 0) {
-            c->train_iters = (long)ceil(c->epochs * (double)n_samples / (double)c->train_batch_size);
-            if (c->train_iters < 1) c->train_iters = 1;
+            double steps = ceil(c->epochs * (double)n_samples / (double)c->train_batch_size);
+            if (!(steps <= 9.2e18)) /* beyond a long (also catches inf) */
+                return CLLM_FAIL(CLLM_ERR_ARG,
+                                 "epochs = %g over %llu samples at batch %ld is %g steps: too many (lower epochs)",
+                                 c->epochs, (unsigned long long)n_samples, c->train_batch_size, steps);
+            c->train_iters = steps < 1 ? 1 : (long)steps;
         } else if (c->epochs > 0) {
             /* the length is known once the data is open (the engine resolves
              * again then) */
