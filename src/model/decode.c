@@ -215,74 +215,36 @@ static bool scan_stops(cllm_generation *g, bool final) {
     return false;
 }
 
-cllm_status cllm_generate_prefill(cllm_generation *g, const int32_t *ids, size_t n) {
-    const cllm_model_config *c = cllm_model_get_config(g->m);
+/* The checks every prompt gets. */
+static cllm_status prompt_check(const cllm_generation *g, const int32_t *ids, size_t n) {
     if (g->prefilled || g->finish)
         return CLLM_FAIL(CLLM_ERR_ARG, "the sequence already has its prompt; use a new object for a new prompt");
     if (!ids || n == 0)
         return CLLM_FAIL(CLLM_ERR_ARG, "the prompt is empty; start it with the BOS token (at least one token is "
                                        "needed to predict the next)");
     if (cllm_model_check_ids(g->m, ids, NULL, n)) return cllm_fail_context(CLLM_ERR_ARG, "prompt");
-    if (c->n_ctx > 0 && n > (size_t)c->n_ctx)
-        return CLLM_FAIL(CLLM_ERR_ARG, "the prompt has %zu tokens; the model handles at most %d positions", n,
-                         c->n_ctx);
-    if (n > (size_t)1 << 30) return CLLM_FAIL(CLLM_ERR_ARG, "the prompt has %zu tokens; at most 2^30 are handled", n);
-    /* Positions: the prompt, then one per generated token but the last. */
-    long long want = (long long)n + (g->max_new > 0 ? g->max_new - 1 : 0);
-    int cap = want > (1 << 30) ? 1 << 30 : (int)want;
-    if (c->n_ctx > 0 && cap > c->n_ctx) cap = c->n_ctx;
-
-    cllm_status st = cllm_kv_cache_init(&g->kv, g->m, 1, cap, (int)n);
-    g->hist_cap = (size_t)cap + 1; /* n + generated, and generated <= cap - n + 1 */
-    if (!st) {
-        g->hist = malloc(g->hist_cap * sizeof *g->hist);
-        g->logits = malloc((size_t)g->V * sizeof *g->logits);
-        if (!g->hist || !g->logits) st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
-    }
-    if (!st && g->tok) st = cllm_text_stream_init(&g->ts, g->tok, ids, n);
-    if (!st && g->include_prompt) {
-        char *t = NULL;
-        size_t tl = 0;
-        st = cllm_tokenizer_decode(g->tok, ids, n, true, &t, &tl);
-        if (!st) st = text_append(g, t, tl);
-        free(t);
-        g->released = g->len;
-    }
-    if (!st) {
-        double t0 = cllm_time_sec();
-        st = cllm_kv_cache_forward(g->kv, ids, (int)n, g->logits);
-        g->stats.prefill_seconds = cllm_time_sec() - t0;
-    }
-    if (st) { /* back to the state before the call */
-        cllm_kv_cache_free(g->kv);
-        cllm_text_stream_free(g->ts);
-        free(g->hist);
-        free(g->logits);
-        g->kv = NULL;
-        g->ts = NULL;
-        g->hist = NULL;
-        g->logits = NULL;
-        g->len = g->released = 0;
-        g->text[0] = 0;
-        g->stats.prefill_seconds = 0;
-        return st;
-    }
-    memcpy(g->hist, ids, n * sizeof *ids);
-    g->n_hist = g->n_prompt = g->stats.n_prompt = n;
-    g->prefilled = true;
     return CLLM_OK;
 }
 
-cllm_status cllm_generate_prefill_external(cllm_generation *g, const int32_t *ids, size_t n, int capacity) {
-    if (g->prefilled || g->finish)
-        return CLLM_FAIL(CLLM_ERR_ARG, "the sequence already has its prompt; use a new object for a new prompt");
-    if (!ids || n == 0)
-        return CLLM_FAIL(CLLM_ERR_ARG, "the prompt is empty; start it with the BOS token (at least one token is "
-                                       "needed to predict the next)");
-    if (cllm_model_check_ids(g->m, ids, NULL, n)) return cllm_fail_context(CLLM_ERR_ARG, "prompt");
-    if (capacity < 1 || n > (size_t)capacity)
-        return CLLM_FAIL(CLLM_ERR_ARG, "the prompt has %zu tokens; the cache holds %d positions for it", n, capacity);
-    g->hist_cap = (size_t)capacity + 1;
+/* Back to the state before the prompt. */
+static void prompt_undo(cllm_generation *g) {
+    cllm_kv_cache_free(g->kv);
+    cllm_text_stream_free(g->ts);
+    free(g->hist);
+    free(g->logits);
+    g->kv = NULL;
+    g->ts = NULL;
+    g->hist = NULL;
+    g->logits = NULL;
+    g->len = g->released = 0;
+    g->text[0] = 0;
+    g->stats.prefill_seconds = 0;
+}
+
+/* History, logits, text stream and the prompt's text for a sequence of
+ * `cap` positions. */
+static cllm_status prompt_setup(cllm_generation *g, const int32_t *ids, size_t n, int cap) {
+    g->hist_cap = (size_t)cap + 1; /* n + generated, and generated <= cap - n + 1 */
     g->hist = malloc(g->hist_cap * sizeof *g->hist);
     g->logits = malloc((size_t)g->V * sizeof *g->logits);
     cllm_status st = g->hist && g->logits ? CLLM_OK : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
@@ -295,20 +257,54 @@ cllm_status cllm_generate_prefill_external(cllm_generation *g, const int32_t *id
         free(t);
         g->released = g->len;
     }
-    if (st) {
-        cllm_text_stream_free(g->ts);
-        free(g->hist);
-        free(g->logits);
-        g->ts = NULL;
-        g->hist = NULL;
-        g->logits = NULL;
-        g->len = g->released = 0;
-        g->text[0] = 0;
-        return st;
-    }
+    return st;
+}
+
+static void prompt_done(cllm_generation *g, const int32_t *ids, size_t n) {
     memcpy(g->hist, ids, n * sizeof *ids);
     g->n_hist = g->n_prompt = g->stats.n_prompt = n;
-    g->prefilled = g->external = true;
+    g->prefilled = true;
+}
+
+cllm_status cllm_generate_prefill(cllm_generation *g, const int32_t *ids, size_t n) {
+    const cllm_model_config *c = cllm_model_get_config(g->m);
+    cllm_status st = prompt_check(g, ids, n);
+    if (st) return st;
+    if (c->n_ctx > 0 && n > (size_t)c->n_ctx)
+        return CLLM_FAIL(CLLM_ERR_ARG, "the prompt has %zu tokens; the model handles at most %d positions", n,
+                         c->n_ctx);
+    if (n > (size_t)1 << 30) return CLLM_FAIL(CLLM_ERR_ARG, "the prompt has %zu tokens; at most 2^30 are handled", n);
+    /* Positions: the prompt, then one per generated token but the last. */
+    long long want = (long long)n + (g->max_new > 0 ? g->max_new - 1 : 0);
+    int cap = want > (1 << 30) ? 1 << 30 : (int)want;
+    if (c->n_ctx > 0 && cap > c->n_ctx) cap = c->n_ctx;
+
+    st = cllm_kv_cache_init(&g->kv, g->m, 1, cap, (int)n);
+    if (!st) st = prompt_setup(g, ids, n, cap);
+    if (!st) {
+        double t0 = cllm_time_sec();
+        st = cllm_kv_cache_forward(g->kv, ids, (int)n, g->logits);
+        g->stats.prefill_seconds = cllm_time_sec() - t0;
+    }
+    if (st) {
+        prompt_undo(g);
+        return st;
+    }
+    prompt_done(g, ids, n);
+    return CLLM_OK;
+}
+
+cllm_status cllm_generate_prefill_external(cllm_generation *g, const int32_t *ids, size_t n, int capacity) {
+    cllm_status st = prompt_check(g, ids, n);
+    if (st) return st;
+    if (capacity < 1 || n > (size_t)capacity)
+        return CLLM_FAIL(CLLM_ERR_ARG, "the prompt has %zu tokens; the cache holds %d positions for it", n, capacity);
+    if ((st = prompt_setup(g, ids, n, capacity))) {
+        prompt_undo(g);
+        return st;
+    }
+    prompt_done(g, ids, n);
+    g->external = true;
     g->ext_cap = capacity;
     return CLLM_OK;
 }
