@@ -84,7 +84,8 @@ cllm_kv_cache_params cllm_kv_cache_params_default(void);
 /* Allocates a paged cache with everything it will use (pool, block tables,
  * scratch); forward calls do not allocate. Memory: 2 * n_layer * n_blocks *
  * block_size * n_kv_head * head_dim floats of pool plus about max_rows *
- * (4 C + 3 F + QKV) floats of scratch. `m` is borrowed: it must outlive the
+ * (4 C + 3 F + QKV) floats of scratch, and max_seqs * V floats of logits
+ * when max_seqs > 1. `m` is borrowed: it must outlive the
  * cache, and its parameters must not change while the cache holds keys
  * computed from them. A tensor-parallel part is CLLM_ERR_UNSUPPORTED.
  * Returns CLLM_OK, CLLM_ERR_ARG or CLLM_ERR_NOMEM; *out is NULL on failure. */

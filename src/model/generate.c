@@ -54,6 +54,7 @@ struct cllm_kv_cache {
     layer_acts a;             /* [N,...] scratch for one block (ln1 == ln2, mean/rstd shared) */
     float *emb;               /* [N,C] BLOOM's embedding before its LayerNorm */
     float *last, *lnf;        /* [n_seq,C] last rows, normed */
+    float *head_out;          /* [n_seq,V] logits of a call with idle sequences */
     float *lmean, *lrstd;     /* [n_seq] */
     float *rope_cos, *rope_sin; /* [S,HS/2] llama */
     float *alibi;             /* [NH] bloom */
@@ -82,6 +83,7 @@ static size_t assign(cllm_kv_cache *kv, float *base) {
     u = carve(&a->act, base, u, N * F);
     u = carve(&kv->last, base, u, (size_t)kv->n_seq * C);
     u = carve(&kv->lnf, base, u, (size_t)kv->n_seq * C);
+    u = carve(&kv->head_out, base, u, kv->n_seq > 1 ? (size_t)kv->n_seq * (size_t)c->vocab_size : 0);
     u = carve(&kv->lmean, base, u, (size_t)kv->n_seq);
     u = carve(&kv->lrstd, base, u, (size_t)kv->n_seq);
     size_t half = c->arch == CLLM_ARCH_LLAMA ? (size_t)kv->S * (c->head_dim / 2) : 0;
@@ -325,10 +327,13 @@ static cllm_status run_rows(cllm_kv_cache *kv, const int32_t *tokens, int n_call
                        model_param(m, m->gslot[G_LNF_B]), n_call);
     int head = m->gslot[G_HEAD] >= 0 ? m->gslot[G_HEAD] : m->gslot[G_WTE];
     const float *W = model_param(m, head);
+    /* one GEMM for every sequence of the call (the head weight is read
+     * once); with some sequences idle, their rows of `logits` stay as they
+     * were, so the rows go through the scratch and are placed after */
     if (n_call == kv->n_seq) return model_linear_forward(m, logits, kv->lnf, W, NULL, n_call, C, V, false);
+    TRY(model_linear_forward(m, kv->head_out, kv->lnf, W, NULL, n_call, C, V, false));
     for (int j = 0; j < n_call; j++)
-        TRY(model_linear_forward(m, logits + (size_t)kv->seq_of[j] * V, kv->lnf + (size_t)j * C, W, NULL, 1, C, V,
-                                 false));
+        memcpy(logits + (size_t)kv->seq_of[j] * V, kv->head_out + (size_t)j * V, (size_t)V * sizeof(float));
     return CLLM_OK;
 }
 
