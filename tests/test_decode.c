@@ -23,23 +23,11 @@
 #include <string.h>
 
 #include "check.h"
+#include "tiny_model.h"
 #include "cllm/generate.h"
 #include "cllm/model.h"
 #include "cllm/tokenizer.h"
 
-static cllm_model *make_model(cllm_arch arch, const char *extra_json, uint64_t seed) {
-    json_t *cfg = NULL;
-    cllm_model *m = NULL;
-    if (cllm_model_preset(&cfg, arch, "tiny")) return NULL;
-    json_error_t err;
-    json_t *extra = json_loads(extra_json, 0, &err);
-    if (!extra) fprintf(stderr, "bad test json %s: %s\n", extra_json, err.text);
-    if (extra) json_object_update(cfg, extra);
-    json_decref(extra);
-    if (cllm_model_init_random(&m, cfg, seed)) fprintf(stderr, "init: %s\n", cllm_last_error());
-    json_decref(cfg);
-    return m;
-}
 
 static void random_ids(int32_t *ids, int n, int V, uint64_t x) {
     for (int i = 0; i < n; i++) {
@@ -66,7 +54,7 @@ static double lse(const float *l, int V, double T, const unsigned char *keep) {
 static void check_reference(const char *name, cllm_arch arch, bool greedy, uint64_t seed) {
     enum { NP = 5, NEW = 12, TOPK = 5 };
     const double T = 0.7;
-    cllm_model *m = make_model(arch, "{\"initializer_range\": 0.3}", seed);
+    cllm_model *m = tiny_model(arch, "{\"initializer_range\": 0.3}", seed);
     CHECK(m != NULL, "%s: model", name);
     if (!m) return;
     int V = cllm_model_get_config(m)->vocab_size;
@@ -184,7 +172,7 @@ static int count_cb(const cllm_generate_event *ev, void *user) {
 static void test_stop_rules(void) {
     enum { N = 10 };
     const int32_t prompt[4] = {3, 1, 4, 1};
-    cllm_model *m = make_model(CLLM_ARCH_GPT2, "{\"initializer_range\": 0.3}", 5);
+    cllm_model *m = tiny_model(CLLM_ARCH_GPT2, "{\"initializer_range\": 0.3}", 5);
     CHECK(m != NULL, "model");
     if (!m) return;
     int32_t gen[N] = {0};
@@ -231,7 +219,7 @@ static void test_stop_rules(void) {
     /* EOS from a config.json list (same weights: same shapes and seed). */
     char extra[128];
     snprintf(extra, sizeof extra, "{\"initializer_range\": 0.3, \"eos_token_id\": [%d, %d]}", unused, gen[k]);
-    cllm_model *m2 = make_model(CLLM_ARCH_GPT2, extra, 5);
+    cllm_model *m2 = tiny_model(CLLM_ARCH_GPT2, extra, 5);
     CHECK(m2 && cllm_model_get_config(m2)->n_eos_token_ids == 2 && cllm_model_get_config(m2)->eos_token_id == unused,
           "config eos list parsed");
     p = cllm_generate_params_default();
@@ -295,7 +283,7 @@ done:
 /* The model's position limit (n_positions 16): a 10-token prompt leaves
  * room for 6 forwards, so 7 tokens; a 17-token prompt is refused. */
 static void test_context_limit(void) {
-    cllm_model *m = make_model(CLLM_ARCH_GPT2, "{\"n_positions\": 16}", 3);
+    cllm_model *m = tiny_model(CLLM_ARCH_GPT2, "{\"n_positions\": 16}", 3);
     CHECK(m != NULL, "model");
     if (!m) return;
     int32_t ids[17];
@@ -324,7 +312,7 @@ static void test_context_limit(void) {
 }
 
 static void test_errors(void) {
-    cllm_model *m = make_model(CLLM_ARCH_GPT2, "{}", 3);
+    cllm_model *m = tiny_model(CLLM_ARCH_GPT2, "{}", 3);
     CHECK(m != NULL, "model");
     if (!m) return;
     cllm_generation *g = (cllm_generation *)&g; /* init must reset it */
@@ -393,7 +381,7 @@ static cllm_model *chain_model(int V, const int32_t *chain, size_t n) {
              "{\"vocab_size\": %d, \"hidden_size\": %d, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
              "\"tie_word_embeddings\": false}",
              V, C);
-    cllm_model *m = make_model(CLLM_ARCH_LLAMA, extra, 1);
+    cllm_model *m = tiny_model(CLLM_ARCH_LLAMA, extra, 1);
     if (!m) return NULL;
     float *w = cllm_model_params(m);
     memset(w, 0, cllm_model_buffer_len(m) * sizeof(float));

@@ -16,21 +16,13 @@
 #include <string.h>
 
 #include "check.h"
+#include "tiny_model.h"
 #include "cllm/engine.h"
 #include "cllm/generate.h"
 #include "cllm/model.h"
 
 enum { NREQ = 7, MAXTOK = 64 };
 
-static cllm_model *make_model(cllm_arch arch, uint64_t seed) {
-    json_t *cfg = NULL;
-    cllm_model *m = NULL;
-    if (cllm_model_preset(&cfg, arch, "tiny")) return NULL;
-    json_object_set_new(cfg, "initializer_range", json_real(0.2));
-    if (cllm_model_init_random(&m, cfg, seed)) fprintf(stderr, "init: %s\n", cllm_last_error());
-    json_decref(cfg);
-    return m;
-}
 
 typedef struct {
     uint64_t id;
@@ -63,7 +55,7 @@ static int on_event(const cllm_engine_event *ev, void *user) {
 }
 
 static void check_engine(const char *name, cllm_arch arch) {
-    cllm_model *m = make_model(arch, 31);
+    cllm_model *m = tiny_model(arch, "{\"initializer_range\": 0.2}", 31);
     CHECK(m != NULL, "%s: model", name);
     if (!m) return;
     const int V = cllm_model_get_config(m)->vocab_size;

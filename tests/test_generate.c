@@ -14,22 +14,12 @@
 #include <string.h>
 
 #include "check.h"
+#include "tiny_model.h"
 #include "cllm/generate.h"
 #include "cllm/kernels.h"
 #include "cllm/model.h"
 #include "cllm/tokenizer.h"
 
-static cllm_model *make_model(cllm_arch arch, const char *extra_json, uint64_t seed) {
-    json_t *cfg = NULL;
-    cllm_model *m = NULL;
-    if (cllm_model_preset(&cfg, arch, "tiny")) return NULL;
-    json_t *extra = json_loads(extra_json, 0, NULL);
-    if (extra) json_object_update(cfg, extra);
-    json_decref(extra);
-    if (cllm_model_init_random(&m, cfg, seed)) fprintf(stderr, "init: %s\n", cllm_last_error());
-    json_decref(cfg);
-    return m;
-}
 
 /* max |a-b| / max |b| */
 static double max_rel(const float *a, const float *b, size_t n) {
@@ -46,7 +36,7 @@ static double max_rel(const float *a, const float *b, size_t n) {
  * token per call; after every call the cache's logits must match the full
  * forward over the same prefix. */
 static void check_cache(const char *name, cllm_arch arch, const char *extra, int B, int first, int prompt, int L) {
-    cllm_model *m = make_model(arch, extra, 11);
+    cllm_model *m = tiny_model(arch, extra, 11);
     CHECK(m != NULL, "%s: model", name);
     if (!m) return;
     int V = cllm_model_get_config(m)->vocab_size;
@@ -105,7 +95,7 @@ static void check_cache(const char *name, cllm_arch arch, const char *extra, int
  * sequence's own prefix, and the pool must account for every block. */
 static void check_ragged(const char *name, cllm_arch arch, const char *extra) {
     enum { NSEQ = 3, L = 16, BS = 4, CALLS = 6 };
-    cllm_model *m = make_model(arch, extra, 13);
+    cllm_model *m = tiny_model(arch, extra, 13);
     CHECK(m != NULL, "%s: model", name);
     if (!m) return;
     const int V = cllm_model_get_config(m)->vocab_size;
@@ -192,7 +182,7 @@ static void check_ragged(const char *name, cllm_arch arch, const char *extra) {
 }
 
 static void test_cache_errors(void) {
-    cllm_model *m = make_model(CLLM_ARCH_GPT2, "{\"n_positions\": 16}", 3);
+    cllm_model *m = tiny_model(CLLM_ARCH_GPT2, "{\"n_positions\": 16}", 3);
     CHECK(m != NULL, "gpt2 model");
     if (!m) return;
     cllm_kv_cache *kv = NULL;
@@ -218,7 +208,7 @@ static void test_cache_errors(void) {
     kv = NULL;
     /* BLOOM has no limit: a cache can be sized freely, and its own size is
      * the limit then. */
-    cllm_model *bl = make_model(CLLM_ARCH_BLOOM, "{}", 3);
+    cllm_model *bl = tiny_model(CLLM_ARCH_BLOOM, "{}", 3);
     CHECK(bl && cllm_kv_cache_init(&kv, bl, 2, 3, 0) == CLLM_OK, "bloom cache");
     if (kv) {
         CHECK(cllm_kv_cache_forward(kv, ids, 3, logits) == CLLM_OK, "bloom fill");

@@ -21,20 +21,12 @@
 #include <string.h>
 
 #include "check.h"
+#include "tiny_model.h"
 #include "cllm/model.h"
 #include "cllm/objective.h"
 
 enum { B = 3, T = 9 };
 
-static cllm_model *make_model(cllm_arch arch, uint64_t seed) {
-    json_t *cfg = NULL;
-    cllm_model *m = NULL;
-    if (cllm_model_preset(&cfg, arch, "tiny")) return NULL;
-    json_object_set_new(cfg, "initializer_range", json_real(0.2));
-    if (cllm_model_init_random(&m, cfg, seed)) fprintf(stderr, "init: %s\n", cllm_last_error());
-    json_decref(cfg);
-    return m;
-}
 
 /* ||a - b|| / ||b|| */
 static double rel_l2(const float *a, const float *b, size_t n) {
@@ -47,7 +39,7 @@ static double rel_l2(const float *a, const float *b, size_t n) {
 }
 
 static void check_family(const char *name, cllm_arch arch) {
-    cllm_model *m = make_model(arch, 21);
+    cllm_model *m = tiny_model(arch, "{\"initializer_range\": 0.2}", 21);
     CHECK(m != NULL, "%s: model", name);
     if (!m) return;
     const int V = cllm_model_get_config(m)->vocab_size, N = B * T;
