@@ -157,6 +157,24 @@ static void check_engine(const char *name, cllm_arch arch) {
         int ne = -1;
         CHECK(cllm_engine_step(e, on_event, &rs, &ne) == CLLM_OK && ne == 0, "%s: idle step", name);
     }
+    /* a pool smaller than one request's reservation, and a token budget
+     * below the slot count, are refused with messages */
+    if (e) {
+        cllm_engine *small = NULL;
+        cllm_engine_params sp = {.max_seqs = 2, .max_pos = 32, .block_size = 8, .n_blocks = 2, .max_batch_tokens = 8};
+        CHECK(cllm_engine_init(&small, m, NULL, &sp) == CLLM_OK, "%s: small engine: %s", name, cllm_last_error());
+        uint64_t id = 7;
+        int32_t p20[20] = {0};
+        CHECK(small && cllm_engine_submit(small, p20, 20, &gp[0], &id) == CLLM_ERR_ARG && id == 0 &&
+                  strstr(cllm_last_error(), "needs 4 cache blocks") /* 20 + 6 - 1 positions */ && strstr(cllm_last_error(), "the pool has 2"),
+              "%s: request larger than the pool: %s", name, cllm_last_error());
+        cllm_engine_free(small);
+        small = NULL;
+        sp.max_batch_tokens = 1;
+        CHECK(cllm_engine_init(&small, m, NULL, &sp) == CLLM_ERR_ARG && !small &&
+                  strstr(cllm_last_error(), "max_batch_tokens 1 is below max_seqs 2"),
+              "%s: token budget below the slots: %s", name, cllm_last_error());
+    }
     printf("%-6s %d requests in %d steps, %llu rows\n", name, NREQ, steps, (unsigned long long)s.forward_rows);
     cllm_engine_free(e);
     cllm_engine_free(NULL);

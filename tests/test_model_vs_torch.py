@@ -408,6 +408,11 @@ def test_errors(cllm, tmp):
     for cmd in ("grad", "train", "init"):
         r = run([cllm, cmd, "--no-such-flag", "1"])
         check("unknown flag: cllm %s exits 2" % cmd, r.returncode == 2, describe(r))
+    # A misspelt CLLM_MAX_ISA is a usage error naming it, not silently ignored
+    r = subprocess.run([cllm, "init", "--arch", "gpt2", "--out", os.path.join(tmp, "init-isa")], capture_output=True,
+                       text=True, env=dict(os.environ, CLLM_MAX_ISA="avx3"))
+    check("CLLM_MAX_ISA=avx3 exits 2 naming the variable",
+          r.returncode == 2 and "CLLM_MAX_ISA='avx3'" in r.stderr and "portable, avx2" in r.stderr, describe(r))
     # A --set key the family does not have (gpt2's n_layer on llama) is a
     # usage error naming it, not a silently ignored key; a valid one works.
     r = run([cllm, "init", "--arch", "llama", "--set", "n_layer=4", "--out", os.path.join(tmp, "init-bad-set")])
