@@ -18,6 +18,9 @@
 #                        by token with a plain-PyTorch reference of each family
 #   generate_cli         the cllm generate command: streamed UTF-8 text, EOS,
 #                        context limit, error paths and exit codes
+#   generate_sampling_cli  cllm generate --top-n / --frequency-penalty /
+#                        --presence-penalty / --logit-bias / --typical-p against a
+#                        float64 PyTorch forward of the same weights; usage errors
 #   generate_stop_cli    cllm generate --stop: output cut before the first stop
 #                        string of the same run's text, usage errors
 cllm_add_c_test(test_generate LABELS generate ARGS ${CLLM_FIXTURES}/hf)
@@ -26,6 +29,7 @@ cllm_add_c_test(test_sampler LABELS generate)
 cllm_add_py_test(sampler_torch ref/sampler_ref.py LABELS generate)
 cllm_add_py_test(generate_torch ref/generate_ref.py LABELS generate)
 cllm_add_py_test(generate_cli generate_cli.py LABELS generate cli ARGS --fixtures ${CLLM_FIXTURES}/hf)
+cllm_add_py_test(generate_sampling_cli generate_sampling_cli.py LABELS generate cli)
 cllm_add_py_test(generate_stop_cli generate_stop_cli.py LABELS generate cli ARGS --fixtures ${CLLM_FIXTURES}/hf)
 # Many tiny parallel regions: with spinning waits, a loaded machine turns
 # each barrier into a scheduler time slice.
