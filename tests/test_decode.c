@@ -5,6 +5,10 @@
  *     log_softmax of those logits (gpt2, llama, bloom);
  *   - sampled tokens (temperature + top-k) have log-probabilities equal to a
  *     log_softmax over the kept tokens computed here;
+ *   - with logit bias and OpenAI frequency/presence penalties, the same
+ *     against a distribution computed here that counts only the generated
+ *     tokens; the top_n alternatives of each step against a float64
+ *     log_softmax sorted here;
  *   - stop rules: EOS ids (a caller's list and a config list), ignore_eos,
  *     max_new_tokens (0 included), the model's position limit, cancelling
  *     from the callback and with cllm_generate_cancel;
@@ -144,6 +148,117 @@ done:
     free(logits);
     free(keep);
     cllm_sampler_free(ref_s);
+    cllm_kv_cache_free(kv);
+    cllm_generate_free(g);
+    cllm_model_free(m);
+}
+
+/* The OpenAI processors in the loop: logit bias, frequency and presence
+ * penalties counted over the generated tokens only (not the prompt), with
+ * temperature; and top_n alternatives of the raw distribution. Each step's
+ * log-probability is checked against a float64 distribution computed here
+ * from the plain cache loop's logits, and the alternatives against a
+ * float64 log_softmax sorted here. */
+static void check_openai_params(const char *name, cllm_arch arch, uint64_t seed) {
+    enum { NP = 6, NEW = 14, TOPN = 7 };
+    const double T = 0.9, F = 0.8, PR = 1.5;
+    cllm_model *m = tiny_model(arch, "{\"initializer_range\": 0.3}", seed);
+    CHECK(m != NULL, "%s: model", name);
+    if (!m) return;
+    int V = cllm_model_get_config(m)->vocab_size;
+    int32_t prompt[NP], hist[NP + NEW];
+    random_ids(prompt, NP, V, 91);
+    memcpy(hist, prompt, sizeof prompt);
+    int32_t bias_ids[3] = {prompt[0], (prompt[1] + 1) % V, (prompt[2] + 7) % V};
+    float bias_vals[3] = {4.0f, -100.0f, 2.5f};
+    cllm_generate_params p = cllm_generate_params_default();
+    p.max_new_tokens = NEW;
+    p.ignore_eos = true;
+    p.seed = 5;
+    p.top_n = TOPN;
+    p.sample.temperature = (float)T;
+    p.sample.frequency_penalty = (float)F;
+    p.sample.presence_penalty = (float)PR;
+    p.sample.bias_ids = bias_ids;
+    p.sample.bias_values = bias_vals;
+    p.sample.n_bias = 3;
+    cllm_generation *g = NULL;
+    cllm_kv_cache *kv = NULL;
+    float *logits = malloc(sizeof(float) * V);
+    double *l = malloc(sizeof(double) * V), *lall = malloc(sizeof(double) * V);
+    int *cnt = calloc((size_t)V, sizeof *cnt), *cnt_all = calloc((size_t)V, sizeof *cnt_all);
+    int *order = malloc(sizeof(int) * V);
+    CHECK(cllm_generate_init(&g, m, NULL, &p) == CLLM_OK, "%s: init: %s", name, cllm_last_error());
+    bias_ids[0] = -1; /* copied by init */
+    CHECK(cllm_kv_cache_init(&kv, m, 1, 0, 0) == CLLM_OK, "%s: cache", name);
+    if (!g || !kv || !logits || !l || !lall || !cnt || !cnt_all || !order) goto done;
+    CHECK(cllm_generate_prefill(g, prompt, NP) == CLLM_OK, "%s: prefill: %s", name, cllm_last_error());
+    CHECK(cllm_kv_cache_forward(kv, prompt, NP, logits) == CLLM_OK, "%s: reference prefill", name);
+    for (int i = 0; i < NP; i++) cnt_all[prompt[i]]++;
+    double worst_lp = 0, worst_top = 0, prompt_effect = 0;
+    for (int i = 0; i < NEW; i++) {
+        cllm_generate_event ev;
+        cllm_status st = cllm_generate_step(g, &ev);
+        CHECK(st == CLLM_OK, "%s: step %d: %s", name, i, cllm_last_error());
+        if (st || ev.token < 0 || ev.token >= V) break;
+        int32_t tok = ev.token;
+        CHECK(tok != bias_ids[1], "%s: step %d drew the token biased by -100", name, i);
+        /* the distribution from the definitions: bias, then l -= c f + (c > 0) p, then / T */
+        for (int v = 0; v < V; v++) l[v] = logits[v];
+        l[prompt[0]] += 4.0;
+        l[bias_ids[1]] -= 100.0;
+        l[bias_ids[2]] += 2.5;
+        for (int v = 0; v < V; v++) {
+            lall[v] = (l[v] - cnt_all[v] * F - (cnt_all[v] > 0) * PR) / T; /* if the prompt counted */
+            l[v] = (l[v] - cnt[v] * F - (cnt[v] > 0) * PR) / T;
+        }
+        double mx = -INFINITY, sum = 0, mxa = -INFINITY, suma = 0;
+        for (int v = 0; v < V; v++) mx = fmax(mx, l[v]), mxa = fmax(mxa, lall[v]);
+        for (int v = 0; v < V; v++) sum += exp(l[v] - mx), suma += exp(lall[v] - mxa);
+        double lp = l[tok] - mx - log(sum), lpa = lall[tok] - mxa - log(suma);
+        worst_lp = fmax(worst_lp, fabs(ev.logprob - lp));
+        prompt_effect = fmax(prompt_effect, fabs(lp - lpa));
+        /* top-n: float64 log_softmax of the raw logits, sorted here */
+        CHECK(ev.n_top == TOPN && ev.top_ids && ev.top_logprobs, "%s: step %d: n_top %d", name, i, ev.n_top);
+        if (ev.n_top == TOPN && ev.top_ids && ev.top_logprobs) {
+            double rmx = -INFINITY, rs = 0;
+            for (int v = 0; v < V; v++) rmx = fmax(rmx, logits[v]);
+            for (int v = 0; v < V; v++) rs += exp(logits[v] - rmx);
+            for (int v = 0; v < V; v++) order[v] = v;
+            for (int a = 0; a < TOPN; a++)
+                for (int b = a + 1; b < V; b++)
+                    if (logits[order[b]] > logits[order[a]] ||
+                        (logits[order[b]] == logits[order[a]] && order[b] < order[a])) {
+                        int t = order[a];
+                        order[a] = order[b];
+                        order[b] = t;
+                    }
+            for (int k = 0; k < TOPN; k++) {
+                CHECK(ev.top_ids[k] == order[k], "%s: step %d: top %d is %d, expected %d", name, i, k, ev.top_ids[k],
+                      order[k]);
+                worst_top = fmax(worst_top, fabs(ev.top_logprobs[k] - (logits[order[k]] - rmx - log(rs))));
+                if (ev.top_ids[k] == tok)
+                    CHECK(ev.top_logprobs[k] == ev.raw_logprob, "%s: step %d: the drawn token's two raw log-probs",
+                          name, i);
+            }
+        }
+        hist[NP + i] = tok;
+        cnt[tok]++;
+        cnt_all[tok]++;
+        if (i < NEW - 1) cllm_kv_cache_forward(kv, &tok, 1, logits);
+    }
+    CHECK(worst_lp < 1e-4, "%s: sampling log-prob differs by %g", name, worst_lp);
+    CHECK(worst_top < 1e-5, "%s: top-n log-probs differ by %g", name, worst_top);
+    CHECK(prompt_effect > 1e-2, "%s: test setup: counting the prompt should change the log-probs (%g)", name,
+          prompt_effect);
+    printf("%-22s openai: sampling log-prob error %.2e, top-%d error %.2e\n", name, worst_lp, (int)TOPN, worst_top);
+done:
+    free(logits);
+    free(l);
+    free(lall);
+    free(cnt);
+    free(cnt_all);
+    free(order);
     cllm_kv_cache_free(kv);
     cllm_generate_free(g);
     cllm_model_free(m);
@@ -337,6 +452,25 @@ static void test_errors(void) {
           "eos id outside the vocabulary: %s", cllm_last_error());
     p.eos_ids = NULL;
     CHECK(cllm_generate_init(&g, m, NULL, &p) == CLLM_ERR_ARG, "n_eos with a NULL list");
+    const int bad_top[2] = {-1, CLLM_MAX_TOP_N + 1};
+    for (int i = 0; i < 2; i++) {
+        p = cllm_generate_params_default();
+        p.top_n = bad_top[i];
+        CHECK(cllm_generate_init(&g, m, NULL, &p) == CLLM_ERR_ARG && !g && strstr(cllm_last_error(), "top_n"),
+              "top_n %d: %s", bad_top[i], cllm_last_error());
+    }
+    p = cllm_generate_params_default();
+    p.sample.typical_p = 2.0f;
+    CHECK(cllm_generate_init(&g, m, NULL, &p) == CLLM_ERR_ARG && !g && strstr(cllm_last_error(), "typical_p"),
+          "typical_p 2: %s", cllm_last_error());
+    p = cllm_generate_params_default();
+    int32_t bias_bad[1] = {512};
+    float bias_v[1] = {1.0f};
+    p.sample.bias_ids = bias_bad;
+    p.sample.bias_values = bias_v;
+    p.sample.n_bias = 1;
+    CHECK(cllm_generate_init(&g, m, NULL, &p) == CLLM_ERR_ARG && !g && strstr(cllm_last_error(), "512"),
+          "logit bias id outside the vocabulary: %s", cllm_last_error());
     p = cllm_generate_params_default();
     CHECK(cllm_generate_init(&g, m, NULL, &p) == CLLM_OK, "init");
     if (g) {
@@ -652,6 +786,8 @@ int main(int argc, char **argv) {
     check_reference("bloom", CLLM_ARCH_BLOOM, true, 22);
     check_reference("gpt2", CLLM_ARCH_GPT2, false, 21);
     check_reference("llama GQA", CLLM_ARCH_LLAMA, false, 21);
+    check_openai_params("gpt2", CLLM_ARCH_GPT2, 23);
+    check_openai_params("bloom", CLLM_ARCH_BLOOM, 24);
     test_stop_rules();
     test_context_limit();
     test_errors();

@@ -7,7 +7,9 @@
  * request's tokens and log-probabilities must equal those of
  * cllm_generate_run on the same prompt and parameters; a request cancelled
  * from the callback stops where it was cancelled; every block returns to
- * the pool; bad requests are refused with a message.
+ * the pool; bad requests are refused with a message. One request asks for
+ * top-n alternatives with OpenAI penalties and a logit bias: its events
+ * carry the same alternatives as when it runs alone.
  */
 #include <jansson.h>
 #include <math.h>
@@ -29,6 +31,8 @@ typedef struct {
     int32_t tok[MAXTOK];
     float lp[MAXTOK];
     int n;
+    int ntop[MAXTOK];       /* n_top of each event */
+    int32_t top[MAXTOK][4]; /* the first 4 alternatives */
     cllm_finish_reason finish;
     int cancel_after; /* cancel from the callback after this many tokens (0: never) */
 } result;
@@ -44,6 +48,8 @@ static int on_event(const cllm_engine_event *ev, void *user) {
         result *r = &rs->r[i];
         if (r->id != ev->id) continue;
         if (ev->ev.token >= 0 && r->n < MAXTOK) {
+            r->ntop[r->n] = ev->ev.n_top;
+            for (int k = 0; k < ev->ev.n_top && k < 4; k++) r->top[r->n][k] = ev->ev.top_ids[k];
             r->tok[r->n] = ev->ev.token;
             r->lp[r->n++] = ev->ev.logprob;
         }
@@ -62,6 +68,8 @@ static void check_engine(const char *name, cllm_arch arch) {
     const int plen[NREQ] = {3, 11, 1, 20, 6, 9, 2}, max_new[NREQ] = {6, 3, 9, 5, 0, 8, 7};
     int32_t prompt[NREQ][32];
     cllm_generate_params gp[NREQ];
+    int32_t bias_id[1];
+    const float bias_val[1] = {3.0f};
     uint64_t x = 5;
     for (int i = 0; i < NREQ; i++) {
         for (int t = 0; t < plen[i]; t++) {
@@ -79,6 +87,14 @@ static void check_engine(const char *name, cllm_arch arch) {
             gp[i].sample.greedy = true;
         }
     }
+    /* one request with top-n alternatives, OpenAI penalties and a logit bias */
+    bias_id[0] = prompt[3][0];
+    gp[3].top_n = 4;
+    gp[3].sample.frequency_penalty = 0.5f;
+    gp[3].sample.presence_penalty = 0.3f;
+    gp[3].sample.bias_ids = bias_id;
+    gp[3].sample.bias_values = bias_val;
+    gp[3].sample.n_bias = 1;
     /* each request alone */
     result want[NREQ];
     memset(want, 0, sizeof want);
@@ -91,6 +107,8 @@ static void check_engine(const char *name, cllm_arch arch) {
             cllm_generate_event ev;
             if (!g || cllm_generate_step(g, &ev) != CLLM_OK) break;
             if (ev.token >= 0) {
+                want[i].ntop[want[i].n] = ev.n_top;
+                for (int k = 0; k < ev.n_top && k < 4; k++) want[i].top[want[i].n][k] = ev.top_ids[k];
                 want[i].tok[want[i].n] = ev.token;
                 want[i].lp[want[i].n++] = ev.logprob;
             }
@@ -129,8 +147,12 @@ static void check_engine(const char *name, cllm_arch arch) {
     for (int i = 0; i < NREQ; i++) {
         int n = i == 5 ? 3 : want[i].n;
         bool same = got[i].n == n;
-        for (int t = 0; same && t < n; t++)
+        for (int t = 0; same && t < n; t++) {
             same = got[i].tok[t] == want[i].tok[t] && fabsf(got[i].lp[t] - want[i].lp[t]) <= 1e-4f;
+            CHECK(got[i].ntop[t] == (i == 3 ? 4 : 0), "%s: request %d token %d: %d alternatives", name, i, t,
+                  got[i].ntop[t]);
+            for (int k = 0; k < got[i].ntop[t] && k < 4; k++) same &= got[i].top[t][k] == want[i].top[t][k];
+        }
         CHECK(same, "%s: request %d (%s, prompt %d): %d tokens batched, %d alone, or different ids/log-probs", name, i,
               i % 2 ? "sampled" : "greedy", plen[i], got[i].n, n);
         if (i != 5) CHECK(got[i].finish == want[i].finish, "%s: request %d finish %d, alone %d", name, i, got[i].finish,

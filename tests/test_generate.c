@@ -407,7 +407,8 @@ static void test_sampler_draws(void) {
     for (int i = 0; i < V; i++) p[i] /= cum;
     CHECK(keep == 3, "test setup: top-p should keep 3 tokens, keeps %d", keep);
 
-    cllm_sample_params sp = {false, 0.7f, 4, 0.8f, 1.0f};
+    cllm_sample_params sp = {.greedy = false, .temperature = 0.7f, .top_k = 4, .top_p = 0.8f,
+                             .repetition_penalty = 1.0f};
     cllm_sampler *s = NULL, *s2 = NULL, *s3 = NULL;
     CHECK(cllm_sampler_init(&s, V, sp, 42) == CLLM_OK, "init");
     CHECK(cllm_sampler_init(&s2, V, sp, 42) == CLLM_OK, "init");
@@ -452,10 +453,12 @@ static void test_sampler_draws(void) {
     cllm_sampler_free(s);
     cllm_sampler_free(NULL);
 
+#define SP(t, k, p, r) {.greedy = false, .temperature = t, .top_k = k, .top_p = p, .repetition_penalty = r}
     const cllm_sample_params invalid[] = {
-        {false, -1.0f, 0, 1.0f, 1.0f}, {false, 1.0f, -2, 1.0f, 1.0f}, {false, 1.0f, 0, 0.0f, 1.0f},
-        {false, 1.0f, 0, 1.5f, 1.0f},  {false, 1.0f, 0, 1.0f, 0.0f},  {false, NAN, 0, 1.0f, 1.0f},
+        SP(-1.0f, 0, 1.0f, 1.0f), SP(1.0f, -2, 1.0f, 1.0f), SP(1.0f, 0, 0.0f, 1.0f),
+        SP(1.0f, 0, 1.5f, 1.0f),  SP(1.0f, 0, 1.0f, 0.0f),  SP(NAN, 0, 1.0f, 1.0f),
     };
+#undef SP
     for (size_t i = 0; i < sizeof invalid / sizeof invalid[0]; i++) {
         s = NULL;
         CHECK(cllm_sampler_init(&s, V, invalid[i], 1) == CLLM_ERR_ARG && !s, "invalid params %zu accepted", i);

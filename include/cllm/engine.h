@@ -53,8 +53,9 @@ typedef struct {
 
 /* One step's news about one request: the event of its sequence
  * (cllm_generate_event: the token drawn with its log-probabilities, the
- * text that became final, the finish reason on the last one). Borrowed:
- * valid during the callback only. */
+ * request's top_n alternatives, the text that became final, the finish
+ * reason on the last one). Borrowed, the alternatives and the text
+ * included: valid during the callback only. */
 typedef struct {
     uint64_t id;
     cllm_generate_event ev;

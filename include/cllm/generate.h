@@ -17,8 +17,10 @@
  *                   absolute positions with grouped-query heads, BLOOM
  *                   ALiBi.
  *   cllm_sampler    turns logits into a token: greedy, temperature, top-k,
- *                   top-p and repetition penalty with HF semantics, from a
- *                   seeded cllm_rng so runs are reproducible.
+ *                   top-p, typical-p and repetition penalty with HF
+ *                   semantics, OpenAI's frequency/presence penalties and
+ *                   logit bias, from a seeded cllm_rng so runs are
+ *                   reproducible.
  *   cllm_text_stream  decodes tokens one at a time into UTF-8 text that can
  *                   be printed immediately, holding back the bytes of a
  *                   character split across tokens until it is complete.
@@ -144,9 +146,13 @@ cllm_status cllm_kv_cache_seq_rewind(cllm_kv_cache *kv, int seq, int pos);
 
 /* ------------------------------------------------------------- sampling */
 
-/* How a token is chosen from logits. The processors run in HF's order:
- * repetition penalty, then (unless greedy) temperature, top-k, top-p.
- *   greedy              argmax of the penalised logits (lowest id on ties);
+/* How a token is chosen from logits. The processors run in the order HF
+ * generate() and TGI apply them: first the logits processors (also when
+ * greedy) logit bias, repetition penalty, frequency and presence penalties;
+ * then, unless greedy, the warpers temperature, top-k, top-p, typical-p.
+ * The fields after repetition_penalty are off when zero, so a struct
+ * zero-initialised past the first five fields keeps their behaviour.
+ *   greedy              argmax of the processed logits (lowest id on ties);
  *                       also selected by temperature == 0
  *   temperature         > 0: logits are divided by it (1 = unchanged)
  *   top_k               > 0: keep the k largest logits (ties with the k-th
@@ -154,49 +160,109 @@ cllm_status cllm_kv_cache_seq_rewind(cllm_kv_cache *kv, int seq, int pos);
  *   top_p               in (0, 1]: keep the smallest set of most probable
  *                       tokens whose probability sums to >= top_p (always at
  *                       least one); 1 = off
- *   repetition_penalty  > 0: each distinct token of the history has its logit
- *                       divided by the penalty if positive, multiplied if
- *                       negative (CTRL / HF); 1 = off */
+ *   repetition_penalty  > 0: each distinct token of the history (prompt and
+ *                       generated) has its logit divided by the penalty if
+ *                       positive, multiplied if negative (CTRL / HF); 1 = off
+ *   typical_p           in [0, 1]: locally typical sampling (Meister et al.,
+ *                       HF TypicalLogitsWarper) on the distribution left by
+ *                       the earlier warpers: with entropy H, tokens sorted
+ *                       by |-ln p - H| (ascending, lower id first on ties)
+ *                       are kept up to and including the first whose
+ *                       cumulative probability reaches typical_p, plus any
+ *                       token with the same |-ln p - H| as that one (at
+ *                       least one token); 0 or 1 = off
+ *   frequency_penalty   in [-2, 2]: OpenAI's definition,
+ *   presence_penalty    in [-2, 2]:  l[t] -= c[t] * frequency_penalty
+ *                                        + (c[t] > 0) * presence_penalty
+ *                       where c[t] counts t among the GENERATED tokens only
+ *                       (the history after its first n_prompt tokens; see
+ *                       cllm_sampler_sample_ex). TGI's frequency_penalty
+ *                       differs (counts over prompt and output divided by
+ *                       their length); a server offering TGI's semantics
+ *                       converts. 0 = off
+ *   bias_ids, bias_values, n_bias
+ *                       OpenAI logit_bias: bias_values[i] in [-100, 100] is
+ *                       added to the logit of bias_ids[i] (in [0, V), each
+ *                       id at most once) before every other processor;
+ *                       -100 in effect bans a token, 100 all but forces it.
+ *                       Copied by cllm_sampler_init; n_bias 0 = off */
 typedef struct {
     bool greedy;
     float temperature;
     int top_k;
     float top_p;
     float repetition_penalty;
+    float typical_p;
+    float frequency_penalty;
+    float presence_penalty;
+    const int32_t *bias_ids;
+    const float *bias_values;
+    size_t n_bias;
 } cllm_sample_params;
 
-/* Plain sampling from the softmax: temperature 1, no top-k/top-p/penalty. */
+/* Largest |frequency_penalty| and |presence_penalty|, and |bias value|. */
+#define CLLM_MAX_PENALTY 2.0f
+#define CLLM_MAX_LOGIT_BIAS 100.0f
+
+/* Plain sampling from the softmax: temperature 1, every other processor
+ * off. */
 cllm_sample_params cllm_sample_params_default(void);
 
 typedef struct cllm_sampler cllm_sampler;
 
 /* Allocates a sampler for a vocabulary of V tokens (scratch of a few
- * floats per token) with its own RNG seeded with `seed`. Out-of-range
- * parameters are CLLM_ERR_ARG naming the parameter. */
+ * numbers per token) with its own RNG seeded with `seed`, and copies the
+ * logit bias. Out-of-range parameters (a bias id outside [0, V) or listed
+ * twice, a bias value outside [-100, 100], n_bias > 0 with a NULL list
+ * included) are CLLM_ERR_ARG naming the parameter. */
 cllm_status cllm_sampler_init(cllm_sampler **out, int V, cllm_sample_params p, uint64_t seed);
 void cllm_sampler_free(cllm_sampler *s); /* NULL is a no-op */
 
 /* Picks the next token from logits[V] given the tokens seen so far
- * (history[n_history], the prompt and everything generated; used by the
- * repetition penalty). logits are not modified. Draws one uniform number
- * from the sampler's RNG unless greedy. History ids outside [0, V) are
- * CLLM_ERR_ARG. */
+ * (history[n_history]: the prompt and everything generated). logits are
+ * not modified. Draws one uniform number from the sampler's RNG unless
+ * greedy. history[0 .. n_prompt) is the prompt and the rest the generated
+ * tokens: the repetition penalty looks at all of it, the frequency and
+ * presence penalties at the generated part only. n_prompt > n_history or
+ * history ids outside [0, V) are CLLM_ERR_ARG. On success *logprob (may be
+ * NULL) is the natural log of the drawn token's probability under the
+ * distribution it was drawn from (the one cllm_sampler_probs_ex returns; 0
+ * when greedy). */
+cllm_status cllm_sampler_sample_ex(cllm_sampler *s, int32_t *token, double *logprob, const float *logits,
+                                   const int32_t *history, size_t n_history, size_t n_prompt);
+
+/* cllm_sampler_sample_ex with n_prompt 0 (every history token counts as
+ * generated) and no logprob. */
 cllm_status cllm_sampler_sample(cllm_sampler *s, int32_t *token, const float *logits, const int32_t *history,
                                 size_t n_history);
 
-/* cllm_sampler_sample that also returns in *logprob the natural log of the
- * drawn token's probability under the distribution it was drawn from (the
- * one cllm_sampler_probs returns; 0 when greedy). Same draws as
+/* cllm_sampler_sample_ex with n_prompt 0. Same draws as
  * cllm_sampler_sample for the same seed. */
 cllm_status cllm_sampler_sample_logprob(cllm_sampler *s, int32_t *token, double *logprob, const float *logits,
                                         const int32_t *history, size_t n_history);
 
-/* The distribution cllm_sampler_sample draws from: probs[V] after every
+/* The distribution cllm_sampler_sample_ex draws from: probs[V] after every
  * processor (zero for removed tokens, summing to 1; greedy: one-hot).
  * Draws nothing from the RNG. For tests and for callers that sample
- * themselves. */
+ * themselves. Errors as cllm_sampler_sample_ex. */
+cllm_status cllm_sampler_probs_ex(cllm_sampler *s, float *probs, const float *logits, const int32_t *history,
+                                  size_t n_history, size_t n_prompt);
+
+/* cllm_sampler_probs_ex with n_prompt 0. */
 cllm_status cllm_sampler_probs(cllm_sampler *s, float *probs, const float *logits, const int32_t *history,
                                size_t n_history);
+
+/* Largest top_n of cllm_generate_params (OpenAI's top_logprobs bound;
+ * TGI's default cap on top_n_tokens is 5, a server's own limit). */
+#define CLLM_MAX_TOP_N 20
+
+/* The n most likely tokens of the raw distribution log_softmax(logits[V])
+ * (no processor applied): ids[n] highest first, ties by lower id, and
+ * their log-probabilities logprobs[n] (computed in double as
+ * l - max - ln(sum exp(l - max)), then rounded). 0 <= n <= V, else
+ * CLLM_ERR_ARG; logits that are not all finite are CLLM_ERR_ARG. Does not
+ * allocate; thread-safe. */
+cllm_status cllm_sampler_top_logprobs(int32_t *ids, float *logprobs, int n, const float *logits, int V);
 
 /* --------------------------------------------------- streaming decoding */
 
@@ -239,7 +305,8 @@ cllm_status cllm_text_stream_finish(cllm_text_stream *ts, const char **text, siz
  *
  * Each step returns the token, its log-probability under the distribution
  * it was sampled from and under the raw model (log_softmax of the
- * unmodified logits), the text that became final, and a finish reason on
+ * unmodified logits), optionally the top_n most likely tokens of the raw
+ * model with theirs, the text that became final, and a finish reason on
  * the step that ends the sequence. The token of that last step is part of
  * the sequence (an EOS included); nothing comes after it.
  *
@@ -296,6 +363,10 @@ typedef struct {
     bool include_prompt;       /* [false] cllm_generate_text starts with the
                                 * decoded prompt (TGI return_full_text); the
                                 * streamed pieces never contain it */
+    int top_n;                 /* [0] 0..CLLM_MAX_TOP_N: each event lists the
+                                * top_n most likely tokens of the raw
+                                * distribution (at most V); TGI top_n_tokens,
+                                * OpenAI top_logprobs */
 } cllm_generate_params;
 
 cllm_generate_params cllm_generate_params_default(void);
@@ -316,6 +387,13 @@ typedef struct {
                            * NUL-terminated; borrowed until the next call */
     size_t text_len;
     cllm_finish_reason finish; /* CLLM_FINISH_NONE while going on */
+    int n_top;            /* min(top_n, V) when a token was drawn, else 0 */
+    const int32_t *top_ids;   /* [n_top] the most likely tokens under the
+                               * raw distribution (log_softmax of the
+                               * unmodified logits, as raw_logprob), highest
+                               * first, ties by lower id; borrowed until the
+                               * next call on the object; NULL when n_top 0 */
+    const float *top_logprobs; /* [n_top] their raw log-probabilities */
 } cllm_generate_event;
 
 /* Counters of one sequence. */
@@ -334,7 +412,8 @@ typedef struct {
  * sampler and copies the parameters; the cache is allocated by prefill,
  * sized for the prompt plus max_new_tokens (at most the model's position
  * limit). Errors (CLLM_ERR_ARG naming the parameter; *out NULL):
- * max_new_tokens < 0, sampling parameters out of range, stop strings
+ * max_new_tokens < 0, sampling parameters out of range, top_n outside
+ * [0, CLLM_MAX_TOP_N], stop strings
  * without a tokenizer, an empty or NULL stop string, n_eos > 0 with a NULL
  * list, an EOS id outside the vocabulary. */
 cllm_status cllm_generate_init(cllm_generation **out, const cllm_model *m, const cllm_tokenizer *tok,

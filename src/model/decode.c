@@ -12,6 +12,10 @@
  * untouched (the cache does not advance, nothing was drawn), so the step
  * can be retried.
  *
+ * Top-n: with params.top_n > 0 each step lists the most likely tokens of
+ * the raw logits (cllm_sampler_top_logprobs, the same log_softmax as
+ * raw_logprob) in arrays the object owns, so the event borrows them.
+ *
  * Text: the text stream yields whole UTF-8 characters; they are appended to
  * `text`, of which bytes [0, released) have been handed out. With stop
  * strings, after each append the unreleased tail is searched for the
@@ -24,7 +28,7 @@
  * Left out: beam search, batching several sequences in one forward (each
  * generation owns a one-sequence cache; a batching engine drives
  * cllm_kv_cache_forward_ragged on a shared paged cache), stop token-id
- * lists other than EOS, logprobs of alternative tokens (top-n).
+ * lists other than EOS.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -36,6 +40,9 @@ struct cllm_generation {
     const cllm_model *m;
     const cllm_tokenizer *tok;
     int V, max_new;
+    int n_top;          /* min(top_n, V) */
+    int32_t top_ids[CLLM_MAX_TOP_N];
+    float top_lp[CLLM_MAX_TOP_N];
     bool ignore_eos, include_prompt;
     char **stop;        /* [n_stop] owned copies */
     size_t *stop_len;   /* [n_stop] */
@@ -137,12 +144,15 @@ cllm_status cllm_generate_init(cllm_generation **out, const cllm_model *m, const
     if (p->max_new_tokens < 0)
         return CLLM_FAIL(CLLM_ERR_ARG, "max_new_tokens is %d; it must be >= 0", p->max_new_tokens);
     if (p->n_eos && !p->eos_ids) return CLLM_FAIL(CLLM_ERR_ARG, "n_eos is %zu but eos_ids is NULL", p->n_eos);
+    if (p->top_n < 0 || p->top_n > CLLM_MAX_TOP_N)
+        return CLLM_FAIL(CLLM_ERR_ARG, "top_n is %d; it must be in [0, %d]", p->top_n, CLLM_MAX_TOP_N);
     cllm_generation *g = calloc(1, sizeof *g);
     if (!g) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     g->m = m;
     g->tok = tok;
     g->V = cllm_model_get_config(m)->vocab_size;
     g->max_new = p->max_new_tokens;
+    g->n_top = p->top_n < g->V ? p->top_n : g->V;
     g->ignore_eos = p->ignore_eos;
     g->include_prompt = p->include_prompt && tok;
     g->text = malloc(1);
@@ -347,14 +357,14 @@ static cllm_status step_check(const cllm_generation *g, bool external) {
 }
 
 cllm_status cllm_generate_step(cllm_generation *g, cllm_generate_event *ev) {
-    *ev = (cllm_generate_event){-1, 0.0f, 0.0f, "", 0, CLLM_FINISH_NONE};
+    *ev = (cllm_generate_event){.token = -1, .text = "", .finish = CLLM_FINISH_NONE};
     cllm_status st0 = step_check(g, false);
     if (st0) return st0;
     return step_core(g, ev, cllm_time_sec(), false);
 }
 
 cllm_status cllm_generate_step_logits(cllm_generation *g, const float *logits, cllm_generate_event *ev) {
-    *ev = (cllm_generate_event){-1, 0.0f, 0.0f, "", 0, CLLM_FINISH_NONE};
+    *ev = (cllm_generate_event){.token = -1, .text = "", .finish = CLLM_FINISH_NONE};
     cllm_status st0 = step_check(g, true);
     if (st0) return st0;
     if (!logits) return CLLM_FAIL(CLLM_ERR_ARG, "no logits");
@@ -393,11 +403,17 @@ static cllm_status step_core(cllm_generation *g, cllm_generate_event *ev, double
     }
     int32_t id;
     double lp;
-    st = cllm_sampler_sample_logprob(g->smp, &id, &lp, g->logits, g->hist, g->n_hist);
+    st = cllm_sampler_sample_ex(g->smp, &id, &lp, g->logits, g->hist, g->n_hist, g->n_prompt);
+    if (!st && g->n_top) st = cllm_sampler_top_logprobs(g->top_ids, g->top_lp, g->n_top, g->logits, g->V);
     if (st) goto out;
     ev->token = id;
     ev->logprob = (float)lp;
     ev->raw_logprob = (float)log_softmax_at(g->logits, g->V, id);
+    if (g->n_top) {
+        ev->n_top = g->n_top;
+        ev->top_ids = g->top_ids;
+        ev->top_logprobs = g->top_lp;
+    }
     g->hist[g->n_hist++] = id;
     g->stats.n_generated++;
     n_gen++;

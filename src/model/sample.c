@@ -1,22 +1,33 @@
 /*
  * Token sampling with HF generate() semantics.
  *
- * Order of the processors, as in transformers: repetition penalty (a logits
- * processor, applied in greedy mode too), then the warpers temperature,
- * top-k, top-p, then a softmax and one draw.
+ * Order of the processors, as in transformers and TGI: the logits
+ * processors (applied in greedy mode too) logit bias, repetition penalty,
+ * frequency/presence penalties; then the warpers temperature, top-k, top-p,
+ * typical-p; then a softmax and one draw.
+ *   bias:        l[id] += b for each (id, b) of the logit bias
  *   penalty:     for each distinct id in the history, l = l > 0 ? l / r : l * r
+ *   freq/pres:   for each distinct id among the generated tokens, counted c
+ *                times, l -= c * f + p (OpenAI)
  *   temperature: l = l / T
  *   top-k:       drop every logit strictly below the k-th largest
  *   top-p:       sort the survivors by probability (descending, lower id first
  *                on ties), keep the shortest prefix whose probabilities sum
  *                to >= p, and always the first token
+ *   typical-p:   H = -sum p ln p over the survivors; sort them by
+ *                |-ln p - H| (ascending, lower id first on ties), find the
+ *                first position whose cumulative probability reaches the
+ *                mass, keep every token whose score is <= that position's
+ *                (HF's TypicalLogitsWarper, ties included)
  *   draw:        u = uniform[0,1) * (sum of kept probabilities), walk the kept
  *                tokens in id order to the first cumulative sum > u
  * Sums are in double so the kept set and the draw do not depend on how many
  * tokens are in the vocabulary beyond rounding of each probability.
  *
- * Left out: min-p, typical and epsilon sampling, beam search, frequency and
- * presence penalties (OpenAI style), per-token logit biases.
+ * Also here: the top-n alternatives of the raw distribution
+ * (cllm_sampler_top_logprobs), by one pass with a small sorted list.
+ *
+ * Left out: min-p and epsilon sampling, beam search.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -36,13 +47,62 @@ struct cllm_sampler {
     float *work;      /* [V] processed logits */
     double *prob;     /* [V] probabilities; 0 = removed */
     int32_t *order;   /* [V] candidate ids */
-    cand *sorted;     /* [V] candidates by probability, for top-p */
+    cand *sorted;     /* [V] candidates by probability (top-p) or typicality */
     unsigned char *seen; /* [V] repetition-penalty marks, all zero between calls */
+    uint32_t *count;  /* [V] generated-token counts, all zero between calls */
+    int32_t *bias_ids; /* [n_bias] copied logit bias */
+    float *bias_values;
 };
 
 cllm_sample_params cllm_sample_params_default(void) {
     return (cllm_sample_params){.greedy = false, .temperature = 1.0f, .top_k = 0, .top_p = 1.0f,
-                                .repetition_penalty = 1.0f};
+                                .repetition_penalty = 1.0f, .typical_p = 0.0f};
+}
+
+/* The checks of the fields that follow repetition_penalty. */
+static cllm_status check_extra(const cllm_sample_params *p) {
+    if (!(p->typical_p >= 0.0f && p->typical_p <= 1.0f))
+        return CLLM_FAIL(CLLM_ERR_ARG, "typical_p %g must be in [0, 1] (0 or 1 = off)", (double)p->typical_p);
+    if (!(fabsf(p->frequency_penalty) <= CLLM_MAX_PENALTY))
+        return CLLM_FAIL(CLLM_ERR_ARG, "frequency_penalty %g must be in [-2, 2] (0 = off)",
+                         (double)p->frequency_penalty);
+    if (!(fabsf(p->presence_penalty) <= CLLM_MAX_PENALTY))
+        return CLLM_FAIL(CLLM_ERR_ARG, "presence_penalty %g must be in [-2, 2] (0 = off)",
+                         (double)p->presence_penalty);
+    if (p->n_bias && (!p->bias_ids || !p->bias_values))
+        return CLLM_FAIL(CLLM_ERR_ARG, "n_bias is %zu but bias_ids or bias_values is NULL", p->n_bias);
+    return CLLM_OK;
+}
+
+/* Copies the logit bias after checking each entry (seen[] is zero before
+ * and after). */
+static cllm_status copy_bias(cllm_sampler *s, const cllm_sample_params *p) {
+    if (!p->n_bias) return CLLM_OK;
+    s->bias_ids = malloc(p->n_bias * sizeof *s->bias_ids);
+    s->bias_values = malloc(p->n_bias * sizeof *s->bias_values);
+    if (!s->bias_ids || !s->bias_values) return CLLM_FAIL(CLLM_ERR_NOMEM, "logit bias: out of memory");
+    cllm_status st = CLLM_OK;
+    size_t i = 0;
+    for (; i < p->n_bias && !st; i++) {
+        int32_t id = p->bias_ids[i];
+        float v = p->bias_values[i];
+        if (id < 0 || id >= s->V)
+            st = CLLM_FAIL(CLLM_ERR_ARG, "logit bias: bias_ids[%zu] = %d is outside the vocabulary [0, %d)", i, id,
+                           s->V);
+        else if (!(fabsf(v) <= CLLM_MAX_LOGIT_BIAS))
+            st = CLLM_FAIL(CLLM_ERR_ARG, "logit bias: bias_values[%zu] = %g (token %d) must be in [-100, 100]", i,
+                           (double)v, id);
+        else if (s->seen[id])
+            st = CLLM_FAIL(CLLM_ERR_ARG, "logit bias: token %d is listed twice (bias_ids[%zu]); give each id once",
+                           id, i);
+        else
+            s->seen[id] = 1;
+        s->bias_ids[i] = id;
+        s->bias_values[i] = v;
+    }
+    for (size_t j = 0; j < i; j++)
+        if (s->bias_ids[j] >= 0 && s->bias_ids[j] < s->V) s->seen[s->bias_ids[j]] = 0;
+    return st;
 }
 
 cllm_status cllm_sampler_init(cllm_sampler **out, int V, cllm_sample_params p, uint64_t seed) {
@@ -55,6 +115,8 @@ cllm_status cllm_sampler_init(cllm_sampler **out, int V, cllm_sample_params p, u
         return CLLM_FAIL(CLLM_ERR_ARG, "top_p %g must be in (0, 1] (1 = off)", (double)p.top_p);
     if (!(p.repetition_penalty > 0.0f) || !isfinite(p.repetition_penalty))
         return CLLM_FAIL(CLLM_ERR_ARG, "repetition_penalty %g must be > 0 (1 = off)", (double)p.repetition_penalty);
+    cllm_status st = check_extra(&p);
+    if (st) return st;
     cllm_sampler *s = calloc(1, sizeof *s);
     if (!s) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     s->V = V;
@@ -66,10 +128,21 @@ cllm_status cllm_sampler_init(cllm_sampler **out, int V, cllm_sample_params p, u
     s->order = malloc((size_t)V * sizeof *s->order);
     s->sorted = malloc((size_t)V * sizeof *s->sorted);
     s->seen = calloc((size_t)V, 1);
-    if (!s->work || !s->prob || !s->order || !s->sorted || !s->seen) {
+    s->count = calloc((size_t)V, sizeof *s->count);
+    if (!s->work || !s->prob || !s->order || !s->sorted || !s->seen || !s->count) {
         cllm_sampler_free(s);
         return CLLM_FAIL(CLLM_ERR_NOMEM, "sampler for %d tokens: out of memory", V);
     }
+    s->p.bias_ids = NULL;
+    s->p.bias_values = NULL;
+    s->p.n_bias = 0;
+    if ((st = copy_bias(s, &p))) {
+        cllm_sampler_free(s);
+        return st;
+    }
+    s->p.bias_ids = s->bias_ids;
+    s->p.bias_values = s->bias_values;
+    s->p.n_bias = p.n_bias;
     *out = s;
     return CLLM_OK;
 }
@@ -81,6 +154,9 @@ void cllm_sampler_free(cllm_sampler *s) {
     free(s->order);
     free(s->sorted);
     free(s->seen);
+    free(s->count);
+    free(s->bias_ids);
+    free(s->bias_values);
     free(s);
 }
 
@@ -119,17 +195,18 @@ static float kth_largest(const float *x, int32_t *order, int n, int k) {
     return x[order[target]];
 }
 
-/* Fills s->prob with the final distribution (normalised to sum 1 over the
- * kept tokens). Returns the argmax id when greedy, else -1. */
-static cllm_status process(cllm_sampler *s, const float *logits, const int32_t *hist, size_t n_hist, int32_t *argmax) {
-    const int V = s->V;
+/* Ascending score (kept in cand.p), then ascending id. */
+static int by_score_asc(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    if (x->p != y->p) return x->p < y->p ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* The logits processors on w (in place): bias, repetition penalty over the
+ * whole history, frequency/presence penalties over hist[n_prompt ..). */
+static void apply_processors(cllm_sampler *s, float *w, const int32_t *hist, size_t n_hist, size_t n_prompt) {
     const cllm_sample_params *p = &s->p;
-    for (size_t i = 0; i < n_hist; i++)
-        if (hist[i] < 0 || hist[i] >= V)
-            return CLLM_FAIL(CLLM_ERR_ARG, "history id %d at position %zu is outside the vocabulary [0, %d)", hist[i],
-                             i, V);
-    float *w = s->work;
-    memcpy(w, logits, (size_t)V * sizeof *w);
+    for (size_t i = 0; i < p->n_bias; i++) w[p->bias_ids[i]] += p->bias_values[i];
     if (p->repetition_penalty != 1.0f) {
         const float r = p->repetition_penalty;
         for (size_t i = 0; i < n_hist; i++) {
@@ -140,6 +217,56 @@ static cllm_status process(cllm_sampler *s, const float *logits, const int32_t *
         }
         for (size_t i = 0; i < n_hist; i++) s->seen[hist[i]] = 0;
     }
+    if (p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f) {
+        for (size_t i = n_prompt; i < n_hist; i++) s->count[hist[i]]++;
+        for (size_t i = n_prompt; i < n_hist; i++) {
+            int32_t id = hist[i];
+            if (!s->count[id]) continue;
+            w[id] = (float)((double)w[id] - (double)s->count[id] * p->frequency_penalty - p->presence_penalty);
+            s->count[id] = 0;
+        }
+    }
+}
+
+/* Typical-p on the n candidates ids[] of the normalised s->prob. */
+static void typical_filter(cllm_sampler *s, const int32_t *ids, int n, double mass) {
+    cand *c = s->sorted;
+    double H = 0.0;
+    for (int i = 0; i < n; i++) H -= s->prob[ids[i]] * log(s->prob[ids[i]]);
+    for (int i = 0; i < n; i++) c[i] = (cand){fabs(-log(s->prob[ids[i]]) - H), ids[i]};
+    qsort(c, (size_t)n, sizeof *c, by_score_asc);
+    double cum = 0.0;
+    int last = n - 1;
+    for (int i = 0; i < n; i++) {
+        cum += s->prob[c[i].id];
+        if (cum >= mass) {
+            last = i;
+            break;
+        }
+    }
+    int keep = last + 1;
+    while (keep < n && c[keep].p <= c[last].p) keep++;
+    double kept = 0.0;
+    for (int i = 0; i < keep; i++) kept += s->prob[c[i].id];
+    for (int i = keep; i < n; i++) s->prob[c[i].id] = 0.0;
+    for (int i = 0; i < keep; i++) s->prob[c[i].id] /= kept;
+}
+
+/* Fills s->prob with the final distribution (normalised to sum 1 over the
+ * kept tokens). Returns the argmax id when greedy, else -1. */
+static cllm_status process(cllm_sampler *s, const float *logits, const int32_t *hist, size_t n_hist,
+                           size_t n_prompt, int32_t *argmax) {
+    const int V = s->V;
+    const cllm_sample_params *p = &s->p;
+    if (n_prompt > n_hist)
+        return CLLM_FAIL(CLLM_ERR_ARG, "n_prompt %zu exceeds the history's %zu tokens", n_prompt, n_hist);
+    for (size_t i = 0; i < n_hist; i++)
+        if (hist[i] < 0 || hist[i] >= V)
+            return CLLM_FAIL(CLLM_ERR_ARG, "history id %d at position %zu is outside the vocabulary [0, %d)", hist[i],
+                             i, V);
+    float *w = s->work;
+    memcpy(w, logits, (size_t)V * sizeof *w);
+    apply_processors(s, w, hist, n_hist, n_prompt);
     *argmax = -1;
     if (p->greedy) {
         int32_t best = 0;
@@ -183,30 +310,47 @@ static cllm_status process(cllm_sampler *s, const float *logits, const int32_t *
         for (int i = keep; i < n; i++) s->prob[c[i].id] = 0.0;
         for (int i = 0; i < keep; i++) s->prob[c[i].id] /= cum;
     }
+    if (p->typical_p > 0.0f && p->typical_p < 1.0f) {
+        int m = 0; /* the survivors, in id order, packed into s->order */
+        for (int i = 0; i < n; i++)
+            if (s->prob[s->order[i]] > 0.0) s->order[m++] = s->order[i];
+        typical_filter(s, s->order, m, (double)p->typical_p);
+    }
     return CLLM_OK;
 }
 
-cllm_status cllm_sampler_probs(cllm_sampler *s, float *probs, const float *logits, const int32_t *history,
-                               size_t n_history) {
+cllm_status cllm_sampler_probs_ex(cllm_sampler *s, float *probs, const float *logits, const int32_t *history,
+                                  size_t n_history, size_t n_prompt) {
     int32_t am;
-    cllm_status st = process(s, logits, history, n_history, &am);
+    cllm_status st = process(s, logits, history, n_history, n_prompt, &am);
     if (st) return st;
     for (int i = 0; i < s->V; i++) probs[i] = (float)s->prob[i];
     return CLLM_OK;
 }
 
+cllm_status cllm_sampler_probs(cllm_sampler *s, float *probs, const float *logits, const int32_t *history,
+                               size_t n_history) {
+    return cllm_sampler_probs_ex(s, probs, logits, history, n_history, 0);
+}
+
 cllm_status cllm_sampler_sample(cllm_sampler *s, int32_t *token, const float *logits, const int32_t *history,
                                 size_t n_history) {
-    double logprob;
-    return cllm_sampler_sample_logprob(s, token, &logprob, logits, history, n_history);
+    return cllm_sampler_sample_ex(s, token, NULL, logits, history, n_history, 0);
+}
+
+cllm_status cllm_sampler_sample_logprob(cllm_sampler *s, int32_t *token, double *logprob, const float *logits,
+                                        const int32_t *history, size_t n_history) {
+    return cllm_sampler_sample_ex(s, token, logprob, logits, history, n_history, 0);
 }
 
 /* The drawn token's probability is read from s->prob (normalised over the
  * kept tokens), so it is the one cllm_sampler_probs reports, in double. */
-cllm_status cllm_sampler_sample_logprob(cllm_sampler *s, int32_t *token, double *logprob, const float *logits,
-                                        const int32_t *history, size_t n_history) {
+cllm_status cllm_sampler_sample_ex(cllm_sampler *s, int32_t *token, double *logprob, const float *logits,
+                                   const int32_t *history, size_t n_history, size_t n_prompt) {
     int32_t am;
-    cllm_status st = process(s, logits, history, n_history, &am);
+    double lp_unused;
+    if (!logprob) logprob = &lp_unused;
+    cllm_status st = process(s, logits, history, n_history, n_prompt, &am);
     if (st) return st;
     if (am >= 0) {
         *token = am;
@@ -232,5 +376,37 @@ cllm_status cllm_sampler_sample_logprob(cllm_sampler *s, int32_t *token, double 
     }
     *token = last; /* u rounded up to the total */
     *logprob = log(s->prob[last]);
+    return CLLM_OK;
+}
+
+/* One pass over the vocabulary keeping the best n so far in ids[0..k)
+ * (sorted, highest first, lower id first on ties): a new entry is inserted
+ * only when it beats the current last, so the cost is V plus n per
+ * insertion. */
+cllm_status cllm_sampler_top_logprobs(int32_t *ids, float *logprobs, int n, const float *logits, int V) {
+    if (V < 1 || n < 0 || n > V)
+        return CLLM_FAIL(CLLM_ERR_ARG, "top-n: n = %d must be in [0, V = %d]", n, V);
+    if (n == 0) return CLLM_OK;
+    float mx = logits[0];
+    for (int i = 0; i < V; i++) {
+        if (!isfinite(logits[i])) return CLLM_FAIL(CLLM_ERR_ARG, "top-n: logit %d is not finite", i);
+        if (logits[i] > mx) mx = logits[i];
+    }
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)logits[i] - mx);
+    const double ls = log(sum);
+    int k = 0;
+    for (int i = 0; i < V; i++) {
+        float lp = (float)((double)logits[i] - mx - ls);
+        if (k == n && !(lp > logprobs[k - 1])) continue; /* ids ascend: a tie loses to the earlier id */
+        int j = k < n ? k++ : n - 1;
+        while (j > 0 && lp > logprobs[j - 1]) {
+            ids[j] = ids[j - 1];
+            logprobs[j] = logprobs[j - 1];
+            j--;
+        }
+        ids[j] = i;
+        logprobs[j] = lp;
+    }
     return CLLM_OK;
 }

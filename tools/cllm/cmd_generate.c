@@ -13,7 +13,9 @@
  * can no longer turn into a stop string). With --prompt-ids and no
  * tokenizer, the generated ids are printed instead, separated by spaces.
  * A summary (token counts, prefill and decode speed, why it stopped) goes to
- * stderr. Exit codes: 0 ok, 1 failure, 2 usage.
+ * stderr; with --top-n N, so does one JSON line per generated token with
+ * its log-probabilities and the N most likely alternatives. Exit codes: 0
+ * ok, 1 failure, 2 usage.
  *
  * The loop itself is the library's cllm_generation (cllm/generate.h); this
  * file parses flags, loads, prints.
@@ -58,6 +60,37 @@ static int parse_id_list(const char *s, int32_t **ids, size_t *n) {
     return *n ? 0 : 2;
 }
 
+/* Parses the --logit-bias items "ID=VALUE" into malloc'd arrays; on a
+ * malformed item returns its index + 1 (0 = ok, -1 = out of memory). */
+static int parse_bias(const arg_list *l, int32_t **ids, float **vals) {
+    *ids = malloc((size_t)(l->n ? l->n : 1) * sizeof **ids);
+    *vals = malloc((size_t)(l->n ? l->n : 1) * sizeof **vals);
+    if (!*ids || !*vals) return -1;
+    for (int i = 0; i < l->n; i++) {
+        char buf[64];
+        const char *eq = strchr(l->items[i], '=');
+        size_t len = eq ? (size_t)(eq - l->items[i]) : 0;
+        int id;
+        double v;
+        if (!eq || len == 0 || len >= sizeof buf) return i + 1;
+        memcpy(buf, l->items[i], len);
+        buf[len] = 0;
+        if (!cllm_parse_int(buf, &id) || !cllm_parse_f64(eq + 1, &v) || !(v >= -100 && v <= 100)) return i + 1;
+        (*ids)[i] = id;
+        (*vals)[i] = (float)v;
+    }
+    return 0;
+}
+
+/* With --top-n: one JSON line per generated token on stderr. */
+static void print_top(const cllm_generate_event *ev) {
+    fprintf(stderr, "{\"token\": %d, \"logprob\": %.9g, \"raw_logprob\": %.9g, \"top\": [", ev->token,
+            (double)ev->logprob, (double)ev->raw_logprob);
+    for (int i = 0; i < ev->n_top; i++)
+        fprintf(stderr, "%s[%d, %.9g]", i ? ", " : "", ev->top_ids[i], (double)ev->top_logprobs[i]);
+    fprintf(stderr, "]}\n");
+}
+
 static bool file_exists(const char *dir, const char *name) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -71,11 +104,11 @@ static bool write_out(const char *s, size_t n) {
 
 int cmd_generate(int argc, char **argv) {
     const char *model_dir, *tok_dir, *prompt, *prompt_ids, *output;
-    int max_new, top_k;
-    double temperature, top_p, rep;
+    int max_new, top_k, top_n;
+    double temperature, top_p, rep, typical_p, freq_pen, pres_pen;
     long long seed;
     bool greedy = false, ignore_eos = false;
-    arg_list stops = {0};
+    arg_list stops = {0}, bias = {0};
     arg_spec specs[] = {
         {"model", ARG_STR, &model_dir, NULL, true, "HF model folder (config.json + safetensors)"},
         {"prompt", ARG_STR, &prompt, NULL, false, "prompt text (encoded with the tokenizer)"},
@@ -86,6 +119,15 @@ int cmd_generate(int argc, char **argv) {
         {"top-k", ARG_INT, &top_k, "0", false, "sample among the k most likely tokens; 0 = all"},
         {"top-p", ARG_F64, &top_p, "1.0", false, "nucleus sampling: smallest set with probability >= p; 1 = off"},
         {"repetition-penalty", ARG_F64, &rep, "1.0", false, "penalise tokens already seen (HF/CTRL); 1 = off"},
+        {"typical-p", ARG_F64, &typical_p, "1.0", false, "locally typical sampling with this mass (HF); 1 = off"},
+        {"frequency-penalty", ARG_F64, &freq_pen, "0", false,
+         "subtract count x this from the logit of each generated token (OpenAI), in [-2, 2]"},
+        {"presence-penalty", ARG_F64, &pres_pen, "0", false,
+         "subtract this from the logit of every token generated so far (OpenAI), in [-2, 2]"},
+        {"logit-bias", ARG_LIST, &bias, NULL, false,
+         "ID=VALUE (repeatable): add VALUE in [-100, 100] to token ID's logit before anything else"},
+        {"top-n", ARG_INT, &top_n, "0", false,
+         "print each token's N most likely alternatives (raw model) as JSON lines on stderr; 0..20"},
         {"seed", ARG_I64, &seed, "0", false, "random seed for sampling"},
         {"greedy", ARG_FLAG, &greedy, NULL, false, "always take the most likely token"},
         {"ignore-eos", ARG_FLAG, &ignore_eos, NULL, false, "keep generating past EOS (benchmarks)"},
@@ -107,14 +149,28 @@ int cmd_generate(int argc, char **argv) {
     else if (top_k < 0) usage_err = "--top-k must be >= 0 (0 = off)";
     else if (!(top_p > 0 && top_p <= 1)) usage_err = "--top-p must be in (0, 1]";
     else if (!(rep > 0) || rep > 1e30) usage_err = "--repetition-penalty must be > 0 (1 = off)";
+    else if (!(typical_p >= 0 && typical_p <= 1)) usage_err = "--typical-p must be in [0, 1] (1 = off)";
+    else if (!(freq_pen >= -2 && freq_pen <= 2)) usage_err = "--frequency-penalty must be in [-2, 2]";
+    else if (!(pres_pen >= -2 && pres_pen <= 2)) usage_err = "--presence-penalty must be in [-2, 2]";
+    else if (top_n < 0 || top_n > CLLM_MAX_TOP_N) usage_err = "--top-n must be in [0, 20]";
     else if (strcmp(output, "auto") && strcmp(output, "text") && strcmp(output, "ids"))
         usage_err = "--output must be text, ids or auto";
     for (int i = 0; !usage_err && i < stops.n; i++)
         if (!stops.items[i][0]) usage_err = "--stop strings must not be empty";
-    if (usage_err) {
-        fprintf(stderr, "cllm generate: %s (see cllm generate --help)\n", usage_err);
+    int32_t *bias_ids = NULL;
+    float *bias_vals = NULL;
+    int bad_bias = usage_err ? 0 : parse_bias(&bias, &bias_ids, &bias_vals);
+    if (bad_bias > 0)
+        fprintf(stderr, "cllm generate: --logit-bias '%s': expected ID=VALUE with VALUE in [-100, 100], e.g. 50256=-100\n",
+                bias.items[bad_bias - 1]);
+    else if (bad_bias < 0)
+        fprintf(stderr, "cllm generate: out of memory\n");
+    if (usage_err || bad_bias) {
+        if (usage_err) fprintf(stderr, "cllm generate: %s (see cllm generate --help)\n", usage_err);
+        free(bias_ids);
+        free(bias_vals);
         args_free(specs, ARGS_COUNT(specs));
-        return 2;
+        return bad_bias < 0 ? 1 : 2;
     }
     int32_t *ids = NULL;
     size_t n_prompt = 0;
@@ -122,6 +178,8 @@ int cmd_generate(int argc, char **argv) {
         int prc = parse_id_list(prompt_ids, &ids, &n_prompt);
         if (prc) {
             free(ids);
+            free(bias_ids);
+            free(bias_vals);
             fprintf(stderr, "cllm generate: --prompt-ids '%s': %s\n", prompt_ids,
                     prc == 1 ? "out of memory" : "expected comma-separated integers such as \"1,2,3\"");
             args_free(specs, ARGS_COUNT(specs));
@@ -178,7 +236,12 @@ int cmd_generate(int argc, char **argv) {
 
     cllm_generate_params gp = cllm_generate_params_default();
     gp.max_new_tokens = max_new;
-    gp.sample = (cllm_sample_params){greedy, (float)temperature, top_k, (float)top_p, (float)rep};
+    gp.sample = (cllm_sample_params){.greedy = greedy, .temperature = (float)temperature, .top_k = top_k,
+                                     .top_p = (float)top_p, .repetition_penalty = (float)rep,
+                                     .typical_p = (float)typical_p, .frequency_penalty = (float)freq_pen,
+                                     .presence_penalty = (float)pres_pen, .bias_ids = bias_ids,
+                                     .bias_values = bias_vals, .n_bias = (size_t)bias.n};
+    gp.top_n = top_n;
     gp.seed = (uint64_t)seed;
     gp.stop = (const char *const *)stops.items;
     gp.n_stop = (size_t)stops.n;
@@ -199,6 +262,7 @@ int cmd_generate(int argc, char **argv) {
     int printed = 0;
     do {
         if (cllm_generate_step(gen, &ev)) goto fail;
+        if (top_n && ev.token >= 0) print_top(&ev);
         bool ok = true;
         if (text_out)
             ok = write_out(ev.text, ev.text_len);
@@ -232,6 +296,8 @@ fail:
     tool_fail("generate");
 done:
     free(ids);
+    free(bias_ids);
+    free(bias_vals);
     cllm_token_buf_free(&enc);
     cllm_generate_free(gen);
     cllm_tokenizer_free(tok);
