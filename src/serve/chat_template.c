@@ -12,7 +12,6 @@
 
 #include "cllm/chat_template.h"
 #include "cllm/io.h"
-#include "cllm/json.h"
 #include "serve/jinja_impl.h"
 
 cllm_status cllm_chat_template_init(cllm_chat_template **out, const char *source, const char *what) {
@@ -130,7 +129,17 @@ cllm_status cllm_chat_template_load_dir(cllm_chat_template **out, char **bos_tok
     snprintf(path, dl + 64, "%s/tokenizer_config.json", dir);
     const char *source = NULL;
     if (file_exists(path)) {
-        if ((r = cllm_json_load_file(&cfg, path))) goto done;
+        /* integers as reals: HF configs hold model_max_length values past 64 bits */
+        json_error_t je;
+        char *text = NULL;
+        size_t len;
+        if ((r = cllm_read_file(path, &text, &len))) goto done;
+        cfg = json_loadb(text, len, JSON_DECODE_INT_AS_REAL, &je);
+        free(text);
+        if (!cfg) {
+            r = CLLM_FAIL(CLLM_ERR_FORMAT, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+            goto done;
+        }
         if (!json_is_object(cfg)) {
             r = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: expected a JSON object", path);
             goto done;
