@@ -13,6 +13,7 @@ PKGS=(
   libopenmpi-dev openmpi-bin   # MPI
   iproute2             # ip netns: the two-host launcher test builds hosts as network namespaces
   python3-torch python3-numpy  # PyTorch references in tests and benchmarks (/usr/bin/python3)
+  python3-jinja2       # the chat-template test renders with Jinja2 as transformers does
   libopenblas0-pthread         # the BLAS Debian's torch uses for fp32 matmuls (else the slow reference BLAS)
   librsvg2-bin         # rsvg-convert: the trainer test renders the `cllm plot` SVG when present
   clang-14 libclang-rt-14-dev libomp-14-dev  # fuzz targets (scripts/fuzz.sh): libFuzzer + sanitizer runtimes, OpenMP for clang

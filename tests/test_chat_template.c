@@ -1,0 +1,308 @@
+/*
+ * test_chat_template: the chat-template API's contract (cllm/chat_template.h)
+ * beyond what the oracle test compares: syntax errors with line:column,
+ * raise_exception's message, runtime errors naming the line, the render
+ * bounds, undefined values, load_dir on the fixture folders and on written
+ * ones (string and list forms, AddedToken objects, chat_template.jinja, no
+ * template, bad types), NULL and empty inputs, and renders from several
+ * threads at once.
+ *
+ *   test_chat_template FIXTURES/hf TEMPLATES_DIR
+ * Expected texts are written from the published formats (Zephyr's
+ * "<|user|>\n...</s>\n"), not from cllm's output.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "cllm/chat_template.h"
+#include "cllm/io.h"
+
+static const char *fixtures, *templates;
+
+/* Renders src with one user message "hi"; returns the text or NULL (message in err). */
+static char *render_src(const char *src, cllm_status *st_out, char *err, size_t errn) {
+    cllm_chat_template *t = NULL;
+    char *out = NULL;
+    cllm_status st = cllm_chat_template_init(&t, src, "T");
+    if (!st) {
+        json_t *m = json_pack("[{ssss}]", "role", "user", "content", "hi");
+        st = cllm_chat_template_render(t, m, true, "<s>", "</s>", NULL, &out);
+        json_decref(m);
+    }
+    if (st_out) *st_out = st;
+    if (err) snprintf(err, errn, "%s", st ? cllm_last_error() : "");
+    cllm_chat_template_free(t);
+    return out;
+}
+
+static void expect_text(const char *src, const char *want) {
+    cllm_status st;
+    char err[512];
+    char *got = render_src(src, &st, err, sizeof err);
+    CHECK(got && !strcmp(got, want), "%s -> got %s (%s), want %s", src, got ? got : "NULL", err, want);
+    free(got);
+}
+
+static void expect_error(const char *src, cllm_status want_st, const char *want_msg) {
+    cllm_status st;
+    char err[512];
+    char *got = render_src(src, &st, err, sizeof err);
+    CHECK(!got && st == want_st, "%s: status %d, want %d", src, (int)st, (int)want_st);
+    CHECK(strstr(err, want_msg) != NULL, "%s: message '%s' lacks '%s'", src, err, want_msg);
+    free(got);
+}
+
+static void test_syntax_errors(void) {
+    /* messages name the source, line and column of the offending token */
+    expect_error("{{ 1 + }}", CLLM_ERR_FORMAT, "T:1:8: unexpected '}}', expected an expression");
+    expect_error("a\nb {% foo %}", CLLM_ERR_FORMAT, "T:2:6: unknown or unsupported tag 'foo'");
+    expect_error("x\n  {{ 'abc }}", CLLM_ERR_FORMAT, "T:2:6: unterminated string");
+    expect_error("{% endfor %}", CLLM_ERR_FORMAT, "T:1:4: unexpected 'endfor' with no open block");
+    expect_error("{% for x in y %}\nbody", CLLM_ERR_FORMAT, "expected 'else' or 'endfor'");
+    expect_error("{% if x %}{% endfor %}", CLLM_ERR_FORMAT, "T:1:14: unexpected 'endfor', expected 'endif'");
+    expect_error("1\n2\n{# open comment", CLLM_ERR_FORMAT, "T:3:1: missing end of comment tag");
+    expect_error("{{ x", CLLM_ERR_FORMAT, "T:1:3: unexpected end of template, expected '}}'");
+    expect_error("{{ a is b is c }}", CLLM_ERR_FORMAT, "cannot chain multiple tests");
+    expect_error("{{ 'x' | }}", CLLM_ERR_FORMAT, "T:1:10: unexpected '}}', expected a name");
+    expect_error("{{ [1, 2 }}", CLLM_ERR_FORMAT, "T:1:");
+    expect_error("{{ \"\\x4\" }}", CLLM_ERR_FORMAT, "truncated \\x escape");
+    expect_error("{{ 99999999999999999999 }}", CLLM_ERR_FORMAT, "out of range");
+    /* nesting is bounded at parse time, not by the C stack */
+    char deep[4096];
+    size_t o = 0;
+    o += (size_t)snprintf(deep, sizeof deep, "{{ ");
+    for (int i = 0; i < 1000; i++) deep[o++] = '(';
+    deep[o] = 0;
+    expect_error(deep, CLLM_ERR_FORMAT, "nested too deeply");
+}
+
+static void test_runtime_errors(void) {
+    /* raise_exception: exactly the template's message */
+    expect_error("{% if messages[0].role == 'user' %}{{ raise_exception('Roles must alternate') }}{% endif %}",
+                 CLLM_ERR_ARG, "cllm_chat_template_render: Roles must alternate");
+    cllm_status st;
+    char err[512];
+    free(render_src("{{ raise_exception('only this') }}", &st, err, sizeof err));
+    CHECK(!strcmp(err, "cllm_chat_template_render: only this"), "raise message: %s", err);
+    /* other errors name the line */
+    expect_error("line 1\n{{ 1 + 'a' }}", CLLM_ERR_ARG, "T:2: unsupported operand types for +: 'int' and 'str'");
+    expect_error("\n\n{{ messages.strip() }}", CLLM_ERR_ARG, "T:3: 'list' object has no method 'strip'");
+    expect_error("{{ nothing.attr }}", CLLM_ERR_ARG, "T:1: 'nothing' is undefined");
+    expect_error("{{ 'x' | nosuchfilter }}", CLLM_ERR_ARG, "no filter named 'nosuchfilter'");
+    expect_error("{{ 1 is nosuchtest }}", CLLM_ERR_ARG, "no test named 'nosuchtest'");
+    expect_error("{{ 1 // 0 }}", CLLM_ERR_ARG, "division or modulo by zero");
+    expect_error("{{ 9223372036854775807 + 1 }}", CLLM_ERR_ARG, "integer overflow");
+    expect_error("{% set x = [1] %}{{ x.append(2) }}", CLLM_ERR_ARG, "cannot be modified");
+    expect_error("{% set x = 1 %}{% set x.y = 2 %}", CLLM_ERR_ARG, "non-namespace object 'x'");
+    expect_error("{% for a, b in [[1, 2, 3]] %}{% endfor %}", CLLM_ERR_ARG, "too many values to unpack");
+    /* Jinja2's Undefined: empty, false, iterable as empty, has a default */
+    expect_text("[{{ nothing }}][{{ 'y' if nothing else 'n' }}][{% for x in nothing %}x{% else %}e{% endfor %}]"
+                "[{{ nothing | default('d') }}][{{ nothing is defined }}][{{ messages[5] is defined }}]",
+                "[][n][e][d][False][False]");
+}
+
+static void test_bounds(void) {
+    /* 16 MiB of output, 10^7 steps, 10^6 range items, 256 nested macro calls */
+    expect_error("{% for i in range(1000000) %}{{ 'x' * 100 }}{% endfor %}", CLLM_ERR_ARG, "output grew past");
+    expect_error("{{ 'x' * 100000000 }}", CLLM_ERR_ARG, "too long");
+    expect_error("{% for i in range(100000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}", CLLM_ERR_ARG,
+                 "more than 10000000 steps");
+    expect_error("{% for i in range(10000000) %}{% endfor %}", CLLM_ERR_ARG, "range() of more than");
+    expect_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", CLLM_ERR_ARG, "nested deeper than 256");
+    /* a render stopped by a bound leaves the template usable */
+    expect_text("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% endif %}{{ n }}{% endmacro %}{{ f(3) }}", "0123");
+}
+
+static void test_inputs(void) {
+    cllm_chat_template *t = NULL;
+    char *out = (char *)1;
+    CHECK(cllm_chat_template_init(&t, NULL, "T") == CLLM_ERR_ARG && t == NULL, "NULL source");
+    CHECK(cllm_chat_template_init(NULL, "x", "T") == CLLM_ERR_ARG, "NULL out");
+    CHECK(cllm_chat_template_render(NULL, NULL, false, NULL, NULL, NULL, &out) == CLLM_ERR_ARG && out == NULL,
+          "NULL template");
+    cllm_chat_template_free(NULL);
+    /* the empty template renders the empty string; NULL messages are [] */
+    CHECK(cllm_chat_template_init(&t, "", NULL) == CLLM_OK, "empty template: %s", cllm_last_error());
+    CHECK(cllm_chat_template_render(t, NULL, false, NULL, NULL, NULL, &out) == CLLM_OK && out && !strcmp(out, ""),
+          "empty render");
+    free(out);
+    cllm_chat_template_free(t);
+    CHECK(cllm_chat_template_init(&t, "{{ messages | length }}|{{ bos_token is defined }}|{{ tools }}|{{ k }}",
+                                  NULL) == CLLM_OK,
+          "init");
+    json_t *extra = json_pack("{ss}", "k", "from extra");
+    CHECK(cllm_chat_template_render(t, NULL, false, NULL, NULL, extra, &out) == CLLM_OK &&
+              !strcmp(out, "0|False|None|from extra"),
+          "defaults: %s", out);
+    free(out);
+    json_t *bad = json_pack("{}");
+    CHECK(cllm_chat_template_render(t, bad, false, NULL, NULL, NULL, &out) == CLLM_ERR_ARG && !out,
+          "messages must be an array");
+    CHECK(cllm_chat_template_render(t, NULL, false, NULL, NULL, bad, &out) == CLLM_OK, "an empty extra object");
+    free(out);
+    json_decref(bad);
+    json_decref(extra);
+    cllm_chat_template_free(t);
+    /* Jinja2's own whitespace handling: one trailing newline dropped, CRLF as LF */
+    expect_text("a\r\nb\n", "a\nb");
+    expect_text("  {% if true %}\r\n  x\n  {% endif %}\n", "  x\n");
+}
+
+typedef struct {
+    const cllm_chat_template *t;
+    const json_t *msgs;
+    int ok;
+} thread_arg;
+
+static void *render_many(void *p) {
+    thread_arg *a = p;
+    a->ok = 1;
+    for (int i = 0; i < 200; i++) {
+        char *out = NULL;
+        if (cllm_chat_template_render(a->t, a->msgs, true, "<s>", "</s>", NULL, &out) ||
+            strcmp(out, "<|user|>\nhi</s>\n<|assistant|>\nyes</s>\n<|assistant|>\n"))
+            a->ok = 0;
+        free(out);
+    }
+    return NULL;
+}
+
+static void test_load_dir(void) {
+    char dir[1024];
+    cllm_chat_template *t = NULL;
+    char *bos = NULL, *eos = NULL, *out = NULL;
+    /* TinyLlama's folder: a string template (Zephyr's format) and string tokens */
+    snprintf(dir, sizeof dir, "%s/tinyllama-1.1b-chat-v1.0", fixtures);
+    CHECK(cllm_chat_template_load_dir(&t, &bos, &eos, dir) == CLLM_OK && t, "tinyllama: %s", cllm_last_error());
+    CHECK(bos && eos && !strcmp(bos, "<s>") && !strcmp(eos, "</s>"), "tinyllama tokens %s %s", bos, eos);
+    json_t *msgs = json_pack("[{ssss}{ssss}]", "role", "user", "content", "hi", "role", "assistant", "content", "yes");
+    if (t) {
+        CHECK(cllm_chat_template_render(t, msgs, true, bos, eos, NULL, &out) == CLLM_OK &&
+                  !strcmp(out, "<|user|>\nhi</s>\n<|assistant|>\nyes</s>\n<|assistant|>\n"),
+              "tinyllama render: %s", out ? out : cllm_last_error());
+        free(out);
+        pthread_t th[4];
+        thread_arg args[4];
+        for (int i = 0; i < 4; i++) {
+            args[i] = (thread_arg){t, msgs, 0};
+            pthread_create(&th[i], NULL, render_many, &args[i]);
+        }
+        for (int i = 0; i < 4; i++) {
+            pthread_join(th[i], NULL);
+            CHECK(args[i].ok, "thread %d rendered a different text", i);
+        }
+    }
+    cllm_chat_template_free(t);
+    free(bos);
+    free(eos);
+    /* gpt2: no template, no tokens; mistral: tokens but no template */
+    snprintf(dir, sizeof dir, "%s/gpt2", fixtures);
+    t = (cllm_chat_template *)1;
+    CHECK(cllm_chat_template_load_dir(&t, &bos, &eos, dir) == CLLM_OK && !t && !bos && !eos, "gpt2: no template");
+    snprintf(dir, sizeof dir, "%s/mistral-7b-v0.1", fixtures);
+    CHECK(cllm_chat_template_load_dir(&t, &bos, &eos, dir) == CLLM_OK && !t && bos && !strcmp(bos, "<s>"),
+          "mistral: tokens without a template");
+    free(bos);
+    free(eos);
+    CHECK(cllm_chat_template_load_dir(&t, NULL, NULL, "/nonexistent/folder") == CLLM_OK && !t, "no folder");
+
+    /* written folders: list form with AddedToken objects, chat_template.jinja, bad types */
+    char tmp[] = "/tmp/cllm_tmpl_XXXXXX";
+    CHECK(mkdtemp(tmp) != NULL, "mkdtemp");
+    char path[1200];
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", tmp);
+    const char *list_cfg = "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T{{ 1 }}\"},"
+                           " {\"name\": \"default\", \"template\": \"D{{ bos_token }}{{ eos_token }}\"}],"
+                           " \"bos_token\": {\"content\": \"<B>\", \"lstrip\": false}, \"eos_token\": \"<E>\"}";
+    cllm_write_file_atomic(path, list_cfg, strlen(list_cfg));
+    CHECK(cllm_chat_template_load_dir(&t, &bos, &eos, tmp) == CLLM_OK && t, "list form: %s", cllm_last_error());
+    if (t && bos && eos) {
+        CHECK(cllm_chat_template_render(t, NULL, false, bos, eos, NULL, &out) == CLLM_OK && !strcmp(out, "D<B><E>"),
+              "list form picks default: %s", out);
+        free(out);
+    }
+    cllm_chat_template_free(t);
+    free(bos);
+    free(eos);
+    struct {
+        const char *cfg, *msg;
+    } bad[] = {
+        {"{\"chat_template\": 5}", "key 'chat_template' must be a string or a list"},
+        {"{\"chat_template\": [{\"name\": \"x\", \"template\": \"a\"}]}", "no template named \"default\""},
+        {"{\"chat_template\": [{\"name\": 1}]}", "chat_template[0] must be an object"},
+        {"{\"chat_template\": \"ok\", \"eos_token\": 3}", "key 'eos_token' must be a string"},
+        {"{\"chat_template\": \"line\\n{% if %}\"}", "tokenizer_config.json chat_template:2:7: unexpected '%}'"},
+        {"{\"chat_template\": ", "tokenizer_config.json:1:"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cllm_write_file_atomic(path, bad[i].cfg, strlen(bad[i].cfg));
+        bos = eos = (char *)1;
+        cllm_status st = cllm_chat_template_load_dir(&t, &bos, &eos, tmp);
+        CHECK(st == CLLM_ERR_FORMAT && !t && !bos && !eos, "bad config %zu: status %d", i, (int)st);
+        CHECK(strstr(cllm_last_error(), bad[i].msg) && strstr(cllm_last_error(), tmp), "bad config %zu: %s", i,
+              cllm_last_error());
+    }
+    /* no chat_template key: chat_template.jinja is used */
+    const char *plain = "{\"eos_token\": \"<E>\"}";
+    cllm_write_file_atomic(path, plain, strlen(plain));
+    char jpath[1200];
+    snprintf(jpath, sizeof jpath, "%s/chat_template.jinja", tmp);
+    const char *jt = "{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}\n{% endfor %}\n";
+    cllm_write_file_atomic(jpath, jt, strlen(jt));
+    CHECK(cllm_chat_template_load_dir(&t, &bos, &eos, tmp) == CLLM_OK && t && !bos && eos, "jinja file: %s",
+          cllm_last_error());
+    if (t) {
+        CHECK(cllm_chat_template_render(t, msgs, false, bos, eos, NULL, &out) == CLLM_OK &&
+                  !strcmp(out, "user: hi<E>\nassistant: yes<E>\n"),
+              "jinja file render: %s", out);
+        free(out);
+    }
+    cllm_chat_template_free(t);
+    free(eos);
+    const char *broken = "{{ oops";
+    cllm_write_file_atomic(jpath, broken, strlen(broken));
+    CHECK(cllm_chat_template_load_dir(&t, NULL, NULL, tmp) == CLLM_ERR_FORMAT &&
+              strstr(cllm_last_error(), "chat_template.jinja:1:3"),
+          "broken jinja file: %s", cllm_last_error());
+    unlink(jpath);
+    unlink(path);
+    rmdir(tmp);
+    json_decref(msgs);
+}
+
+/* Every checked-in template compiles; the Zephyr-style one renders the format. */
+static void test_template_files(void) {
+    const char *names[] = {"llama2_chat", "llama3_instruct", "mistral_instruct", "zephyr", "chatml_qwen2",
+                           "gemma", "phi3", "tools_namespace", "features", "features_jinja2"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char path[1024], *src = NULL;
+        size_t len;
+        snprintf(path, sizeof path, "%s/%s.jinja", templates, names[i]);
+        cllm_chat_template *t = NULL;
+        CHECK(cllm_read_file(path, &src, &len) == CLLM_OK && cllm_chat_template_init(&t, src, path) == CLLM_OK,
+              "%s: %s", path, cllm_last_error());
+        cllm_chat_template_free(t);
+        free(src);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: test_chat_template FIXTURES/hf TEMPLATES_DIR\n");
+        return 2;
+    }
+    fixtures = argv[1];
+    templates = argv[2];
+    test_syntax_errors();
+    test_runtime_errors();
+    test_bounds();
+    test_inputs();
+    test_load_dir();
+    test_template_files();
+    return check_summary();
+}
