@@ -12,6 +12,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_plot(int argc, char **argv);
 int cmd_grad(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_data(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);

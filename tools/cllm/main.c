@@ -23,6 +23,7 @@ static const command commands[] = {
     {"train", cmd_train, "train a model (DeepSpeed-style config, checkpoints, resume, eval)"},
     {"eval", cmd_eval, "report loss and perplexity of a model (or checkpoint) on data"},
     {"generate", cmd_generate, "continue a prompt with a model (KV cache, sampling), streaming text"},
+    {"serve", cmd_serve, "serve a model over HTTP: TGI and OpenAI APIs, continuous batching, streaming"},
     {"plot", cmd_plot, "draw loss and learning-rate curves of a training run as SVG"},
     {"launch", cmd_launch, "run a command on N ranks / several hosts through mpirun (hostfile, include/exclude)"},
     {"estimate", cmd_estimate, "estimate the per-rank memory of a training run; suggest a setup that fits"},
