@@ -500,6 +500,23 @@ def hostile_tests(port):
         d = b""
     check(time.time() - t0 < 14 and not d.startswith(b"HTTP/1.1 200"), "stalled client timed out")
     stalled.close()
+    # many connections at once (past the connection limit): refused or served, never a crash
+    socks = []
+    for _ in range(120):
+        try:
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        except OSError:
+            pass
+    for k in socks[:20]:
+        try:
+            k.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        except OSError:
+            pass
+    for k in socks:
+        k.close()
+    time.sleep(0.5)
+    st, js, _, _ = req(port, "POST", "/generate", {"inputs": "after the flood", "parameters": {"max_new_tokens": 2}})
+    check(st == 200, f"served after 120 connections at once: {st}")
 
 
 def batching_test(port):
