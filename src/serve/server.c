@@ -525,6 +525,14 @@ void cllm_server_drain(cllm_server *s) {
         struct timespec ts = {0, 20000000L};
         nanosleep(&ts, NULL);
     }
+    /* Let the last responses reach their clients (at most 2 s more). */
+    double until = srv_now() + 2;
+    while (srv_now() < until) {
+        const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+        if (!di || di->num_connections == 0) break;
+        struct timespec ts = {0, 20000000L};
+        nanosleep(&ts, NULL);
+    }
     srv_sched_stop(s); /* cancels what remains; connection threads see it and end */
     MHD_stop_daemon(s->daemon);
     s->daemon = NULL;
