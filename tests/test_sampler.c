@@ -219,6 +219,8 @@ static void test_refusals(void) {
     sp.bias_values = vals;
     sp.n_bias = 3;
     expect_refused("bias id twice", sp, "token 1 is listed twice");
+    sp.n_bias = (size_t)1 << 62;
+    expect_refused("n_bias beyond V", sp, "n_bias");
     /* the duplicate check leaves no marks behind: a good list after a bad one */
     sp.n_bias = 2;
     cllm_sampler *s = NULL;

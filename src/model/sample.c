@@ -78,6 +78,9 @@ static cllm_status check_extra(const cllm_sample_params *p) {
  * and after). */
 static cllm_status copy_bias(cllm_sampler *s, const cllm_sample_params *p) {
     if (!p->n_bias) return CLLM_OK;
+    if (p->n_bias > (size_t)s->V) /* also keeps the sizes below from overflowing */
+        return CLLM_FAIL(CLLM_ERR_ARG, "logit bias: n_bias %zu exceeds the vocabulary of %d (each id at most once)",
+                         p->n_bias, s->V);
     s->bias_ids = malloc(p->n_bias * sizeof *s->bias_ids);
     s->bias_values = malloc(p->n_bias * sizeof *s->bias_values);
     if (!s->bias_ids || !s->bias_values) return CLLM_FAIL(CLLM_ERR_NOMEM, "logit bias: out of memory");
