@@ -301,7 +301,8 @@ static cllm_status capture(jstate *st, const jlist *body, jval *out) {
 }
 
 static cllm_status call_macro(jstate *st, const jnode *m, jval *args, char **kw, size_t n, jval *out) {
-    if (st->depth >= JINJA_MAX_DEPTH) return jinja_err(st, "macros nested deeper than %d calls", JINJA_MAX_DEPTH);
+    if (st->macro_depth >= JINJA_MAX_DEPTH)
+        return jinja_err(st, "macros nested deeper than %d calls", JINJA_MAX_DEPTH);
     size_t n_pos = 0;
     for (size_t i = 0; i < n; i++)
         if (!kw || !kw[i]) n_pos++;
@@ -332,11 +333,11 @@ static cllm_status call_macro(jstate *st, const jnode *m, jval *args, char **kw,
         if (m->args.v[p]) r = jinja_eval(st, m->args.v[p], &d);
         if (!r) r = scope_set(s, m->items.v[p]->s, d);
     }
-    st->depth++;
+    st->macro_depth++;
     int save_ctl = st->loop_ctl;
     if (!r) r = capture(st, &m->body, out);
     st->loop_ctl = save_ctl;
-    st->depth--;
+    st->macro_depth--;
     st->cur = saved;
     scope_free(s);
     return r;
@@ -527,7 +528,8 @@ cllm_status jinja_eval(jstate *st, const jnode *e, jval *out) {
     *out = jv_undef(NULL);
     st->line = e->line;
     if ((r = jinja_step(st, 1))) return r;
-    if (++st->depth > JINJA_MAX_DEPTH + 300) {
+    /* nesting across macro calls too: bounds the C stack a render uses */
+    if (++st->depth > 2000) {
         st->depth--;
         return jinja_err(st, "expression nested too deeply");
     }

@@ -115,7 +115,8 @@ typedef struct {
     char *out;
     size_t n, cap;
     uint64_t steps;
-    int depth; /* nested macro calls and expression recursion */
+    int depth;       /* expression recursion */
+    int macro_depth; /* nested macro calls */
     int line;  /* line of the node being evaluated (for messages) */
     jscope *root, *cur;
     int loop_ctl; /* 1 break, 2 continue, pending */
