@@ -1,12 +1,13 @@
 # Chat templates (label: serve).
 #   test_chat_template     syntax errors with line:column, raise_exception, the
 #                          render bounds, load_dir on the fixture folders and on
-#                          written ones, NULL/empty inputs (C, also under ASan)
+#                          written ones, NULL/empty inputs, threads, and the
+#                          training format's template against cllm_sample_parse
+#                          (C, also under ASan)
 #   chat_template_oracle   cllm vs Jinja2 (as transformers sets it up) and vs
 #                          @huggingface/jinja on the fixture and public chat
-#                          formats with generated conversations
-#   chat_template_train    the template `cllm train` writes renders the text
-#                          the training data format produced
+#                          formats, and on the template a one-step `cllm train`
+#                          writes, with generated conversations
 cllm_add_c_test(test_chat_template LABELS serve ARGS ${CLLM_FIXTURES}/hf ${CMAKE_CURRENT_SOURCE_DIR}/data/chat_templates)
 
 add_executable(chat_template_render ${CMAKE_CURRENT_SOURCE_DIR}/chat_template_render.c)

@@ -177,6 +177,47 @@ def load_templates(fixtures):
     return out
 
 
+def trained_template(cllm, build, fixtures):
+    """The chat_template `cllm train` writes into its output folder: a tiny
+    LLaMA trained one step on conversation records with TinyLlama's
+    tokenizer. Its render of a fixed conversation must be the default
+    conversation format of docs/data.md."""
+    work = os.path.abspath(os.path.join(build, "chat_template_oracle", "train"))
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    tok = os.path.join(fixtures, "tinyllama-1.1b-chat-v1.0")
+    data = os.path.join(work, "d.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"type": "conversation", "rounds": [["ask", "Is 4 even?"], ["ans", "Yes."]]}) + "\n")
+        f.write(json.dumps({"type": "conversation", "rounds": [["ask", "Is 5 even?"], ["ans", "No."]]}) + "\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for cmd in ([cllm, "init", "--arch", "llama", "--preset", "tiny", "--set", "vocab_size=32000", "--seed", "1",
+                 "--out", os.path.join(work, "m")],
+                [cllm, "train", "--model", os.path.join(work, "m"), "--data", data, "--tokenizer", tok,
+                 "--out", os.path.join(work, "out"), "--steps", "1", "--batch-size", "2", "--seq-len", "32"]):
+        r = subprocess.run(cmd, capture_output=True, env=env)
+        if r.returncode != 0:
+            sys.stderr.write(r.stderr.decode(errors="replace"))
+            raise SystemExit("%s failed" % " ".join(cmd[:2]))
+    with open(os.path.join(work, "out", "tokenizer_config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    src = cfg.get("chat_template")
+    if not isinstance(src, str):
+        raise SystemExit("cllm train wrote no chat_template")
+    for name in ("tokenizer.json", "config.json", "model.safetensors"):
+        if not os.path.exists(os.path.join(work, "out", name)):
+            raise SystemExit("cllm train did not write " + name)
+    got = hf_environment().from_string(src).render(
+        messages=[{"role": "user", "content": "Is 4 even?"}, {"role": "assistant", "content": "Yes."},
+                  {"role": "user", "content": "And 5?"}], add_generation_prompt=True,
+        bos_token=cfg["bos_token"], eos_token=cfg["eos_token"], tools=None, documents=None)
+    want = "<s>### Human:\nIs 4 even?\n\n### Assistant:\nYes.</s>\n\n### Human:\nAnd 5?\n\n### Assistant:\n"
+    if got != want:
+        raise SystemExit("the trained folder's template renders %r, want %r" % (got, want))
+    print("cllm train wrote a chat_template that Jinja2 renders in the training format")
+    return ("cllm-train-output", src, cfg["bos_token"], cfg["eos_token"])
+
+
 def make_cases(templates, per_template, seed):
     rng = random.Random(seed)
     cases, names = [], []
@@ -259,6 +300,8 @@ def main():
     a = ap.parse_args()
 
     templates = load_templates(a.fixtures)
+    if a.cllm:
+        templates.append(trained_template(a.cllm, a.build, a.fixtures))
     fixture_names = [t[0] for t in templates if not t[0].endswith(".jinja")]
     if not fixture_names:
         raise SystemExit("no fixture folder has a chat_template under " + a.fixtures)

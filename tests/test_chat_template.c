@@ -21,6 +21,8 @@
 #include "check.h"
 #include "cllm/chat_template.h"
 #include "cllm/io.h"
+#include "cllm/sample.h"
+#include "cllm/tokenizer.h"
 
 static const char *fixtures, *templates;
 
@@ -291,6 +293,159 @@ static void test_template_files(void) {
     }
 }
 
+
+/* The text the training path renders for a record: TEXT segments, BOS/EOS as
+ * the tokenizer's token strings; up_to_last_answer cuts before the last
+ * trained TEXT segment (what a prompt for that answer is). */
+static char *training_text(const char *record, const cllm_template *t, const cllm_tokenizer *tok,
+                           bool up_to_last_answer) {
+    cllm_sample smp = {0};
+    cllm_loc where = {"record", 1, 1};
+    if (cllm_sample_parse(&smp, record, strlen(record), &where, t, 0)) {
+        fprintf(stderr, "record refused: %s\n", cllm_last_error());
+        return NULL;
+    }
+    size_t end = smp.n_seg;
+    if (up_to_last_answer)
+        while (end > 0 && !(smp.seg[end - 1].kind == CLLM_SEG_TEXT && smp.seg[end - 1].loss)) end--;
+    if (up_to_last_answer && end > 0) end--;
+    size_t cap = smp.text_len + 64 * smp.n_seg + 1, n = 0;
+    char *out = malloc(cap);
+    for (size_t i = 0; i < end; i++) {
+        const cllm_segment *g = &smp.seg[i];
+        const char *p = NULL;
+        size_t len = 0;
+        if (g->kind == CLLM_SEG_TEXT) {
+            p = smp.text + g->off;
+            len = g->len;
+        } else if (g->kind == CLLM_SEG_BOS) {
+            if (cllm_template_wants_bos(t, tok)) p = cllm_tokenizer_id_to_token(tok, cllm_tokenizer_bos_id(tok), &len);
+        } else {
+            p = cllm_tokenizer_id_to_token(tok, cllm_tokenizer_eos_id(tok), &len);
+        }
+        if (p) {
+            memcpy(out + n, p, len);
+            n += len;
+        }
+    }
+    out[n] = 0;
+    cllm_sample_free(&smp);
+    return out;
+}
+
+/* The record's rounds as OpenAI messages (ask -> user, ans -> assistant);
+ * drop_last leaves out the final round. */
+static json_t *record_messages(const char *record, bool drop_last) {
+    json_t *r = json_loads(record, 0, NULL), *msgs = json_array();
+    json_t *rounds = json_object_get(r, "rounds");
+    size_t n = json_array_size(rounds) - (drop_last ? 1 : 0);
+    for (size_t i = 0; i < n; i++) {
+        json_t *p = json_array_get(rounds, i);
+        const char *role = json_string_value(json_array_get(p, 0));
+        bool ask = !strcmp(role, "ask") || !strcmp(role, "user") || !strcmp(role, "human");
+        json_array_append_new(msgs, json_pack("{ssso}", "role", ask ? "user" : "assistant", "content",
+                                              json_incref(json_array_get(p, 1))));
+    }
+    json_decref(r);
+    return msgs;
+}
+
+static void check_train_format(const cllm_template *t, const cllm_tokenizer *tok, const char *label) {
+    static const char *const records[] = {
+        "{\"type\": \"conversation\", \"rounds\": [[\"ask\", \"Is 14 even?\"], [\"ans\", \"Yes.\"]]}",
+        "{\"type\": \"conversation\", \"rounds\": [[\"ask\", \"ünïcödé \\\"quotes\\\" {{ x }} {% y %}\"], "
+        "[\"ans\", \"line\\none\\n\"], [\"ask\", \"and\\tthen?\"], [\"ans\", \"  spaced  \"]]}",
+        "{\"type\": \"conversation\", \"rounds\": [[\"user\", \"two\"], [\"human\", \"asks\"], [\"gpt\", \"ok\"], "
+        "[\"ask\", \"more\"], [\"ans\", \"done\"], [\"ans\", \"again\"]]}",
+        "{\"rounds\": [[\"ans\", \"an answer first\"], [\"ask\", \"\\\\ back\\\\slash\"], [\"ans\", \"x\"]]}",
+    };
+    char *src = NULL;
+    cllm_chat_template *ct = NULL;
+    CHECK(cllm_chat_template_for_sample(t, &src) == CLLM_OK && cllm_chat_template_init(&ct, src, label) == CLLM_OK,
+          "%s: %s", label, cllm_last_error());
+    size_t bl = 0, el = 0;
+    const char *bp = cllm_tokenizer_id_to_token(tok, cllm_tokenizer_bos_id(tok), &bl);
+    const char *ep = cllm_tokenizer_id_to_token(tok, cllm_tokenizer_eos_id(tok), &el);
+    char *bos = strndup(bp, bl), *eos = strndup(ep, el);
+    for (size_t i = 0; ct && i < sizeof records / sizeof *records; i++) {
+        for (int gen = 0; gen < 2; gen++) {
+            char *want = training_text(records[i], t, tok, gen == 1), *got = NULL;
+            json_t *msgs = record_messages(records[i], gen == 1);
+            cllm_status st = cllm_chat_template_render(ct, msgs, gen == 1, bos, eos, NULL, &got);
+            CHECK(st == CLLM_OK && want && !strcmp(got, want), "%s record %zu gen %d:\n got  [%s] (%s)\n want [%s]",
+                  label, i, gen, got ? got : "", st ? cllm_last_error() : "", want ? want : "");
+            free(want);
+            free(got);
+            json_decref(msgs);
+        }
+    }
+    /* a system message replaces the template's system text; other roles are refused */
+    json_t *m = json_pack("[{ssss}{ssss}]", "role", "system", "content", "S", "role", "tool", "content", "x");
+    char *out = NULL;
+    CHECK(ct && cllm_chat_template_render(ct, m, false, bos, eos, NULL, &out) == CLLM_ERR_ARG &&
+              strstr(cllm_last_error(), "got role tool"),
+          "%s: tool role refused: %s", label, cllm_last_error());
+    json_decref(m);
+    free(bos);
+    free(eos);
+    free(src);
+    cllm_chat_template_free(ct);
+}
+
+static void test_train_format(void) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tinyllama-1.1b-chat-v1.0", fixtures);
+    cllm_tokenizer *tok = NULL;
+    if (cllm_tokenizer_load(&tok, dir)) {
+        CHECK(0, "tokenizer: %s", cllm_last_error());
+        return;
+    }
+    cllm_template t;
+    CHECK(cllm_template_load(&t, NULL) == CLLM_OK, "defaults");
+    check_train_format(&t, tok, "defaults");
+    cllm_template_free(&t);
+    /* a --template file: other markers, BOS forced on, no EOS, a system text with quotes */
+    char tmp[] = "/tmp/cllm_tmpl_train_XXXXXX";
+    CHECK(mkdtemp(tmp) != NULL, "mkdtemp");
+    char path[1200];
+    snprintf(path, sizeof path, "%s/template.json", tmp);
+    const char *tj = "{\"system\": \"You are \\\"terse\\\".\\n\", \"ask_prefix\": \"<|user|>\\n\", \"ask_suffix\": "
+                     "\"\\n\", \"ans_prefix\": \"<|bot|> \", \"ans_suffix\": \"\\n---\\n\", \"bos\": true, \"eos\": false}";
+    cllm_write_file_atomic(path, tj, strlen(tj));
+    CHECK(cllm_template_load(&t, path) == CLLM_OK, "template file: %s", cllm_last_error());
+    check_train_format(&t, tok, "template file");
+    /* write_dir: the tokenizer files travel, load_dir finds the template */
+    CHECK(cllm_chat_template_write_dir(tmp, dir, &t) == CLLM_OK, "write_dir: %s", cllm_last_error());
+    snprintf(path, sizeof path, "%s/tokenizer.json", tmp);
+    struct stat sb;
+    CHECK(stat(path, &sb) == 0, "tokenizer.json copied");
+    cllm_chat_template *ct = NULL;
+    char *bos = NULL, *eos = NULL, *out = NULL;
+    CHECK(cllm_chat_template_load_dir(&ct, &bos, &eos, tmp) == CLLM_OK && ct && bos && !strcmp(bos, "<s>"),
+          "load_dir of the written folder: %s", cllm_last_error());
+    json_t *m = json_pack("[{ssss}]", "role", "user", "content", "hi");
+    CHECK(ct && cllm_chat_template_render(ct, m, true, bos, eos, NULL, &out) == CLLM_OK &&
+              !strcmp(out, "<s>You are \"terse\".\n<|user|>\nhi\n<|bot|> "),
+          "written template: %s", out);
+    free(out);
+    json_decref(m);
+    cllm_chat_template_free(ct);
+    free(bos);
+    free(eos);
+    cllm_template_free(&t);
+    cllm_tokenizer *tok2 = NULL;
+    CHECK(cllm_tokenizer_load(&tok2, tmp) == CLLM_OK, "the written folder's tokenizer loads: %s", cllm_last_error());
+    cllm_tokenizer_free(tok2);
+    static const char *const files[] = {"template.json", "tokenizer.json", "tokenizer_config.json",
+                                        "special_tokens_map.json", "tokenizer.model"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(path, sizeof path, "%s/%s", tmp, files[i]);
+        unlink(path);
+    }
+    rmdir(tmp);
+    cllm_tokenizer_free(tok);
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: test_chat_template FIXTURES/hf TEMPLATES_DIR\n");
@@ -304,5 +459,6 @@ int main(int argc, char **argv) {
     test_inputs();
     test_load_dir();
     test_template_files();
+    test_train_format();
     return check_summary();
 }

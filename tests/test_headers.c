@@ -1,5 +1,6 @@
 /* Every public header compiles on its own in strict C11 (this file is built
  * with -std=c11 -pedantic and the project's warnings). */
+#include "cllm/chat_template.h"
 #include "cllm/core.h"
 #include "cllm/cpu.h"
 #include "cllm/data.h"

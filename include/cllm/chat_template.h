@@ -39,6 +39,7 @@
 #include <stdbool.h>
 
 #include "cllm/core.h"
+#include "cllm/sample.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -85,6 +86,32 @@ cllm_status cllm_chat_template_render(const cllm_chat_template *t, const json_t 
  * Errors name the file and key (CLLM_ERR_FORMAT for a wrong type or a
  * syntax error, CLLM_ERR_IO for an unreadable file). */
 cllm_status cllm_chat_template_load_dir(cllm_chat_template **out, char **bos_token, char **eos_token, const char *dir);
+
+/* ---- the format cllm trains on ---- */
+
+/* Writes into *source (malloc'ed, caller free()s) a chat template that
+ * renders a message list into exactly the text cllm_sample_parse renders
+ * for the same conversation record with prompt template t (the defaults of
+ * cllm_template_load(&t, NULL): "### Human:\n...\n\n### Assistant:\n..."):
+ * the BOS token as t->bos says (automatic: when bos_token is set and differs
+ * from eos_token), t->system (or the content of a leading system message
+ * instead), each user message as ask_prefix + content + ask_suffix, each
+ * assistant message as ans_prefix + content + eos_token (when t->eos), and
+ * ans_suffix between an answer and the next turn. add_generation_prompt
+ * appends what comes before an answer (ans_suffix after an answer, then
+ * ans_prefix). Roles: user / human / ask and assistant / gpt / ans; any
+ * other role raises an exception. Content may be a string or a list of text
+ * parts (joined). */
+cllm_status cllm_chat_template_for_sample(const cllm_template *t, char **source);
+
+/* Gives folder `dir` (a model folder being written) the tokenizer of
+ * `tokenizer_dir` with the chat template of t: tokenizer.json,
+ * tokenizer.model and special_tokens_map.json are copied when present (and
+ * tokenizer_dir is another folder), and dir/tokenizer_config.json is
+ * tokenizer_dir's config (or {} when there is none, or tokenizer_dir is
+ * NULL) with "chat_template" set to cllm_chat_template_for_sample(t). Every
+ * file is written atomically. Errors name the file. */
+cllm_status cllm_chat_template_write_dir(const char *dir, const char *tokenizer_dir, const cllm_template *t);
 
 #ifdef __cplusplus
 }

@@ -241,12 +241,10 @@ cllm_status jinja_replace(jstate *st, jval v, jval *old, jval *new_, jval *count
     } else {
         while (!r && p < n) {
             const char *hit = NULL;
-            if (cnt < 0 || done < cnt)
-                for (size_t i = p; i + on <= n; i++)
-                    if (!memcmp(s + i, o, on)) {
-                        hit = s + i;
-                        break;
-                    }
+            if (cnt < 0 || done < cnt) {
+                size_t at = jfind(s, n, p, o, on);
+                if (at != SIZE_MAX) hit = s + at;
+            }
             if (!hit) break;
             size_t h = (size_t)(hit - s);
             if ((r = jbuf_add(st, &buf, &bn, &cap, s + p, h - p)) || (r = jbuf_add(st, &buf, &bn, &cap, w, wn)))
@@ -297,12 +295,10 @@ static cllm_status split(jstate *st, jval v, jval *sep, jval *maxsplit, jval *ou
         } else {
             const char *hit = NULL;
             size_t sn = sl(*sep);
-            if (max < 0 || done < max)
-                for (size_t i = p; i + sn <= n; i++)
-                    if (!memcmp(s + i, sv(*sep), sn)) {
-                        hit = s + i;
-                        break;
-                    }
+            if (max < 0 || done < max) {
+                size_t at = jfind(s, n, p, sv(*sep), sn);
+                if (at != SIZE_MAX) hit = s + at;
+            }
             size_t e = hit ? (size_t)(hit - s) : n;
             if (json_array_append_new(a, json_stringn_nocheck(s + p, e - p))) break;
             done++;
@@ -337,6 +333,10 @@ static cllm_status affix(jstate *st, jval v, jval *x, bool end, bool *res) {
 cllm_status jinja_method(jstate *st, jval v, const char *name, jval *args, char **kw, size_t n, jval *out,
                          bool *found) {
     *found = true;
+    if (json_is_string(v.j)) {
+        cllm_status r = jinja_step(st, sl(v) / 64);
+        if (r) return r;
+    }
     jval *a0 = jinja_arg(args, kw, n, 0, NULL), *a1 = jinja_arg(args, kw, n, 1, NULL), *a2 = jinja_arg(args, kw, n, 2, NULL);
     if (json_is_string(v.j)) {
         if (!strcmp(name, "strip")) return jinja_strip(st, v, a0, 3, out);
@@ -360,14 +360,13 @@ cllm_status jinja_method(jstate *st, jval v, const char *name, jval *args, char 
             const char *s = sv(v), *x = sv(*a0);
             size_t sn = sl(v), xn = sl(*a0);
             int64_t cnt = 0, at = -1;
-            for (size_t i = 0; i + xn <= sn;) {
-                if (!memcmp(s + i, x, xn)) {
-                    if (at < 0) at = ju8_count(s, i);
-                    cnt++;
-                    i += xn ? xn : 1;
-                } else {
-                    i++;
-                }
+            if (xn == 0) { /* Python: found at 0, counted between all characters */
+                at = 0;
+                cnt = ju8_count(s, sn) + 1;
+            }
+            for (size_t i = 0; xn && (i = jfind(s, sn, i, x, xn)) != SIZE_MAX; i += xn) {
+                if (at < 0) at = ju8_count(s, i);
+                cnt++;
             }
             *out = jv_int(name[0] == 'f' ? at : cnt);
             return nomem(out);

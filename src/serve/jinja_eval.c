@@ -118,6 +118,8 @@ static cllm_status repeat(jstate *st, jval seq, int64_t times, jval *out) {
     if (jv_is_str(seq)) {
         size_t len = json_string_length(seq.j);
         if (len && (uint64_t)times > JINJA_MAX_OUT / len) return jinja_err(st, "string repetition too long");
+        cllm_status r = jinja_step(st, len * (size_t)times / 64);
+        if (r) return r;
         char *b = malloc(len * (size_t)times + 1);
         if (!b) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
         for (int64_t i = 0; i < times; i++) memcpy(b + (size_t)i * len, json_string_value(seq.j), len);
@@ -204,6 +206,8 @@ static cllm_status binop(jstate *st, int op, jval a, jval b, jval *out) {
     if (op == OP_ADD && jv_is_str(a) && jv_is_str(b)) {
         size_t la = json_string_length(a.j), lb = json_string_length(b.j);
         if (la + lb > JINJA_MAX_OUT) return jinja_err(st, "string too long");
+        cllm_status r = jinja_step(st, (la + lb) / 64);
+        if (r) return r;
         char *buf = malloc(la + lb + 1);
         if (!buf) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
         memcpy(buf, json_string_value(a.j), la);
@@ -238,11 +242,7 @@ static cllm_status contains(jstate *st, jval item, jval seq, bool *out) {
             return jinja_err(st, "'in <string>' requires a string on the left, not '%s'", jv_type(item));
         size_t n = json_string_length(seq.j), m = json_string_length(item.j);
         const char *h = json_string_value(seq.j), *nd = json_string_value(item.j);
-        for (size_t i = 0; i + m <= n; i++)
-            if (!memcmp(h + i, nd, m)) {
-                *out = true;
-                break;
-            }
+        *out = jfind(h, n, 0, nd, m) != SIZE_MAX;
         return CLLM_OK;
     }
     if (seq.k == V_JSON && json_is_array(seq.j)) {
@@ -301,7 +301,8 @@ static cllm_status capture(jstate *st, const jlist *body, jval *out) {
 }
 
 static cllm_status call_macro(jstate *st, const jnode *m, jval *args, char **kw, size_t n, jval *out) {
-    if (st->depth >= JINJA_MAX_DEPTH) return jinja_err(st, "macros nested deeper than %d calls", JINJA_MAX_DEPTH);
+    if (st->macro_depth >= JINJA_MAX_DEPTH)
+        return jinja_err(st, "macros nested deeper than %d calls", JINJA_MAX_DEPTH);
     size_t n_pos = 0;
     for (size_t i = 0; i < n; i++)
         if (!kw || !kw[i]) n_pos++;
@@ -332,11 +333,11 @@ static cllm_status call_macro(jstate *st, const jnode *m, jval *args, char **kw,
         if (m->args.v[p]) r = jinja_eval(st, m->args.v[p], &d);
         if (!r) r = scope_set(s, m->items.v[p]->s, d);
     }
-    st->depth++;
+    st->macro_depth++;
     int save_ctl = st->loop_ctl;
     if (!r) r = capture(st, &m->body, out);
     st->loop_ctl = save_ctl;
-    st->depth--;
+    st->macro_depth--;
     st->cur = saved;
     scope_free(s);
     return r;
@@ -527,7 +528,8 @@ cllm_status jinja_eval(jstate *st, const jnode *e, jval *out) {
     *out = jv_undef(NULL);
     st->line = e->line;
     if ((r = jinja_step(st, 1))) return r;
-    if (++st->depth > JINJA_MAX_DEPTH + 300) {
+    /* nesting across macro calls too: bounds the C stack a render uses */
+    if (++st->depth > 2000) {
         st->depth--;
         return jinja_err(st, "expression nested too deeply");
     }
@@ -728,7 +730,7 @@ static cllm_status exec_for(jstate *st, const jnode *s) {
     }
     size_t n = r ? 0 : json_array_size(items);
     for (size_t i = 0; !r && i < n; i++) {
-        if ((r = jinja_step(st, 1))) break;
+        if ((r = jinja_step(st, 4))) break; /* the loop object costs about four steps */
         json_t *loop = json_object();
         if (!loop) {
             r = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");

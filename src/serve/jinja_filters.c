@@ -273,6 +273,7 @@ cllm_status jinja_filter(jstate *st, const char *name, jval v, jval *args, char 
     jval s = jv_undef(NULL);
     jval *a0 = jinja_arg(args, kw, n, 0, NULL), *a1 = jinja_arg(args, kw, n, 1, NULL);
     *out = jv_undef(NULL);
+    if (jv_is_str(v) && (r = jinja_step(st, json_string_length(v.j) / 64))) return r;
     if (!strcmp(name, "default") || !strcmp(name, "d")) {
         jval *dv = jinja_arg(args, kw, n, 0, "default_value");
         bool boolean = jinja_arg(args, kw, n, 1, "boolean") && jv_truthy(*jinja_arg(args, kw, n, 1, "boolean"));
@@ -594,8 +595,7 @@ cllm_status jinja_test(jstate *st, const char *name, jval v, jval *args, size_t 
         if (jv_is_str(*a)) {
             if (!jv_is_str(v)) return jinja_err(st, "'in <string>' requires a string on the left");
             size_t hn = json_string_length(a->j), nn = json_string_length(v.j);
-            for (size_t i = 0; !*out && i + nn <= hn; i++)
-                *out = !memcmp(json_string_value(a->j) + i, json_string_value(v.j), nn);
+            *out = jfind(json_string_value(a->j), hn, 0, json_string_value(v.j), nn) != SIZE_MAX;
         } else if (a->k == V_JSON && json_is_array(a->j)) {
             for (size_t i = 0; !*out && i < json_array_size(a->j); i++)
                 *out = jv_equal(v, jv_json(json_array_get(a->j, i)));

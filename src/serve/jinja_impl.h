@@ -115,7 +115,8 @@ typedef struct {
     char *out;
     size_t n, cap;
     uint64_t steps;
-    int depth; /* nested macro calls and expression recursion */
+    int depth;       /* expression recursion */
+    int macro_depth; /* nested macro calls */
     int line;  /* line of the node being evaluated (for messages) */
     jscope *root, *cur;
     int loop_ctl; /* 1 break, 2 continue, pending */
@@ -124,6 +125,10 @@ typedef struct {
 
 #define JINJA_MAX_OUT (16u << 20)
 #define JINJA_MAX_STEPS 10000000ull
+/* The step budget of a render (JINJA_MAX_STEPS). The fuzz target lowers it
+ * before its first render so that every input runs within its time limit;
+ * nothing else writes it. Text handling is charged one step per 64 bytes. */
+extern uint64_t jinja_max_steps;
 #define JINJA_MAX_RANGE 1000000
 #define JINJA_MAX_DEPTH 256
 
@@ -168,6 +173,9 @@ int64_t jv_len(jval v);
 /* Appends to a growable buffer; fails past JINJA_MAX_OUT. */
 cllm_status jbuf_add(jstate *st, char **buf, size_t *n, size_t *cap, const char *s, size_t len);
 
+/* Offset of the first occurrence of needle in hay at or after `from`
+ * (linear time), or SIZE_MAX. */
+size_t jfind(const char *hay, size_t hn, size_t from, const char *needle, size_t nn);
 /* UTF-8 helpers: byte offset of code point i (clamped to len). */
 size_t ju8_offset(const char *s, size_t len, int64_t i);
 int64_t ju8_count(const char *s, size_t len);

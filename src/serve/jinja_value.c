@@ -10,6 +10,7 @@
  * integers beyond 64 bits (an overflow is an error), non-finite floats
  * (jansson cannot hold them; producing one is an error).
  */
+#define _GNU_SOURCE /* memmem */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -29,10 +30,12 @@ cllm_status jinja_err(jstate *st, const char *fmt, ...) {
     return cllm_fail(CLLM_ERR_ARG, "cllm_chat_template_render", "%s:%d: %s", st->t->what, st->line, msg);
 }
 
+uint64_t jinja_max_steps = JINJA_MAX_STEPS;
+
 cllm_status jinja_step(jstate *st, uint64_t n) {
     st->steps += n;
-    if (st->steps > JINJA_MAX_STEPS)
-        return jinja_err(st, "the template ran more than %llu steps", (unsigned long long)JINJA_MAX_STEPS);
+    if (st->steps > jinja_max_steps)
+        return jinja_err(st, "the template ran more than %llu steps", (unsigned long long)jinja_max_steps);
     return CLLM_OK;
 }
 
@@ -188,6 +191,10 @@ cllm_status jv_compare(jstate *st, jval a, jval b, int *cmp) {
 cllm_status jbuf_add(jstate *st, char **buf, size_t *n, size_t *cap, const char *s, size_t len) {
     if (len > JINJA_MAX_OUT || *n + len > JINJA_MAX_OUT)
         return jinja_err(st, "the output grew past %u bytes", JINJA_MAX_OUT);
+    if (len >= 64) {
+        cllm_status r = jinja_step(st, len / 64);
+        if (r) return r;
+    }
     if (*n + len + 1 > *cap) {
         size_t c = *cap ? *cap : 256;
         while (c < *n + len + 1) c *= 2;
@@ -509,4 +516,11 @@ bool ju8_space(const char *s, size_t len, size_t *n) {
     *n = (size_t)(k > 0 ? k : 1);
     return u == 0x85 || u == 0xA0 || u == 0x1680 || (u >= 0x2000 && u <= 0x200A) || u == 0x2028 || u == 0x2029 ||
            u == 0x202F || u == 0x205F || u == 0x3000;
+}
+
+size_t jfind(const char *hay, size_t hn, size_t from, const char *needle, size_t nn) {
+    if (from > hn) return SIZE_MAX;
+    if (nn == 0) return from;
+    const char *p = memmem(hay + from, hn - from, needle, nn);
+    return p ? (size_t)(p - hay) : SIZE_MAX;
 }

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cllm/chat_template.h"
 #include "cllm/checkpoint.h"
 #include "cllm/dist.h"
 #include "cllm/io.h"
@@ -574,6 +575,17 @@ static cllm_status pipe_report(trainer *tr, bool times) {
 
 /* ---------------------------------------------------------------- run */
 
+/* The output folder's tokenizer files and chat template: the default prompt
+ * template is the one the data loader renders records with. */
+static cllm_status write_chat_template(const cllm_train_config *c) {
+    cllm_template t;
+    cllm_status st = cllm_template_load(&t, NULL);
+    if (st) return st;
+    st = cllm_chat_template_write_dir(c->output_dir, c->tokenizer ? c->tokenizer : c->model_dir, &t);
+    cllm_template_free(&t);
+    return st;
+}
+
 static cllm_status run(trainer *tr, cllm_train_result *res) {
     cllm_train_config *c = tr->cfg;
     char *resume_dir = NULL;
@@ -803,6 +815,9 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
             fprintf(stderr, "cllm train: replicated tensors differ by at most %.3g over the %d tensor ranks\n",
                     (double)diff, tr->topo.dims[CLLM_AXIS_TENSOR]);
         if (c->output_dir && (st = cllm_model_save(whole, c->output_dir, c->max_shard_bytes))) goto done;
+        /* the tokenizer and a chat template of the format trained on, so that
+         * `cllm serve` prompts the model as it was trained */
+        if (c->output_dir && cllm_dist_rank() == 0 && (st = write_chat_template(c))) goto done;
     } else {
         double wait = 0;
         st = train_saver_wait(tr->saver, &wait);
