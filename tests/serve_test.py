@@ -623,6 +623,49 @@ def sigterm_test(cllm, model):
           f"in-flight request at SIGTERM: {res.get('r', [None])[0]}")
 
 
+def trained_folders(cllm, tmp):
+    """A model trained here on conversation records is served from its output folder, its checkpoint folder
+    and its run folder (the `latest` checkpoint), and answers chat requests in the format it was trained on."""
+    data = os.path.join(tmp, "conv.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        for i in range(8):
+            f.write(json.dumps({"type": "conversation", "rounds": [["ask", f"Is {i} even?"],
+                                                                   ["ans", "Yes." if i % 2 == 0 else "No."]]}) + "\n")
+    run_dir = os.path.join(tmp, "run")
+    r = subprocess.run([cllm, "train", "--model", os.path.join(tmp, "model"), "--data", data, "--out", run_dir,
+                        "--steps", "2", "--batch-size", "2", "--seq-len", "32", "--save-interval", "1",
+                        "--sync-save", "--log", "quiet"], capture_output=True)
+    if not check(r.returncode == 0, f"cllm train: {r.stderr[-500:]}"):
+        return
+    msgs = [{"role": "user", "content": "Is 7 even?"}]
+    rendered = "### Human:\nIs 7 even?\n\n### Assistant:\n"  # the conversation format of docs/data.md (GPT-2: no BOS)
+    answers = []
+    for folder in (run_dir, os.path.join(run_dir, "checkpoint-2")):
+        s = Server(cllm, folder)
+        try:
+            chat = req(s.port, "POST", "/v1/chat/completions", {"model": "m", "messages": msgs, "max_tokens": 6,
+                                                                 "temperature": 0})[1]
+            comp = req(s.port, "POST", "/v1/completions", {"model": "m", "prompt": rendered, "max_tokens": 6,
+                                                           "temperature": 0})[1]
+            check(chat["choices"][0]["message"]["content"] == comp["choices"][0]["text"] and
+                  chat["usage"]["prompt_tokens"] == comp["usage"]["prompt_tokens"],
+                  f"{folder}: the chat prompt is not the trained format: {chat} vs {comp}")
+            answers.append(comp["choices"][0]["text"])
+        finally:
+            check(s.stop() == 0, "exit 0")
+    # the run folder's final model is the step-2 checkpoint's
+    check(len(answers) == 2 and answers[0] == answers[1], f"run folder vs checkpoint-2: {answers}")
+    # a folder without a config but with a `latest` pointer: the newest checkpoint
+    os.rename(os.path.join(run_dir, "config.json"), os.path.join(run_dir, "config.json.off"))
+    s = Server(cllm, run_dir)
+    try:
+        comp = req(s.port, "POST", "/v1/completions", {"model": "m", "prompt": rendered, "max_tokens": 6,
+                                                       "temperature": 0})[1]
+        check(comp["choices"][0]["text"] == answers[0], "run folder through `latest`")
+    finally:
+        check(s.stop() == 0, "exit 0")
+
+
 def auth_and_overload(cllm, model):
     s = Server(cllm, model, "--api-key", "s3cret", "--max-concurrent-requests", "2", "--max-batch-size", "2")
     p = s.port
@@ -695,6 +738,7 @@ def main():
         finally:
             check(srv.stop() == 0, "exit code after SIGTERM")
         sigterm_test(a.cllm, model)
+        trained_folders(a.cllm, tmp)
         auth_and_overload(a.cllm, model)
     print("serve test:", "FAILED" if failures else "ok", flush=True)
     return 1 if failures else 0
