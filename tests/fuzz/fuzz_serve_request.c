@@ -39,10 +39,17 @@ static void setup(void) {
     srv.p.max_n = 4;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+/* The tokenizer loads once, before the inputs (and outside their time limit). */
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc, (void)argv;
     (void)fuzz_dir();
     setup();
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     json_error_t err;
     json_t *body = json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES, &err);
     if (!body) return 0;
