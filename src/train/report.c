@@ -81,6 +81,10 @@ cllm_status train_record_step(trainer *tr, const train_step_report *s) {
         rec_num(&r, "offload_wait_time", wait);
     }
     if (tr->fp16) rec_num(&r, "loss_scale", s->loss_scale);
+    /* the objective's own metrics (DPO's rewards/..., logps/...): this rank's micro-batches */
+    cllm_objective_metric om[16];
+    int n_om = cllm_objective_take_metrics(tr->obj, om, 16);
+    for (int i = 0; i < n_om; i++) rec_num(&r, om[i].name, om[i].value);
     if (!s->finite) rec_bool(&r, "skipped", true);
     tr->time_save_pending = 0;
     return train_metrics_write(&tr->metrics, rec_end(&r));
