@@ -17,6 +17,7 @@
  * truncation_mode "keep_end"): the prompt is cut from its start first.
  */
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -116,10 +117,15 @@ cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, const char *path, con
             if (!tokenizer)
                 st = cllm_fail_at(CLLM_ERR_ARG, l->file, l->line, l->col,
                                   "a text preference record needs a tokenizer (--tokenizer DIR)");
-            else if (!tok && !(st = cllm_tokenizer_load(&tok, tokenizer)) && vocab > 0 &&
-                     cllm_tokenizer_vocab_size(tok) > vocab)
+            else if (!tok && (st = cllm_tokenizer_load(&tok, tokenizer))) {
+                char msg[512];
+                snprintf(msg, sizeof msg, "%s", cllm_last_error());
+                st = cllm_fail_at(st, l->file, l->line, l->col,
+                                  "a text preference record needs a tokenizer (--tokenizer DIR): %s", msg);
+            } else if (vocab > 0 && cllm_tokenizer_vocab_size(tok) > vocab) {
                 st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: the tokenizer's %d ids do not fit the model's vocabulary of %d",
                                tokenizer, (int)cllm_tokenizer_vocab_size(tok), vocab);
+            }
             int32_t bos = tok ? cllm_tokenizer_bos_id(tok) : -1, eos = tok ? cllm_tokenizer_eos_id(tok) : -1;
             if (!st && bos >= 0) st = push(&p, bos);
             if (!st) st = get_text(o, "prompt", l, tok, &p);
