@@ -13,6 +13,7 @@ Loss types sigmoid (label smoothing 0 and 0.1), ipo (log-probs averaged per
 completion token), hinge, robust (smoothing 0.2), reference_free; a separate
 reference model (--ref-model) so that policy and reference differ, and the
 default reference (the starting weights); gradient accumulation over pairs.
+Under mpirun (case mpi, label mpi): 2 ranks at ZeRO 1 and 3 match one process.
 Also: text records ({"prompt", "chosen", "rejected"}, GPT-2 tokenizer) train
 exactly like their pre-tokenized form (BOS + prompt, completion + EOS), and
 bad records fail naming FILE:LINE.
@@ -300,6 +301,45 @@ def case_errors(cllm, tmp):
           r.stderr[-300:])
 
 
+def case_mpi(cllm, tmp):
+    """Data parallelism: 2 ranks at ZeRO 1 (overlap_comm) and 3 give the
+    one-process losses (relative 1e-5) and weights (1e-5) after 3 SGD steps
+    with accumulation, pairs split whole over ranks and micro-batches."""
+    cfg = hm.make_config("bloom")
+    pol_dir, ref_dir = os.path.join(tmp, "mpi.pol"), os.path.join(tmp, "mpi.ref")
+    hm.save_hf_folder(pol_dir, cfg, hm.init_params(cfg, seed=3))
+    hm.save_hf_folder(ref_dir, cfg, hm.init_params(cfg, seed=4))
+    data = os.path.join(tmp, "mpi.jsonl")
+    write_jsonl(data, make_pairs(cfg["vocab_size"], 8, seed=2, T=12))
+    common = ["train", "--task", "dpo", "--model", pol_dir, "--ref-model", ref_dir, "--data", data, "--steps", "3",
+              "--batch-size", "4", "--grad-accum", "2", "--seq-len", "12", "--optimizer", "sgd", "--lr", "1",
+              "--log", "quiet", "--peak-gflops", "1", "--loss-type", "robust", "--label-smoothing", "0.1"]
+    one = os.path.join(tmp, "mpi.one")
+    r = run([cllm] + common + ["--out", one])
+    if not check("mpi: one-process run", r.returncode == 0, r.stderr[-300:]):
+        return
+    base_losses = [m["loss"] for m in map(json.loads, open(os.path.join(one, "metrics.jsonl"))) if "loss" in m]
+    base = hm.load_hf_folder(one)[1]
+    for stage, extra in ((1, {"overlap_comm": True}), (3, {})):
+        conf = os.path.join(tmp, "z%d.json" % stage)
+        with open(conf, "w") as f:
+            json.dump({"zero_optimization": dict({"stage": stage}, **extra)}, f)
+        out = os.path.join(tmp, "mpi.z%d" % stage)
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        r = subprocess.run(["timeout", "-k", "5", "240", "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to",
+                            "none", "-np", "2", cllm] + common + ["--config", conf, "--out", out],
+                           capture_output=True, text=True, env=env)
+        if not check("mpi: ZeRO %d on 2 ranks" % stage, r.returncode == 0, r.stderr[-300:]):
+            continue
+        losses = [m["loss"] for m in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "loss" in m]
+        check("mpi: ZeRO %d losses" % stage, len(losses) == len(base_losses) and
+              all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(losses, base_losses)), "%s vs %s" % (losses, base_losses))
+        w = hm.load_hf_folder(out)[1]
+        diff = max(float((w[n] - base[n]).abs().max()) for n in base)
+        check("mpi: ZeRO %d weights within 1e-5 of one process after 3 SGD steps" % stage, diff <= 1e-5,
+              "max |diff| %.1e" % diff)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cllm", required=True)
@@ -317,6 +357,8 @@ def main():
             case_text(a.cllm, tmp, a.fixtures)
         if a.case in ("all", "errors"):
             case_errors(a.cllm, tmp)
+        if a.case == "mpi":
+            case_mpi(a.cllm, tmp)
     finally:
         if a.keep:
             print("kept", tmp)
