@@ -284,12 +284,15 @@ def case_errors(cllm, tmp):
         ("id outside vocabulary", dict(good, rejected_input_ids=[5, 101]),
          '"rejected_input_ids"[1]: token id 101 is outside the vocabulary [0, 101)'),
         ("empty completion", dict(good, chosen_input_ids=[]), "empty chosen completion"),
+        ("nothing scored", dict(good, prompt_input_ids=[], chosen_input_ids=[3, 5], rejected_input_ids=[7]),
+         "the rejected row scores no token"),
+        ("malformed JSON", '{"prompt_input_ids": [1,', "malformed JSON"),
         ("text without tokenizer", {"prompt": "a", "chosen": "b", "rejected": "c"}, "needs a tokenizer"),
     ]
     for name, rec, needle in cases:
         path = os.path.join(tmp, "bad.jsonl")
         with open(path, "w") as f:
-            f.write(json.dumps(good) + "\n\n" + json.dumps(rec) + "\n")
+            f.write(json.dumps(good) + "\n\n" + (rec if isinstance(rec, str) else json.dumps(rec)) + "\n")
         r = run([cllm, "train", "--task", "dpo", "--model", mdir, "--data", path, "--out", os.path.join(tmp, "eo"),
                  "--steps", "1", "--batch-size", "1", "--seq-len", "8", "--log", "quiet"])
         where = "%s:3:" % path

@@ -68,11 +68,17 @@ static cllm_status get_text(json_t *o, const char *key, const cllm_loc *l, const
     return cllm_tokenizer_encode(tok, json_string_value(s), json_string_length(s), false, out);
 }
 
-/* One row: the last T tokens of prompt + completion, labels -100 on the prompt. */
+/* One row: the last T tokens of prompt + completion, labels -100 on the
+ * prompt. A row must score at least one token: a completion token after
+ * the row's first (the first token has nothing before it to predict it). */
 static cllm_status append_row(cllm_store *mem, const cllm_token_buf *p, const cllm_token_buf *c, int T,
-                              cllm_token_buf *ids, cllm_token_buf *labels) {
+                              const cllm_loc *l, const char *which, cllm_token_buf *ids, cllm_token_buf *labels) {
     ids->n = labels->n = 0;
     size_t n = p->n + c->n, skip = n > (size_t)T ? n - (size_t)T : 0;
+    if (n < 2 || (p->n == 0 && c->n < 2))
+        return cllm_fail_at(CLLM_ERR_FORMAT, l->file, l->line, l->col,
+                            "the %s row scores no token: with an empty prompt the completion needs 2 tokens or more",
+                            which);
     cllm_status st = CLLM_OK;
     for (size_t i = skip; i < n && !st; i++) {
         bool is_prompt = i < p->n;
@@ -101,10 +107,10 @@ cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, const char *path, con
             break;
         }
         json_error_t err;
-        json_t *o = json_loadb(rec.text, rec.len, JSON_DISABLE_EOF_CHECK, &err);
+        json_t *o = json_loadb(rec.text, rec.len, JSON_REJECT_DUPLICATES, &err);
         if (!o || !json_is_object(o)) {
-            st = cllm_fail_at(CLLM_ERR_FORMAT, l->file, l->line, l->col, "%s",
-                              o ? "expected a JSON object" : err.text);
+            st = cllm_fail_at(CLLM_ERR_FORMAT, l->file, l->line, l->col, "%s%s",
+                              o ? "a preference record must be a JSON object" : "malformed JSON: ", o ? "" : err.text);
             json_decref(o);
             break;
         }
@@ -138,8 +144,8 @@ cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, const char *path, con
         if (!st && (c.n == 0 || r.n == 0))
             st = cllm_fail_at(CLLM_ERR_FORMAT, l->file, l->line, l->col, "empty %s completion",
                               c.n == 0 ? "chosen" : "rejected");
-        if (!st) st = append_row(mem, &p, &c, T, &ids, &labels);
-        if (!st) st = append_row(mem, &p, &r, T, &ids, &labels);
+        if (!st) st = append_row(mem, &p, &c, T, l, "chosen", &ids, &labels);
+        if (!st) st = append_row(mem, &p, &r, T, l, "rejected", &ids, &labels);
     }
     if (!st && mem->n == 0) st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: no preference pairs", path);
     if (tok) {
