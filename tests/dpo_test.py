@@ -337,6 +337,11 @@ def case_mpi(cllm, tmp):
         losses = [m["loss"] for m in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "loss" in m]
         check("mpi: ZeRO %d losses" % stage, len(losses) == len(base_losses) and
               all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(losses, base_losses)), "%s vs %s" % (losses, base_losses))
+        a, b = last_metrics(out), last_metrics(one)
+        keys = [k for k in b if k.startswith(("rewards/", "logps/"))]
+        bad = [k for k in keys if not abs(a.get(k, float("nan")) - b[k]) <= 1e-5 * max(1.0, abs(b[k]))]
+        check("mpi: ZeRO %d trl metrics averaged over ranks (%d)" % (stage, len(keys)), len(keys) == 6 and not bad,
+              "; ".join("%s %r vs %r" % (k, a.get(k), b[k]) for k in bad))
         w = hm.load_hf_folder(out)[1]
         diff = max(float((w[n] - base[n]).abs().max()) for n in base)
         check("mpi: ZeRO %d weights within 1e-5 of one process after 3 SGD steps" % stage, diff <= 1e-5,
