@@ -13,6 +13,8 @@ Loss types sigmoid (label smoothing 0 and 0.1), ipo (log-probs averaged per
 completion token), hinge, robust (smoothing 0.2), reference_free; a separate
 reference model (--ref-model) so that policy and reference differ, and the
 default reference (the starting weights); gradient accumulation over pairs.
+A resumed run ends bit-identical to the straight one, and eval_loss is the
+mean DPO loss over the eval pairs (case resume).
 Under mpirun (case mpi, label mpi): 2 ranks at ZeRO 1 and 3 match one process.
 Also: text records ({"prompt", "chosen", "rejected"}, GPT-2 tokenizer) train
 exactly like their pre-tokenized form (BOS + prompt, completion + EOS), and
@@ -304,6 +306,48 @@ def case_errors(cllm, tmp):
           r.stderr[-300:])
 
 
+def case_resume(cllm, tmp):
+    """A run stopped at a checkpoint and resumed ends bit-identical to the
+    straight run (shuffled pairs, AdamW, the reference still the starting
+    weights), and evaluation reports the mean DPO loss over the eval pairs."""
+    cfg = hm.make_config("llama")
+    pol_dir = os.path.join(tmp, "res.pol")
+    params = hm.init_params(cfg, seed=8)
+    hm.save_hf_folder(pol_dir, cfg, params)
+    pairs = make_pairs(cfg["vocab_size"], 6, seed=4, T=12)
+    data = os.path.join(tmp, "res.jsonl")
+    write_jsonl(data, pairs)
+    common = ["train", "--task", "dpo", "--model", pol_dir, "--data", data, "--batch-size", "2", "--seq-len", "12",
+              "--optimizer", "adamw", "--lr", "0.01", "--log", "quiet", "--peak-gflops", "1", "--beta", "0.2"]
+    a, b = os.path.join(tmp, "res.a"), os.path.join(tmp, "res.b")
+    runs = [common + ["--out", a, "--steps", "4"], common + ["--out", b, "--steps", "2", "--save-interval", "2"],
+            common + ["--out", b, "--steps", "4", "--save-interval", "2", "--resume", "auto"]]
+    for i, cmd in enumerate(runs):
+        r = run([cllm] + cmd)
+        if not check("resume: run %d" % i, r.returncode == 0, r.stderr[-300:]):
+            return
+    with open(os.path.join(a, "model.safetensors"), "rb") as f1, open(os.path.join(b, "model.safetensors"), "rb") as f2:
+        check("resume: resumed weights bit-identical to the straight run", f1.read() == f2.read())
+    # evaluation after a step at lr 0 (the starting weights) against another reference
+    ref_dir = os.path.join(tmp, "res.ref")
+    ref_params = hm.init_params(cfg, seed=18)
+    hm.save_hf_folder(ref_dir, cfg, ref_params)
+    ev = os.path.join(tmp, "res.ev")
+    cmd = [x if x != "0.01" else "0" for x in common]
+    r = run([cllm] + cmd + ["--out", ev, "--steps", "1", "--eval-data", data, "--eval-interval", "1", "--ref-model",
+                            ref_dir])
+    if check("resume: eval run", r.returncode == 0, r.stderr[-300:]):
+        with open(os.path.join(ev, "metrics.jsonl")) as f:
+            e = [m for m in map(json.loads, f) if "eval_loss" in m][-1]
+        ids, labels = batch_of(pairs, 12)
+        lp = completion_logps(cfg, {n: t.double() for n, t in params.items()}, ids, labels, False)
+        rl = completion_logps(cfg, {n: t.double() for n, t in ref_params.items()}, ids, labels, False)
+        ref, _ = trl_loss(lp[0::2], lp[1::2], rl[0::2], rl[1::2], 0.2, "sigmoid", 0.0, False)
+        check("resume: eval_loss = mean DPO loss over the eval pairs", abs(e["eval_loss"] - float(ref)) <= 1e-5 *
+              float(ref) and e["eval_tokens"] == len(pairs), "%r vs %r (%r pairs)" % (e["eval_loss"], float(ref),
+                                                                                     e["eval_tokens"]))
+
+
 def case_mpi(cllm, tmp):
     """Data parallelism: 2 ranks at ZeRO 1 (overlap_comm) and 3 give the
     one-process losses (relative 1e-5) and weights (1e-5) after 3 SGD steps
@@ -365,6 +409,8 @@ def main():
             case_text(a.cllm, tmp, a.fixtures)
         if a.case in ("all", "errors"):
             case_errors(a.cllm, tmp)
+        if a.case in ("all", "resume"):
+            case_resume(a.cllm, tmp)
         if a.case == "mpi":
             case_mpi(a.cllm, tmp)
     finally:
