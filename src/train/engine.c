@@ -69,7 +69,7 @@ static cllm_status open_data(trainer *tr) {
                           .split = "train",
                           .splits = c->splits,
                           .skip_bad = c->skip_bad,
-                          .pairs = strcmp(c->task, "dpo") == 0};
+                          .pairs = c->task && strcmp(c->task, "dpo") == 0};
     cllm_status st = cllm_loader_open(&tr->train, &o);
     if (st) return st;
     if (c->data_eval || c->splits) {
@@ -625,7 +625,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if ((st = open_model(tr, resume_dir))) goto done;
     if ((st = open_data(tr))) goto done;
     /* the data were opened with the whole vocabulary; from here on tr->m is this rank's part */
-    tr->pairs = strcmp(c->task, "dpo") == 0;
+    tr->pairs = c->task && strcmp(c->task, "dpo") == 0;
     if (tr->pairs && (st = open_dpo(tr, piped, tensor))) goto done;
     if (tensor && (st = train_tp_init(&tr->tp, &tr->m, &tr->topo))) goto done;
     /* DPO: batch sizes count pairs; from here on they count rows (2 a pair) */
