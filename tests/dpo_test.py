@@ -16,9 +16,10 @@ default reference (the starting weights); gradient accumulation over pairs.
 A resumed run ends bit-identical to the straight one, and eval_loss is the
 mean DPO loss over the eval pairs (case resume).
 Under mpirun (case mpi, label mpi): 2 ranks at ZeRO 1 and 3 match one process.
-Also: text records ({"prompt", "chosen", "rejected"}, GPT-2 tokenizer) train
-exactly like their pre-tokenized form (BOS + prompt, completion + EOS), and
-bad records fail naming FILE:LINE.
+Also: text records ({"prompt", "chosen", "rejected"}, GPT-2 and TinyLlama
+tokenizers) train exactly like their pre-tokenized form (BOS + prompt where
+the tokenizer adds BOS, completion + EOS), and bad records fail naming
+FILE:LINE.
 
 Run by ctest (label train) as
   /usr/bin/python3 tests/dpo_test.py --cllm build/cllm --build build [--fixtures DIR]
@@ -226,14 +227,24 @@ def case_losses(cllm, tmp):
                   "; ".join(errs[:6]) if errs else "worst rel-L2 %.1e" % worst)
 
 
+# The fixtures' special tokens, as HF's tokenizers apply them: GPT-2's
+# post-processor adds nothing (<|endoftext|> 50256 is its EOS), LLaMA's
+# (TinyLlama) adds BOS <s> = 1; its EOS is </s> = 2.
+TEXT_TOKENIZERS = [("gpt2", 50257, None, 50256), ("tinyllama-1.1b-chat-v1.0", 32000, 1, 2)]
+
+
 def case_text(cllm, tmp, fixtures):
-    tok = os.path.join(fixtures, "gpt2")
+    for name, V, bos, eos in TEXT_TOKENIZERS:
+        text_case(cllm, tmp, os.path.join(fixtures, name), name, V, bos, eos)
+
+
+def text_case(cllm, tmp, tok, tname, V, BOS, EOS):
     if not os.path.exists(os.path.join(tok, "tokenizer.json")):
-        check("text records: GPT-2 tokenizer fixture at %s" % tok, False)
+        check("text records: tokenizer fixture at %s" % tok, False)
         return
-    EOS = 50256  # <|endoftext|>: GPT-2's BOS and EOS
-    cfg = hm.make_config("gpt2", vocab_size=50257)
-    mdir = os.path.join(tmp, "gpt2-50k")
+    arch = "gpt2" if tname == "gpt2" else "llama"
+    cfg = hm.make_config(arch, vocab_size=V)
+    mdir = os.path.join(tmp, tname + ".model")
     hm.save_hf_folder(mdir, cfg, hm.init_params(cfg, seed=9))
     texts = [("Question: is 7 even?\nAnswer:", " No, 7 is odd.", " Yes."),
              ("Name a colour.", " Blue", " The number twelve, naturally"),
@@ -246,17 +257,18 @@ def case_text(cllm, tmp, fixtures):
         r = run([cllm, "tokenize", "--tokenizer", tok, "--input", path, "--no-special"])
         return json.loads(r.stdout)["ids"]
 
-    text_path, ids_path = os.path.join(tmp, "text.jsonl"), os.path.join(tmp, "ids.jsonl")
+    text_path, ids_path = os.path.join(tmp, tname + ".text.jsonl"), os.path.join(tmp, tname + ".ids.jsonl")
     write_jsonl(text_path, [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in texts])
-    write_jsonl(ids_path, [{"prompt_input_ids": [EOS] + encode(p), "chosen_input_ids": encode(c) + [EOS],
+    write_jsonl(ids_path, [{"prompt_input_ids": ([BOS] if BOS is not None else []) + encode(p),
+                            "chosen_input_ids": encode(c) + [EOS],
                             "rejected_input_ids": encode(r) + [EOS]} for p, c, r in texts])
     outs = []
     for name, data in (("text", text_path), ("ids", ids_path)):
-        out = os.path.join(tmp, "tok-" + name)
+        out = os.path.join(tmp, "%s.%s.out" % (tname, name))
         r = run([cllm, "train", "--task", "dpo", "--model", mdir, "--data", data, "--out", out, "--steps", "1",
                  "--batch-size", "3", "--seq-len", "24", "--optimizer", "sgd", "--lr", "1", "--no-shuffle",
                  "--log", "quiet", "--peak-gflops", "1", "--tokenizer", tok, "--reference-free"])
-        check("text records: %s run exit 0" % name, r.returncode == 0, r.stderr[-400:])
+        check("text records (%s): %s run exit 0" % (tname, name), r.returncode == 0, r.stderr[-400:])
         if r.returncode:
             return
         outs.append(out)
@@ -266,13 +278,13 @@ def case_text(cllm, tmp, fixtures):
         f.write(json.dumps({"prompt": "a", "chosen": 3, "rejected": "c"}) + "\n")
     r = run([cllm, "train", "--task", "dpo", "--model", mdir, "--data", bad, "--out", os.path.join(tmp, "bo"),
              "--steps", "1", "--batch-size", "1", "--seq-len", "8", "--log", "quiet", "--tokenizer", tok])
-    check("text records: a non-string completion fails naming FILE:LINE",
+    check("text records (%s): a non-string completion fails naming FILE:LINE" % tname,
           r.returncode == 1 and ('%s:2:1: "chosen": expected a string' % bad) in r.stderr, r.stderr[-300:])
     a, b = last_metrics(outs[0]), last_metrics(outs[1])
-    check("text records: same loss as their pre-tokenized form", a["loss"] == b["loss"],
+    check("text records (%s): same loss as their pre-tokenized form" % tname, a["loss"] == b["loss"],
           "%r vs %r" % (a["loss"], b["loss"]))
     wa, wb = hm.load_hf_folder(outs[0])[1], hm.load_hf_folder(outs[1])[1]
-    check("text records: same updated weights", all(torch.equal(wa[n], wb[n]) for n in wa))
+    check("text records (%s): same updated weights" % tname, all(torch.equal(wa[n], wb[n]) for n in wa))
 
 
 def case_errors(cllm, tmp):

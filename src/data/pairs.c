@@ -4,9 +4,10 @@
  * rejected, sharing the prompt.
  *
  *   {"prompt": "...", "chosen": "...", "rejected": "..."}
- *       prompt ids = [BOS] + encode(prompt) (BOS when the tokenizer has
- *       one), completion ids = encode(completion) + [EOS] (when it has one),
- *       both encoded without the post-processor's special tokens: what
+ *       prompt ids = [BOS] + encode(prompt), BOS when the tokenizer's
+ *       post-processor adds one (LLaMA's, not GPT-2's); completion ids =
+ *       encode(completion) + [EOS] (when the tokenizer has one); texts are
+ *       encoded without the post-processor's special tokens: the rows
  *       trl's DPO trainer builds for `prompt + chosen`.
  *   {"prompt_input_ids": [...], "chosen_input_ids": [...],
  *    "rejected_input_ids": [...]}
@@ -68,6 +69,17 @@ static cllm_status get_text(json_t *o, const char *key, const cllm_loc *l, const
     return cllm_tokenizer_encode(tok, json_string_value(s), json_string_length(s), false, out);
 }
 
+/* Whether the tokenizer's post-processor starts a text with BOS (LLaMA's
+ * does, GPT-2's does not): *state 1 if so, else -1. */
+static cllm_status adds_bos(const cllm_tokenizer *tok, int *state) {
+    cllm_token_buf b = {0};
+    int32_t bos = cllm_tokenizer_bos_id(tok);
+    cllm_status st = cllm_tokenizer_encode(tok, "", 0, true, &b);
+    *state = !st && bos >= 0 && b.n > 0 && b.ids[0] == bos ? 1 : -1;
+    cllm_token_buf_free(&b);
+    return st;
+}
+
 /* One row: the last T tokens of prompt + completion, labels -100 on the
  * prompt. A row must score at least one token: a completion token after
  * the row's first (the first token has nothing before it to predict it). */
@@ -94,6 +106,7 @@ cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, const char *path, con
     cllm_record_reader *rd = NULL;
     cllm_tokenizer *tok = NULL;
     cllm_token_buf p = {0}, c = {0}, r = {0}, ids = {0}, labels = {0};
+    int bos_state = 0; /* 0 not known yet, 1 the tokenizer adds BOS, -1 it does not */
     *pad = 0;
     cllm_status st = cllm_records_open(&rd, path);
     while (!st) {
@@ -132,8 +145,9 @@ cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, const char *path, con
                 st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: the tokenizer's %d ids do not fit the model's vocabulary of %d",
                                tokenizer, (int)cllm_tokenizer_vocab_size(tok), vocab);
             }
-            int32_t bos = tok ? cllm_tokenizer_bos_id(tok) : -1, eos = tok ? cllm_tokenizer_eos_id(tok) : -1;
-            if (!st && bos >= 0) st = push(&p, bos);
+            int32_t eos = tok ? cllm_tokenizer_eos_id(tok) : -1;
+            if (!st && bos_state == 0) st = adds_bos(tok, &bos_state);
+            if (!st && bos_state > 0) st = push(&p, cllm_tokenizer_bos_id(tok));
             if (!st) st = get_text(o, "prompt", l, tok, &p);
             if (!st) st = get_text(o, "chosen", l, tok, &c);
             if (!st && c.n && eos >= 0) st = push(&c, eos);
