@@ -127,7 +127,7 @@ def torch_step(cfg, pol, ref, pairs, T, beta, loss_type, ls, reference_free):
     return float(loss), {k: float(v) for k, v in metrics.items()}, {n: t.grad for n, t in leaves.items()}
 
 
-# ------------------------------------------------------------------- helpers
+# ------------------------------------------------------------------- data
 
 
 def make_pairs(V, n, seed, T):
