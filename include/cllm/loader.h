@@ -52,6 +52,13 @@ typedef struct {
     const char *split;
     const char *splits;
     int skip_bad;          /* tolerate up to this many bad records in raw files */
+    /* Preference pairs (docs/alignment.md): the spec is one .json/.jsonl
+     * file of {"prompt", "chosen", "rejected"} (or pre-tokenized
+     * *_input_ids) records; sample 2i is pair i's chosen row and 2i+1 its
+     * rejected row, and shuffling permutes pairs, never splitting one, so
+     * any even run of the stream starting at an even g holds whole pairs.
+     * Blends and prepared datasets are refused. */
+    bool pairs;
 } cllm_loader_opts;
 
 typedef struct cllm_loader cllm_loader;

@@ -28,6 +28,7 @@
 
 #include "cllm/core.h"
 #include "cllm/model.h"
+#include "cllm/objective.h"
 #include "cllm/optim.h"
 #include "cllm/pipe.h"
 #include "cllm/schedule.h"
@@ -187,6 +188,13 @@ typedef struct {
                                             default true */
     bool save_final_checkpoint;          /* save_final_checkpoint: also write checkpoint-STEP at
                                             the end; default true */
+    const char *task;                    /* task: "lm" (default; language modelling) or "dpo"
+                                            (preference pairs, docs/alignment.md) */
+    cllm_dpo_params dpo;                 /* dpo: {"beta" (> 0, 0.1), "loss_type" ("sigmoid", "ipo",
+                                            "hinge", "robust"), "label_smoothing" ([0, 0.5), 0),
+                                            "reference_free" (false)}: trl's DPOConfig names */
+    const char *ref_model_dir;           /* dpo.ref_model: the reference model's HF folder;
+                                            default NULL = the starting model's folder */
     const char *resume;                  /* not a key (--resume): NULL, "auto" or a checkpoint folder */
     int dp_size, dp_rank;                /* data-parallel world: set by cllm_train_run from cllm_dist
                                           * (1, 0 without MPI); ranks > 0 write no files */

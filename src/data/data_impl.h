@@ -63,6 +63,15 @@ typedef struct {
 cllm_status cllm_store_append(cllm_store *s, const int32_t *tokens, const int32_t *labels, size_t n);
 void cllm_store_free(cllm_store *s);
 
+/* ---------------------------------------------------- preference pairs */
+/* Reads a preference JSONL file (src/data/pairs.c; docs/alignment.md) into
+ * mem as two rows per record, chosen then rejected, each the last T tokens
+ * of prompt + completion with labels -100 on the prompt. tokenizer: folder
+ * for text records (may be NULL when every record is pre-tokenized); *pad:
+ * its padding id (else EOS, else 0). Bad records fail with FILE:LINE:COL. */
+cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, const char *path, const char *tokenizer, int vocab,
+                            int T);
+
 /* ------------------------------------------------ record -> tokens */
 /* Everything needed to turn a record into tokens. */
 typedef struct {

@@ -30,7 +30,7 @@
 
 typedef struct {
     char *name;
-    bool indexed, packed;
+    bool indexed, packed, pairs;
     cllm_indexed idx;
     cllm_store mem;
     int32_t pad;
@@ -163,13 +163,20 @@ static cllm_status open_source(source *s, const char *spec, const cllm_loader_op
     cllm_status st;
     uint64_t n_doc;
     const double *stored = NULL;
-    if (is_idx) {
+    if (is_idx && !o->pairs) {
         s->indexed = true;
         if ((st = cllm_indexed_open(&s->idx, s->name))) return st;
         s->packed = (s->idx.flags & CLLM_MASK_FLAG_PACKED) != 0;
         s->pad = s->idx.pad_id >= 0 ? s->idx.pad_id : 0;
         n_doc = s->idx.n_doc;
         if (s->idx.split[0] + s->idx.split[1] + s->idx.split[2] > 0) stored = s->idx.split;
+    } else if (o->pairs) {
+        if (!ends_with(spec, ".json") && !ends_with(spec, ".jsonl"))
+            return CLLM_FAIL(CLLM_ERR_ARG, "%s: preference data must be a .json or .jsonl file of {\"prompt\", "
+                             "\"chosen\", \"rejected\"} records", spec);
+        s->pairs = true;
+        if ((st = cllm_pairs_load(&s->mem, &s->pad, spec, o->tokenizer, o->vocab_size, o->seq_len))) return st;
+        n_doc = s->mem.n;
     } else if (ends_with(spec, ".json") || ends_with(spec, ".jsonl") || ends_with(spec, ".txt")) {
         if ((st = open_raw(s, spec, o))) return st;
         n_doc = s->mem.n;
@@ -197,9 +204,9 @@ static cllm_status open_source(source *s, const char *spec, const cllm_loader_op
             memcpy(w, stored, sizeof w);
         }
         uint64_t b[4];
-        cllm_split_bounds(w, n_doc, b);
-        db = b[k];
-        de = b[k + 1];
+        cllm_split_bounds(w, s->pairs ? n_doc / 2 : n_doc, b);
+        db = s->pairs ? 2 * b[k] : b[k];
+        de = s->pairs ? 2 * b[k + 1] : b[k + 1];
     }
     s->seq_begin = s->indexed ? (uint64_t)s->idx.docs[db] : db;
     s->seq_end = s->indexed ? (uint64_t)s->idx.docs[de] : de;
@@ -222,33 +229,46 @@ static cllm_status open_source(source *s, const char *spec, const cllm_loader_op
     return CLLM_OK;
 }
 
-/* Sample index within the source for its stream position k. */
+/* Entry i of epoch e's permutation of n units (a Fisher-Yates shuffle
+ * seeded by (seed, e); the two most recent epochs cached). */
+static cllm_status source_pick_unit(source *s, uint64_t epoch, uint64_t i, uint64_t n, uint64_t *out) {
+    int64_t e = (int64_t)epoch;
+    int slot = s->perm_epoch[0] == e ? 0 : s->perm_epoch[1] == e ? 1 : -1;
+    if (slot < 0) {
+        slot = s->perm_next;
+        s->perm_next ^= 1;
+        if (!s->perm[slot] && !(s->perm[slot] = malloc(n * sizeof(uint32_t))))
+            return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for a %llu-sample permutation", (unsigned long long)n);
+        uint32_t *p = s->perm[slot];
+        for (uint64_t u = 0; u < n; u++) p[u] = (uint32_t)u;
+        cllm_rng r;
+        cllm_rng_seed(&r, s->seed * 0x9e3779b97f4a7c15ull + (uint64_t)e);
+        for (uint64_t u = n - 1; u > 0; u--) {
+            uint64_t j = cllm_rng_below(&r, u + 1);
+            uint32_t t = p[u];
+            p[u] = p[j];
+            p[j] = t;
+        }
+        s->perm_epoch[slot] = e;
+    }
+    *out = s->perm[slot][i];
+    return CLLM_OK;
+}
+
+/* Sample index within the source for its stream position k; preference
+ * pairs shuffle as units (k's pair, then its row). */
 static cllm_status source_pick(source *s, bool shuffle, uint64_t k, uint64_t *out) {
     if (!shuffle) {
         *out = k % s->n;
         return CLLM_OK;
     }
-    int64_t e = (int64_t)(k / s->n);
-    int slot = s->perm_epoch[0] == e ? 0 : s->perm_epoch[1] == e ? 1 : -1;
-    if (slot < 0) {
-        slot = s->perm_next;
-        s->perm_next ^= 1;
-        if (!s->perm[slot] && !(s->perm[slot] = malloc(s->n * sizeof(uint32_t))))
-            return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for a %llu-sample permutation", (unsigned long long)s->n);
-        uint32_t *p = s->perm[slot];
-        for (uint64_t i = 0; i < s->n; i++) p[i] = (uint32_t)i;
-        cllm_rng r;
-        cllm_rng_seed(&r, s->seed * 0x9e3779b97f4a7c15ull + (uint64_t)e);
-        for (uint64_t i = s->n - 1; i > 0; i--) {
-            uint64_t j = cllm_rng_below(&r, i + 1);
-            uint32_t t = p[i];
-            p[i] = p[j];
-            p[j] = t;
-        }
-        s->perm_epoch[slot] = e;
+    if (s->pairs) {
+        uint64_t e = k / s->n, np = s->n / 2, q = 0;
+        cllm_status st = source_pick_unit(s, e, (k % s->n) / 2, np, &q);
+        *out = 2 * q + k % 2;
+        return st;
     }
-    *out = s->perm[slot][k % s->n];
-    return CLLM_OK;
+    return source_pick_unit(s, k / s->n, k % s->n, s->n, out);
 }
 
 static cllm_status fill_row(const source *s, uint64_t i, int T, int vocab, int32_t *tokens, int32_t *labels,
@@ -354,6 +374,10 @@ cllm_status cllm_loader_open(cllm_loader **out, const cllm_loader_opts *o) {
     l->src = calloc(n ? (size_t)n : 1, sizeof *l->src);
     if (!l->src) {
         st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if (n > 0 && o->pairs) {
+        st = CLLM_FAIL(CLLM_ERR_ARG, "\"%s\": preference data cannot be a blend (give one .jsonl file)", o->spec);
         goto done;
     }
     if (n == 0) {

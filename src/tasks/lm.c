@@ -16,7 +16,7 @@ static cllm_status lm_run(cllm_objective *o, cllm_model *m, const cllm_objective
 
 static void lm_free(cllm_objective *o) { free(o); }
 
-static const cllm_objective_ops lm_ops = {"lm", lm_run, lm_free};
+static const cllm_objective_ops lm_ops = {"lm", lm_run, lm_free, NULL};
 
 cllm_status cllm_objective_lm_init(cllm_objective **out) {
     *out = calloc(1, sizeof **out);
@@ -28,6 +28,10 @@ cllm_status cllm_objective_lm_init(cllm_objective **out) {
 cllm_status cllm_objective_run(cllm_objective *o, cllm_model *m, const cllm_objective_batch *b, bool backward,
                                float grad_scale, double *loss_sum, long *n_counted) {
     return o->ops->run(o, m, b, backward, grad_scale, loss_sum, n_counted);
+}
+
+int cllm_objective_take_metrics(cllm_objective *o, cllm_objective_metric *out, int cap) {
+    return o && o->ops->take_metrics ? o->ops->take_metrics(o, out, cap) : 0;
 }
 
 const char *cllm_objective_name(const cllm_objective *o) { return o->ops->name; }

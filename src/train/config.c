@@ -33,7 +33,7 @@ static const char *const top_keys[] = {
     /* cllm */
     "model", "data", "train_iters", "epochs", "eval_interval", "eval_iters", "save_interval", "save_total_limit",
     "output_dir", "seed", "log", "weight_decay_skip", "max_consecutive_skips", "shuffle", "peak_gflops",
-    "max_shard_size", "async_save", "save_final_checkpoint", NULL};
+    "max_shard_size", "async_save", "save_final_checkpoint", "task", "dpo", NULL};
 
 /* DeepSpeed keys accepted without effect on a single-process CPU fp32 run. */
 static const char *const top_ignored[] = {
@@ -584,7 +584,36 @@ static cllm_status parse_data(cllm_train_config *c, const json_t *j, const char 
     return CLLM_OK;
 }
 
+/* "task" and its "dpo" section (trl's DPOConfig names). */
+static cllm_status parse_task(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
+    TRY(get_str(j, "task", &c->task, "", path));
+    if (strcmp(c->task, "lm") != 0 && strcmp(c->task, "dpo") != 0)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: task: expected \"lm\" or \"dpo\", got \"%s\"", path, c->task);
+    json_t *d = NULL;
+    TRY(get_obj(j, "dpo", &d, "", path));
+    if (!d) return CLLM_OK;
+    if (strcmp(c->task, "dpo") != 0)
+        cllm_log(CLLM_LOG_WARN, "%s: the \"dpo\" section is ignored with task \"%s\"", path, c->task);
+    static const char *const k[] = {"beta", "loss_type", "label_smoothing", "reference_free", "ref_model", NULL};
+    TRY(check_keys(d, k, NULL, "dpo", path, strict));
+    TRY(get_num(d, "beta", &c->dpo.beta, 0.0, "dpo", path));
+    if (!(c->dpo.beta > 0)) return CLLM_FAIL(CLLM_ERR_ARG, "%s: dpo.beta: must be positive, got 0", path);
+    TRY(get_num(d, "label_smoothing", &c->dpo.label_smoothing, 0.0, "dpo", path));
+    if (c->dpo.label_smoothing >= 0.5)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: dpo.label_smoothing: %g is out of range [0, 0.5)", path,
+                         c->dpo.label_smoothing);
+    TRY(get_bool(d, "reference_free", &c->dpo.reference_free, "dpo", path));
+    TRY(get_str(d, "ref_model", &c->ref_model_dir, "dpo", path));
+    const char *lt = NULL;
+    TRY(get_str(d, "loss_type", &lt, "dpo", path));
+    if (lt && cllm_dpo_loss_parse(lt, &c->dpo.loss_type))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: dpo.loss_type: expected \"sigmoid\", \"ipo\", \"hinge\" or \"robust\", "
+                         "got \"%s\"", path, lt);
+    return CLLM_OK;
+}
+
 static cllm_status parse_ours(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
+    TRY(parse_task(c, j, path, strict));
     TRY(parse_model(c, j, path, strict));
     TRY(parse_data(c, j, path, strict));
     TRY(get_long(j, "train_iters", &c->train_iters, 0, "", path));
@@ -665,6 +694,8 @@ static void set_defaults(cllm_train_config *c) {
     c->async_save = true;
     c->save_final_checkpoint = true;
     c->dp_size = 1;
+    c->task = "lm";
+    c->dpo = cllm_dpo_params_default();
 }
 
 cllm_status cllm_train_config_parse(cllm_train_config *cfg, json_t *j, const char *path, bool strict) {

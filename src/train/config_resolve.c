@@ -271,6 +271,12 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
     json_object_set_new(j, "async_save", json_boolean(c->async_save));
     json_object_set_new(j, "save_final_checkpoint", json_boolean(c->save_final_checkpoint));
     json_object_set_new(j, "dp_size", json_integer(c->dp_size));
+    json_object_set_new(j, "task", json_string(c->task ? c->task : "lm"));
+    if (c->task && strcmp(c->task, "dpo") == 0)
+        json_object_set_new(j, "dpo", json_pack("{sfsssfsbss?}", "beta", c->dpo.beta, "loss_type",
+                                                cllm_dpo_loss_name(c->dpo.loss_type), "label_smoothing",
+                                                c->dpo.label_smoothing, "reference_free", c->dpo.reference_free,
+                                                "ref_model", c->ref_model_dir));
     return j;
 }
 
@@ -299,6 +305,13 @@ uint64_t cllm_train_config_hash(const cllm_train_config *c) {
     char *s = json_dumps(d, JSON_COMPACT | JSON_SORT_KEYS);
     h = fnv1a(h, s ? s : "");
     free(s);
+    /* the objective, when not language modelling (older hashes unchanged) */
+    json_t *dpo = json_object_get(j, "dpo");
+    if (dpo) {
+        s = json_dumps(dpo, JSON_COMPACT | JSON_SORT_KEYS);
+        h = fnv1a(fnv1a(h, "dpo"), s ? s : "");
+        free(s);
+    }
     json_decref(j);
     return h;
 }

@@ -69,7 +69,8 @@ static cllm_status open_data(trainer *tr) {
                           .seed = c->seed,
                           .split = "train",
                           .splits = c->splits,
-                          .skip_bad = c->skip_bad};
+                          .skip_bad = c->skip_bad,
+                          .pairs = c->task && strcmp(c->task, "dpo") == 0};
     cllm_status st = cllm_loader_open(&tr->train, &o);
     if (st) return st;
     if (c->data_eval || c->splits) {
@@ -78,6 +79,37 @@ static cllm_status open_data(trainer *tr) {
         o.shuffle = false;
         if ((st = cllm_loader_open(&tr->eval, &o))) return cllm_fail_context(st, "eval data");
     }
+    return CLLM_OK;
+}
+
+/* task "dpo": the DPO objective, its reference model the starting weights
+ * (the model folder, not a resumed checkpoint) or dpo.ref_model, loaded
+ * whole and run forward only. */
+static cllm_status open_dpo(trainer *tr, bool piped, bool tensor) {
+    cllm_train_config *c = tr->cfg;
+    if (piped || tensor)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "task \"dpo\" with %s parallelism: not supported; use data "
+                         "parallelism (any ZeRO stage)", piped ? "pipeline" : "tensor");
+    const char *dir = c->ref_model_dir ? c->ref_model_dir : c->model_dir;
+    cllm_model *ref = NULL;
+    if (!c->dpo.reference_free) {
+        if (!dir)
+            return CLLM_FAIL(CLLM_ERR_ARG, "task \"dpo\": no reference model: \"model\" is not an HF folder; set "
+                             "dpo.ref_model (--ref-model) or dpo.reference_free");
+        cllm_status st = cllm_model_load(&ref, dir);
+        if (st) return cllm_fail_context(st, "reference model %s", dir);
+        const cllm_model_config *a = cllm_model_get_config(ref), *b = cllm_model_get_config(tr->m);
+        if (a->vocab_size != b->vocab_size) {
+            cllm_model_free(ref);
+            return CLLM_FAIL(CLLM_ERR_ARG, "reference model %s: vocabulary of %d, the policy's is %d", dir,
+                             (int)a->vocab_size, (int)b->vocab_size);
+        }
+    }
+    cllm_objective *o = NULL;
+    cllm_status st = cllm_objective_dpo_init(&o, &c->dpo, ref);
+    if (st) return st;
+    cllm_objective_free(tr->obj);
+    tr->obj = o;
     return CLLM_OK;
 }
 
@@ -365,6 +397,7 @@ static cllm_status load_rows(trainer *tr, uint64_t g0, long *count) {
         if (st) return st;
     }
     *count = cllm_model_make_targets(tr->targets, tr->labels, (int)tr->local, T);
+    if (tr->pairs) *count = tr->local / 2; /* DPO: the loss is a mean over pairs */
     return cllm_model_check_ids(tr->m, tr->tokens, tr->targets, (size_t)tr->local * (size_t)T);
 }
 
@@ -604,8 +637,15 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if ((st = open_model(tr, resume_dir))) goto done;
     if ((st = open_data(tr))) goto done;
     /* the data were opened with the whole vocabulary; from here on tr->m is this rank's part */
+    tr->pairs = c->task && strcmp(c->task, "dpo") == 0;
+    if (tr->pairs && (st = open_dpo(tr, piped, tensor))) goto done;
     if (tensor && (st = train_tp_init(&tr->tp, &tr->m, &tr->topo))) goto done;
-    if ((st = cllm_train_config_resolve(c, cllm_loader_size(tr->train)))) goto done;
+    /* DPO: batch sizes count pairs; from here on they count rows (2 a pair) */
+    if ((st = cllm_train_config_resolve(c, cllm_loader_size(tr->train) / (tr->pairs ? 2 : 1)))) goto done;
+    if (tr->pairs) {
+        c->train_batch_size *= 2;
+        c->train_micro_batch_size_per_gpu *= 2;
+    }
     const cllm_model_config *mc = cllm_model_get_config(tr->m);
     if (mc->n_ctx > 0 && c->seq_len > mc->n_ctx) {
         st = CLLM_FAIL(CLLM_ERR_ARG, "seq_len %d exceeds the model's %d positions", c->seq_len, mc->n_ctx);

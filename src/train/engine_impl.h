@@ -22,6 +22,7 @@ typedef struct {
     const cllm_train_hooks *hooks;
     cllm_model *m;
     cllm_objective *obj;    /* what a step minimises (src/tasks/); the loop does not know which */
+    bool pairs;             /* task "dpo": rows come in (chosen, rejected) pairs; counts are pairs */
     cllm_loader *train, *eval;
     cllm_optimizer *opt;
     cllm_param_range *ranges;

@@ -81,6 +81,19 @@ cllm_status train_record_step(trainer *tr, const train_step_report *s) {
         rec_num(&r, "offload_wait_time", wait);
     }
     if (tr->fp16) rec_num(&r, "loss_scale", s->loss_scale);
+    /* the objective's own metrics (DPO's rewards/..., logps/...): means over
+     * each rank's units, averaged over the data-parallel ranks (every rank
+     * runs the same number of them, and the same names) */
+    cllm_objective_metric om[16];
+    double ov[16];
+    int n_om = cllm_objective_take_metrics(tr->obj, om, 16);
+    for (int i = 0; i < n_om; i++) ov[i] = om[i].value;
+    if (n_om > 0 && cllm_dist_size() > 1) {
+        cllm_status st = cllm_dist_allreduce_sum_f64(ov, n_om);
+        if (st) return st;
+        for (int i = 0; i < n_om; i++) ov[i] /= (double)cllm_dist_size();
+    }
+    for (int i = 0; i < n_om; i++) rec_num(&r, om[i].name, ov[i]);
     if (!s->finite) rec_bool(&r, "skipped", true);
     tr->time_save_pending = 0;
     return train_metrics_write(&tr->metrics, rec_end(&r));

@@ -85,8 +85,8 @@ static int set_num(json_t *obj, const char *key, const char *flag, const char *v
 typedef struct {
     const char *config, *model, *data, *eval_data, *out, *steps, *batch, *micro, *accum, *seq_len, *save_interval,
         *save_limit, *eval_interval, *eval_iters, *resume, *seed, *optimizer, *lr, *wd, *clip, *log_every, *shard,
-        *log, *peak, *tokenizer, *splits, *skip_bad;
-    bool no_shuffle, strict, print_config, sync_save, grad_ckpt;
+        *log, *peak, *tokenizer, *splits, *skip_bad, *task, *ref_model, *beta, *loss_type, *smoothing;
+    bool no_shuffle, strict, print_config, sync_save, grad_ckpt, reference_free;
 } train_flags;
 
 /* Sets optimizer.type from a cllm optimizer name: "adam" keeps torch Adam's
@@ -174,6 +174,20 @@ static int apply_flags(json_t *j, const train_flags *f) {
     if (f->no_shuffle) json_object_set_new(j, "shuffle", json_false());
     if (f->sync_save) json_object_set_new(j, "async_save", json_false());
     if (f->grad_ckpt) json_object_set_new(j, "use_grad_ckpt", json_true());
+    if (f->task) json_object_set_new(j, "task", json_string(f->task));
+    if (f->ref_model || f->beta || f->loss_type || f->smoothing || f->reference_free) {
+        json_t *d = json_object_get(j, "dpo");
+        if (d && !json_is_object(d)) {
+            fprintf(stderr, "cllm train: dpo: expected an object\n");
+            return 2;
+        }
+        d = sub_object(j, "dpo");
+        if (f->ref_model) json_object_set_new(d, "ref_model", json_string(f->ref_model));
+        if (f->beta) rc = rc ? rc : set_num(d, "beta", "beta", f->beta);
+        if (f->loss_type) json_object_set_new(d, "loss_type", json_string(f->loss_type));
+        if (f->smoothing) rc = rc ? rc : set_num(d, "label_smoothing", "label-smoothing", f->smoothing);
+        if (f->reference_free) json_object_set_new(d, "reference_free", json_true());
+    }
     return rc;
 }
 
@@ -191,7 +205,7 @@ int cmd_train(int argc, char **argv) {
         {"eval-data", ARG_STR, &f.eval_data, NULL, false, "evaluation data spec (data.eval)"},
         {"out", ARG_STR, &f.out, NULL, false, "output folder: model, checkpoints, metrics.jsonl (output_dir)"},
         {"steps", ARG_STR, &f.steps, NULL, false, "total optimizer steps of the run; a resumed run continues up to it (train_iters)"},
-        {"batch-size", ARG_STR, &f.batch, NULL, false, "samples per optimizer step (train_batch_size; default 8 without --config)"},
+        {"batch-size", ARG_STR, &f.batch, NULL, false, "samples (dpo: pairs) per optimizer step (train_batch_size; default 8 without --config)"},
         {"micro-batch-size", ARG_STR, &f.micro, NULL, false, "samples per forward/backward (train_micro_batch_size_per_gpu)"},
         {"grad-accum", ARG_STR, &f.accum, NULL, false, "micro-batches per step (gradient_accumulation_steps)"},
         {"seq-len", ARG_STR, &f.seq_len, NULL, false, "tokens per sample, longer truncated, shorter padded (data.seq_len; default 128)"},
@@ -213,6 +227,12 @@ int cmd_train(int argc, char **argv) {
         {"sync-save", ARG_FLAG, &f.sync_save, NULL, false, "write checkpoints on the training thread (async_save false)"},
         {"grad-ckpt", ARG_FLAG, &f.grad_ckpt, NULL, false,
          "activation checkpointing: recompute block activations in backward (use_grad_ckpt; docs/memory.md)"},
+        {"task", ARG_STR, &f.task, NULL, false, "lm (language modelling, default) or dpo (preference pairs; docs/alignment.md)"},
+        {"ref-model", ARG_STR, &f.ref_model, NULL, false, "dpo: reference model folder (dpo.ref_model; default: --model)"},
+        {"beta", ARG_STR, &f.beta, NULL, false, "dpo: beta (dpo.beta; default 0.1)"},
+        {"loss-type", ARG_STR, &f.loss_type, NULL, false, "dpo: sigmoid, ipo, hinge or robust (dpo.loss_type; default sigmoid)"},
+        {"label-smoothing", ARG_STR, &f.smoothing, NULL, false, "dpo: label smoothing in [0, 0.5) (dpo.label_smoothing; default 0)"},
+        {"reference-free", ARG_FLAG, &f.reference_free, NULL, false, "dpo: no reference model (dpo.reference_free)"},
         {"strict", ARG_FLAG, &f.strict, NULL, false, "unknown config keys are errors instead of warnings"},
         {"print-config", ARG_FLAG, &f.print_config, NULL, false, "print the resolved config as JSON and exit"},
     };

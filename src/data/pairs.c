@@ -1,0 +1,177 @@
+/*
+ * Preference pairs (docs/alignment.md): JSONL records in trl's standard
+ * format, each turned into two rows of the loader's store, chosen then
+ * rejected, sharing the prompt.
+ *
+ *   {"prompt": "...", "chosen": "...", "rejected": "..."}
+ *       prompt ids = [BOS] + encode(prompt), BOS when the tokenizer's
+ *       post-processor adds one (LLaMA's, not GPT-2's); completion ids =
+ *       encode(completion) + [EOS] (when the tokenizer has one); texts are
+ *       encoded without the post-processor's special tokens: the rows
+ *       trl's DPO trainer builds for `prompt + chosen`.
+ *   {"prompt_input_ids": [...], "chosen_input_ids": [...],
+ *    "rejected_input_ids": [...]}
+ *       used as given: nothing added.
+ *
+ * Labels are -100 on the prompt (and, from fill_row, on padding), the ids
+ * on the completion. A row longer than T keeps its last T tokens (trl's
+ * truncation_mode "keep_end"): the prompt is cut from its start first.
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cllm/tokenizer.h"
+#include "data/data_impl.h"
+
+static cllm_status push(cllm_token_buf *b, int32_t v) {
+    if (b->n == b->cap) {
+        size_t cap = b->cap ? 2 * b->cap : 64;
+        int32_t *p = realloc(b->ids, cap * sizeof *p);
+        if (!p) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        b->ids = p;
+        b->cap = cap;
+    }
+    b->ids[b->n++] = v;
+    return CLLM_OK;
+}
+
+/* Reads key as an array of ids in [0, vocab) into out. */
+static cllm_status get_ids(json_t *o, const char *key, const cllm_loc *l, int vocab, cllm_token_buf *out) {
+    json_t *a = json_object_get(o, key);
+    if (!a) return cllm_fail_at(CLLM_ERR_FORMAT, l->file, l->line, l->col, "missing key \"%s\"", key);
+    if (!json_is_array(a))
+        return cllm_fail_at(CLLM_ERR_FORMAT, l->file, l->line, l->col, "\"%s\": expected an array of token ids", key);
+    size_t i;
+    json_t *v;
+    json_array_foreach(a, i, v) {
+        if (!json_is_integer(v))
+            return cllm_fail_at(CLLM_ERR_FORMAT, l->file, l->line, l->col, "\"%s\"[%zu]: expected an integer token id",
+                                key, i);
+        json_int_t x = json_integer_value(v);
+        if (x < 0 || (vocab > 0 && x >= vocab))
+            return cllm_fail_at(CLLM_ERR_FORMAT, l->file, l->line, l->col,
+                                "\"%s\"[%zu]: token id %lld is outside the vocabulary [0, %d)", key, i, (long long)x,
+                                vocab);
+        cllm_status st = push(out, (int32_t)x);
+        if (st) return st;
+    }
+    return CLLM_OK;
+}
+
+static cllm_status get_text(json_t *o, const char *key, const cllm_loc *l, const cllm_tokenizer *tok,
+                            cllm_token_buf *out) {
+    json_t *s = json_object_get(o, key);
+    if (!s) return cllm_fail_at(CLLM_ERR_FORMAT, l->file, l->line, l->col, "missing key \"%s\"", key);
+    if (!json_is_string(s))
+        return cllm_fail_at(CLLM_ERR_FORMAT, l->file, l->line, l->col, "\"%s\": expected a string", key);
+    return cllm_tokenizer_encode(tok, json_string_value(s), json_string_length(s), false, out);
+}
+
+/* Whether the tokenizer's post-processor starts a text with BOS (LLaMA's
+ * does, GPT-2's does not): *state 1 if so, else -1. */
+static cllm_status adds_bos(const cllm_tokenizer *tok, int *state) {
+    cllm_token_buf b = {0};
+    int32_t bos = cllm_tokenizer_bos_id(tok);
+    cllm_status st = cllm_tokenizer_encode(tok, "", 0, true, &b);
+    *state = !st && bos >= 0 && b.n > 0 && b.ids[0] == bos ? 1 : -1;
+    cllm_token_buf_free(&b);
+    return st;
+}
+
+/* One row: the last T tokens of prompt + completion, labels -100 on the
+ * prompt. A row must score at least one token: a completion token after
+ * the row's first (the first token has nothing before it to predict it). */
+static cllm_status append_row(cllm_store *mem, const cllm_token_buf *p, const cllm_token_buf *c, int T,
+                              const cllm_loc *l, const char *which, cllm_token_buf *ids, cllm_token_buf *labels) {
+    ids->n = labels->n = 0;
+    size_t n = p->n + c->n, skip = n > (size_t)T ? n - (size_t)T : 0;
+    if (n < 2 || (p->n == 0 && c->n < 2))
+        return cllm_fail_at(CLLM_ERR_FORMAT, l->file, l->line, l->col,
+                            "the %s row scores no token: with an empty prompt the completion needs 2 tokens or more",
+                            which);
+    cllm_status st = CLLM_OK;
+    for (size_t i = skip; i < n && !st; i++) {
+        bool is_prompt = i < p->n;
+        int32_t x = is_prompt ? p->ids[i] : c->ids[i - p->n];
+        st = push(ids, x);
+        if (!st) st = push(labels, is_prompt ? -100 : x);
+    }
+    return st ? st : cllm_store_append(mem, ids->ids, labels->ids, ids->n);
+}
+
+cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, const char *path, const char *tokenizer, int vocab,
+                            int T) {
+    cllm_record_reader *rd = NULL;
+    cllm_tokenizer *tok = NULL;
+    cllm_token_buf p = {0}, c = {0}, r = {0}, ids = {0}, labels = {0};
+    int bos_state = 0; /* 0 not known yet, 1 the tokenizer adds BOS, -1 it does not */
+    *pad = 0;
+    cllm_status st = cllm_records_open(&rd, path);
+    while (!st) {
+        cllm_record rec;
+        bool got;
+        if ((st = cllm_records_next(rd, &rec, &got)) || !got) break;
+        const cllm_loc *l = &rec.loc;
+        if (rec.kind != CLLM_REC_JSON) {
+            st = cllm_fail_at(CLLM_ERR_FORMAT, l->file, l->line, l->col,
+                              "a preference record must be a JSON object with \"prompt\", \"chosen\", \"rejected\"");
+            break;
+        }
+        json_error_t err;
+        json_t *o = json_loadb(rec.text, rec.len, JSON_REJECT_DUPLICATES, &err);
+        if (!o || !json_is_object(o)) {
+            st = cllm_fail_at(CLLM_ERR_FORMAT, l->file, l->line, l->col, "%s%s",
+                              o ? "a preference record must be a JSON object" : "malformed JSON: ", o ? "" : err.text);
+            json_decref(o);
+            break;
+        }
+        p.n = c.n = r.n = 0;
+        if (json_object_get(o, "prompt_input_ids") || json_object_get(o, "chosen_input_ids")) {
+            st = get_ids(o, "prompt_input_ids", l, vocab, &p);
+            if (!st) st = get_ids(o, "chosen_input_ids", l, vocab, &c);
+            if (!st) st = get_ids(o, "rejected_input_ids", l, vocab, &r);
+        } else {
+            if (!tokenizer)
+                st = cllm_fail_at(CLLM_ERR_ARG, l->file, l->line, l->col,
+                                  "a text preference record needs a tokenizer (--tokenizer DIR)");
+            else if (!tok && (st = cllm_tokenizer_load(&tok, tokenizer))) {
+                char msg[512];
+                snprintf(msg, sizeof msg, "%s", cllm_last_error());
+                st = cllm_fail_at(st, l->file, l->line, l->col,
+                                  "a text preference record needs a tokenizer (--tokenizer DIR): %s", msg);
+            } else if (vocab > 0 && cllm_tokenizer_vocab_size(tok) > vocab) {
+                st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: the tokenizer's %d ids do not fit the model's vocabulary of %d",
+                               tokenizer, (int)cllm_tokenizer_vocab_size(tok), vocab);
+            }
+            int32_t eos = tok ? cllm_tokenizer_eos_id(tok) : -1;
+            if (!st && bos_state == 0) st = adds_bos(tok, &bos_state);
+            if (!st && bos_state > 0) st = push(&p, cllm_tokenizer_bos_id(tok));
+            if (!st) st = get_text(o, "prompt", l, tok, &p);
+            if (!st) st = get_text(o, "chosen", l, tok, &c);
+            if (!st && c.n && eos >= 0) st = push(&c, eos);
+            if (!st) st = get_text(o, "rejected", l, tok, &r);
+            if (!st && r.n && eos >= 0) st = push(&r, eos);
+        }
+        json_decref(o);
+        if (!st && (c.n == 0 || r.n == 0))
+            st = cllm_fail_at(CLLM_ERR_FORMAT, l->file, l->line, l->col, "empty %s completion",
+                              c.n == 0 ? "chosen" : "rejected");
+        if (!st) st = append_row(mem, &p, &c, T, l, "chosen", &ids, &labels);
+        if (!st) st = append_row(mem, &p, &r, T, l, "rejected", &ids, &labels);
+    }
+    if (!st && mem->n == 0) st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: no preference pairs", path);
+    if (tok) {
+        int32_t pd = cllm_tokenizer_pad_id(tok), e = cllm_tokenizer_eos_id(tok);
+        *pad = pd >= 0 ? pd : e >= 0 ? e : 0;
+    }
+    cllm_tokenizer_free(tok);
+    cllm_records_close(rd);
+    cllm_token_buf_free(&p);
+    cllm_token_buf_free(&c);
+    cllm_token_buf_free(&r);
+    cllm_token_buf_free(&ids);
+    cllm_token_buf_free(&labels);
+    return st;
+}

@@ -1,0 +1,240 @@
+/*
+ * Direct preference optimisation (cllm/objective.h, docs/alignment.md):
+ * trl's DPOTrainer losses over pairs of rows, from the model's per-token
+ * log-probabilities and per-token gradient scales.
+ *
+ * Per micro-batch of P pairs (B = 2P rows, chosen then rejected):
+ *   1. reference: a forward pass of the frozen model, token losses summed
+ *      per row (skipped with reference_free);
+ *   2. policy: a forward pass for its token losses, the same sums;
+ *   3. per pair, the loss and dloss/dpi for each row; every counted token
+ *      of a row gets token_scale = -grad_scale * dloss/dpi (/ its count for
+ *      "ipo", whose logps are means), since token_loss = -log p;
+ *   4. policy forward + backward with those scales.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cllm/objective.h"
+
+enum { M_RC, M_RR, M_ACC, M_MARGIN, M_LC, M_LR, M_COUNT };
+static const char *const metric_names[M_COUNT] = {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                                                  "rewards/margins", "logps/chosen", "logps/rejected"};
+
+typedef struct {
+    cllm_objective base;
+    cllm_dpo_params p;
+    cllm_model *ref;
+    float *tl, *scale; /* [B*T] token losses, token scales */
+    double *lp_pol, *lp_ref; /* [B] */
+    long *n_tok;             /* [B] */
+    size_t cap_tok, cap_rows;
+    double sums[M_COUNT];
+    long n_pairs;
+} dpo;
+
+cllm_dpo_params cllm_dpo_params_default(void) {
+    cllm_dpo_params p = {0.1, CLLM_DPO_SIGMOID, 0.0, false};
+    return p;
+}
+
+static const char *const loss_names[] = {"sigmoid", "ipo", "hinge", "robust"};
+
+cllm_status cllm_dpo_loss_parse(const char *name, cllm_dpo_loss *out) {
+    for (int i = 0; i < 4; i++)
+        if (name && strcmp(name, loss_names[i]) == 0) {
+            *out = (cllm_dpo_loss)i;
+            return CLLM_OK;
+        }
+    return CLLM_FAIL(CLLM_ERR_ARG, "unknown DPO loss_type \"%s\" (sigmoid, ipo, hinge or robust)", name ? name : "");
+}
+
+const char *cllm_dpo_loss_name(cllm_dpo_loss l) { return (unsigned)l < 4 ? loss_names[l] : "?"; }
+
+/* log(sigmoid(x)) without overflow */
+static double log_sigmoid(double x) { return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x)); }
+static double sigmoid(double x) { return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x)); }
+
+/* The loss of one pair with h = (pi_c - pi_r) - (ref_c - ref_r), and its
+ * derivative dloss/dh in *dh. */
+static double pair_loss(const cllm_dpo_params *p, double h, double *dh) {
+    double b = p->beta, ls = p->label_smoothing, z = b * h;
+    switch (p->loss_type) {
+    case CLLM_DPO_IPO: {
+        double d = h - 1.0 / (2.0 * b);
+        *dh = 2.0 * d;
+        return d * d;
+    }
+    case CLLM_DPO_HINGE:
+        *dh = 1.0 - z > 0 ? -b : 0.0;
+        return 1.0 - z > 0 ? 1.0 - z : 0.0;
+    case CLLM_DPO_ROBUST:
+        *dh = b * (-(1.0 - ls) * sigmoid(-z) - ls * sigmoid(z)) / (1.0 - 2.0 * ls);
+        return (-(1.0 - ls) * log_sigmoid(z) + ls * log_sigmoid(-z)) / (1.0 - 2.0 * ls);
+    case CLLM_DPO_SIGMOID:
+    default:
+        *dh = b * (-(1.0 - ls) * sigmoid(-z) + ls * sigmoid(z));
+        return -(1.0 - ls) * log_sigmoid(z) - ls * log_sigmoid(-z);
+    }
+}
+
+static cllm_status grow(dpo *d, int B, int T) {
+    size_t nt = (size_t)B * (size_t)T;
+    if (nt > d->cap_tok) {
+        float *a = realloc(d->tl, nt * sizeof *a), *s = a ? realloc(d->scale, nt * sizeof *s) : NULL;
+        if (a) d->tl = a;
+        if (s) d->scale = s;
+        if (!a || !s) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for %zu token losses", nt);
+        d->cap_tok = nt;
+    }
+    if ((size_t)B > d->cap_rows) {
+        double *a = realloc(d->lp_pol, (size_t)B * sizeof *a);
+        if (a) d->lp_pol = a;
+        double *r = a ? realloc(d->lp_ref, (size_t)B * sizeof *r) : NULL;
+        if (r) d->lp_ref = r;
+        long *n = r ? realloc(d->n_tok, (size_t)B * sizeof *n) : NULL;
+        if (n) d->n_tok = n;
+        if (!a || !r || !n) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        d->cap_rows = (size_t)B;
+    }
+    return CLLM_OK;
+}
+
+/* Row log-probabilities of m: lp[b] = -sum of its token losses (the mean
+ * for ipo); counts in d->n_tok. */
+static cllm_status row_logps(dpo *d, cllm_model *m, const cllm_objective_batch *bt, bool train, double *lp) {
+    const int B = bt->B, T = bt->T;
+    cllm_status st = cllm_model_prepare(m, B, T, train);
+    if (st) return st;
+    cllm_token_io io;
+    memset(&io, 0, sizeof io);
+    io.token_loss = d->tl;
+    double sum = 0;
+    long k = 0;
+    if ((st = cllm_model_forward_backward_ex(m, bt->tokens, bt->targets, B, T, false, 0.0f, &io, &sum, &k)))
+        return st;
+    for (int b = 0; b < B; b++) {
+        double s = 0;
+        long n = 0;
+        for (int t = 0; t < T; t++) {
+            size_t i = (size_t)b * (size_t)T + (size_t)t;
+            if (bt->targets[i] == -100) continue;
+            s += d->tl[i];
+            n++;
+        }
+        if (n == 0)
+            return CLLM_FAIL(CLLM_ERR_FORMAT, "DPO: row %d (the %s completion of pair %d of the micro-batch) has no "
+                             "counted tokens; is the prompt longer than seq_len?", b, b % 2 ? "rejected" : "chosen",
+                             b / 2);
+        d->n_tok[b] = n;
+        lp[b] = d->p.loss_type == CLLM_DPO_IPO ? -s / (double)n : -s;
+    }
+    return CLLM_OK;
+}
+
+static cllm_status dpo_run(cllm_objective *o, cllm_model *m, const cllm_objective_batch *bt, bool backward,
+                           float grad_scale, double *loss_sum, long *n_counted) {
+    dpo *d = (dpo *)o;
+    const int B = bt->B, T = bt->T, P = B / 2;
+    *loss_sum = 0;
+    *n_counted = 0;
+    if (B % 2) return CLLM_FAIL(CLLM_ERR_ARG, "DPO: a micro-batch of %d rows is not whole pairs", B);
+    cllm_status st = grow(d, B, T);
+    if (st) return st;
+    if (d->p.reference_free) {
+        for (int b = 0; b < B; b++) d->lp_ref[b] = 0;
+    } else if ((st = row_logps(d, d->ref, bt, false, d->lp_ref))) {
+        return cllm_fail_context(st, "reference model");
+    }
+    if ((st = row_logps(d, m, bt, backward, d->lp_pol))) return st;
+    double total = 0;
+    if (backward) memset(d->scale, 0, (size_t)B * (size_t)T * sizeof *d->scale);
+    for (int i = 0; i < P; i++) {
+        int c = 2 * i, r = c + 1;
+        double pc = d->lp_pol[c], pr = d->lp_pol[r], rc = d->lp_ref[c], rr = d->lp_ref[r];
+        double dh = 0, l = pair_loss(&d->p, (pc - pr) - (rc - rr), &dh);
+        total += l;
+        if (backward) {
+            double rew_c = d->p.beta * (pc - rc), rew_r = d->p.beta * (pr - rr);
+            d->sums[M_RC] += rew_c;
+            d->sums[M_RR] += rew_r;
+            d->sums[M_ACC] += rew_c > rew_r ? 1.0 : 0.0;
+            d->sums[M_MARGIN] += rew_c - rew_r;
+            d->sums[M_LC] += pc;
+            d->sums[M_LR] += pr;
+            d->n_pairs++;
+            /* dpi_c = +dh, dpi_r = -dh; dpi/dtoken_loss = -1 (or -1/n) */
+            for (int q = 0; q < 2; q++) {
+                int row = q ? r : c;
+                double g = (q ? dh : -dh) * (double)grad_scale;
+                if (d->p.loss_type == CLLM_DPO_IPO) g /= (double)d->n_tok[row];
+                for (int t = 0; t < T; t++) {
+                    size_t k = (size_t)row * (size_t)T + (size_t)t;
+                    if (bt->targets[k] != -100) d->scale[k] = (float)g;
+                }
+            }
+        }
+    }
+    if (backward) {
+        cllm_token_io io;
+        memset(&io, 0, sizeof io);
+        io.token_scale = d->scale;
+        double s = 0;
+        long k = 0;
+        if ((st = cllm_model_forward_backward_ex(m, bt->tokens, bt->targets, B, T, true, grad_scale, &io, &s, &k)))
+            return st;
+    }
+    *loss_sum = total;
+    *n_counted = P;
+    return CLLM_OK;
+}
+
+static int dpo_take_metrics(cllm_objective *o, cllm_objective_metric *out, int cap) {
+    dpo *d = (dpo *)o;
+    int n = 0;
+    for (int i = 0; i < M_COUNT && n < cap && d->n_pairs > 0; i++, n++) {
+        out[n].name = metric_names[i];
+        out[n].value = d->sums[i] / (double)d->n_pairs;
+    }
+    memset(d->sums, 0, sizeof d->sums);
+    d->n_pairs = 0;
+    return n;
+}
+
+static void dpo_free(cllm_objective *o) {
+    dpo *d = (dpo *)o;
+    cllm_model_free(d->ref);
+    free(d->tl);
+    free(d->scale);
+    free(d->lp_pol);
+    free(d->lp_ref);
+    free(d->n_tok);
+    free(d);
+}
+
+static const cllm_objective_ops dpo_ops = {"dpo", dpo_run, dpo_free, dpo_take_metrics};
+
+cllm_status cllm_objective_dpo_init(cllm_objective **out, const cllm_dpo_params *p, cllm_model *ref) {
+    *out = NULL;
+    cllm_status st = CLLM_OK;
+    if (!(p->beta > 0) || !isfinite(p->beta))
+        st = CLLM_FAIL(CLLM_ERR_ARG, "DPO: beta must be positive (got %g)", p->beta);
+    else if (!(p->label_smoothing >= 0 && p->label_smoothing < 0.5))
+        st = CLLM_FAIL(CLLM_ERR_ARG, "DPO: label_smoothing must be in [0, 0.5) (got %g)", p->label_smoothing);
+    else if ((unsigned)p->loss_type > CLLM_DPO_ROBUST)
+        st = CLLM_FAIL(CLLM_ERR_ARG, "DPO: unknown loss type %d", (int)p->loss_type);
+    else if (!ref && !p->reference_free)
+        st = CLLM_FAIL(CLLM_ERR_ARG, "DPO: no reference model (or set reference_free)");
+    dpo *d = st ? NULL : calloc(1, sizeof *d);
+    if (!st && !d) st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    if (st) {
+        cllm_model_free(ref);
+        return st;
+    }
+    d->base.ops = &dpo_ops;
+    d->p = *p;
+    d->ref = ref;
+    *out = &d->base;
+    return CLLM_OK;
+}

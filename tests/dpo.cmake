@@ -1,0 +1,14 @@
+# DPO tests (label train): `cllm train --task dpo` against a float64 torch
+# implementation of trl's losses on tiny gpt2, llama and bloom models
+# (losses), text records against their pre-tokenized form (text), bad
+# preference records naming FILE:LINE (errors), resume and evaluation (resume).
+foreach(case losses text errors resume)
+  cllm_add_py_test(dpo_${case} dpo_test.py LABELS train ARGS --case ${case} --fixtures ${CLLM_FIXTURES}/hf)
+  set_tests_properties(dpo_${case} PROPERTIES TIMEOUT 300)
+endforeach()
+# data parallelism (label mpi): 2 ranks at ZeRO 1 and 3 against one process
+find_program(CLLM_MPIRUN mpirun)
+if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
+  cllm_add_py_test(dpo_mpi dpo_test.py LABELS mpi ARGS --case mpi)
+  set_tests_properties(dpo_mpi PROPERTIES TIMEOUT 300)
+endif()
