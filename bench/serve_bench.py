@@ -19,9 +19,11 @@ Model: `cllm init --arch gpt2 --preset gpt2-124M --seed 1` (with --quick the
    step, torch.set_num_threads(N); the server gets --threads N and
    OMP_NUM_THREADS=N, see --no-server-omp-env; the prompt ids are the server's own
    /tokenize answer, and the generated ids are compared). Medians, cllm/torch.
-2. Bandwidth: in the same rounds, torch copies a --bw-mib MiB fp32 array into
-   another (read + write bytes) and sums it (read bytes) with N threads; the
-   best of all rounds (the least contended) is the peak. The
+2. Bandwidth: in the same rounds, bench/membw.c (compiled here with cc -O3
+   -march=native -fopenmp) and torch (x.sum(), y.copy_(x)) each sum a
+   --bw-mib MiB fp32 array (read bytes) and copy it (read + write bytes)
+   with N threads; the best read rate of either over all rounds (the least
+   contended) is the peak. The
    decode bound is read bandwidth / weight bytes per token (every fp32
    parameter read once per token; the tied embedding counts once).
 3. Concurrency (server with --threads N, --max-batch-size 32): C streaming
@@ -104,13 +106,13 @@ def make_model(cllm, tokdir, out, quick):
 class Server:
     def __init__(self, cllm, model, threads, extra, omp_env=True, jit_profile=False):
         env = dict(os.environ)
-        env.pop("OMP_WAIT_POLICY")
+        env.pop("OMP_WAIT_POLICY", None)
         if CALLER_WAIT_POLICY is not None:
             env["OMP_WAIT_POLICY"] = CALLER_WAIT_POLICY
         if omp_env:
             env["OMP_NUM_THREADS"] = str(threads)
         if jit_profile:
-            env["ONEDNN_JIT_PROFILE"] = "1"  # /tmp/perf-PID.map, so perf names oneDNN's JIT kernels
+            env["ONEDNN_JIT_PROFILE"] = "2"  # 2: /tmp/perf-PID.map, so perf names oneDNN's JIT kernels
         self.p = subprocess.Popen([cllm, "serve", "--model", model, "--port", "0", "--threads", str(threads),
                                    *extra], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
         self.log = []
@@ -280,9 +282,25 @@ def weight_bytes(tm):
     return sum(t.numel() * 4 for t in tm.p.values())
 
 
-def bandwidth(mib, reps=3):
-    """(copy GB/s counting read + write, read GB/s from a sum) over a
-    `mib` MiB fp32 array, best of `reps`, on torch's current threads."""
+def build_membw(outdir):
+    """Compiles bench/membw.c; returns its path, or None (no C compiler)."""
+    exe = os.path.join(outdir, "membw")
+    r = subprocess.run(["cc", "-O3", "-march=native", "-fopenmp", os.path.join(HERE, "membw.c"), "-o", exe],
+                       capture_output=True)
+    return exe if r.returncode == 0 else None
+
+
+def bandwidth(mib, threads, exe, reps=3):
+    """{"c": (read GB/s, copy GB/s), "torch": (...)} over a `mib` MiB fp32
+    array, best of `reps` each, with `threads` threads: bench/membw.c (when
+    it compiled) and torch's x.sum() / y.copy_(x); copy counts read + write."""
+    out = {}
+    if exe:
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        env.pop("OMP_WAIT_POLICY", None)
+        r = subprocess.run([exe, str(mib), str(reps)], capture_output=True, text=True, env=env)
+        if r.returncode == 0:
+            out["c"] = tuple(float(v) for v in r.stdout.split())
     n = mib * (1 << 20) // 4
     x = torch.ones(n)
     y = torch.empty(n)
@@ -296,7 +314,8 @@ def bandwidth(mib, reps=3):
         float(x.sum())
         best_r = min(best_r, time.perf_counter() - t)
     del x, y
-    return 2 * n * 4 / best_c / 1e9, n * 4 / best_r / 1e9
+    out["torch"] = (n * 4 / best_r / 1e9, 2 * n * 4 / best_c / 1e9)
+    return out
 
 
 # --------------------------------------------------------------------------
@@ -317,7 +336,8 @@ def pct(xs, q):
 
 def single_stream(a, srv, tm, prompt, prompt_ids, threads, wbytes):
     torch.set_num_threads(threads)
-    rows = {"cllm": {"ttft": [], "tps": []}, "torch": {"ttft": [], "tps": []}, "bw_copy": [], "bw_read": []}
+    rows = {"cllm": {"ttft": [], "tps": []}, "torch": {"ttft": [], "tps": []}, "bw_read": [], "bw_copy": [],
+            "bw_c_read": [], "bw_c_copy": [], "bw_t_read": [], "bw_t_copy": []}
     # warm-up of both (first-touch of weights, oneDNN primitive creation)
     stream(srv.port, prompt, 8)
     tm.greedy(prompt_ids, 8)
@@ -332,9 +352,13 @@ def single_stream(a, srv, tm, prompt, prompt_ids, threads, wbytes):
         ttft, ttimes, ids = tm.greedy(prompt_ids, a.new_tokens)
         rows["torch"]["ttft"].append(ttft)
         rows["torch"]["tps"].append((len(ttimes) - 1) / (ttimes[-1] - ttimes[0]))
-        c, rd = bandwidth(a.bw_mib)
-        rows["bw_copy"].append(c)
+        bw = bandwidth(a.bw_mib, threads, a.membw)
+        for k, (rd, cp) in bw.items():
+            rows["bw_%s_read" % k[0]].append(rd)
+            rows["bw_%s_copy" % k[0]].append(cp)
+        rd = max(v[0] for v in bw.values())
         rows["bw_read"].append(rd)
+        rows["bw_copy"].append(max(v[1] for v in bw.values()))
         if r == 0:
             st = post_json(srv.port, "/generate", {"inputs": prompt, "parameters": {
                 "max_new_tokens": a.new_tokens, "details": True}})
@@ -345,7 +369,7 @@ def single_stream(a, srv, tm, prompt, prompt_ids, threads, wbytes):
         print("  threads %d round %d: cllm %.2f tok/s ttft %.3f s | torch %.2f tok/s ttft %.3f s | "
               "bw read %.1f GB/s" % (threads, r + 1, rows["cllm"]["tps"][-1], rows["cllm"]["ttft"][-1],
                                       rows["torch"]["tps"][-1], rows["torch"]["ttft"][-1], rd), flush=True)
-    res = {k: ({m: med(v) for m, v in rows[k].items()} if isinstance(rows[k], dict) else max(rows[k]))
+    res = {k: ({m: med(v) for m, v in rows[k].items()} if isinstance(rows[k], dict) else max(rows[k] or [0.0]))
            for k in rows}
     res["generated"] = min(gen_counts)
     res["mismatch"] = mismatch
@@ -440,6 +464,7 @@ def main():
     model = os.path.join(tmp, "model")
     if not os.path.exists(os.path.join(model, "model.safetensors")):
         make_model(a.cllm, tokdir, model, a.quick)
+    a.membw = build_membw(tmp)
     tm = TorchGPT2(model)
     wbytes = weight_bytes(tm)
     print("model: gpt2 %s, %.1fM parameters, %.1f MiB fp32 read per token; prompt ~%d tokens, %d new tokens, "
@@ -465,6 +490,7 @@ def main():
                 print("\nconcurrency, %d thread(s), --max-batch-size %d, %d request(s) per client:" % (
                     threads, a.max_batch_size, a.requests_per_client), flush=True)
                 base_rss = srv.status_kib("VmRSS") / 1024
+                base_hwm = srv.status_kib("VmHWM") / 1024
                 conc = concurrency(a, srv, lambda ci, r: "%d. %s" % (ci * 10 + r, prompt))
                 if a.perf:
                     perf_profile(a, srv, prompt, tmp)
@@ -482,10 +508,13 @@ def main():
         print("| %d | cllm | %.2f | %.0f ms | **%.2fx** | %.1f tok/s | %.0f%% |" % (
             th, r["cllm"]["tps"], r["cllm"]["ttft"] * 1e3, r["cllm"]["tps"] / r["torch"]["tps"], bound,
             100 * r["cllm"]["tps"] / bound))
-    print("\nbandwidth (torch, %d MiB fp32, best of 3 per round x %d rounds, least contended): " % (a.bw_mib, a.rounds) +
-          "; ".join("%d thread(s): read (sum) %.1f GB/s, copy (read+write) %.1f GB/s" % (
-              th, r["bw_read"], r["bw_copy"]) for th, r in results.items()))
-    print("bound = read GB/s / %.1f MB of fp32 weights per token" % (wbytes / 1e6))
+    print("\nbandwidth, best of 3 passes per round x %d rounds (the least contended), %d MiB fp32, read (sum) / "
+          "copy (read + write):" % (a.rounds, a.bw_mib))
+    for th, r in results.items():
+        print("  %d thread(s): bench/membw.c %s; torch %.1f / %.1f GB/s; peak read %.1f GB/s" % (
+            th, "%.1f / %.1f GB/s" % (r["bw_c_read"], r["bw_c_copy"]) if a.membw else "not built (no cc)",
+            r["bw_t_read"], r["bw_t_copy"], r["bw_read"]))
+    print("bound = peak read GB/s of either loop / %.1f MB of fp32 weights per token (the server idle while they run)" % (wbytes / 1e6))
     for th, r in results.items():
         if r["generated"] < a.new_tokens:
             print("WARNING: %d threads: a cllm request stopped after %d tokens" % (th, r["generated"]))
@@ -505,8 +534,8 @@ def main():
             print("| %d | %d | %d | %.1f | %.2fx | %.2f / %.2f s | %.3f / %.3f s | %.0f MiB |" % (
                 r["clients"], r["requests"], r["tokens"], r["tps"], r["tps"] / one, r["lat50"], r["lat99"],
                 r["ttft50"], r["ttft99"], r["hwm_mib"]))
-        print("server RSS before the concurrency levels: %.0f MiB; peak RSS is VmHWM after each level "
-              "(cumulative)" % base_rss)
+        print("server before the concurrency levels: RSS %.0f MiB, peak (VmHWM, start-up and single stream "
+              "included) %.0f MiB; peak RSS is VmHWM after each level (cumulative)" % (base_rss, base_hwm))
         if any(r["errors"] for r in conc):
             print("ERRORS in the concurrency runs: see above")
     if not a.workdir:
