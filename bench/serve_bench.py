@@ -33,11 +33,9 @@ Model: `cllm init --arch gpt2 --preset gpt2-124M --seed 1` (with --quick the
    speedup over C = 1, p50/p99 of request latency and time to first token,
    and the server's peak RSS (VmHWM, cumulative over the levels).
 
---no-server-omp-env starts the server with --threads N alone: below
-OpenMP's default thread count, --threads reaches only the thread that reads
-the flags, and the scheduler thread's OpenMP teams keep the default size
-(on 2 cores, --threads 1 alone decodes several times slower, in libgomp's
-waits).
+--no-server-omp-env starts the server with --threads N alone (without
+OMP_NUM_THREADS), which must give the same speed: the server applies the
+thread count on the scheduler thread that runs the model.
 
 --perf runs `perf record -g` on the server during one extra single-stream
 request and prints the top symbols, so that a shortfall can be attributed.

@@ -58,6 +58,7 @@ typedef struct {
     int timeout_s;               /* [30] a connection idle this long is closed */
     int drain_s;                 /* [30] grace period of cllm_server_drain */
     const char *version;         /* [""] the version /info reports */
+    int threads;                 /* [OpenMP's default] compute threads of the scheduler thread */
 } cllm_server_params;
 
 /* The model and tokenizer are borrowed and must outlive the server (the

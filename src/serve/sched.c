@@ -7,6 +7,7 @@
  * engine before the next step.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -341,6 +342,8 @@ static void sweep_locked(cllm_server *s) {
 
 static void *sched_main(void *arg) {
     cllm_server *s = arg;
+    /* OpenMP's thread count is per thread: set it where the model runs. */
+    if (s->p.threads > 0) omp_set_num_threads(s->p.threads);
     pthread_mutex_lock(&s->mu);
     for (;;) {
         sweep_locked(s);

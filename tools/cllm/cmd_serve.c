@@ -134,7 +134,8 @@ int cmd_serve(int argc, char **argv) {
                              .max_body_bytes = (size_t)max_body,
                              .timeout_s = timeout,
                              .drain_s = drain,
-                             .version = CLLM_VERSION_STRING};
+                             .version = CLLM_VERSION_STRING,
+                             .threads = threads};
     if (cllm_server_init(&srv, m, tok, tmpl, bos, eos, &sp)) goto fail;
 
     /* Signals are taken by this thread only (sigwait); every thread the
