@@ -16,7 +16,7 @@ PKGS=(
   python3-jinja2       # the chat-template test renders with Jinja2 as transformers does
   libopenblas0-pthread         # the BLAS Debian's torch uses for fp32 matmuls (else the slow reference BLAS)
   librsvg2-bin         # rsvg-convert: the trainer test renders the `cllm plot` SVG when present
-  clang-14 libclang-rt-14-dev libomp-14-dev  # fuzz targets (scripts/fuzz.sh): libFuzzer + sanitizer runtimes, OpenMP for clang
+  clang-14 libclang-rt-14-dev libomp-14-dev  # clang builds: fuzz targets (scripts/fuzz.sh) and the clang sanitizer pass (scripts/test.sh): libFuzzer + sanitizer runtimes, OpenMP for clang
 )
 
 SUDO=""

@@ -14,3 +14,13 @@ if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
     set_tests_properties(launch_${case} PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77)
   endforeach()
 endif()
+# heartbeat_test.py: a rank stopped with SIGSTOP (of 2, and of 4) ends the
+# job within the heartbeat limit, named, with the last checkpoint resumable;
+# a rank asleep inside a step past the limit does not; `settings` checks the
+# config key, flags and variable.
+if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
+  foreach(case stop2 stop4 slow settings)
+    cllm_add_py_test(heartbeat_${case} heartbeat_test.py LABELS launch mpi ARGS --case ${case})
+    set_tests_properties(heartbeat_${case} PROPERTIES TIMEOUT 180)
+  endforeach()
+endif()

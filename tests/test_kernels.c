@@ -685,6 +685,33 @@ static void run_xent(const char *cs, const double *p) {
     release(&ts);
 }
 
+/* Non-finite and extreme inputs of the pointwise kernels built on the
+ * vectorised exp: a NaN comes out as NaN (an overflowed fp16 step must stay
+ * non-finite) without converting a NaN to an integer on the way (undefined
+ * in C; clang's float-cast-overflow check aborts on it), and inputs far
+ * beyond the exp's clamp give finite results. */
+static void test_pointwise_nonfinite(void) {
+    enum { N = 6 };
+    const float x[N] = {NAN, 100.0f, -100.0f, 0.0f, 1e30f, -1e30f};
+    const float up[N] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+    float out[N], dinp[N], dup[N];
+    const float dout[N] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+    cllm_gelu_forward(out, x, N);
+    CHECK(isnan(out[0]), "gelu(NaN) = %g, want NaN", out[0]);
+    CHECK(out[1] == 100.0f && fabsf(out[2]) < 1e-30f && out[3] == 0.0f, "gelu(100, -100, 0) = %g %g %g", out[1],
+          out[2], out[3]);
+    cllm_swiglu_forward(out, x, up, N);
+    CHECK(isnan(out[0]), "swiglu(NaN) = %g, want NaN", out[0]);
+    CHECK(check_close_f(out[1], 100.0, 1e-6, 0) && fabsf(out[2]) < 1e-30f && out[3] == 0.0f,
+          "swiglu(100, -100, 0) = %g %g %g", out[1], out[2], out[3]);
+    CHECK(check_close_f(out[4], 1e30, 1e-6, 0) && isfinite(out[5]), "swiglu(+-1e30) = %g %g", out[4], out[5]);
+    memset(dinp, 0, sizeof dinp);
+    memset(dup, 0, sizeof dup);
+    cllm_swiglu_backward(dinp, dup, dout, x, up, N);
+    CHECK(isnan(dinp[0]) && isfinite(dinp[1]) && isfinite(dinp[2]), "swiglu backward: %g %g %g", dinp[0], dinp[1],
+          dinp[2]);
+}
+
 static const struct {
     const char *op;
     void (*run)(const char *cs, const double *params);
@@ -739,6 +766,7 @@ int main(int argc, char **argv) {
         test_matmul_cache();
         test_matmul_cache_key();
         test_thread_independence();
+        test_pointwise_nonfinite();
     }
     cllm_matmul_cleanup();
     return check_summary();

@@ -157,6 +157,17 @@ cllm_status cllm_dist_send_wait(cllm_dist_req *req);
  * the ranks that did not arrive and the operation (docs/distributed.md).
  * Takes effect at cllm_dist_init; values <= 0 restore the default. */
 void cllm_dist_set_timeout(double seconds);
+/* Heartbeat timeout, in seconds (default 30; the environment variable
+ * CLLM_HEARTBEAT_TIMEOUT, when set, wins; 0 turns the heartbeat off; a
+ * negative value restores the default). Under MPI with more than one rank, a
+ * thread in every rank exchanges small pings with the others (rank 0 with
+ * every rank, every rank with rank 0) on a communicator of their own; a rank
+ * from which nothing arrives for this long (stopped, frozen, cut off from the
+ * network) ends the job with a message naming it, its host and pid
+ * (docs/reliability.md, "Dead and hung ranks"). The pings come from that
+ * thread, not from the training loop, so a rank that is busy or slow in a
+ * step of any length keeps answering. Takes effect at cllm_dist_init. */
+void cllm_dist_set_heartbeat_timeout(double seconds);
 /* The training step that the next collectives belong to, for those messages
  * (0: before the first step). */
 void cllm_dist_set_step(long step);

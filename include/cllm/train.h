@@ -195,6 +195,10 @@ typedef struct {
                                             "reference_free" (false)}: trl's DPOConfig names */
     const char *ref_model_dir;           /* dpo.ref_model: the reference model's HF folder;
                                             default NULL = the starting model's folder */
+    double heartbeat_timeout;            /* heartbeat_timeout: seconds without a heartbeat after
+                                            which a rank counts as hung and the job ends
+                                            (cllm_dist_set_heartbeat_timeout); >= 0; default 30;
+                                            0 = no heartbeat. CLLM_HEARTBEAT_TIMEOUT overrides it */
     const char *resume;                  /* not a key (--resume): NULL, "auto" or a checkpoint folder */
     int dp_size, dp_rank;                /* data-parallel world: set by cllm_train_run from cllm_dist
                                           * (1, 0 without MPI); ranks > 0 write no files */
@@ -237,6 +241,10 @@ typedef struct {
      * poisons the gradients with a NaN (tests of the non-finite path). */
     bool (*poison_grads)(long step, void *ctx);
     void *ctx;
+    /* Called inside each step (1-based), after the forward and backward
+     * passes and before the gradient reduction; tests make one rank slow
+     * there (a step longer than the heartbeat timeout). */
+    void (*in_step)(long step, void *ctx);
 } cllm_train_hooks;
 
 /* What a run did, for the front end. */

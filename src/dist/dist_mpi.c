@@ -52,8 +52,10 @@ cllm_status cllm_dist_init(void) {
     MPI_TRY(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     MPI_TRY(MPI_Comm_rank(MPI_COMM_WORLD, &w_rank));
     MPI_TRY(MPI_Comm_size(MPI_COMM_WORLD, &w_size));
-    /* every collective below is announced to the watchdog (watchdog_mpi.c) */
-    return dist_watch_init(w_rank, w_size);
+    /* every collective below is announced to the watchdog (watchdog_mpi.c);
+     * a thread pings the other ranks (heartbeat_mpi.c) */
+    cllm_status st = dist_watch_init(w_rank, w_size);
+    return st ? st : dist_heartbeat_init(w_rank, w_size);
 }
 
 void cllm_dist_finalize(void) {
@@ -65,6 +67,7 @@ void cllm_dist_finalize(void) {
         op_sum16[i] = MPI_OP_NULL;
     }
     if (!done) {
+        dist_heartbeat_finalize();
         dist_watch_finalize();
         MPI_Finalize();
     }

@@ -21,7 +21,7 @@
  * stopped inside it, a network that stalls) is caught by a thread that
  * checks every half second: past 2 x timeout it prints the collective and
  * ends the process with _exit(1), and mpirun then ends the others. The
- * thread never calls MPI (MPI is initialised without thread support).
+ * thread never calls MPI, so that it works even when MPI itself is stuck.
  * A rank that dies outright is noticed by mpirun itself, which aborts the
  * job.
  *

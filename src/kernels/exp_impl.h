@@ -11,7 +11,9 @@
  * Error is within 2 ulp of the true value. Inputs are clamped to
  * [-87, 88] so the result is always a finite normal float: exp(-87) ~ 1.6e-38
  * stands in for smaller values, which is below anything the callers can
- * resolve next to the terms they add it to.
+ * resolve next to the terms they add it to. A NaN comes back as NaN (an
+ * overflowed fp16 step must stay non-finite), without the float to integer
+ * conversion of a NaN that C leaves undefined.
  */
 #ifndef CLLM_KERNELS_EXP_IMPL_H
 #define CLLM_KERNELS_EXP_IMPL_H
@@ -20,9 +22,11 @@
 #include <string.h>
 
 #pragma omp declare simd notinbranch
-static inline float exp_simd(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
+static inline float exp_simd(float in) {
+    /* written so that NaN fails both tests and becomes -87: converting a NaN
+     * j to an integer below would be undefined; the NaN is returned at the end */
+    float x = in > -87.0f ? in : -87.0f;
+    x = x < 88.0f ? x : 88.0f;
     /* round x*log2(e) to the nearest integer: adding 1.5*2^23 pushes the
      * fraction bits out of the mantissa (no -ffast-math, so it is kept) */
     float j = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
@@ -39,7 +43,7 @@ static inline float exp_simd(float x) {
     uint32_t bits = (uint32_t)((int32_t)j + 127) << 23; /* 2^j, j in [-126, 127] */
     float scale;
     memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
+    return in == in ? p * scale : in; /* NaN in, NaN out */
 }
 
 /* tanh(u) = sign(u) * (1 - 2 / (exp(2|u|) + 1)). Absolute error ~1e-7 (the

@@ -33,7 +33,7 @@ static const char *const top_keys[] = {
     /* cllm */
     "model", "data", "train_iters", "epochs", "eval_interval", "eval_iters", "save_interval", "save_total_limit",
     "output_dir", "seed", "log", "weight_decay_skip", "max_consecutive_skips", "shuffle", "peak_gflops",
-    "max_shard_size", "async_save", "save_final_checkpoint", "task", "dpo", NULL};
+    "max_shard_size", "async_save", "save_final_checkpoint", "task", "dpo", "heartbeat_timeout", NULL};
 
 /* DeepSpeed keys accepted without effect on a single-process CPU fp32 run. */
 static const char *const top_ignored[] = {
@@ -631,6 +631,7 @@ static cllm_status parse_ours(cllm_train_config *c, const json_t *j, const char 
     TRY(get_num(j, "peak_gflops", &c->peak_gflops, 0.0, "", path));
     TRY(get_bool(j, "async_save", &c->async_save, "", path));
     TRY(get_bool(j, "save_final_checkpoint", &c->save_final_checkpoint, "", path));
+    TRY(get_num(j, "heartbeat_timeout", &c->heartbeat_timeout, 0.0, "", path));
     const char *log = NULL;
     TRY(get_str(j, "log", &log, "", path));
     if (log) {
@@ -693,6 +694,7 @@ static void set_defaults(cllm_train_config *c) {
     c->max_consecutive_skips = 10;
     c->async_save = true;
     c->save_final_checkpoint = true;
+    c->heartbeat_timeout = 30;
     c->dp_size = 1;
     c->task = "lm";
     c->dpo = cllm_dpo_params_default();

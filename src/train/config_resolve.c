@@ -270,6 +270,7 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
     json_object_set_new(j, "max_shard_size", json_integer((json_int_t)c->max_shard_bytes));
     json_object_set_new(j, "async_save", json_boolean(c->async_save));
     json_object_set_new(j, "save_final_checkpoint", json_boolean(c->save_final_checkpoint));
+    json_object_set_new(j, "heartbeat_timeout", json_real(c->heartbeat_timeout));
     json_object_set_new(j, "dp_size", json_integer(c->dp_size));
     json_object_set_new(j, "task", json_string(c->task ? c->task : "lm"));
     if (c->task && strcmp(c->task, "dpo") == 0)

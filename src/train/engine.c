@@ -449,6 +449,7 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     float *grads = NULL, *g = tr->smode->grads(tr, &grads);
     /* (the test hook cannot reach gradients already in flight with overlap_comm) */
     if (grads && !tr->overlap && tr->hooks && tr->hooks->poison_grads && tr->hooks->poison_grads(step, tr->hooks->ctx)) grads[0] = NAN;
+    if (tr->hooks && tr->hooks->in_step) tr->hooks->in_step(step, tr->hooks->ctx);
     if ((st = tr->exec->sync_grads(tr, grads))) return cllm_fail_context(st, "step %ld", step);
     if ((st = reduce_grads(tr, g, &loss_sum))) return cllm_fail_context(st, "step %ld", step);
     double t2 = cllm_time_sec();

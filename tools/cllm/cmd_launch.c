@@ -3,7 +3,8 @@
  * or more hosts through OpenMPI's mpirun.
  *
  *   cllm launch [-n N] [--hostfile FILE] [--include SPEC | --exclude SPEC]
- *               [--timeout SEC] [--launcher-args "ARGS"] [--dry-run] -- train ...
+ *               [--timeout SEC] [--heartbeat-timeout SEC] [--launcher-args "ARGS"]
+ *               [--dry-run] -- train ...
  *
  * The hosts come from a DeepSpeed-style hostfile (or this machine alone),
  * filtered by --include / --exclude and cut to -n ranks (parsing in
@@ -145,7 +146,7 @@ int cmd_launch(int argc, char **argv) {
     flags[nflags] = NULL;
 
     int np = 0;
-    double timeout = 0;
+    double timeout = 0, heartbeat = -1;
     const char *hostfile = NULL, *include = NULL, *exclude = NULL, *largs = NULL, *mpirun = "mpirun";
     bool dry = false;
     arg_spec specs[] = {
@@ -154,6 +155,9 @@ int cmd_launch(int argc, char **argv) {
         {"include", ARG_STR, &include, NULL, false, "only these hosts/slots: host1:0,2@host2"},
         {"exclude", ARG_STR, &exclude, NULL, false, "all but these hosts/slots: host1:1@host3"},
         {"timeout", ARG_F64, &timeout, "0", false, "collective timeout in seconds for every rank (CLLM_DIST_TIMEOUT); 0 = keep the default"},
+        {"heartbeat-timeout", ARG_F64, &heartbeat, "-1", false,
+         "seconds without a heartbeat before a rank counts as hung, for every rank (CLLM_HEARTBEAT_TIMEOUT); "
+         "0 = off; -1 = keep the ranks' own (heartbeat_timeout, default 30)"},
         {"launcher-args", ARG_STR, &largs, NULL, false, "extra mpirun arguments, split at blanks (e.g. \"--mca btl tcp,self\")"},
         {"mpirun", ARG_STR, &mpirun, "mpirun", false, "the mpirun program"},
         {"dry-run", ARG_FLAG, &dry, NULL, false, "print the mpirun command and exit"},
@@ -172,6 +176,10 @@ int cmd_launch(int argc, char **argv) {
     }
     if (timeout < 0) {
         fprintf(stderr, "cllm launch: --timeout: %g is negative\n", timeout);
+        return 2;
+    }
+    if (heartbeat < 0 && heartbeat != -1) {
+        fprintf(stderr, "cllm launch: --heartbeat-timeout: %g is negative (0 turns the heartbeat off)\n", heartbeat);
         return 2;
     }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -256,6 +264,12 @@ int cmd_launch(int argc, char **argv) {
         if (timeout > 0) {
             char b[64];
             snprintf(b, sizeof b, "CLLM_DIST_TIMEOUT=%g", timeout);
+            push(&cmd, "-x");
+            push(&cmd, b);
+        }
+        if (heartbeat >= 0) {
+            char b[64];
+            snprintf(b, sizeof b, "CLLM_HEARTBEAT_TIMEOUT=%g", heartbeat);
             push(&cmd, "-x");
             push(&cmd, b);
         }

@@ -9,11 +9,14 @@
  * run. SIGINT/SIGTERM ask the engine to save a checkpoint and stop (exit 0);
  * a second signal kills the process.
  */
+#include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "args.h"
 #include "cllm/dist.h"
@@ -22,10 +25,18 @@
 #include "cllm/train.h"
 #include "commands.h"
 
+/* The test hooks' settings, read from the environment. */
+typedef struct {
+    const char *poison; /* CLLM_TRAIN_POISON_STEPS */
+    int slow_rank;      /* CLLM_TEST_SLOW_STEP=RANK:SECONDS[:STEP] (-1: none) */
+    double slow_seconds;
+    long slow_step;     /* 0: the first step this process runs */
+} test_hooks;
+
 /* Test hook: CLLM_TRAIN_POISON_STEPS="3,4" makes the gradients of those
  * steps NaN, to exercise the non-finite path without a diverging run. */
 static bool poison_from_env(long step, void *ctx) {
-    const char *s = ctx;
+    const char *s = ((const test_hooks *)ctx)->poison;
     while (s && *s) {
         char *end;
         long v = strtol(s, &end, 10);
@@ -34,6 +45,42 @@ static bool poison_from_env(long step, void *ctx) {
         s = *end == ',' ? end + 1 : end;
     }
     return false;
+}
+
+/* Test hook: CLLM_TEST_SLOW_STEP=RANK:SECONDS[:STEP] makes rank RANK sleep
+ * SECONDS inside step STEP (default: the first step it runs), between the
+ * backward pass and the gradient reduction, once: a slow but live rank, which
+ * the heartbeat must not take for a hung one (docs/reliability.md). */
+static void slow_from_env(long step, void *ctx) {
+    test_hooks *h = ctx;
+    if (h->slow_rank != cllm_dist_rank() || (h->slow_step && step != h->slow_step)) return;
+    h->slow_rank = -1;
+    fprintf(stderr, "cllm train: rank %d: CLLM_TEST_SLOW_STEP: sleeping %g s inside step %ld\n", cllm_dist_rank(),
+            h->slow_seconds, step);
+    double ns = h->slow_seconds * 1e9;
+    struct timespec ts = {(time_t)(ns / 1e9), (long)fmod(ns, 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Reads the test hooks; false (and a message) when one is malformed. */
+static bool hooks_from_env(test_hooks *h) {
+    h->poison = getenv("CLLM_TRAIN_POISON_STEPS");
+    h->slow_rank = -1;
+    const char *v = getenv("CLLM_TEST_SLOW_STEP");
+    if (!v || !*v) return true;
+    int r = -1, n = 0;
+    double sec = -1;
+    long step = 0;
+    int got = sscanf(v, "%d:%lf%n:%ld%n", &r, &sec, &n, &step, &n);
+    if (got < 2 || r < 0 || !(sec >= 0 && sec < 1e6) || step < 0 || v[n] != '\0') {
+        fprintf(stderr, "cllm train: CLLM_TEST_SLOW_STEP='%s': expected RANK:SECONDS[:STEP] (a test hook)\n", v);
+        return false;
+    }
+    h->slow_rank = r;
+    h->slow_seconds = sec;
+    h->slow_step = step;
+    return true;
 }
 
 static void on_signal(int sig) {
@@ -85,7 +132,7 @@ static int set_num(json_t *obj, const char *key, const char *flag, const char *v
 typedef struct {
     const char *config, *model, *data, *eval_data, *out, *steps, *batch, *micro, *accum, *seq_len, *save_interval,
         *save_limit, *eval_interval, *eval_iters, *resume, *seed, *optimizer, *lr, *wd, *clip, *log_every, *shard,
-        *log, *peak, *tokenizer, *splits, *skip_bad, *task, *ref_model, *beta, *loss_type, *smoothing;
+        *log, *peak, *tokenizer, *splits, *skip_bad, *task, *ref_model, *beta, *loss_type, *smoothing, *heartbeat;
     bool no_shuffle, strict, print_config, sync_save, grad_ckpt, reference_free;
 } train_flags;
 
@@ -163,6 +210,7 @@ static int apply_flags(json_t *j, const train_flags *f) {
     if (f->log_every) rc = rc ? rc : set_int(j, "steps_per_print", "log-every", f->log_every);
     if (f->clip) rc = rc ? rc : set_num(j, "gradient_clipping", "grad-clip", f->clip);
     if (f->peak) rc = rc ? rc : set_num(j, "peak_gflops", "peak-gflops", f->peak);
+    if (f->heartbeat) rc = rc ? rc : set_num(j, "heartbeat_timeout", "heartbeat-timeout", f->heartbeat);
     if (f->optimizer) rc = rc ? rc : set_optimizer(j, f->optimizer);
     /* no optimizer anywhere: AdamW (the minimal loop's default) */
     if (!json_object_get(json_object_get(j, "optimizer"), "type")) rc = rc ? rc : set_optimizer(j, "adamw");
@@ -233,6 +281,9 @@ int cmd_train(int argc, char **argv) {
         {"loss-type", ARG_STR, &f.loss_type, NULL, false, "dpo: sigmoid, ipo, hinge or robust (dpo.loss_type; default sigmoid)"},
         {"label-smoothing", ARG_STR, &f.smoothing, NULL, false, "dpo: label smoothing in [0, 0.5) (dpo.label_smoothing; default 0)"},
         {"reference-free", ARG_FLAG, &f.reference_free, NULL, false, "dpo: no reference model (dpo.reference_free)"},
+        {"heartbeat-timeout", ARG_STR, &f.heartbeat, NULL, false,
+         "under mpirun: seconds without a heartbeat before a rank counts as hung and the job ends "
+         "(heartbeat_timeout; default 30; 0 = off; env CLLM_HEARTBEAT_TIMEOUT wins)"},
         {"strict", ARG_FLAG, &f.strict, NULL, false, "unknown config keys are errors instead of warnings"},
         {"print-config", ARG_FLAG, &f.print_config, NULL, false, "print the resolved config as JSON and exit"},
     };
@@ -292,6 +343,7 @@ int cmd_train(int argc, char **argv) {
         goto done;
     }
     /* under mpirun: one rank of the data-parallel world; ranks > 0 are quiet */
+    cllm_dist_set_heartbeat_timeout(cfg.heartbeat_timeout);
     if (cllm_dist_init()) {
         rc = tool_fail("train");
         goto done;
@@ -299,8 +351,16 @@ int cmd_train(int argc, char **argv) {
     if (cllm_dist_rank() > 0) cfg.log = CLLM_LOG_MODE_QUIET;
     install_handlers();
     cllm_train_result res;
-    cllm_train_hooks hooks = {poison_from_env, getenv("CLLM_TRAIN_POISON_STEPS")};
-    if (cllm_train_run(&cfg, hooks.ctx ? &hooks : NULL, &res)) {
+    test_hooks th;
+    if (!hooks_from_env(&th)) {
+        rc = 2;
+        cllm_dist_abort(rc);
+        goto done;
+    }
+    cllm_train_hooks hooks = {.poison_grads = th.poison ? poison_from_env : NULL,
+                              .ctx = &th,
+                              .in_step = th.slow_rank >= 0 ? slow_from_env : NULL};
+    if (cllm_train_run(&cfg, th.poison || th.slow_rank >= 0 ? &hooks : NULL, &res)) {
         if (cllm_dist_active()) fprintf(stderr, "cllm train: rank %d of %d failed\n", cllm_dist_rank(), cllm_dist_size());
         rc = tool_fail("train");
         /* the other ranks may be waiting in a collective: end them too */
