@@ -43,12 +43,10 @@
  * see model.h) and writes only its own memory, the operand scratch of the
  * bf16/fp16 linear layers included. The one exception is the model's
  * low-precision weight copy, rebuilt under a lock by the first forward
- * after the parameters changed. The fp32 GEMMs that oneDNN runs as cached
- * matmul primitives (and so the widened bf16 GEMMs on CPUs without a native
- * one) still execute one at a time under the matmul module's lock (see
- * src/kernels/matmul.c), so concurrent caches interleave there rather than
- * add speed; every other kernel runs concurrently. Kernels inside a forward
- * run multi-threaded with OpenMP.
+ * after the parameters changed. The GEMMs run concurrently as well (see
+ * cllm_matmul in kernels.h; a cache over a bf16 model on a CPU without a
+ * native bf16 GEMM widens its operands in a workspace of its own). Kernels
+ * inside a forward run multi-threaded with OpenMP.
  */
 #ifndef CLLM_GENERATE_H
 #define CLLM_GENERATE_H
@@ -93,7 +91,9 @@ cllm_kv_cache_params cllm_kv_cache_params_default(void);
  * block_size * n_kv_head * head_dim floats of pool plus about max_rows *
  * (4 C + 3 F + QKV) floats of scratch, max_seqs * V floats of logits
  * when max_seqs > 1, and, for a model set to bf16 (fp16), max_rows *
- * max(C, F, n_head * head_dim) bf16 values (floats) of operand scratch. `m` is borrowed: it must outlive the
+ * max(C, F, n_head * head_dim) bf16 values (floats) of operand scratch,
+ * plus for bf16 on CPUs without a native bf16 GEMM a widening workspace of
+ * at most 32 MiB (cllm_matmul_bf16_scratch_bound). `m` is borrowed: it must outlive the
  * cache, and its parameters must not change while the cache holds keys
  * computed from them. A tensor-parallel part is CLLM_ERR_UNSUPPORTED.
  * Returns CLLM_OK, CLLM_ERR_ARG or CLLM_ERR_NOMEM; *out is NULL on failure. */

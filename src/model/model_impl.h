@@ -28,11 +28,14 @@ enum { G_WTE, G_WPE, G_EMB_LN_W, G_EMB_LN_B, G_LNF_W, G_LNF_B, G_HEAD, G_NSLOTS 
  * run state, never part of the weights: the training run keeps one in the
  * model (grown to the prepared batch), each KV cache its own (sized once
  * at init, `fixed`), so forwards over one model on several threads never
- * share one. */
+ * share one. `widen` is the workspace of bf16 GEMMs widened to fp32 on CPUs
+ * without a native bf16 GEMM (NULL: the matmul module's shared buffer). */
 typedef struct {
     void *a, *b;      /* two regions of `elems` elements (b is NULL in a cache: forwards only) */
     size_t elems;
     bool fixed;       /* never grown: too small is an internal error */
+    float *widen;
+    size_t widen_bytes;
 } model_lp_scratch;
 
 /* Activations of one block, saved by the forward pass for the backward.

@@ -97,6 +97,7 @@ size_t cllm_model_precision_bytes(const cllm_model_config *c, size_t buffer_len,
 void model_lp_scratch_free(model_lp_scratch *lp) {
     cllm_free(lp->a);
     cllm_free(lp->b);
+    cllm_free(lp->widen);
     *lp = (model_lp_scratch){0};
 }
 
@@ -133,6 +134,19 @@ cllm_status model_lp_prepare(cllm_model *m) {
     return reserve(&m->lp_run, m->prec, scratch_elems(&m->cfg, m->act_B, m->act_T));
 }
 
+/* The widened-GEMM workspace of forwards of up to `rows` rows (and
+ * head_rows through the head): the bound over every linear layer. */
+static size_t forward_widen_bytes(const cllm_model_config *c, int rows, int head_rows) {
+    int C = c->n_embd, F = c->n_inner, Q = c->n_head * c->head_dim, QKV = model_qkv_width(c);
+    const int lin[][3] = {{rows, C, QKV}, {rows, Q, C}, {rows, C, F}, {rows, F, C}, {head_rows, C, c->vocab_size}};
+    size_t best = 0;
+    for (size_t i = 0; i < sizeof lin / sizeof lin[0]; i++) {
+        size_t b = cllm_matmul_bf16_scratch_bound(lin[i][0], lin[i][2], lin[i][1]); /* M rows, N = OUT, K = IN */
+        if (b > best) best = b;
+    }
+    return best;
+}
+
 /* A forward pass converts only linear inputs: rows x the widest input
  * (C, the attention width, or F), and head_rows x C into the head. */
 cllm_status model_lp_scratch_init(model_lp_scratch *lp, const cllm_model *m, int rows, int head_rows) {
@@ -149,6 +163,15 @@ cllm_status model_lp_scratch_init(model_lp_scratch *lp, const cllm_model *m, int
     lp->a = cllm_alloc(bytes ? bytes : 1, "mixed-precision operands");
     if (!lp->a) return CLLM_ERR_NOMEM;
     lp->elems = elems;
+    size_t wb = m->prec == CLLM_PREC_BF16 ? forward_widen_bytes(c, rows, head_rows) : 0;
+    if (wb) {
+        lp->widen = cllm_alloc(wb, "widened bf16 GEMM operands");
+        if (!lp->widen) {
+            model_lp_scratch_free(lp);
+            return CLLM_ERR_NOMEM;
+        }
+        lp->widen_bytes = wb;
+    }
     return CLLM_OK;
 }
 
@@ -235,7 +258,8 @@ cllm_status model_linear_forward(const cllm_model *m, model_lp_scratch *lp, floa
     if (m->prec == CLLM_PREC_BF16) {
         uint16_t *a = lp->a;
         cllm_to_bf16(a, inp, (long)nin);
-        st = cllm_matmul_bf16(out, a, (const uint16_t *)m->lp_params + off, N, OUT, IN, false, !w_in_out, 1.0f, 0.0f);
+        st = cllm_matmul_bf16_ws(out, a, (const uint16_t *)m->lp_params + off, N, OUT, IN, false, !w_in_out, 1.0f, 0.0f,
+                                 lp->widen, lp->widen_bytes);
         if (!st && bias) add_bias(out, bias, N, OUT);
         return st;
     }
@@ -260,13 +284,14 @@ cllm_status model_linear_backward(const cllm_model *m, model_lp_scratch *lp, flo
         uint16_t *d = lp->a, *x = lp->b;
         const uint16_t *w16 = (const uint16_t *)m->lp_params + off;
         cllm_to_bf16(d, dout, (long)nout);
-        if (dinp) st = cllm_matmul_bf16(dinp, d, w16, N, IN, OUT, false, w_in_out, 1.0f, 1.0f);
+        if (dinp)
+            st = cllm_matmul_bf16_ws(dinp, d, w16, N, IN, OUT, false, w_in_out, 1.0f, 1.0f, lp->widen, lp->widen_bytes);
         if (!st && dw) {
             cllm_to_bf16(x, inp, (long)nin);
             if (w_in_out)
-                st = cllm_matmul_bf16(dw, x, d, IN, OUT, N, true, false, 1.0f, 1.0f);
+                st = cllm_matmul_bf16_ws(dw, x, d, IN, OUT, N, true, false, 1.0f, 1.0f, lp->widen, lp->widen_bytes);
             else
-                st = cllm_matmul_bf16(dw, d, x, OUT, IN, N, true, false, 1.0f, 1.0f);
+                st = cllm_matmul_bf16_ws(dw, d, x, OUT, IN, N, true, false, 1.0f, 1.0f, lp->widen, lp->widen_bytes);
         }
         /* the bias gradient is a column sum of the fp32 dout */
         if (!st && dbias) st = cllm_linear_backward(NULL, NULL, dbias, dout, NULL, NULL, N, IN, OUT, w_in_out);
