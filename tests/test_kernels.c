@@ -219,11 +219,43 @@ static void test_matmul_bf16_sliced(void) {
             }
         }
         CHECK(bad == 0, "sliced bf16 GEMM ta=%d tb=%d: %d of 200 sampled entries off", ta, tb, bad);
+        /* the caller's workspace of exactly the reported size: the same bits */
+        float *C2 = xmalloc(nc * sizeof *C2), *ws = scratch ? xmalloc(scratch) : NULL;
+        memcpy(C2, C0, nc * sizeof *C2);
+        st = cllm_matmul_bf16_ws(C2, A16, B16, M, N, K, ta, tb, 0.5f, 1.0f, ws, scratch);
+        CHECK(st == CLLM_OK && !memcmp(C, C2, nc * sizeof *C), "bf16 GEMM in a caller's workspace ta=%d tb=%d: %s",
+              ta, tb, st ? cllm_last_error() : "results differ");
+        if (scratch) {
+            st = cllm_matmul_bf16_ws(C2, A16, B16, M, N, K, ta, tb, 0.5f, 1.0f, ws, scratch - sizeof(float));
+            CHECK(st == CLLM_ERR_ARG && strstr(cllm_last_error(), "workspace"),
+                  "a workspace one float short: status %d, %s", (int)st, cllm_last_error());
+        }
+        free(C2);
+        free(ws);
     }
     free(A16);
     free(B16);
     free(C0);
     free(C);
+}
+
+/* cllm_matmul_bf16_scratch_bound covers every row count up to M_max,
+ * around the 32 MiB budget (one slice, two, and rows wider than 1/16 of
+ * the budget). */
+static void test_matmul_bf16_bound(void) {
+    const int nk[][3] = {{64, 64, 300}, {1000, 4300, 1200}, {50257, 768, 64}, {600000, 64, 40}, {300, 9000, 3000}};
+    for (size_t s = 0; s < sizeof nk / sizeof nk[0]; s++) {
+        int N = nk[s][0], K = nk[s][1], M_max = nk[s][2];
+        size_t bound = cllm_matmul_bf16_scratch_bound(M_max, N, K), worst = 0;
+        int bad = 0;
+        for (int M = 1; M <= M_max; M++) {
+            size_t b = cllm_matmul_bf16_scratch_bytes(M, N, K);
+            if (b > worst) worst = b;
+            if (b > bound) bad++;
+        }
+        CHECK(bad == 0, "N=%d K=%d: %d row counts need more than the bound %zu (worst %zu)", N, K, bad, bound, worst);
+        if (cllm_matmul_bf16_native()) CHECK(bound == 0, "native path: bound %zu", bound);
+    }
 }
 
 /* The CPU facts against /proc/cpuinfo's flags (an independent reading),
@@ -733,6 +765,7 @@ int main(int argc, char **argv) {
         test_matmul_naive();
         test_matmul_bf16();
         test_matmul_bf16_sliced();
+        test_matmul_bf16_bound();
         test_cpu_detection();
         test_precision_conversions();
         test_matmul_args();
