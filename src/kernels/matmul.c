@@ -76,7 +76,7 @@ typedef struct {
 } gemm_entry;
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t g_idle = PTHREAD_COND_INITIALIZER; /* signalled when g_running drops to 0 */
+static pthread_cond_t g_idle = PTHREAD_COND_INITIALIZER; /* signalled when an entry stops running */
 static dnnl_engine_t g_engine;
 static gemm_entry g_cache[CACHE_SLOTS];
 static unsigned long g_clock;
@@ -173,25 +173,30 @@ undo_attr:
 }
 
 /* Returns the cached entry for the key, building it (and evicting the least
- * recently used slot if the table is full) when missing. g_lock held. */
+ * recently used slot that no call runs if the table is full, after
+ * waiting for one if every slot runs) when missing. g_lock held. */
 static cllm_status cache_get(gemm_entry **out, int M, int N, int K, bool trans_a, bool trans_b,
                              float alpha, bool beta_one, bool bf16) {
     uint32_t alpha_bits;
     memcpy(&alpha_bits, &alpha, sizeof alpha_bits);
-    gemm_entry *victim = &g_cache[0];
-    for (int i = 0; i < CACHE_SLOTS; i++) {
-        gemm_entry *e = &g_cache[i];
-        if (e->last_use && e->M == M && e->N == N && e->K == K && e->trans_a == trans_a &&
-            e->trans_b == trans_b && e->alpha_bits == alpha_bits && e->beta_one == beta_one &&
-            e->bf16 == bf16) {
-            e->last_use = ++g_clock;
-            *out = e;
-            return CLLM_OK;
+    gemm_entry *victim;
+    for (;;) {
+        victim = &g_cache[0];
+        for (int i = 0; i < CACHE_SLOTS; i++) {
+            gemm_entry *e = &g_cache[i];
+            if (e->last_use && e->M == M && e->N == N && e->K == K && e->trans_a == trans_a &&
+                e->trans_b == trans_b && e->alpha_bits == alpha_bits && e->beta_one == beta_one &&
+                e->bf16 == bf16) {
+                e->last_use = ++g_clock;
+                *out = e;
+                return CLLM_OK;
+            }
+            if (!e->busy && (victim->busy || e->last_use < victim->last_use)) victim = e;
         }
-        if (!e->busy && (victim->busy || e->last_use < victim->last_use)) victim = e;
+        if (!victim->busy) break;
+        /* every slot is running (as many threads as slots): wait for one */
+        pthread_cond_wait(&g_idle, &g_lock);
     }
-    if (victim->busy) /* every slot is running: as many threads as slots */
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "more than %d GEMMs of different shapes at once", CACHE_SLOTS);
     entry_free(victim);
     victim->M = M;
     victim->N = N;
@@ -285,12 +290,12 @@ static cllm_status run_primitive(float *C, const void *A, const void *B, int M, 
     }
     pthread_mutex_lock(&g_lock);
     if (own) e->own_busy = false;
-    e->busy--;
+    if (--e->busy == 0) pthread_cond_broadcast(&g_idle); /* a slot to evict, or all idle */
     if (g_n_streams < CACHE_SLOTS)
         g_streams[g_n_streams++] = stream;
     else
         dnnl_stream_destroy(stream);
-    if (--g_running == 0) pthread_cond_broadcast(&g_idle);
+    g_running--;
     pthread_mutex_unlock(&g_lock);
     return st;
 }
