@@ -647,13 +647,17 @@ static cllm_status primitive_workspace(int M, int N, int K, bool trans_a, size_t
     dnnl_memory_desc_t md_a, md_b, md_c;
     dnnl_matmul_desc_t desc;
     dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_attr_t attr = NULL; /* user scratchpad mode, as the cached primitives: it reports the size */
     dnnl_engine_t engine = NULL; /* its own: nothing is left behind to free */
     cllm_status st = dnnl_check(dnnl_engine_create(&engine, dnnl_cpu, 0), "engine_create");
     if (!st) st = dnnl_check(md_2d(&md_a, M, K, trans_a, dnnl_f32), "memory_desc (A)");
     if (!st) st = dnnl_check(md_2d(&md_b, K, N, true, dnnl_f32), "memory_desc (B)");
     if (!st) st = dnnl_check(md_2d(&md_c, M, N, false, dnnl_f32), "memory_desc (C)");
     if (!st) st = dnnl_check(dnnl_matmul_desc_init(&desc, &md_a, &md_b, NULL, &md_c), "matmul_desc");
-    if (!st) st = dnnl_check(dnnl_primitive_desc_create(&pd, &desc, NULL, engine, NULL), "primitive_desc_create");
+    if (!st) st = dnnl_check(dnnl_primitive_attr_create(&attr), "attr_create");
+    if (!st)
+        st = dnnl_check(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "scratchpad mode");
+    if (!st) st = dnnl_check(dnnl_primitive_desc_create(&pd, &desc, attr, engine, NULL), "primitive_desc_create");
     if (!st) {
         const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
         *scratch = md ? dnnl_memory_desc_get_size(md) : 0;
@@ -662,6 +666,7 @@ static cllm_status primitive_workspace(int M, int N, int K, bool trans_a, size_t
         *gemm = impl && strncmp(impl, "gemm", 4) == 0;
     }
     if (pd) dnnl_primitive_desc_destroy(pd);
+    if (attr) dnnl_primitive_attr_destroy(attr);
     if (engine) dnnl_engine_destroy(engine);
     return st;
 }
