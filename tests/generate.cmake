@@ -34,3 +34,9 @@ cllm_add_py_test(generate_stop_cli generate_stop_cli.py LABELS generate cli ARGS
 # Many tiny parallel regions: with spinning waits, a loaded machine turns
 # each barrier into a scheduler time slice.
 set_tests_properties(test_generate test_decode PROPERTIES ENVIRONMENT "OMP_WAIT_POLICY=PASSIVE")
+#   test_weights_threads one model set to bf16/fp16 shared by threads: a greedy
+#                        request per pthread, each with its own cache, gives the
+#                        tokens and logits of the same requests run one after
+#                        another (C, also run under ASan/UBSan)
+cllm_add_c_test(test_weights_threads LABELS generate)
+set_tests_properties(test_weights_threads PROPERTIES ENVIRONMENT "OMP_WAIT_POLICY=PASSIVE")

@@ -18,6 +18,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -219,11 +220,43 @@ static void test_matmul_bf16_sliced(void) {
             }
         }
         CHECK(bad == 0, "sliced bf16 GEMM ta=%d tb=%d: %d of 200 sampled entries off", ta, tb, bad);
+        /* the caller's workspace of exactly the reported size: the same bits */
+        float *C2 = xmalloc(nc * sizeof *C2), *ws = scratch ? xmalloc(scratch) : NULL;
+        memcpy(C2, C0, nc * sizeof *C2);
+        st = cllm_matmul_bf16_ws(C2, A16, B16, M, N, K, ta, tb, 0.5f, 1.0f, ws, scratch);
+        CHECK(st == CLLM_OK && !memcmp(C, C2, nc * sizeof *C), "bf16 GEMM in a caller's workspace ta=%d tb=%d: %s",
+              ta, tb, st ? cllm_last_error() : "results differ");
+        if (scratch) {
+            st = cllm_matmul_bf16_ws(C2, A16, B16, M, N, K, ta, tb, 0.5f, 1.0f, ws, scratch - sizeof(float));
+            CHECK(st == CLLM_ERR_ARG && strstr(cllm_last_error(), "workspace"),
+                  "a workspace one float short: status %d, %s", (int)st, cllm_last_error());
+        }
+        free(C2);
+        free(ws);
     }
     free(A16);
     free(B16);
     free(C0);
     free(C);
+}
+
+/* cllm_matmul_bf16_scratch_bound covers every row count up to M_max,
+ * around the 32 MiB budget (one slice, two, and rows wider than 1/16 of
+ * the budget). */
+static void test_matmul_bf16_bound(void) {
+    const int nk[][3] = {{64, 64, 300}, {1000, 4300, 1200}, {50257, 768, 64}, {600000, 64, 40}, {300, 9000, 3000}};
+    for (size_t s = 0; s < sizeof nk / sizeof nk[0]; s++) {
+        int N = nk[s][0], K = nk[s][1], M_max = nk[s][2];
+        size_t bound = cllm_matmul_bf16_scratch_bound(M_max, N, K), worst = 0;
+        int bad = 0;
+        for (int M = 1; M <= M_max; M++) {
+            size_t b = cllm_matmul_bf16_scratch_bytes(M, N, K);
+            if (b > worst) worst = b;
+            if (b > bound) bad++;
+        }
+        CHECK(bad == 0, "N=%d K=%d: %d row counts need more than the bound %zu (worst %zu)", N, K, bad, bound, worst);
+        if (cllm_matmul_bf16_native()) CHECK(bound == 0, "native path: bound %zu", bound);
+    }
 }
 
 /* The CPU facts against /proc/cpuinfo's flags (an independent reading),
@@ -333,6 +366,58 @@ static void test_matmul_args(void) {
           "K=0 beta=1 changed C to %g", (double)c);
     CHECK(cllm_matmul(&c, NULL, NULL, 1, 1, 0, false, false, 1.0f, 0.0f) == CLLM_OK && c == 0,
           "K=0 beta=0 left C at %g", (double)c);
+}
+
+/* Concurrent GEMMs: more threads than cache slots, each running NT GEMMs
+ * (the cached-primitive layout) of its own shape and of one shape all
+ * threads share, so entries run on several threads at once and are evicted
+ * while others run. Each result must equal the same call made alone. */
+enum { CONC_THREADS = 80, CONC_K = 24, CONC_N = 12 };
+
+typedef struct {
+    int m;          /* rows of the thread's own shape */
+    float A[(CONC_THREADS + 8) * CONC_K], B[CONC_N * CONC_K];
+    float got[2][(CONC_THREADS + 8) * CONC_N], want[2][(CONC_THREADS + 8) * CONC_N];
+    cllm_status st;
+} conc_job;
+
+static void *conc_run(void *arg) {
+    conc_job *j = arg;
+    for (int rep = 0; rep < 3 && !j->st; rep++) {
+        j->st = cllm_matmul(j->got[0], j->A, j->B, j->m, CONC_N, CONC_K, false, true, 1.0f, 0.0f);
+        if (!j->st) j->st = cllm_matmul(j->got[1], j->A, j->B, 8, CONC_N, CONC_K, false, true, 1.0f, 0.0f);
+    }
+    return NULL;
+}
+
+static void test_matmul_concurrent(void) {
+    cllm_rng r;
+    cllm_rng_seed(&r, 5);
+    conc_job *jobs = calloc(CONC_THREADS, sizeof *jobs);
+    pthread_t th[CONC_THREADS];
+    for (int i = 0; i < CONC_THREADS; i++) {
+        conc_job *j = &jobs[i];
+        j->m = 9 + i;
+        rand_fill(&r, j->A, sizeof j->A / sizeof j->A[0]);
+        rand_fill(&r, j->B, sizeof j->B / sizeof j->B[0]);
+        CHECK(cllm_matmul(j->want[0], j->A, j->B, j->m, CONC_N, CONC_K, false, true, 1.0f, 0.0f) == CLLM_OK &&
+                  cllm_matmul(j->want[1], j->A, j->B, 8, CONC_N, CONC_K, false, true, 1.0f, 0.0f) == CLLM_OK,
+              "alone: %s", cllm_last_error());
+    }
+    int started = 0;
+    for (int i = 0; i < CONC_THREADS; i++)
+        if (pthread_create(&th[i], NULL, conc_run, &jobs[i]) == 0) started++;
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    CHECK(started == CONC_THREADS, "%d of %d threads started", started, CONC_THREADS);
+    int bad = 0;
+    for (int i = 0; i < started; i++) {
+        conc_job *j = &jobs[i];
+        if (j->st || memcmp(j->got[0], j->want[0], (size_t)j->m * CONC_N * sizeof(float)) ||
+            memcmp(j->got[1], j->want[1], (size_t)8 * CONC_N * sizeof(float)))
+            bad++;
+    }
+    CHECK(bad == 0, "%d of %d threads' concurrent GEMMs differ from the same calls alone", bad, started);
+    free(jobs);
 }
 
 /* More distinct shapes than cache slots, twice over, then the same after a
@@ -760,10 +845,12 @@ int main(int argc, char **argv) {
         test_matmul_naive();
         test_matmul_bf16();
         test_matmul_bf16_sliced();
+        test_matmul_bf16_bound();
         test_cpu_detection();
         test_precision_conversions();
         test_matmul_args();
         test_matmul_cache();
+        test_matmul_concurrent();
         test_matmul_cache_key();
         test_thread_independence();
         test_pointwise_nonfinite();

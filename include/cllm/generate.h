@@ -39,11 +39,16 @@
  * strings, streamed text, log-probabilities) is cllm_generation, at the end
  * of this header.
  *
- * Not thread-safe per object. Different caches over one fp32 model may be
- * used from different threads (they only read its parameters); a model set
- * to bf16/fp16 (cllm_model_set_precision) also lends its operand scratch
- * to the cached pass, so its caches must be used from one thread at a
- * time. Kernels inside a forward run multi-threaded with OpenMP.
+ * Threads: one cache is used by one thread at a time. Different caches
+ * over one model may run forwards at the same time on different threads,
+ * whatever its precision: a cache takes the model as const (its weights,
+ * see model.h) and writes only its own memory, the operand scratch of the
+ * bf16/fp16 linear layers included. The one exception is the model's
+ * low-precision weight copy, rebuilt under a lock by the first forward
+ * after the parameters changed. The GEMMs run concurrently as well (see
+ * cllm_matmul in kernels.h; a cache over a bf16 model on a CPU without a
+ * native bf16 GEMM widens its operands in a workspace of its own). Kernels
+ * inside a forward run multi-threaded with OpenMP.
  */
 #ifndef CLLM_GENERATE_H
 #define CLLM_GENERATE_H
@@ -86,8 +91,11 @@ cllm_kv_cache_params cllm_kv_cache_params_default(void);
 /* Allocates a paged cache with everything it will use (pool, block tables,
  * scratch); forward calls do not allocate. Memory: 2 * n_layer * n_blocks *
  * block_size * n_kv_head * head_dim floats of pool plus about max_rows *
- * (4 C + 3 F + QKV) floats of scratch, and max_seqs * V floats of logits
- * when max_seqs > 1. `m` is borrowed: it must outlive the
+ * (4 C + 3 F + QKV) floats of scratch, max_seqs * V floats of logits
+ * when max_seqs > 1, and, for a model set to bf16 (fp16), max_rows *
+ * max(C, F, n_head * head_dim) bf16 values (floats) of operand scratch,
+ * plus for bf16 on CPUs without a native bf16 GEMM a widening workspace of
+ * at most 32 MiB (cllm_matmul_bf16_scratch_bound). `m` is borrowed: it must outlive the
  * cache, and its parameters must not change while the cache holds keys
  * computed from them. A tensor-parallel part is CLLM_ERR_UNSUPPORTED.
  * Returns CLLM_OK, CLLM_ERR_ARG or CLLM_ERR_NOMEM; *out is NULL on failure. */
@@ -325,11 +333,11 @@ cllm_status cllm_text_stream_finish(cllm_text_stream *ts, const char **text, siz
  * on it (or its free).
  *
  * Threads: one object is used by one thread at a time. Objects over one
- * model and one tokenizer may run on different threads: the cache forward
- * only reads the model's parameters, the matmuls go through one global lock
- * (so concurrent objects take turns rather than add speed), and tokenizer
- * decoding is thread-safe. Nothing may modify the model (training, loading
- * new weights) while objects over it exist.
+ * model and one tokenizer may run on different threads, whatever the
+ * model's precision: each has its own cache, the cache forward only reads
+ * the model (see the cache's thread notes at the top of this header), and
+ * tokenizer decoding is thread-safe. Nothing may modify the model
+ * (training, loading new weights) while objects over it exist.
  */
 
 typedef enum {

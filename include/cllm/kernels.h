@@ -32,8 +32,10 @@ extern "C" {
  * op(A) = A stored [M,K] (trans_a=false) or A stored [K,M] (trans_a=true);
  * op(B) = B stored [K,N] (trans_b=false) or B stored [N,K] (trans_b=true).
  * beta is 0 (overwrite) or 1 (accumulate); other values are CLLM_ERR_ARG.
- * oneDNN primitives are created once per shape and cached inside the module
- * (thread-safe); cllm_matmul_cleanup() releases the cache. */
+ * oneDNN primitives are created once per shape and cached inside the module;
+ * thread-safe, and calls from different threads run at the same time (the
+ * cache lookup is locked, the execution is not). cllm_matmul_cleanup()
+ * releases the cache, after waiting for GEMMs running on other threads. */
 cllm_status cllm_matmul(float *C, const float *A, const float *B, int M, int N, int K, bool trans_a,
                         bool trans_b, float alpha, float beta);
 void cllm_matmul_cleanup(void);
@@ -55,9 +57,17 @@ size_t cllm_matmul_workspace(int M, int N, int K, bool trans_a, bool trans_b, in
  * CPU: oneDNN's bf16 kernels where it has them (AVX-512, AVX512-BF16, AMX),
  * else the operands are widened to fp32 (exact) in slices of at most 32 MiB
  * held by this module and the fp32 GEMM runs: the same numerics up to the
- * summation order. */
+ * summation order. The module's widening buffer serves one call at a time
+ * (concurrent calls wait for it); see cllm_matmul_bf16_ws. */
 cllm_status cllm_matmul_bf16(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
                              bool trans_a, bool trans_b, float alpha, float beta);
+/* cllm_matmul_bf16 with the widened operands in the caller's workspace
+ * ws[ws_bytes] (NULL: the module's buffer), so that calls on different
+ * threads do not wait for each other; the same results. A workspace smaller
+ * than cllm_matmul_bf16_scratch_bytes(M, N, K) is CLLM_ERR_ARG. Unused on
+ * the native path. */
+cllm_status cllm_matmul_bf16_ws(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
+                                bool trans_a, bool trans_b, float alpha, float beta, float *ws, size_t ws_bytes);
 
 /* Whether cllm_matmul_bf16 runs on oneDNN's bf16 kernels (probed once with
  * a small primitive; false when oneDNN answers "unimplemented", e.g. on
@@ -71,6 +81,10 @@ const char *cllm_matmul_bf16_backend(void);
  * the K slice that keeps it within 32 MiB. The module keeps the largest
  * such buffer of the run until cllm_matmul_cleanup. */
 size_t cllm_matmul_bf16_scratch_bytes(int M, int N, int K);
+/* A workspace size that covers cllm_matmul_bf16_scratch_bytes(M, N, K) for
+ * every M in 1..M_max (0 on the native path): at most max(32 MiB,
+ * 64 (M_max + N)) bytes. For callers sized once for a range of rows. */
+size_t cllm_matmul_bf16_scratch_bound(int M_max, int N, int K);
 
 /* Describes the CPU and the kernels chosen on it, one "key: value" per
  * line (cpu, cpu features, isa, onednn version and ISA, fp32 gemm, bf16

@@ -14,8 +14,23 @@
  * shifted (targets[b,t] = labels[b,t+1], -100 at t = T-1); see
  * cllm_model_make_targets().
  *
- * Not thread-safe: one model object is used by one thread at a time (the
- * kernels it calls run multi-threaded with OpenMP).
+ * Weights and run state. A model object holds two things:
+ *   the weights: config, tensor table and layout, the flat parameter
+ *     buffer, and the read-only copy derived from it for bf16/fp16
+ *     matmuls (cllm_model_set_precision);
+ *   the training run's state: gradients, activations, backward scratch,
+ *     the operand scratch of bf16/fp16 linear layers, hooks.
+ * A `const cllm_model *` is the weights: no call that takes one writes
+ * anything behind it, with one exception made safe by a lock: the
+ * low-precision copy is rebuilt by the first linear layer that runs after
+ * the parameters changed (cllm_model_params, cllm_model_params_updated).
+ * There is no separate weights type because nothing is needed beyond that
+ * const pointer. Inference state lives outside the model: each KV cache
+ * (generate.h) owns its activations and operand scratch, so caches over one
+ * model run forwards concurrently on different threads.
+ * Calls that take a non-const model (prepare, forward, backward, training)
+ * use the run state: one thread at a time, and not while caches over the
+ * model run. The kernels run multi-threaded with OpenMP.
  */
 #ifndef CLLM_MODEL_H
 #define CLLM_MODEL_H

@@ -10,11 +10,17 @@
  * Creating a oneDNN primitive costs far more than running a small GEMM, so
  * each (M,N,K,trans_a,trans_b,alpha,beta) gets one primitive, built on first
  * use and kept in a fixed table together with its three memory objects.
- * When the table is full the least recently used entry is replaced. One
- * mutex guards the table, the lazily created engine and stream, and the
- * execution itself (the memory objects of an entry are re-pointed at the
- * caller's buffers on every call). Serialising calls costs nothing in
- * practice: oneDNN already spreads each GEMM over all OpenMP threads.
+ * When the table is full the least recently used entry that no call is
+ * running is replaced. One mutex guards the table and the lazily created
+ * engine; the execution runs outside it, so GEMMs called from different
+ * threads (KV caches over one model, each on its own thread) run at the
+ * same time. An execution takes a stream of its own (from a pool) and
+ * memory objects over the caller's buffers (the entry's own, or fresh ones
+ * while another thread runs the same entry), and the primitives are built
+ * in oneDNN's user scratchpad mode with a scratchpad per execution (none
+ * for the fp32 kernels of AVX2 CPUs): in the default library mode oneDNN
+ * shares one scratchpad between primitives, and a primitive may not run
+ * from a thread other than the one that created it.
  *
  * Layouts with B not transposed (NN, TN) go to oneDNN's BLAS-style
  * dnnl_sgemm instead: measured on this machine's AVX-512 CPU, the matmul
@@ -32,8 +38,9 @@
  * differ from oneDNN's. The widened operands live in one scratch buffer of
  * this module, at most BF16_WIDEN_BYTES: larger products are cut along K
  * into slices that each fit, accumulated into C (beta = 1 after the
- * first). The buffer grows to the largest slice seen and is released by
- * cllm_matmul_cleanup.
+ * first). The buffer grows to the largest slice seen, is used by one call
+ * at a time and is released by cllm_matmul_cleanup; cllm_matmul_bf16_ws
+ * takes the caller's workspace instead, for callers on several threads.
  *
  * Left out: beta other than 0 or 1 (unused by the models), batched GEMM,
  * data types other than fp32 and bf16, and cllm_linear_* bias fusion into the primitive (the
@@ -60,15 +67,22 @@ typedef struct {
     bool beta_one;
     bool bf16; /* A and B bf16 (C is always fp32) */
     unsigned long last_use; /* 0 = empty slot */
+    int busy;               /* executions running it (never evicted then) */
+    bool own_busy;          /* one of them uses `own` */
     dnnl_primitive_t prim;
-    dnnl_memory_t mem_a, mem_b, mem_c;
+    dnnl_memory_desc_t md_a, md_b, md_c, md_s; /* md_s: its scratchpad */
+    size_t scratch_bytes;
+    dnnl_memory_t own[3];   /* A, B, C */
 } gemm_entry;
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_idle = PTHREAD_COND_INITIALIZER; /* signalled when an entry stops running */
 static dnnl_engine_t g_engine;
-static dnnl_stream_t g_stream;
 static gemm_entry g_cache[CACHE_SLOTS];
 static unsigned long g_clock;
+static int g_running; /* executions outside the lock */
+static dnnl_stream_t g_streams[CACHE_SLOTS]; /* idle streams */
+static int g_n_streams;
 
 static cllm_status dnnl_check(dnnl_status_t s, const char *what) {
     if (s == dnnl_success) return CLLM_OK;
@@ -76,13 +90,20 @@ static cllm_status dnnl_check(dnnl_status_t s, const char *what) {
                      dnnl_status2str(s));
 }
 
+static void mems_free(dnnl_memory_t mem[3]) {
+    for (int i = 0; i < 3; i++) {
+        if (mem[i]) dnnl_memory_destroy(mem[i]);
+        mem[i] = NULL;
+    }
+}
+
 static void entry_free(gemm_entry *e) {
     if (e->prim) dnnl_primitive_destroy(e->prim);
-    if (e->mem_a) dnnl_memory_destroy(e->mem_a);
-    if (e->mem_b) dnnl_memory_destroy(e->mem_b);
-    if (e->mem_c) dnnl_memory_destroy(e->mem_c);
+    mems_free(e->own);
     memset(e, 0, sizeof *e);
 }
+
+static cllm_status mems_make(const gemm_entry *e, dnnl_memory_t mem[3]);
 
 /* 2-D memory descriptor of logical shape [rows, cols]; stored transposed
  * (as [cols, rows] row-major) when `transposed`. */
@@ -110,6 +131,8 @@ static cllm_status entry_build(gemm_entry *e, float alpha) {
     if (!st) st = dnnl_check(md_2d(&md_c, e->M, e->N, false, dnnl_f32), "memory_desc (C)");
     if (!st) st = dnnl_check(dnnl_matmul_desc_init(&desc, &md_a, &md_b, NULL, &md_c), "matmul_desc");
     if (!st) st = dnnl_check(dnnl_primitive_attr_create(&attr), "attr_create");
+    if (!st)
+        st = dnnl_check(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "scratchpad mode");
     if (st) goto undo_attr;
     if (alpha != 1.0f) {
         st = dnnl_check(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha), "output scales");
@@ -128,9 +151,15 @@ static cllm_status entry_build(gemm_entry *e, float alpha) {
     else
         st = dnnl_check(ds, "primitive_desc_create");
     if (!st) st = dnnl_check(dnnl_primitive_create(&e->prim, pd), "primitive_create");
-    if (!st) st = dnnl_check(dnnl_memory_create(&e->mem_a, &md_a, g_engine, DNNL_MEMORY_NONE), "memory (A)");
-    if (!st) st = dnnl_check(dnnl_memory_create(&e->mem_b, &md_b, g_engine, DNNL_MEMORY_NONE), "memory (B)");
-    if (!st) st = dnnl_check(dnnl_memory_create(&e->mem_c, &md_c, g_engine, DNNL_MEMORY_NONE), "memory (C)");
+    if (!st) {
+        const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        e->md_a = md_a;
+        e->md_b = md_b;
+        e->md_c = md_c;
+        e->scratch_bytes = sp ? dnnl_memory_desc_get_size(sp) : 0;
+        if (e->scratch_bytes) e->md_s = *sp;
+        st = mems_make(e, e->own);
+    }
     if (pd) dnnl_primitive_desc_destroy(pd);
 undo_post:
     if (post) dnnl_post_ops_destroy(post);
@@ -144,22 +173,29 @@ undo_attr:
 }
 
 /* Returns the cached entry for the key, building it (and evicting the least
- * recently used slot if the table is full) when missing. g_lock held. */
+ * recently used slot that no call runs if the table is full, after
+ * waiting for one if every slot runs) when missing. g_lock held. */
 static cllm_status cache_get(gemm_entry **out, int M, int N, int K, bool trans_a, bool trans_b,
                              float alpha, bool beta_one, bool bf16) {
     uint32_t alpha_bits;
     memcpy(&alpha_bits, &alpha, sizeof alpha_bits);
-    gemm_entry *victim = &g_cache[0];
-    for (int i = 0; i < CACHE_SLOTS; i++) {
-        gemm_entry *e = &g_cache[i];
-        if (e->last_use && e->M == M && e->N == N && e->K == K && e->trans_a == trans_a &&
-            e->trans_b == trans_b && e->alpha_bits == alpha_bits && e->beta_one == beta_one &&
-            e->bf16 == bf16) {
-            e->last_use = ++g_clock;
-            *out = e;
-            return CLLM_OK;
+    gemm_entry *victim;
+    for (;;) {
+        victim = &g_cache[0];
+        for (int i = 0; i < CACHE_SLOTS; i++) {
+            gemm_entry *e = &g_cache[i];
+            if (e->last_use && e->M == M && e->N == N && e->K == K && e->trans_a == trans_a &&
+                e->trans_b == trans_b && e->alpha_bits == alpha_bits && e->beta_one == beta_one &&
+                e->bf16 == bf16) {
+                e->last_use = ++g_clock;
+                *out = e;
+                return CLLM_OK;
+            }
+            if (!e->busy && (victim->busy || e->last_use < victim->last_use)) victim = e;
         }
-        if (e->last_use < victim->last_use) victim = e;
+        if (!victim->busy) break;
+        /* every slot is running (as many threads as slots): wait for one */
+        pthread_cond_wait(&g_idle, &g_lock);
     }
     entry_free(victim);
     victim->M = M;
@@ -177,38 +213,89 @@ static cllm_status cache_get(gemm_entry **out, int M, int N, int K, bool trans_a
     return CLLM_OK;
 }
 
-/* Engine and stream on first use; g_lock held. */
+/* The engine on first use; g_lock held. */
 static cllm_status engine_init(void) {
-    if (g_stream) return CLLM_OK;
-    cllm_status st = dnnl_check(dnnl_engine_create(&g_engine, dnnl_cpu, 0), "engine_create");
-    if (!st) st = dnnl_check(dnnl_stream_create(&g_stream, g_engine, dnnl_stream_default_flags),
-                             "stream_create");
-    if (st && g_engine) {
-        dnnl_engine_destroy(g_engine);
-        g_engine = NULL;
+    if (g_engine) return CLLM_OK;
+    return dnnl_check(dnnl_engine_create(&g_engine, dnnl_cpu, 0), "engine_create");
+}
+
+/* Runs e on the caller's buffers through memory objects mem (A, B, C),
+ * with a scratchpad of its own when the primitive needs one (the size
+ * oneDNN's library mode would have kept in its shared scratchpad). oneDNN
+ * takes non-const handles; it only reads A and B. */
+static cllm_status exec_with(const gemm_entry *e, dnnl_stream_t stream, dnnl_memory_t mem[3], float *C,
+                             const void *A, const void *B) {
+    dnnl_memory_t sp = NULL;
+    void *scratch = NULL;
+    cllm_status st = dnnl_check(dnnl_memory_set_data_handle(mem[0], (void *)(uintptr_t)A), "set handle (A)");
+    if (!st) st = dnnl_check(dnnl_memory_set_data_handle(mem[1], (void *)(uintptr_t)B), "set handle (B)");
+    if (!st) st = dnnl_check(dnnl_memory_set_data_handle(mem[2], C), "set handle (C)");
+    if (!st && e->scratch_bytes) {
+        scratch = cllm_alloc(e->scratch_bytes, "oneDNN matmul scratchpad");
+        st = scratch ? dnnl_check(dnnl_memory_create(&sp, &e->md_s, g_engine, scratch), "memory (scratchpad)")
+                     : CLLM_ERR_NOMEM;
     }
+    if (!st) {
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]},
+                                   {DNNL_ARG_SCRATCHPAD, sp}};
+        st = dnnl_check(dnnl_primitive_execute(e->prim, stream, sp ? 4 : 3, args), "execute");
+        if (!st) st = dnnl_check(dnnl_stream_wait(stream), "stream_wait");
+    }
+    if (sp) dnnl_memory_destroy(sp);
+    cllm_free(scratch);
     return st;
 }
 
-/* Runs the cached matmul primitive of the key on the caller's buffers. */
+/* Memory objects for the key's descriptors (handles set per call); on
+ * failure whatever was made is freed. */
+static cllm_status mems_make(const gemm_entry *e, dnnl_memory_t mem[3]) {
+    cllm_status st = dnnl_check(dnnl_memory_create(&mem[0], &e->md_a, g_engine, DNNL_MEMORY_NONE), "memory (A)");
+    if (!st) st = dnnl_check(dnnl_memory_create(&mem[1], &e->md_b, g_engine, DNNL_MEMORY_NONE), "memory (B)");
+    if (!st) st = dnnl_check(dnnl_memory_create(&mem[2], &e->md_c, g_engine, DNNL_MEMORY_NONE), "memory (C)");
+    if (st) mems_free(mem);
+    return st;
+}
+
+/* Runs the cached matmul primitive of the key on the caller's buffers: the
+ * lookup under the lock, the execution outside it. An execution borrows
+ * the entry's own memory objects and scratchpad, or, while another thread
+ * runs the same entry, makes its own; streams come from a pool. */
 static cllm_status run_primitive(float *C, const void *A, const void *B, int M, int N, int K, bool trans_a,
                                  bool trans_b, float alpha, float beta, bool bf16) {
     pthread_mutex_lock(&g_lock);
     gemm_entry *e = NULL;
+    dnnl_stream_t stream = NULL;
+    bool own = false;
     cllm_status st = engine_init();
     if (!st) st = cache_get(&e, M, N, K, trans_a, trans_b, alpha, beta == 1.0f, bf16);
+    if (!st && g_n_streams > 0)
+        stream = g_streams[--g_n_streams];
+    else if (!st)
+        st = dnnl_check(dnnl_stream_create(&stream, g_engine, dnnl_stream_default_flags), "stream_create");
     if (!st) {
-        /* oneDNN takes non-const handles; it only reads A and B. */
-        st = dnnl_check(dnnl_memory_set_data_handle(e->mem_a, (void *)(uintptr_t)A), "set handle (A)");
-        if (!st) st = dnnl_check(dnnl_memory_set_data_handle(e->mem_b, (void *)(uintptr_t)B), "set handle (B)");
-        if (!st) st = dnnl_check(dnnl_memory_set_data_handle(e->mem_c, C), "set handle (C)");
+        e->busy++;
+        g_running++;
+        own = !e->own_busy;
+        e->own_busy = true;
     }
-    if (!st) {
-        dnnl_exec_arg_t args[3] = {
-            {DNNL_ARG_SRC, e->mem_a}, {DNNL_ARG_WEIGHTS, e->mem_b}, {DNNL_ARG_DST, e->mem_c}};
-        st = dnnl_check(dnnl_primitive_execute(e->prim, g_stream, 3, args), "execute");
-        if (!st) st = dnnl_check(dnnl_stream_wait(g_stream), "stream_wait");
+    pthread_mutex_unlock(&g_lock);
+    if (st) return st;
+    if (own) {
+        st = exec_with(e, stream, e->own, C, A, B);
+    } else {
+        dnnl_memory_t mem[3] = {NULL, NULL, NULL};
+        st = mems_make(e, mem);
+        if (!st) st = exec_with(e, stream, mem, C, A, B);
+        mems_free(mem);
     }
+    pthread_mutex_lock(&g_lock);
+    if (own) e->own_busy = false;
+    if (--e->busy == 0) pthread_cond_broadcast(&g_idle); /* a slot to evict, or all idle */
+    if (g_n_streams < CACHE_SLOTS)
+        g_streams[g_n_streams++] = stream;
+    else
+        dnnl_stream_destroy(stream);
+    g_running--;
     pthread_mutex_unlock(&g_lock);
     return st;
 }
@@ -329,22 +416,29 @@ static void widen_block(float *dst, const uint16_t *src, size_t n) {
  * gives a [M,kc] slice (columns), A stored [K,M] a [kc,M] one (rows);
  * likewise B. */
 static cllm_status widened_gemm(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K, bool trans_a,
-                                bool trans_b, float alpha, float beta) {
+                                bool trans_b, float alpha, float beta, float *ws, size_t ws_bytes) {
     int kc = widen_slice(M, N, K);
     size_t need = ((size_t)M + (size_t)N) * (size_t)kc;
     cllm_status st = CLLM_OK;
-    pthread_mutex_lock(&g_wlock);
-    if (need > g_wcap) {
-        float *p = cllm_alloc(need * sizeof(float), "widened bf16 GEMM operands");
-        if (!p) {
-            pthread_mutex_unlock(&g_wlock);
-            return CLLM_ERR_NOMEM;
+    if (ws && need * sizeof(float) > ws_bytes)
+        return CLLM_FAIL(CLLM_ERR_ARG, "bf16 GEMM M=%d N=%d K=%d needs %zu bytes of workspace, %zu given", M, N, K,
+                         need * sizeof(float), ws_bytes);
+    const bool shared = !ws; /* the module's buffer, under g_wlock */
+    if (shared) {
+        pthread_mutex_lock(&g_wlock);
+        if (need > g_wcap) {
+            float *p = cllm_alloc(need * sizeof(float), "widened bf16 GEMM operands");
+            if (!p) {
+                pthread_mutex_unlock(&g_wlock);
+                return CLLM_ERR_NOMEM;
+            }
+            cllm_free(g_wbuf);
+            g_wbuf = p;
+            g_wcap = need;
         }
-        cllm_free(g_wbuf);
-        g_wbuf = p;
-        g_wcap = need;
+        ws = g_wbuf;
     }
-    float *a = g_wbuf, *b = g_wbuf + (size_t)M * (size_t)kc;
+    float *a = ws, *b = ws + (size_t)M * (size_t)kc;
     for (int k0 = 0; k0 < K && !st; k0 += kc) {
         int n = K - k0 < kc ? K - k0 : kc;
         if (trans_a)
@@ -357,16 +451,16 @@ static cllm_status widened_gemm(float *C, const uint16_t *A, const uint16_t *B, 
             widen_block(b, B + (size_t)k0 * (size_t)N, (size_t)n * (size_t)N);
         st = cllm_matmul(C, a, b, M, N, n, trans_a, trans_b, alpha, k0 == 0 ? beta : 1.0f);
     }
-    pthread_mutex_unlock(&g_wlock);
+    if (shared) pthread_mutex_unlock(&g_wlock);
     return st;
 }
 
 /* bf16 operands, fp32 accumulation and fp32 C: oneDNN's matmul primitive
  * where it has a bf16 kernel (measured on an AVX-512 machine with AMX: every
  * layout at 0.45-2 TFLOP/s on 2 threads, 2-10x the fp32 GEMM), else the
- * widened fp32 path. */
-cllm_status cllm_matmul_bf16(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K, bool trans_a,
-                             bool trans_b, float alpha, float beta) {
+ * widened fp32 path in ws (NULL: the module's buffer). */
+cllm_status cllm_matmul_bf16_ws(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K, bool trans_a,
+                                bool trans_b, float alpha, float beta, float *ws, size_t ws_bytes) {
     bool done = false;
     cllm_status st = gemm_args(C, A, B, M, N, K, beta, &done);
     if (st || done) return st;
@@ -375,7 +469,23 @@ cllm_status cllm_matmul_bf16(float *C, const uint16_t *A, const uint16_t *B, int
         if (st != CLLM_ERR_UNSUPPORTED) return st;
         cllm_error_clear(); /* this shape has no bf16 kernel: widen */
     }
-    return widened_gemm(C, A, B, M, N, K, trans_a, trans_b, alpha, beta);
+    return widened_gemm(C, A, B, M, N, K, trans_a, trans_b, alpha, beta, ws, ws_bytes);
+}
+
+cllm_status cllm_matmul_bf16(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K, bool trans_a,
+                             bool trans_b, float alpha, float beta) {
+    return cllm_matmul_bf16_ws(C, A, B, M, N, K, trans_a, trans_b, alpha, beta, NULL, 0);
+}
+
+/* For any M <= M_max, with row = (M + N) floats: either all of K fits the
+ * budget (row x K <= BF16_WIDEN_BYTES), or the slice is at most the
+ * budget's fit (widen_slice rounds down to 16s) or 16 when less than 16 fit.
+ * So row x kc <= min(row x K, max(budget, row x 16)), largest at M_max. */
+size_t cllm_matmul_bf16_scratch_bound(int M_max, int N, int K) {
+    if (M_max <= 0 || N <= 0 || K <= 0 || cllm_matmul_bf16_native()) return 0;
+    size_t row = ((size_t)M_max + (size_t)N) * sizeof(float);
+    size_t all = row * (size_t)K, cap = row * 16 > BF16_WIDEN_BYTES ? row * 16 : BF16_WIDEN_BYTES;
+    return all < cap ? all : cap;
 }
 
 void cllm_kernels_describe(char *buf, size_t cap) {
@@ -410,14 +520,15 @@ void cllm_kernels_describe(char *buf, size_t cap) {
              cllm_kernels_variant());
 }
 
-/* Frees every cached primitive, the stream and the engine. Safe to call at
- * any time (the next cllm_matmul rebuilds what it needs) and more than once. */
+/* Frees every cached primitive and the engine, once the GEMMs running on
+ * other threads are done. Safe to call at any time (the next cllm_matmul
+ * rebuilds what it needs) and more than once. */
 void cllm_matmul_cleanup(void) {
     pthread_mutex_lock(&g_lock);
+    while (g_running) pthread_cond_wait(&g_idle, &g_lock);
     for (int i = 0; i < CACHE_SLOTS; i++) entry_free(&g_cache[i]);
-    if (g_stream) dnnl_stream_destroy(g_stream);
+    while (g_n_streams > 0) dnnl_stream_destroy(g_streams[--g_n_streams]);
     if (g_engine) dnnl_engine_destroy(g_engine);
-    g_stream = NULL;
     g_engine = NULL;
     pthread_mutex_unlock(&g_lock);
     pthread_mutex_lock(&g_wlock);
@@ -536,13 +647,17 @@ static cllm_status primitive_workspace(int M, int N, int K, bool trans_a, size_t
     dnnl_memory_desc_t md_a, md_b, md_c;
     dnnl_matmul_desc_t desc;
     dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_attr_t attr = NULL; /* user scratchpad mode, as the cached primitives: it reports the size */
     dnnl_engine_t engine = NULL; /* its own: nothing is left behind to free */
     cllm_status st = dnnl_check(dnnl_engine_create(&engine, dnnl_cpu, 0), "engine_create");
     if (!st) st = dnnl_check(md_2d(&md_a, M, K, trans_a, dnnl_f32), "memory_desc (A)");
     if (!st) st = dnnl_check(md_2d(&md_b, K, N, true, dnnl_f32), "memory_desc (B)");
     if (!st) st = dnnl_check(md_2d(&md_c, M, N, false, dnnl_f32), "memory_desc (C)");
     if (!st) st = dnnl_check(dnnl_matmul_desc_init(&desc, &md_a, &md_b, NULL, &md_c), "matmul_desc");
-    if (!st) st = dnnl_check(dnnl_primitive_desc_create(&pd, &desc, NULL, engine, NULL), "primitive_desc_create");
+    if (!st) st = dnnl_check(dnnl_primitive_attr_create(&attr), "attr_create");
+    if (!st)
+        st = dnnl_check(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "scratchpad mode");
+    if (!st) st = dnnl_check(dnnl_primitive_desc_create(&pd, &desc, attr, engine, NULL), "primitive_desc_create");
     if (!st) {
         const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
         *scratch = md ? dnnl_memory_desc_get_size(md) : 0;
@@ -551,6 +666,7 @@ static cllm_status primitive_workspace(int M, int N, int K, bool trans_a, size_t
         *gemm = impl && strncmp(impl, "gemm", 4) == 0;
     }
     if (pd) dnnl_primitive_desc_destroy(pd);
+    if (attr) dnnl_primitive_attr_destroy(attr);
     if (engine) dnnl_engine_destroy(engine);
     return st;
 }

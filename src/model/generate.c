@@ -21,7 +21,9 @@
  * are contiguous: a decode step streams each block front to back.
  *
  * All memory is allocated at init (pool, tables, scratch for max_rows new
- * rows per call), so forward calls never allocate.
+ * rows per call, the bf16/fp16 operand scratch), so forward calls never
+ * allocate. The cache holds a const model and writes only its own memory,
+ * so caches over one model run forwards on different threads at once.
  *
  * Left out: sliding windows, cache quantisation, sharing blocks between
  * sequences (prefix caching), logits of every new position (only the last
@@ -39,7 +41,8 @@
 enum { DEFAULT_MAX_POS = 2048, DEFAULT_BLOCK = 64 };
 
 struct cllm_kv_cache {
-    cllm_model *m;            /* read only, but for the operand scratch of bf16/fp16 linears */
+    const cllm_model *m;      /* the weights: only read */
+    model_lp_scratch lp;      /* operand scratch of bf16/fp16 linear layers (none for fp32) */
     int n_seq, S, max_rows, block_size, max_blocks, n_blocks;
     int32_t *past;            /* [n_seq] positions filled per sequence */
     int32_t *table;           /* [n_seq][max_blocks] block ids, -1 = none */
@@ -135,7 +138,7 @@ cllm_status cllm_kv_cache_init_paged(cllm_kv_cache **out, const cllm_model *m, c
 
     cllm_kv_cache *kv = calloc(1, sizeof *kv);
     if (!kv) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
-    kv->m = (cllm_model *)(uintptr_t)m; /* see the struct: only the lp scratch is written */
+    kv->m = m;
     kv->n_seq = p->max_seqs;
     kv->S = S;
     kv->max_rows = (int)rows;
@@ -155,6 +158,10 @@ cllm_status cllm_kv_cache_init_paged(cllm_kv_cache **out, const cllm_model *m, c
     kv->kc = cllm_alloc(kv_floats * sizeof(float), "key cache");
     kv->vc = kv->kc ? cllm_alloc(kv_floats * sizeof(float), "value cache") : NULL;
     kv->buf = kv->vc ? cllm_alloc(scratch * sizeof(float), "generation scratch") : NULL;
+    if (kv->buf && model_lp_scratch_init(&kv->lp, m, kv->max_rows, kv->n_seq)) {
+        cllm_kv_cache_free(kv);
+        return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for the operand scratch of %d rows", kv->max_rows);
+    }
     if (!kv->buf || !kv->past || !kv->call_past || !kv->seq_of || !kv->rows || !kv->table || !kv->free_list ||
         !kv->call_table || !kv->n_lock) {
         cllm_kv_cache_free(kv);
@@ -193,6 +200,7 @@ void cllm_kv_cache_free(cllm_kv_cache *kv) {
     cllm_free(kv->kc);
     cllm_free(kv->vc);
     cllm_free(kv->buf);
+    model_lp_scratch_free(&kv->lp);
     free(kv->past);
     free(kv->call_past);
     free(kv->seq_of);
@@ -306,7 +314,7 @@ static cllm_status plan(cllm_kv_cache *kv, const int32_t *tokens, const int *n_n
 /* Runs the planned rows: embeddings, every block, and the head on the
  * last new row of each sequence that added rows. */
 static cllm_status run_rows(cllm_kv_cache *kv, const int32_t *tokens, int n_call, float *logits) {
-    cllm_model *m = kv->m;
+    const cllm_model *m = kv->m;
     const cllm_model_config *c = &m->cfg;
     const int C = c->n_embd, V = c->vocab_size, L = c->n_layer;
     /* the kernel reads tables by call entry */
@@ -319,7 +327,7 @@ static cllm_status run_rows(cllm_kv_cache *kv, const int32_t *tokens, int n_call
                        .rope_cos = kv->rope_cos, .rope_sin = kv->rope_sin, .alibi = kv->alibi};
     layer_acts *a = &kv->a;
     cllm_status st = model_embed_forward(m, a->x, kv->emb, a->ln1_mean, a->ln1_rstd, tokens, 0, 0, &rows);
-    for (int l = 0; l < L && !st; l++) st = model_block_forward(m, l, a, a->x, 0, 0, &rows, false);
+    for (int l = 0; l < L && !st; l++) st = model_block_forward(m, &kv->lp, l, a, a->x, 0, 0, &rows, false);
     if (st) return st;
     for (int j = 0; j < n_call; j++)
         memcpy(kv->last + (size_t)j * C, a->x + ((size_t)kv->rows[j + 1] - 1) * C, (size_t)C * sizeof(float));
@@ -330,8 +338,8 @@ static cllm_status run_rows(cllm_kv_cache *kv, const int32_t *tokens, int n_call
     /* one GEMM for every sequence of the call (the head weight is read
      * once); with some sequences idle, their rows of `logits` stay as they
      * were, so the rows go through the scratch and are placed after */
-    if (n_call == kv->n_seq) return model_linear_forward(m, logits, kv->lnf, W, NULL, n_call, C, V, false);
-    TRY(model_linear_forward(m, kv->head_out, kv->lnf, W, NULL, n_call, C, V, false));
+    if (n_call == kv->n_seq) return model_linear_forward(m, &kv->lp, logits, kv->lnf, W, NULL, n_call, C, V, false);
+    TRY(model_linear_forward(m, &kv->lp, kv->head_out, kv->lnf, W, NULL, n_call, C, V, false));
     for (int j = 0; j < n_call; j++)
         memcpy(logits + (size_t)kv->seq_of[j] * V, kv->head_out + (size_t)j * V, (size_t)V * sizeof(float));
     return CLLM_OK;

@@ -220,7 +220,7 @@ size_t cllm_model_n_params(const cllm_model *m) {
 }
 size_t cllm_model_buffer_len(const cllm_model *m) { return m->n_params; }
 float *cllm_model_params(cllm_model *m) {
-    m->lp_stale = true; /* the caller may write through the pointer */
+    atomic_store(&m->lp_stale, true); /* the caller may write through the pointer */
     return m->params;
 }
 float *cllm_model_grads(cllm_model *m) { return m->grads; }

@@ -7,6 +7,7 @@
 #define CLLM_MODEL_IMPL_H
 
 #include <jansson.h>
+#include <stdatomic.h>
 
 #include "cllm/model.h"
 
@@ -21,6 +22,21 @@ enum {
 };
 /* Slots outside the blocks. G_HEAD is -1 when the head is tied to G_WTE. */
 enum { G_WTE, G_WPE, G_EMB_LN_W, G_EMB_LN_B, G_LNF_W, G_LNF_B, G_HEAD, G_NSLOTS };
+
+/* Operand scratch of the bf16/fp16 linear layers (precision.c): where
+ * activations and gradients are rounded on their way into a matmul. It is
+ * run state, never part of the weights: the training run keeps one in the
+ * model (grown to the prepared batch), each KV cache its own (sized once
+ * at init, `fixed`), so forwards over one model on several threads never
+ * share one. `widen` is the workspace of bf16 GEMMs widened to fp32 on CPUs
+ * without a native bf16 GEMM (NULL: the matmul module's shared buffer). */
+typedef struct {
+    void *a, *b;      /* two regions of `elems` elements (b is NULL in a cache: forwards only) */
+    size_t elems;
+    bool fixed;       /* never grown: too small is an internal error */
+    float *widen;
+    size_t widen_bytes;
+} model_lp_scratch;
 
 /* Activations of one block, saved by the forward pass for the backward.
  * With recomputation (activation checkpointing) each layer keeps its own
@@ -85,12 +101,14 @@ struct cllm_model {
     bool has_backward;
     int32_t *pos_tokens;      /* [N] scratch */
 
-    /* mixed precision (precision.c) */
+    /* mixed precision (precision.c). lp_params is part of the weights: a
+     * read-only copy of params, rebuilt (under a lock, by the first linear
+     * layer that runs) only after the parameters changed (lp_stale). lp_run
+     * is the training run's operand scratch. */
     cllm_precision prec;
     void *lp_params;          /* bf16: uint16 [n_params]; fp16: fp32 [n_params] holding fp16 values */
-    bool lp_stale;            /* lp_params no longer match params */
-    void *lp_a, *lp_b;        /* two operand scratch regions of lp_elems elements each */
-    size_t lp_elems;
+    atomic_bool lp_stale;     /* lp_params no longer match params */
+    model_lp_scratch lp_run;
     /* tensor parallelism (tp.c): this model is rank tp_rank's part of a
      * model cut over tp_size ranks (cllm_tp_model_part); tp_size 1 = whole */
     const struct cllm_dist_group *tp_grp;
@@ -118,23 +136,25 @@ typedef struct {
 /* The one forward pass of the three families (run.c), used by training,
  * evaluation, pipeline stages, tensor-parallel parts and the cached
  * inference pass (generate.c). Rows are B x T from position 0 when `rows`
- * is NULL, else the cache's ragged rows (B, T unused). */
-cllm_status model_embed_forward(cllm_model *m, float *x0, float *emb, float *emb_mean, float *emb_rstd,
+ * is NULL, else the cache's ragged rows (B, T unused). The model is only
+ * read: every buffer written is the caller's (a, y, the cache in rows) or
+ * its operand scratch lp. */
+cllm_status model_embed_forward(const cllm_model *m, float *x0, float *emb, float *emb_mean, float *emb_rstd,
                                 const int32_t *tokens, int B, int T, const model_rows *rows);
-cllm_status model_block_forward(cllm_model *m, int l, const layer_acts *a, float *y, int B, int T,
-                                const model_rows *rows, bool recompute);
+cllm_status model_block_forward(const cllm_model *m, model_lp_scratch *lp, int l, const layer_acts *a, float *y,
+                                int B, int T, const model_rows *rows, bool recompute);
 /* The family's norm (RMSNorm for llama, LayerNorm otherwise) over N rows. */
 void model_norm_forward(const cllm_model *m, float *out, float *mean, float *rstd, const float *inp, const float *w,
                         const float *b, int N);
 
 /* Tensor-parallel pieces of the forward and backward passes (tp.c). */
-cllm_status model_tp_embed_forward(cllm_model *m, float *out, const int32_t *tokens, int N, int T);
+cllm_status model_tp_embed_forward(const cllm_model *m, float *out, const int32_t *tokens, int N, int T);
 void model_tp_embed_backward(cllm_model *m, float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int N,
                              int T);
 /* out[N,C] <- all-reduce(out) + bias (bias may be NULL): a row-parallel output */
-cllm_status model_tp_reduce_bias(cllm_model *m, float *out, const float *bias, int N, int C);
+cllm_status model_tp_reduce_bias(const cllm_model *m, float *out, const float *bias, int N, int C);
 /* buf[n] <- sum over the tensor group (identity without tensor parallelism) */
-cllm_status model_tp_allreduce(cllm_model *m, float *buf, size_t n);
+cllm_status model_tp_allreduce(const cllm_model *m, float *buf, size_t n);
 /* Vocabulary-parallel cross-entropy of a chunk of local logits [rows, V/tp]:
  * as cllm_xent_forward(_backward) over the whole vocabulary. */
 cllm_status model_tp_xent(cllm_model *m, float *losses, float *logits, const int32_t *targets, int rows, bool backward,
@@ -149,16 +169,24 @@ cllm_status model_from_config(cllm_model **out, const json_t *config, const char
 /* Builds m->tensors, slots and n_params from m->cfg (layout.c). */
 cllm_status model_build_layout(cllm_model *m);
 
-/* Mixed precision (precision.c). model_lp_prepare (re)sizes the operand
- * scratch for the prepared batch; model_lp_release frees all of it. */
+/* Mixed precision (precision.c). model_lp_prepare (re)sizes the training
+ * run's operand scratch for the prepared batch; model_lp_release frees it
+ * and the low-precision weights. */
 cllm_status model_lp_prepare(cllm_model *m);
 void model_lp_release(cllm_model *m);
+/* A fixed operand scratch for forwards of up to `rows` rows, plus `head_rows`
+ * rows through the head (a KV cache's): nothing when the model is fp32.
+ * model_lp_scratch_free on a zeroed scratch is a no-op. */
+cllm_status model_lp_scratch_init(model_lp_scratch *lp, const cllm_model *m, int rows, int head_rows);
+void model_lp_scratch_free(model_lp_scratch *lp);
 /* Linear layers in the model's precision: cllm_linear_forward/backward
- * semantics, with W pointing into m->params. */
-cllm_status model_linear_forward(cllm_model *m, float *out, const float *inp, const float *w, const float *bias, int N,
-                                 int IN, int OUT, bool w_in_out);
-cllm_status model_linear_backward(cllm_model *m, float *dinp, float *dw, float *dbias, const float *dout,
-                                  const float *inp, const float *w, int N, int IN, int OUT, bool w_in_out);
+ * semantics, with W pointing into m->params; operands rounded in lp.
+ * Thread-safe over one model with a different lp per thread. */
+cllm_status model_linear_forward(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp,
+                                 const float *w, const float *bias, int N, int IN, int OUT, bool w_in_out);
+cllm_status model_linear_backward(const cllm_model *m, model_lp_scratch *lp, float *dinp, float *dw, float *dbias,
+                                  const float *dout, const float *inp, const float *w, int N, int IN, int OUT,
+                                  bool w_in_out);
 
 /* Width of the fused/stacked QKV activation of one token. */
 int model_qkv_width(const cllm_model_config *c);
@@ -174,12 +202,12 @@ static inline int model_logit_chunk(const cllm_model_config *c, int N) {
 
 /* A tensor's parameters (gradients): in its group's working buffer while
  * the hooks have one out, else in the flat buffer. */
-static inline float *model_param(cllm_model *m, int idx) {
+static inline float *model_param(const cllm_model *m, int idx) {
     if (idx < 0) return NULL;
     const struct model_group *g = &m->groups[m->tgroup[idx]];
     return g->p ? g->p + (m->tensors[idx].offset - g->begin) : m->params + m->tensors[idx].offset;
 }
-static inline float *model_grad(cllm_model *m, int idx) {
+static inline float *model_grad(const cllm_model *m, int idx) {
     if (idx < 0) return NULL;
     const struct model_group *g = &m->groups[m->tgroup[idx]];
     if (g->g) return g->g + (m->tensors[idx].offset - g->begin);

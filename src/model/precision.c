@@ -12,9 +12,13 @@
  * again, as documented in model.h.
  *
  * Activations and gradients are converted where they enter a matmul, into
- * two scratch regions owned by the model (lp_a, lp_b): forward converts the
- * input, backward converts the output gradient (lp_a) and the saved input
- * (lp_b; converted again rather than kept from the forward pass, which
+ * the run's two scratch regions (model_lp_scratch: the training run's in
+ * the model, or a KV cache's own, so that caches over one model may run on
+ * several threads; the weights behind a const cllm_model * are never
+ * written by a forward, but for the one rebuild of the low-precision copy
+ * after the parameters changed, under a lock): forward converts the
+ * input, backward converts the output gradient (region a) and the saved input
+ * (region b; converted again rather than kept from the forward pass, which
  * costs one cheap pass and no memory per layer). Saved activations stay
  * fp32. The rounding is deterministic, so the backward pass sees exactly the
  * operands the forward pass used.
@@ -27,6 +31,7 @@
  * inf. The weight gradients are the fp32 accumulation of fp16 operands
  * (master gradients, as mixed-precision training keeps them).
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -89,18 +94,26 @@ size_t cllm_model_precision_bytes(const cllm_model_config *c, size_t buffer_len,
            (p == CLLM_PREC_BF16 ? widen_bytes(c, B, T) : 0);
 }
 
-void model_lp_release(cllm_model *m) {
-    cllm_free(m->lp_params);
-    cllm_free(m->lp_a);
-    cllm_free(m->lp_b);
-    m->lp_params = m->lp_a = m->lp_b = NULL;
-    m->lp_elems = 0;
+void model_lp_scratch_free(model_lp_scratch *lp) {
+    cllm_free(lp->a);
+    cllm_free(lp->b);
+    cllm_free(lp->widen);
+    *lp = (model_lp_scratch){0};
 }
 
-/* Grows the two scratch regions to at least `elems` elements. */
-static cllm_status reserve(cllm_model *m, size_t elems) {
-    if (elems <= m->lp_elems) return CLLM_OK;
-    size_t es = elem_size(m->prec), bytes;
+void model_lp_release(cllm_model *m) {
+    cllm_free(m->lp_params);
+    m->lp_params = NULL;
+    model_lp_scratch_free(&m->lp_run);
+}
+
+/* Grows the training run's two scratch regions to at least `elems`
+ * elements of precision p. */
+static cllm_status reserve(model_lp_scratch *lp, cllm_precision p, size_t elems) {
+    if (elems <= lp->elems) return CLLM_OK;
+    if (lp->fixed)
+        return CLLM_FAIL(CLLM_ERR_INTERNAL, "operand of %zu elements, scratch sized for %zu", elems, lp->elems);
+    size_t es = elem_size(p), bytes;
     if (!cllm_size_mul(elems, es, &bytes)) return CLLM_FAIL(CLLM_ERR_NOMEM, "operand scratch size overflows");
     void *a = cllm_alloc(bytes, "mixed-precision operands");
     void *b = a ? cllm_alloc(bytes, "mixed-precision operands") : NULL;
@@ -108,27 +121,68 @@ static cllm_status reserve(cllm_model *m, size_t elems) {
         cllm_free(a);
         return CLLM_ERR_NOMEM;
     }
-    cllm_free(m->lp_a);
-    cllm_free(m->lp_b);
-    m->lp_a = a;
-    m->lp_b = b;
-    m->lp_elems = elems;
+    cllm_free(lp->a);
+    cllm_free(lp->b);
+    lp->a = a;
+    lp->b = b;
+    lp->elems = elems;
     return CLLM_OK;
 }
 
 cllm_status model_lp_prepare(cllm_model *m) {
     if (m->prec == CLLM_PREC_FP32 || !m->acts) return CLLM_OK;
-    return reserve(m, scratch_elems(&m->cfg, m->act_B, m->act_T));
+    return reserve(&m->lp_run, m->prec, scratch_elems(&m->cfg, m->act_B, m->act_T));
+}
+
+/* The widened-GEMM workspace of forwards of up to `rows` rows (and
+ * head_rows through the head): the bound over every linear layer. */
+static size_t forward_widen_bytes(const cllm_model_config *c, int rows, int head_rows) {
+    int C = c->n_embd, F = c->n_inner, Q = c->n_head * c->head_dim, QKV = model_qkv_width(c);
+    const int lin[][3] = {{rows, C, QKV}, {rows, Q, C}, {rows, C, F}, {rows, F, C}, {head_rows, C, c->vocab_size}};
+    size_t best = 0;
+    for (size_t i = 0; i < sizeof lin / sizeof lin[0]; i++) {
+        size_t b = cllm_matmul_bf16_scratch_bound(lin[i][0], lin[i][2], lin[i][1]); /* M rows, N = OUT, K = IN */
+        if (b > best) best = b;
+    }
+    return best;
+}
+
+/* A forward pass converts only linear inputs: rows x the widest input
+ * (C, the attention width, or F), and head_rows x C into the head. */
+cllm_status model_lp_scratch_init(model_lp_scratch *lp, const cllm_model *m, int rows, int head_rows) {
+    *lp = (model_lp_scratch){.fixed = true};
+    if (m->prec == CLLM_PREC_FP32) return CLLM_OK;
+    const cllm_model_config *c = &m->cfg;
+    size_t w = (size_t)c->n_embd, q = (size_t)c->n_head * (size_t)c->head_dim, bytes;
+    if ((size_t)c->n_inner > w) w = (size_t)c->n_inner;
+    if (q > w) w = q;
+    size_t elems = (size_t)rows * w, head = (size_t)head_rows * (size_t)c->n_embd;
+    if (head > elems) elems = head;
+    if (!cllm_size_mul(elems, elem_size(m->prec), &bytes))
+        return CLLM_FAIL(CLLM_ERR_NOMEM, "operand scratch size overflows");
+    lp->a = cllm_alloc(bytes ? bytes : 1, "mixed-precision operands");
+    if (!lp->a) return CLLM_ERR_NOMEM;
+    lp->elems = elems;
+    size_t wb = m->prec == CLLM_PREC_BF16 ? forward_widen_bytes(c, rows, head_rows) : 0;
+    if (wb) {
+        lp->widen = cllm_alloc(wb, "widened bf16 GEMM operands");
+        if (!lp->widen) {
+            model_lp_scratch_free(lp);
+            return CLLM_ERR_NOMEM;
+        }
+        lp->widen_bytes = wb;
+    }
+    return CLLM_OK;
 }
 
 cllm_status cllm_model_set_precision(cllm_model *m, cllm_precision p) {
     if ((unsigned)p >= CLLM_PREC_COUNT) return CLLM_FAIL(CLLM_ERR_ARG, "unknown precision %d", (int)p);
     if (p == m->prec) return CLLM_OK;
     cllm_precision old = m->prec;
-    void *oa = m->lp_a, *ob = m->lp_b, *op = m->lp_params;
-    size_t oe = m->lp_elems;
-    m->lp_a = m->lp_b = m->lp_params = NULL;
-    m->lp_elems = 0;
+    model_lp_scratch orun = m->lp_run;
+    void *op = m->lp_params;
+    m->lp_run = (model_lp_scratch){0};
+    m->lp_params = NULL;
     m->prec = p;
     cllm_status st = CLLM_OK;
     if (p != CLLM_PREC_FP32) {
@@ -138,30 +192,39 @@ cllm_status cllm_model_set_precision(cllm_model *m, cllm_precision p) {
     if (st) { /* restore the previous state */
         model_lp_release(m);
         m->prec = old;
-        m->lp_a = oa;
-        m->lp_b = ob;
+        m->lp_run = orun;
         m->lp_params = op;
-        m->lp_elems = oe;
         return st;
     }
-    cllm_free(oa);
-    cllm_free(ob);
+    model_lp_scratch_free(&orun);
     cllm_free(op);
-    m->lp_stale = true;
+    atomic_store(&m->lp_stale, true);
     return CLLM_OK;
 }
 
 cllm_precision cllm_model_precision(const cllm_model *m) { return m->prec; }
 
-void cllm_model_params_updated(cllm_model *m) { m->lp_stale = true; }
+void cllm_model_params_updated(cllm_model *m) { atomic_store(&m->lp_stale, true); }
 
-static void refresh(cllm_model *m) {
-    if (!m->lp_stale) return;
-    if (m->prec == CLLM_PREC_BF16)
-        cllm_to_bf16(m->lp_params, m->params, (long)m->n_params);
-    else
-        cllm_round_f16(m->lp_params, m->params, (long)m->n_params);
-    m->lp_stale = false;
+/* Brings the low-precision weights up to date after the parameters
+ * changed. The copy is derived from the weights, not run state: it is
+ * rebuilt once, by whichever forward reaches a linear layer first, while
+ * the others wait on the lock; afterwards every forward only reads it (the
+ * acquire load pairs with the release store below). */
+static pthread_mutex_t g_refresh = PTHREAD_MUTEX_INITIALIZER;
+
+static void refresh(const cllm_model *m) {
+    if (!atomic_load_explicit(&m->lp_stale, memory_order_acquire)) return;
+    pthread_mutex_lock(&g_refresh);
+    cllm_model *w = (cllm_model *)(uintptr_t)m; /* the derived copy only */
+    if (atomic_load_explicit(&w->lp_stale, memory_order_relaxed)) {
+        if (w->prec == CLLM_PREC_BF16)
+            cllm_to_bf16(w->lp_params, w->params, (long)w->n_params);
+        else
+            cllm_round_f16(w->lp_params, w->params, (long)w->n_params);
+        atomic_store_explicit(&w->lp_stale, false, memory_order_release);
+    }
+    pthread_mutex_unlock(&g_refresh);
 }
 
 /* Element offset of w inside the flat parameter buffer (compared as
@@ -184,53 +247,57 @@ static void add_bias(float *out, const float *bias, int N, int OUT) {
     }
 }
 
-cllm_status model_linear_forward(cllm_model *m, float *out, const float *inp, const float *w, const float *bias, int N,
-                                 int IN, int OUT, bool w_in_out) {
+cllm_status model_linear_forward(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp,
+                                 const float *w, const float *bias, int N, int IN, int OUT, bool w_in_out) {
     if (m->prec == CLLM_PREC_FP32) return cllm_linear_forward(out, inp, w, bias, N, IN, OUT, w_in_out);
     size_t off = 0, nin = (size_t)N * IN;
     cllm_status st = weight_offset(m, w, (size_t)IN * OUT, &off);
-    if (!st) st = reserve(m, nin);
+    if (!st) st = reserve(lp, m->prec, nin);
     if (st) return st;
     refresh(m);
     if (m->prec == CLLM_PREC_BF16) {
-        uint16_t *a = m->lp_a;
+        uint16_t *a = lp->a;
         cllm_to_bf16(a, inp, (long)nin);
-        st = cllm_matmul_bf16(out, a, (const uint16_t *)m->lp_params + off, N, OUT, IN, false, !w_in_out, 1.0f, 0.0f);
+        st = cllm_matmul_bf16_ws(out, a, (const uint16_t *)m->lp_params + off, N, OUT, IN, false, !w_in_out, 1.0f, 0.0f,
+                                 lp->widen, lp->widen_bytes);
         if (!st && bias) add_bias(out, bias, N, OUT);
         return st;
     }
-    float *a = m->lp_a;
+    float *a = lp->a;
     cllm_round_f16(a, inp, (long)nin);
     st = cllm_linear_forward(out, a, (const float *)m->lp_params + off, bias, N, IN, OUT, w_in_out);
     if (!st) cllm_round_f16(out, out, (long)N * OUT);
     return st;
 }
 
-cllm_status model_linear_backward(cllm_model *m, float *dinp, float *dw, float *dbias, const float *dout,
-                                  const float *inp, const float *w, int N, int IN, int OUT, bool w_in_out) {
+cllm_status model_linear_backward(const cllm_model *m, model_lp_scratch *lp, float *dinp, float *dw, float *dbias,
+                                  const float *dout, const float *inp, const float *w, int N, int IN, int OUT,
+                                  bool w_in_out) {
     if (m->prec == CLLM_PREC_FP32) return cllm_linear_backward(dinp, dw, dbias, dout, inp, w, N, IN, OUT, w_in_out);
     size_t off = 0, nin = (size_t)N * IN, nout = (size_t)N * OUT;
     cllm_status st = weight_offset(m, w, (size_t)IN * OUT, &off);
-    if (!st) st = reserve(m, nin > nout ? nin : nout);
+    if (!st) st = reserve(lp, m->prec, nin > nout ? nin : nout);
+    if (!st && !lp->b) st = CLLM_FAIL(CLLM_ERR_INTERNAL, "a backward pass through a forward-only operand scratch");
     if (st) return st;
     refresh(m);
     if (m->prec == CLLM_PREC_BF16) {
-        uint16_t *d = m->lp_a, *x = m->lp_b;
+        uint16_t *d = lp->a, *x = lp->b;
         const uint16_t *w16 = (const uint16_t *)m->lp_params + off;
         cllm_to_bf16(d, dout, (long)nout);
-        if (dinp) st = cllm_matmul_bf16(dinp, d, w16, N, IN, OUT, false, w_in_out, 1.0f, 1.0f);
+        if (dinp)
+            st = cllm_matmul_bf16_ws(dinp, d, w16, N, IN, OUT, false, w_in_out, 1.0f, 1.0f, lp->widen, lp->widen_bytes);
         if (!st && dw) {
             cllm_to_bf16(x, inp, (long)nin);
             if (w_in_out)
-                st = cllm_matmul_bf16(dw, x, d, IN, OUT, N, true, false, 1.0f, 1.0f);
+                st = cllm_matmul_bf16_ws(dw, x, d, IN, OUT, N, true, false, 1.0f, 1.0f, lp->widen, lp->widen_bytes);
             else
-                st = cllm_matmul_bf16(dw, d, x, OUT, IN, N, true, false, 1.0f, 1.0f);
+                st = cllm_matmul_bf16_ws(dw, d, x, OUT, IN, N, true, false, 1.0f, 1.0f, lp->widen, lp->widen_bytes);
         }
         /* the bias gradient is a column sum of the fp32 dout */
         if (!st && dbias) st = cllm_linear_backward(NULL, NULL, dbias, dout, NULL, NULL, N, IN, OUT, w_in_out);
         return st;
     }
-    float *d = m->lp_a, *x = m->lp_b;
+    float *d = lp->a, *x = lp->b;
     cllm_round_f16(d, dout, (long)nout);
     if (dw) cllm_round_f16(x, inp, (long)nin);
     st = cllm_linear_backward(dinp, dw, dbias, d, x, (const float *)m->lp_params + off, N, IN, OUT, w_in_out);

@@ -83,7 +83,7 @@ static void norm_backward(const cllm_model *m, float *dinp, float *dw, float *db
 /* The embeddings of N rows into x0[N,C] (BLOOM: through emb[N,C] and its
  * LayerNorm, statistics in emb_mean/emb_rstd). Positions: B x T from 0, or
  * the cache's ragged rows (GPT-2 reads wpe at each row's position). */
-cllm_status model_embed_forward(cllm_model *m, float *x0, float *emb, float *emb_mean, float *emb_rstd,
+cllm_status model_embed_forward(const cllm_model *m, float *x0, float *emb, float *emb_mean, float *emb_rstd,
                                 const int32_t *tokens, int B, int T, const model_rows *rows) {
     const cllm_model_config *c = &m->cfg;
     const int C = c->n_embd, N = rows ? rows->rows[rows->n_seq] : B * T;
@@ -115,7 +115,7 @@ static cllm_status embed_forward(cllm_model *m, const int32_t *tokens, int B, in
 
 /* Rotates the q or k view by each row's position: B x T rows from 0 with
  * the model's tables, or the cache's ragged rows with the cache's. */
-static void rope_rows(cllm_model *m, cllm_view x, int nh, int B, int T, const model_rows *rows, int sign) {
+static void rope_rows(const cllm_model *m, cllm_view x, int nh, int B, int T, const model_rows *rows, int sign) {
     const int HS = m->cfg.head_dim;
     if (!rows) {
         cllm_rope_apply(x.p, m->rope_cos, m->rope_sin, B, T, nh, HS, x.rs, x.hs, sign);
@@ -158,8 +158,8 @@ static void cache_append(const model_rows *rows, int l, cllm_view k, cllm_view v
  * refills the activations from a->x and stops before the down projection:
  * the block output (the next block's input) is kept from the forward pass.
  * y may be a->x (a cached pass updates the residual stream in place). */
-cllm_status model_block_forward(cllm_model *m, int l, const layer_acts *a, float *y, int B, int T,
-                                const model_rows *rows, bool recompute) {
+cllm_status model_block_forward(const cllm_model *m, model_lp_scratch *lp, int l, const layer_acts *a, float *y,
+                                int B, int T, const model_rows *rows, bool recompute) {
     const cllm_model_config *c = &m->cfg;
     const int *s = m->lslot[l];
     int N = rows ? rows->rows[rows->n_seq] : B * T, C = c->n_embd, F = c->n_inner, HS = c->head_dim;
@@ -171,13 +171,13 @@ cllm_status model_block_forward(cllm_model *m, int l, const layer_acts *a, float
     model_norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, a->x, P[L_LN1_W], P[L_LN1_B], N);
     qkv_views v = make_views(c, a->qkv, (size_t)N);
     if (c->arch == CLLM_ARCH_LLAMA) {
-        TRY(model_linear_forward(m, v.q.p, a->ln1, P[L_Q_W], P[L_Q_B], N, C, Q, false));
-        TRY(model_linear_forward(m, v.k.p, a->ln1, P[L_K_W], P[L_K_B], N, C, K, false));
-        TRY(model_linear_forward(m, v.v.p, a->ln1, P[L_V_W], P[L_V_B], N, C, K, false));
+        TRY(model_linear_forward(m, lp, v.q.p, a->ln1, P[L_Q_W], P[L_Q_B], N, C, Q, false));
+        TRY(model_linear_forward(m, lp, v.k.p, a->ln1, P[L_K_W], P[L_K_B], N, C, K, false));
+        TRY(model_linear_forward(m, lp, v.v.p, a->ln1, P[L_V_W], P[L_V_B], N, C, K, false));
         rope_rows(m, v.q, c->n_head, B, T, rows, 1);
         rope_rows(m, v.k, c->n_kv_head, B, T, rows, 1);
     } else {
-        TRY(model_linear_forward(m, a->qkv, a->ln1, P[L_QKV_W], P[L_QKV_B], N, C, 3 * Q, in_out));
+        TRY(model_linear_forward(m, lp, a->qkv, a->ln1, P[L_QKV_W], P[L_QKV_B], N, C, 3 * Q, in_out));
     }
     const float scale = 1.0f / sqrtf((float)HS);
     if (!rows) {
@@ -194,20 +194,20 @@ cllm_status model_block_forward(cllm_model *m, int l, const layer_acts *a, float
     }
     /* row-parallel under tensor parallelism: partial sums, reduced, then the bias once */
     const bool tp = m->tp_size > 1;
-    TRY(model_linear_forward(m, a->x1, a->atty, P[L_O_W], tp ? NULL : P[L_O_B], N, Q, C, in_out));
+    TRY(model_linear_forward(m, lp, a->x1, a->atty, P[L_O_W], tp ? NULL : P[L_O_B], N, Q, C, in_out));
     if (tp) TRY(model_tp_reduce_bias(m, a->x1, P[L_O_B], N, C));
     cllm_add(a->x1, a->x1, a->x, (long)N * C);
 
     model_norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->x1, P[L_LN2_W], P[L_LN2_B], N);
-    TRY(model_linear_forward(m, a->fc, a->ln2, P[L_FC_W], P[L_FC_B], N, C, F, in_out));
+    TRY(model_linear_forward(m, lp, a->fc, a->ln2, P[L_FC_W], P[L_FC_B], N, C, F, in_out));
     if (c->arch == CLLM_ARCH_LLAMA) {
-        TRY(model_linear_forward(m, a->up, a->ln2, P[L_UP_W], P[L_UP_B], N, C, F, false));
+        TRY(model_linear_forward(m, lp, a->up, a->ln2, P[L_UP_W], P[L_UP_B], N, C, F, false));
         cllm_swiglu_forward(a->act, a->fc, a->up, (long)N * F);
     } else {
         cllm_gelu_forward(a->act, a->fc, (long)N * F);
     }
     if (recompute) return CLLM_OK;
-    TRY(model_linear_forward(m, y, a->act, P[L_DOWN_W], tp ? NULL : P[L_DOWN_B], N, F, C, in_out));
+    TRY(model_linear_forward(m, lp, y, a->act, P[L_DOWN_W], tp ? NULL : P[L_DOWN_B], N, F, C, in_out));
     if (tp) TRY(model_tp_reduce_bias(m, y, P[L_DOWN_B], N, C));
     cllm_add(y, y, a->x1, (long)N * C);
     return CLLM_OK;
@@ -216,7 +216,7 @@ cllm_status model_block_forward(cllm_model *m, int l, const layer_acts *a, float
 /* Block l of the training pass: its saved activations and output slot. */
 static cllm_status block_forward(cllm_model *m, int l, int B, int T, bool recompute) {
     float *y = l + 1 < m->cfg.n_layer ? m->layers[l + 1].x : m->x_out;
-    return model_block_forward(m, l, &m->layers[l], y, B, T, NULL, recompute);
+    return model_block_forward(m, &m->lp_run, l, &m->layers[l], y, B, T, NULL, recompute);
 }
 
 /* dx holds dL/d(block output) on entry and dL/d(block input) on return. */
@@ -224,6 +224,7 @@ static cllm_status block_backward(cllm_model *m, int l, int B, int T) {
     const cllm_model_config *c = &m->cfg;
     const int *s = m->lslot[l];
     layer_acts *a = &m->layers[l];
+    model_lp_scratch *lp = &m->lp_run;
     int N = B * T, C = c->n_embd, F = c->n_inner, HS = c->head_dim;
     int Q = c->n_head * HS, K = c->n_kv_head * HS;
     size_t NC = (size_t)N * C, NF = (size_t)N * F;
@@ -236,23 +237,23 @@ static cllm_status block_backward(cllm_model *m, int l, int B, int T) {
 
     /* MLP: y = h + down(act(fc(LN2(h)))) */
     memset(m->dact, 0, NF * sizeof(float));
-    TRY(model_linear_backward(m, m->dact, G[L_DOWN_W], G[L_DOWN_B], m->dx, a->act, P[L_DOWN_W], N, F, C, in_out));
+    TRY(model_linear_backward(m, lp, m->dact, G[L_DOWN_W], G[L_DOWN_B], m->dx, a->act, P[L_DOWN_W], N, F, C, in_out));
     memset(m->dfc, 0, NF * sizeof(float));
     memset(m->dln, 0, NC * sizeof(float));
     if (c->arch == CLLM_ARCH_LLAMA) {
         memset(m->dup, 0, NF * sizeof(float));
         cllm_swiglu_backward(m->dfc, m->dup, m->dact, a->fc, a->up, (long)NF);
-        TRY(model_linear_backward(m, m->dln, G[L_UP_W], G[L_UP_B], m->dup, a->ln2, P[L_UP_W], N, C, F, false));
+        TRY(model_linear_backward(m, lp, m->dln, G[L_UP_W], G[L_UP_B], m->dup, a->ln2, P[L_UP_W], N, C, F, false));
     } else {
         cllm_gelu_backward(m->dfc, m->dact, a->fc, (long)NF);
     }
-    TRY(model_linear_backward(m, m->dln, G[L_FC_W], G[L_FC_B], m->dfc, a->ln2, P[L_FC_W], N, C, F, in_out));
+    TRY(model_linear_backward(m, lp, m->dln, G[L_FC_W], G[L_FC_B], m->dfc, a->ln2, P[L_FC_W], N, C, F, in_out));
     TRY(model_tp_allreduce(m, m->dln, NC)); /* column-parallel input gradient */
     norm_backward(m, m->dx, G[L_LN2_W], G[L_LN2_B], m->dln, a->x1, P[L_LN2_W], a->ln2_mean, a->ln2_rstd, N);
 
     /* attention: h = x + o(attn(qkv(LN1(x)))) */
     memset(m->datty, 0, (size_t)N * Q * sizeof(float));
-    TRY(model_linear_backward(m, m->datty, G[L_O_W], G[L_O_B], m->dx, a->atty, P[L_O_W], N, Q, C, in_out));
+    TRY(model_linear_backward(m, lp, m->datty, G[L_O_W], G[L_O_B], m->dx, a->atty, P[L_O_W], N, Q, C, in_out));
     memset(m->dqkv, 0, (size_t)N * model_qkv_width(c) * sizeof(float));
     qkv_views v = make_views(c, a->qkv, (size_t)N), dv = make_views(c, m->dqkv, (size_t)N);
     const float *alibi = c->arch == CLLM_ARCH_BLOOM ? m->alibi : NULL;
@@ -264,11 +265,11 @@ static cllm_status block_backward(cllm_model *m, int l, int B, int T) {
         /* undo the rotation: the gradient of a rotation is its inverse */
         cllm_rope_apply(dv.q.p, m->rope_cos, m->rope_sin, B, T, c->n_head, HS, Q, HS, -1);
         cllm_rope_apply(dv.k.p, m->rope_cos, m->rope_sin, B, T, c->n_kv_head, HS, K, HS, -1);
-        TRY(model_linear_backward(m, m->dln, G[L_Q_W], G[L_Q_B], dv.q.p, a->ln1, P[L_Q_W], N, C, Q, false));
-        TRY(model_linear_backward(m, m->dln, G[L_K_W], G[L_K_B], dv.k.p, a->ln1, P[L_K_W], N, C, K, false));
-        TRY(model_linear_backward(m, m->dln, G[L_V_W], G[L_V_B], dv.v.p, a->ln1, P[L_V_W], N, C, K, false));
+        TRY(model_linear_backward(m, lp, m->dln, G[L_Q_W], G[L_Q_B], dv.q.p, a->ln1, P[L_Q_W], N, C, Q, false));
+        TRY(model_linear_backward(m, lp, m->dln, G[L_K_W], G[L_K_B], dv.k.p, a->ln1, P[L_K_W], N, C, K, false));
+        TRY(model_linear_backward(m, lp, m->dln, G[L_V_W], G[L_V_B], dv.v.p, a->ln1, P[L_V_W], N, C, K, false));
     } else {
-        TRY(model_linear_backward(m, m->dln, G[L_QKV_W], G[L_QKV_B], m->dqkv, a->ln1, P[L_QKV_W], N, C, 3 * Q, in_out));
+        TRY(model_linear_backward(m, lp, m->dln, G[L_QKV_W], G[L_QKV_B], m->dqkv, a->ln1, P[L_QKV_W], N, C, 3 * Q, in_out));
     }
     TRY(model_tp_allreduce(m, m->dln, NC));
     norm_backward(m, m->dx, G[L_LN1_W], G[L_LN1_B], m->dln, a->x, P[L_LN1_W], a->ln1_mean, a->ln1_rstd, N);
@@ -368,7 +369,7 @@ static cllm_status head_run(cllm_model *m, const int32_t *targets, int N, bool b
     for (int r0 = 0; r0 < N; r0 += chunk) {
         int rows = N - r0 < chunk ? N - r0 : chunk;
         const float *h = m->lnf + (size_t)r0 * C;
-        TRY(model_linear_forward(m, m->logits, h, W, NULL, rows, C, V, false));
+        TRY(model_linear_forward(m, &m->lp_run, m->logits, h, W, NULL, rows, C, V, false));
         long k;
         /* per-token scales: the unit gradient of each row's loss, then each
          * row times its own scale */
@@ -381,7 +382,8 @@ static cllm_status head_run(cllm_model *m, const int32_t *targets, int N, bool b
             k = cllm_xent_forward(m->losses + r0, m->logits, targets + r0, rows, V);
         if (backward && tscale && k) scale_rows(m->logits, tscale + r0, rows, V);
         if (backward && k)
-            TRY(model_linear_backward(m, m->dlnf + (size_t)r0 * C, dW, NULL, m->logits, h, W, rows, C, V, false));
+            TRY(model_linear_backward(m, &m->lp_run, m->dlnf + (size_t)r0 * C, dW, NULL, m->logits, h, W, rows, C, V,
+                                      false));
         count += k;
         for (int i = 0; i < rows; i++) total += m->losses[r0 + i];
     }
@@ -520,7 +522,8 @@ cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int 
                  model_param(m, m->gslot[G_LNF_B]), N);
     const float *W = model_param(m, hs);
     for (int b = 0; b < B; b++)
-        TRY(model_linear_forward(m, logits + (size_t)b * V, m->lnf + ((size_t)b * T + T - 1) * C, W, NULL, 1, C, V, false));
+        TRY(model_linear_forward(m, &m->lp_run, logits + (size_t)b * V, m->lnf + ((size_t)b * T + T - 1) * C, W, NULL,
+                                 1, C, V, false));
     if (tied) TRY(release(m, 0));
     return release(m, L + 1);
 }

@@ -168,12 +168,12 @@ cllm_status model_tp_prepare(cllm_model *m) {
     return CLLM_OK;
 }
 
-cllm_status model_tp_allreduce(cllm_model *m, float *buf, size_t n) {
+cllm_status model_tp_allreduce(const cllm_model *m, float *buf, size_t n) {
     if (m->tp_size <= 1) return CLLM_OK;
     return cllm_dist_g_allreduce_sum_f32(m->tp_grp, buf, n);
 }
 
-cllm_status model_tp_embed_forward(cllm_model *m, float *out, const int32_t *tokens, int N, int T) {
+cllm_status model_tp_embed_forward(const cllm_model *m, float *out, const int32_t *tokens, int N, int T) {
     const cllm_model_config *c = &m->cfg;
     const int C = c->n_embd, V = c->vocab_size;
     cllm_embedding_vp_forward(out, tokens, model_param(m, m->gslot[G_WTE]), N, C, m->tp_rank * V, V);
@@ -208,7 +208,7 @@ void model_tp_embed_backward(cllm_model *m, float *dwte, float *dwpe, const floa
     }
 }
 
-cllm_status model_tp_reduce_bias(cllm_model *m, float *out, const float *bias, int N, int C) {
+cllm_status model_tp_reduce_bias(const cllm_model *m, float *out, const float *bias, int N, int C) {
     cllm_status st = model_tp_allreduce(m, out, (size_t)N * C);
     if (st || !bias) return st;
 #pragma omp parallel for schedule(static)
