@@ -139,6 +139,19 @@ def read_safetensors(path):
     return out
 
 
+def write_safetensors(path, tensors):
+    hdr, off, blobs = {}, 0, []
+    for k, v in tensors.items():
+        b = v.contiguous().numpy().tobytes()
+        hdr[k] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    h = json.dumps(hdr).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
 def permute(w, n_head):
     # llama.cpp's converter: rows [heads, 2, HS/2] -> [heads, HS/2, 2]
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -212,12 +225,11 @@ def check_file(path, arch, model_dir, f16):
                 "attention.head_count": cfg["n_head"], "vocab_size": cfg["vocab_size"]}
         check(abs(kv["gpt2.attention.layer_norm_epsilon"] - cfg["layer_norm_epsilon"]) < 1e-9, f"{tag}: ln eps")
         check(kv["tokenizer.ggml.model"] == "gpt2" and kv["tokenizer.ggml.pre"] == "gpt-2", f"{tag}: tokenizer")
-        merges = open(os.path.join(model_dir, "merges.txt"), encoding="utf-8").read().split("\n")[1:]
-        merges = [m for m in merges if m]
-        vocab = json.load(open(os.path.join(model_dir, "vocab.json"), encoding="utf-8"))
+        tj = json.load(open(os.path.join(model_dir, "tokenizer.json"), encoding="utf-8"))["model"]
+        merges = [m if isinstance(m, str) else " ".join(m) for m in tj["merges"]]
         # merges whose result is not in the vocabulary are not merges of the loaded tokenizer
-        merges = [m for m in merges if m.replace(" ", "") in vocab]
-        check(kv["tokenizer.ggml.merges"] == merges, f"{tag}: merges differ from merges.txt")
+        merges = [m for m in merges if m.replace(" ", "") in tj["vocab"]]
+        check(kv["tokenizer.ggml.merges"] == merges, f"{tag}: merges differ from tokenizer.json")
     for k, v in want.items():
         check(kv.get(f"{arch}.{k}") == v, f"{tag}: {arch}.{k} = {kv.get(f'{arch}.{k}')}, want {v}")
     check(len(kv["tokenizer.ggml.tokens"]) == cfg["vocab_size"], f"{tag}: token count")
@@ -262,7 +274,33 @@ def make_models(cllm, fx, tmp):
             if f.startswith("tokenizer") or f in ("vocab.json", "merges.txt", "special_tokens_map.json"):
                 shutil.copyfile(os.path.join(tokdir, f), os.path.join(d, f))
         models[name] = (arch, d)
+    # init leaves biases at zero: give them values, so that a bias llama.cpp
+    # ignored or misplaced would change its output
+    d = models["llama_tied_bias"][1]
+    st = read_safetensors(os.path.join(d, "model.safetensors"))
+    g = torch.Generator().manual_seed(5)
+    for k in st:
+        if k.endswith(".bias"):
+            st[k] = torch.randn(st[k].shape, generator=g) * 0.05
+    write_safetensors(os.path.join(d, "model.safetensors"), st)
     return models
+
+
+def checkpoint_export(cllm, tmp, models):
+    """--checkpoint: a run's latest checkpoint exports to the same bytes as
+    the run's final HF folder (same step, same tokenizer)."""
+    data = os.path.join(tmp, "train.jsonl")
+    with open(data, "w") as f:
+        for i in range(32):
+            f.write(json.dumps({"text": f"The number {i} is {'even' if i % 2 == 0 else 'odd'}."}) + "\n")
+    r = os.path.join(tmp, "run")
+    run([cllm, "train", "--model", models["gpt2"][1], "--data", data, "--out", r, "--steps", "2", "--batch-size",
+         "2", "--seq-len", "16", "--lr", "1e-3", "--save-interval", "2"])
+    a, b = os.path.join(tmp, "ckpt.gguf"), os.path.join(tmp, "final.gguf")
+    run([cllm, "convert", "--to", "gguf", "--checkpoint", r, "--out", a])
+    run([cllm, "convert", "--to", "gguf", "--model", r, "--out", b])
+    check(open(a, "rb").read() == open(b, "rb").read(), "--checkpoint export differs from the run's HF folder")
+    check_file(a, "gpt2", r, False)
 
 
 def bad_input(cllm, tmp, models):
@@ -315,6 +353,7 @@ def main():
                   "tokenizer.ggml.add_eos_token", "tokenizer.ggml.model"):
             check(ours.get(k) == ref.get(k), f"{k} differs from llama.cpp's converter")
         bad_input(a.cllm, tmp, models)
+        checkpoint_export(a.cllm, tmp, models)
 
         d = npm_clients.install(a.build, folder="npm-llama", dest="npm-llama", soft=True,
                                  locked_install=True)
