@@ -23,7 +23,6 @@
  * it produced itself. Tensors are converted one at a time into a scratch
  * buffer and streamed through the atomic writer; the model is never copied.
  */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,7 +202,7 @@ static void put_tensor_info(buf *b, const gtensor *t) {
 }
 
 /* ---- metadata ---- */
-static cllm_status put_hparams(buf *b, const cllm_model_config *c, const char *a) {
+static void put_hparams(buf *b, const cllm_model_config *c, const char *a) {
     char k[96];
 #define KEY(suffix) (snprintf(k, sizeof k, "%s." suffix, a), k)
     kv_u32(b, KEY("context_length"), (uint32_t)c->n_ctx);
@@ -225,7 +224,6 @@ static cllm_status put_hparams(buf *b, const cllm_model_config *c, const char *a
         kv_f32(b, KEY("attention.layer_norm_epsilon"), c->norm_eps);
     }
 #undef KEY
-    return CLLM_OK;
 }
 
 /* tokenizer.ggml.*: V entries (the model's vocabulary size). */
@@ -403,7 +401,8 @@ cllm_status cllm_gguf_export(cllm_model *m, const cllm_tokenizer *tok, const cll
     kv_str(&kv, "general.name", prm.name ? prm.name : arch);
     kv_u32(&kv, "general.alignment", GGUF_ALIGN);
     kv_u32(&kv, "general.file_type", prm.type == CLLM_GGUF_F16 ? 1u : 0u);
-    if ((st = put_hparams(&kv, c, arch)) || (st = put_tokenizer(&kv, tok, c))) goto done;
+    put_hparams(&kv, c, arch);
+    if ((st = put_tokenizer(&kv, tok, c))) goto done;
 
     uint64_t off = 0;
     size_t max_numel = 0;
