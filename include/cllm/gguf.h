@@ -21,9 +21,13 @@
  *     [out, in], GPT-2's output.weight a copy of token_embd.
  * With CLLM_GGUF_F16 every matrix is stored as F16 (round to nearest
  * even); one-dimensional tensors (norm weights, biases) stay F32, as
- * llama.cpp's converter keeps them.
+ * llama.cpp's converter keeps them. With CLLM_GGUF_Q8_0 matrices are
+ * stored in ggml's Q8_0 blocks (32 values: an f16 scale max|x|/127 and 32
+ * int8, rounded half away from zero), those whose rows are not a multiple
+ * of 32 long as F16 and position embeddings as F32 (the converter's rules);
+ * general.file_type is then 7 and general.quantization_version 2.
  *
- * Left out: BLOOM (CLLM_ERR_UNSUPPORTED), quantized types, tokenizers
+ * Left out: BLOOM (CLLM_ERR_UNSUPPORTED), quantized types other than Q8_0, tokenizers
  * other than BPE. Byte-level tokenizers are declared with GPT-2's
  * pre-tokenizer; one whose split pattern differs encodes differently in
  * llama.cpp.
@@ -42,9 +46,9 @@ extern "C" {
 #endif
 
 /* Storage type of the matrices; the values are ggml's type ids. */
-typedef enum { CLLM_GGUF_F32 = 0, CLLM_GGUF_F16 = 1 } cllm_gguf_type;
+typedef enum { CLLM_GGUF_F32 = 0, CLLM_GGUF_F16 = 1, CLLM_GGUF_Q8_0 = 8 } cllm_gguf_type;
 
-/* "f32", "f16"; false / NULL for anything else. */
+/* "f32", "f16", "q8_0"; false / NULL for anything else. */
 bool cllm_gguf_type_from_name(const char *name, cllm_gguf_type *out);
 const char *cllm_gguf_type_name(cllm_gguf_type t);
 

@@ -12,7 +12,7 @@
  *       u32 element type, u64 count, the elements
  *       tensor infos: name (string), u32 n_dims, u64 dims[n_dims]
  *       (dims[0] the fastest-varying: a row-major [rows, cols] matrix is
- *       {cols, rows}), u32 ggml type (0 F32, 1 F16), u64 offset of its
+ *       {cols, rows}), u32 ggml type (0 F32, 1 F16, 8 Q8_0), u64 offset of its
  *       data from the start of the data section (a multiple of the
  *       alignment)
  *       zero padding to general.alignment (32)
@@ -23,6 +23,7 @@
  * it produced itself. Tensors are converted one at a time into a scratch
  * buffer and streamed through the atomic writer; the model is never copied.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,18 +32,21 @@
 #include "io/io_impl.h"
 
 enum { GGUF_ALIGN = 32, GGUF_VERSION = 3 };
+/* ggml tensor types, and Q8_0's block: 32 values as an f16 scale + 32 int8 */
+enum { G_F32 = 0, G_F16 = 1, G_Q8_0 = 8, QK8_0 = 32, Q8_0_BYTES = 2 + QK8_0 };
 enum { T_U32 = 4, T_I32 = 5, T_F32 = 6, T_BOOL = 7, T_STR = 8, T_ARR = 9 };
 
 bool cllm_gguf_type_from_name(const char *name, cllm_gguf_type *out) {
     if (!name) return false;
     if (strcmp(name, "f32") == 0) *out = CLLM_GGUF_F32;
     else if (strcmp(name, "f16") == 0) *out = CLLM_GGUF_F16;
+    else if (strcmp(name, "q8_0") == 0) *out = CLLM_GGUF_Q8_0;
     else return false;
     return true;
 }
 
 const char *cllm_gguf_type_name(cllm_gguf_type t) {
-    return t == CLLM_GGUF_F32 ? "f32" : t == CLLM_GGUF_F16 ? "f16" : NULL;
+    return t == CLLM_GGUF_F32 ? "f32" : t == CLLM_GGUF_F16 ? "f16" : t == CLLM_GGUF_Q8_0 ? "q8_0" : NULL;
 }
 
 cllm_gguf_params cllm_gguf_params_default(void) { return (cllm_gguf_params){CLLM_GGUF_F32, NULL}; }
@@ -158,8 +162,17 @@ static cllm_status add_tensor(tlist *l, cllm_model *m, const char *hf, const cha
     if (x == X_PERMUTE && (n_head <= 0 || t->rows % (2 * n_head) != 0))
         return CLLM_FAIL(CLLM_ERR_ARG, "%s: %lld rows do not split into %d heads of an even size", hf,
                          (long long)t->rows, n_head);
-    t->type = t->ndim == 2 && mtype == CLLM_GGUF_F16 ? 1u : 0u;
-    t->bytes = (size_t)(t->rows * t->cols) * (t->type == 1 ? 2u : 4u);
+    /* GGUF's row (dims[0]) is the stored matrix's column count */
+    const int64_t ne0 = x == X_TRANSPOSE ? t->rows : t->cols;
+    const size_t numel = (size_t)(t->rows * t->cols);
+    t->type = G_F32;
+    if (t->ndim == 2 && mtype == CLLM_GGUF_F16) t->type = G_F16;
+    /* Q8_0 blocks run along rows: a row length that is not a multiple of
+     * 32 falls back to F16, and position embeddings stay F32, as llama.cpp's
+     * converter does */
+    if (t->ndim == 2 && mtype == CLLM_GGUF_Q8_0)
+        t->type = strcmp(gg, "position_embd.weight") == 0 ? G_F32 : ne0 % QK8_0 == 0 ? G_Q8_0 : G_F16;
+    t->bytes = t->type == G_Q8_0 ? numel / QK8_0 * Q8_0_BYTES : numel * (t->type == G_F16 ? 2u : 4u);
     return CLLM_OK;
 }
 
@@ -181,6 +194,22 @@ static void convert(const gtensor *t, float *dst) {
                            (size_t)C * sizeof *dst);
     } else {
         memcpy(dst, t->src, (size_t)(R * C) * sizeof *dst);
+    }
+}
+
+/* Q8_0 (ggml's reference quantizer): per block of 32 values, d = max|x| /
+ * 127 (f32), q = round(x / d) half away from zero (0 when d is 0), stored as
+ * f16(d) and the 32 int8 q. out holds numel / 32 * 34 bytes (numel is a
+ * multiple of 32; 34 / 32 bytes per value fit in the 2 of an F16 buffer). */
+static void q8_0_blocks(const float *x, size_t numel, unsigned char *out) {
+    for (size_t b = 0; b < numel / QK8_0; b++, x += QK8_0, out += Q8_0_BYTES) {
+        float amax = 0.0f;
+        for (int i = 0; i < QK8_0; i++) amax = fmaxf(amax, fabsf(x[i]));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t h = cllm_f32_to_f16(d);
+        out[0] = (unsigned char)h;
+        out[1] = (unsigned char)(h >> 8);
+        for (int i = 0; i < QK8_0; i++) out[2 + i] = (unsigned char)(int8_t)roundf(x[i] * id);
     }
 }
 
@@ -400,7 +429,9 @@ cllm_status cllm_gguf_export(cllm_model *m, const cllm_tokenizer *tok, const cll
     kv_str(&kv, "general.architecture", arch);
     kv_str(&kv, "general.name", prm.name ? prm.name : arch);
     kv_u32(&kv, "general.alignment", GGUF_ALIGN);
-    kv_u32(&kv, "general.file_type", prm.type == CLLM_GGUF_F16 ? 1u : 0u);
+    /* llama_ftype: 0 all F32, 1 mostly F16, 7 mostly Q8_0 */
+    kv_u32(&kv, "general.file_type", prm.type == CLLM_GGUF_F16 ? 1u : prm.type == CLLM_GGUF_Q8_0 ? 7u : 0u);
+    if (prm.type == CLLM_GGUF_Q8_0) kv_u32(&kv, "general.quantization_version", 2);
     put_hparams(&kv, c, arch);
     if ((st = put_tokenizer(&kv, tok, c))) goto done;
 
@@ -418,8 +449,8 @@ cllm_status cllm_gguf_export(cllm_model *m, const cllm_tokenizer *tok, const cll
         goto done;
     }
     scratch = malloc(max_numel * sizeof *scratch);
-    half = prm.type == CLLM_GGUF_F16 ? malloc(max_numel * sizeof *half) : NULL;
-    if (!scratch || (prm.type == CLLM_GGUF_F16 && !half)) {
+    half = prm.type != CLLM_GGUF_F32 ? malloc(max_numel * sizeof *half) : NULL;
+    if (!scratch || (prm.type != CLLM_GGUF_F32 && !half)) {
         st = CLLM_FAIL(CLLM_ERR_NOMEM, "%s: out of memory for a tensor of %zu values", path, max_numel);
         goto done;
     }
@@ -450,7 +481,10 @@ cllm_status cllm_gguf_export(cllm_model *m, const cllm_tokenizer *tok, const cll
         size_t numel = (size_t)(t->rows * t->cols);
         convert(t, scratch);
         const void *data = scratch;
-        if (t->type == 1) {
+        if (t->type == G_Q8_0) {
+            q8_0_blocks(scratch, numel, (unsigned char *)half);
+            data = half;
+        } else if (t->type == G_F16) {
             for (size_t k = 0; k < numel; k++) {
                 uint16_t h = cllm_f32_to_f16(scratch[k]);
                 unsigned char *q = (unsigned char *)&half[k];
