@@ -7,6 +7,7 @@
 #include "cllm/engine.h"
 #include "cllm/dist.h"
 #include "cllm/generate.h"
+#include "cllm/gguf.h"
 #include "cllm/io.h"
 #include "cllm/json.h"
 #include "cllm/kernels.h"

@@ -147,6 +147,43 @@ int32_t cllm_tokenizer_token_to_id(const cllm_tokenizer *tok, const char *token,
 /* True if id is a special added token (what decode's skip_special drops). */
 bool cllm_tokenizer_is_special(const cllm_tokenizer *tok, int32_t id);
 
+/* ---- describing the vocabulary to other runtimes (GGUF export) ---- */
+
+/* The kind of a token id, numbered as llama.cpp's token types (and
+ * SentencePiece's piece types): the model's or the configured unk token is
+ * UNKNOWN, special added tokens CONTROL, other added tokens USER_DEFINED,
+ * the <0xNN> tokens of a byte-fallback model BYTE, ids with no token (or
+ * out of range) UNUSED, everything else NORMAL. */
+typedef enum {
+    CLLM_TOKEN_NORMAL = 1,
+    CLLM_TOKEN_UNKNOWN = 2,
+    CLLM_TOKEN_CONTROL = 3,
+    CLLM_TOKEN_USER_DEFINED = 4,
+    CLLM_TOKEN_UNUSED = 5,
+    CLLM_TOKEN_BYTE = 6
+} cllm_token_kind;
+cllm_token_kind cllm_tokenizer_token_kind(const cllm_tokenizer *tok, int32_t id);
+
+/* True for GPT-2 style tokenizers (a ByteLevel pre-tokenizer maps bytes to
+ * printable symbols), false for SentencePiece-style ones. */
+bool cllm_tokenizer_is_byte_level(const cllm_tokenizer *tok);
+
+/* Whether encode with add_special puts the BOS id first / the EOS id last. */
+bool cllm_tokenizer_adds_bos(const cllm_tokenizer *tok);
+bool cllm_tokenizer_adds_eos(const cllm_tokenizer *tok);
+
+/* One BPE merge: tokens `left` and `right` become `merged`; lower rank
+ * merges first (ranks are the file's order, gaps where a pair repeated). */
+typedef struct {
+    int32_t left, right, merged;
+    uint32_t rank;
+} cllm_tokenizer_merge;
+
+/* The model's merges sorted by rank into a new array (*n entries; NULL and
+ * 0 when there are none) the caller frees with free(). Fails only with
+ * CLLM_ERR_NOMEM. Thread-safe. */
+cllm_status cllm_tokenizer_merges(const cllm_tokenizer *tok, cllm_tokenizer_merge **out, size_t *n);
+
 /* ---- training BPE tokenizers ----
  *
  * cllm_tokenizer_train learns a BPE tokenizer from text files and writes

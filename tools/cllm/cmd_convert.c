@@ -13,6 +13,9 @@
  * splits an HF folder into per-unit, per-tensor-rank files, --layout merges
  * such a folder back into an HF folder, bit for bit. `cllm convert hg_to_pp
  * --input-path A --save-path B` and `pp_to_hg` are accepted as those two.
+ *
+ * --to gguf writes the model (from --model or --checkpoint) and its
+ * tokenizer as one GGUF file that llama.cpp runs (cllm/gguf.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,9 +24,11 @@
 
 #include "args.h"
 #include "cllm/checkpoint.h"
+#include "cllm/gguf.h"
 #include "cllm/io.h"
 #include "cllm/model.h"
 #include "cllm/split.h"
+#include "cllm/tokenizer.h"
 #include "cllm/topo.h"
 #include "commands.h"
 
@@ -83,10 +88,41 @@ static int seed_form(int argc, char **argv) {
     return cmd_convert(4, args);
 }
 
+/* --to gguf: model m (loaded from src) and the tokenizer of tok_dir (or
+ * the first of fallbacks that has one) -> the GGUF file out. */
+static int to_gguf(cllm_model *m, const char *src, const char *tok_dir, const char *const *fallbacks, int n_fb,
+                   const char *type, const char *out) {
+    cllm_gguf_params p = cllm_gguf_params_default();
+    if (!cllm_gguf_type_from_name(type, &p.type)) {
+        fprintf(stderr, "cllm convert: --type %s: expected f32, f16 or q8_0\n", type);
+        return 2;
+    }
+    const char *dir = tok_dir;
+    char probe[4096];
+    for (int i = 0; !dir && i < n_fb; i++) {
+        if (!fallbacks[i]) continue;
+        if (snprintf(probe, sizeof probe, "%s/tokenizer.json", fallbacks[i]) < (int)sizeof probe &&
+            access(probe, R_OK) == 0)
+            dir = fallbacks[i];
+    }
+    if (!dir) {
+        fprintf(stderr, "cllm convert: %s has no tokenizer.json; give --tokenizer DIR\n", src);
+        return 1;
+    }
+    cllm_tokenizer *tok = NULL;
+    int rc = 0;
+    if (cllm_tokenizer_load(&tok, dir) || cllm_gguf_export(m, tok, &p, out)) rc = tool_fail("convert");
+    else
+        fprintf(stderr, "cllm convert: %s (%s, %zu parameters) with the tokenizer of %s -> %s (GGUF, %s)\n", src,
+                cllm_arch_name(cllm_model_get_config(m)->arch), cllm_model_n_params(m), dir, out, type);
+    cllm_tokenizer_free(tok);
+    return rc;
+}
+
 int cmd_convert(int argc, char **argv) {
     if (argc > 0 && (strcmp(argv[0], "hg_to_pp") == 0 || strcmp(argv[0], "pp_to_hg") == 0))
         return seed_form(argc, argv);
-    const char *ckpt_arg, *model_arg, *layout_arg, *out, *shard;
+    const char *ckpt_arg, *model_arg, *layout_arg, *out, *shard, *to, *type, *tok_arg;
     int tensor = 1;
     arg_spec specs[] = {
         {"checkpoint", ARG_STR, &ckpt_arg, NULL, false,
@@ -94,13 +130,18 @@ int cmd_convert(int argc, char **argv) {
         {"model", ARG_STR, &model_arg, NULL, false, "HF folder -> stage layout in --out (hg_to_pp)"},
         {"layout", ARG_STR, &layout_arg, NULL, false, "stage layout -> HF folder in --out (pp_to_hg)"},
         {"tensor", ARG_INT, &tensor, "1", false, "with --model: tensor-parallel ranks the layout is cut for"},
-        {"out", ARG_STR, &out, NULL, true, "folder to write (created if needed)"},
+        {"out", ARG_STR, &out, NULL, true, "folder to write (created if needed); with --to gguf the file"},
+        {"to", ARG_STR, &to, NULL, false,
+         "gguf: write --model or --checkpoint and its tokenizer as one GGUF file (llama, gpt2) for llama.cpp"},
+        {"type", ARG_STR, &type, "f32", false, "with --to gguf: f32, f16 or q8_0 matrices (norms and biases stay f32)"},
+        {"tokenizer", ARG_STR, &tok_arg, NULL, false,
+         "with --to gguf: tokenizer folder (default: the model or checkpoint folder)"},
         {"max-shard-size", ARG_STR, &shard, "2GB", false,
          "split safetensors into shards of at most this size with model.safetensors.index.json; 0 = one file"},
     };
     int rc = args_parse("convert",
                         "Converts a training checkpoint or a stage layout into an HF model folder (fp32 safetensors), "
-                        "or an HF folder into a stage layout.",
+                        "or an HF folder into a stage layout, or a model into a GGUF file for llama.cpp (--to gguf).",
                         argc, argv, specs, ARGS_COUNT(specs));
     if (rc) return rc == 1 ? 0 : rc;
     size_t max_shard = 0;
@@ -109,6 +150,27 @@ int cmd_convert(int argc, char **argv) {
     if ((ckpt_arg != NULL) + (model_arg != NULL) + (layout_arg != NULL) != 1) {
         fprintf(stderr, "cllm convert: give exactly one of --checkpoint, --model and --layout\n");
         rc = 2;
+        goto done;
+    }
+    if (to && strcmp(to, "gguf") != 0) {
+        fprintf(stderr, "cllm convert: --to %s: the only target is gguf\n", to);
+        rc = 2;
+        goto done;
+    }
+    if (to && layout_arg) {
+        fprintf(stderr, "cllm convert: --to gguf reads --model or --checkpoint, not --layout\n");
+        rc = 2;
+        goto done;
+    }
+    if (!to && (strcmp(type, "f32") != 0 || tok_arg)) {
+        fprintf(stderr, "cllm convert: --type and --tokenizer go with --to gguf\n");
+        rc = 2;
+        goto done;
+    }
+    if (to && model_arg) {
+        const char *fb[1] = {model_arg};
+        if (cllm_model_load(&m, model_arg)) rc = tool_fail("convert");
+        else rc = to_gguf(m, model_arg, tok_arg, fb, 1, type, out);
         goto done;
     }
     if (cllm_parse_size(shard, &max_shard)) {
@@ -159,6 +221,12 @@ int cmd_convert(int argc, char **argv) {
         fprintf(stderr, "cllm convert: %s is not a training checkpoint (no manifest.json); expected a checkpoint-STEP "
                 "folder or an output folder with `latest`\n", dir);
         rc = 1;
+        goto done;
+    }
+    if (to) {
+        const char *fb[2] = {dir, run_dir ? ckpt_arg : NULL};
+        if (cllm_ckpt_verify_range(dir, true, 0, 0) || cllm_ckpt_load_model(&m, dir)) rc = tool_fail("convert");
+        else rc = to_gguf(m, dir, tok_arg, fb, 2, type, out);
         goto done;
     }
     if (cllm_ckpt_verify_range(dir, true, 0, 0) || cllm_ckpt_load_model(&m, dir) ||

@@ -1,0 +1,11 @@
+# GGUF export (label: generate).
+#   gguf_test   `cllm convert --to gguf` of tiny LLaMA (TinyLlama tokenizer,
+#               GQA; tied head with biases) and GPT-2 (GPT-2 tokenizer)
+#               models, f32 and f16: the file read back by an independent
+#               reader (header, keys, tensor infos, alignment, every tensor's
+#               data against the safetensors as llama.cpp's converter lays it
+#               out), then run by llama.cpp (node-llama-cpp, pinned in
+#               tests/npm-llama): the same tokenization as `cllm tokenize`
+#               and the same 16 greedy tokens as `cllm generate --greedy`.
+cllm_add_py_test(gguf_test gguf_test.py LABELS generate ARGS --fixtures ${CLLM_FIXTURES}/hf)
+set_tests_properties(gguf_test PROPERTIES TIMEOUT 900)
