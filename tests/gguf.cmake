@@ -7,5 +7,8 @@
 #               out), then run by llama.cpp (node-llama-cpp, pinned in
 #               tests/npm-llama): the same tokenization as `cllm tokenize`
 #               and the same 16 greedy tokens as `cllm generate --greedy`.
-cllm_add_py_test(gguf_test gguf_test.py LABELS generate ARGS --fixtures ${CLLM_FIXTURES}/hf)
+#               Labelled nosan: it runs in the Release pass only (the export is
+#               plain C the C tests cover under the sanitizers, and the llama.cpp
+#               package is a 700 MB install per build folder).
+cllm_add_py_test(gguf_test gguf_test.py LABELS generate nosan ARGS --fixtures ${CLLM_FIXTURES}/hf)
 set_tests_properties(gguf_test PROPERTIES TIMEOUT 900)
