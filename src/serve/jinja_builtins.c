@@ -222,7 +222,7 @@ cllm_status jinja_recase(jstate *st, jval v, int mode, jval *out) {
 
 cllm_status jinja_replace(jstate *st, jval v, jval *old, jval *new_, jval *count, jval *out) {
     if (!old || !new_ || !jv_is_str(*old) || !jv_is_str(*new_)) return jinja_err(st, "replace() needs two strings");
-    int64_t cnt = count && jv_is_int(*count) ? (int64_t)jv_num(*count) : -1;
+    int64_t cnt = count && jv_is_int(*count) ? jv_int_value(*count) : -1;
     if (count && json_is_integer(count->j)) cnt = json_integer_value(count->j);
     const char *s = sv(v), *o = sv(*old), *w = sv(*new_);
     size_t n = sl(v), on = sl(*old), wn = sl(*new_), bn = 0, cap = 0, p = 0;
@@ -263,7 +263,7 @@ cllm_status jinja_replace(jstate *st, jval v, jval *old, jval *new_, jval *count
 }
 
 static cllm_status split(jstate *st, jval v, jval *sep, jval *maxsplit, jval *out) {
-    int64_t max = maxsplit && jv_is_int(*maxsplit) ? (int64_t)jv_num(*maxsplit) : -1;
+    int64_t max = maxsplit && jv_is_int(*maxsplit) ? jv_int_value(*maxsplit) : -1;
     if (maxsplit && json_is_integer(maxsplit->j)) max = json_integer_value(maxsplit->j);
     bool ws = !sep || (sep->k == V_JSON && json_is_null(sep->j));
     if (!ws && (!jv_is_str(*sep) || sl(*sep) == 0)) return jinja_err(st, "split() separator must be a non-empty string");

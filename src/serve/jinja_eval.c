@@ -148,9 +148,9 @@ static cllm_status binop(jstate *st, int op, jval a, jval b, jval *out) {
     bool an = jv_is_num(a), bn = jv_is_num(b);
     if (an && bn) {
         bool ints = jv_is_int(a) && jv_is_int(b);
-        int64_t x = ints ? (int64_t)jv_num(a) : 0, y = ints ? (int64_t)jv_num(b) : 0, r;
-        if (ints && json_is_integer(a.j)) x = json_integer_value(a.j);
-        if (ints && json_is_integer(b.j)) y = json_integer_value(b.j);
+        /* Integers are read as integers: a double near 2^63 converted to
+         * int64_t would be undefined. */
+        int64_t x = ints ? jv_int_value(a) : 0, y = ints ? jv_int_value(b) : 0, r;
         double f = jv_num(a), g = jv_num(b);
         switch (op) {
         case OP_ADD:
@@ -228,9 +228,9 @@ static cllm_status binop(jstate *st, int op, jval a, jval b, jval *out) {
         return nomem_if(out);
     }
     if (op == OP_MUL && (jv_is_str(a) || (a.k == V_JSON && json_is_array(a.j))) && jv_is_int(b))
-        return repeat(st, a, (int64_t)jv_num(b), out);
+        return repeat(st, a, jv_int_value(b), out);
     if (op == OP_MUL && (jv_is_str(b) || (b.k == V_JSON && json_is_array(b.j))) && jv_is_int(a))
-        return repeat(st, b, (int64_t)jv_num(a), out);
+        return repeat(st, b, jv_int_value(a), out);
     return jinja_err(st, "unsupported operand types for %s: '%s' and '%s'", names[op], jv_type(a), jv_type(b));
 }
 
@@ -440,8 +440,7 @@ static cllm_status eval_slice(jstate *st, const jnode *e, jval obj, jval *out) {
         if (part[k].k == V_JSON && json_is_null(part[k].j)) continue;
         if (!jv_is_int(part[k])) r = jinja_err(st, "slice indices must be integers or none");
         else {
-            v[k] = (int64_t)jv_num(part[k]);
-            if (json_is_integer(part[k].j)) v[k] = json_integer_value(part[k].j);
+            v[k] = jv_int_value(part[k]);
             given[k] = true;
         }
     }

@@ -155,6 +155,8 @@ bool jv_truthy(jval v);
 bool jv_is_str(jval v);
 bool jv_is_num(jval v); /* int, float or bool (a Python number) */
 bool jv_is_int(jval v); /* int or bool */
+/* The value of an int or bool (jv_is_int) without going through a double. */
+int64_t jv_int_value(jval v);
 double jv_num(jval v);
 bool jv_equal(jval a, jval b);
 /* Orders a and b as Python would (numbers, strings, lists): -1, 0, 1; fails

@@ -58,6 +58,10 @@ jval jv_none(void) { return jv_json(json_null()); }
 bool jv_is_str(jval v) { return v.k == V_JSON && json_is_string(v.j); }
 bool jv_is_num(jval v) { return v.k == V_JSON && (json_is_number(v.j) || json_is_boolean(v.j)); }
 bool jv_is_int(jval v) { return v.k == V_JSON && (json_is_integer(v.j) || json_is_boolean(v.j)); }
+int64_t jv_int_value(jval v) {
+    if (json_is_boolean(v.j)) return json_is_true(v.j);
+    return json_integer_value(v.j);
+}
 double jv_num(jval v) {
     if (json_is_boolean(v.j)) return json_is_true(v.j);
     return json_number_value(v.j);
