@@ -14,24 +14,6 @@
 
 #include "serve_impl.h"
 
-static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
-
-static json_t *jstr(const char *s, size_t n) {
-    json_t *j = json_stringn(s, n);
-    if (j) return j;
-    char *t = malloc(n * 3 + 1);
-    if (!t) return NULL;
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c < 0x80 && c) t[o++] = (char)c;
-        else o += (size_t)snprintf(t + o, 4, "\xEF\xBF\xBD");
-    }
-    j = json_stringn(t, o);
-    free(t);
-    return j;
-}
-
 static const char *oa_finish(cllm_finish_reason r) {
     return r == CLLM_FINISH_EOS || r == CLLM_FINISH_STOP_SEQUENCE ? "stop" : "length";
 }
@@ -64,13 +46,13 @@ static json_t *chat_logprobs(const cllm_server *s, const srv_job *j, const srv_s
             if (id < 0) continue;
             size_t tn;
             char *tt = token_text(s, id, &tn);
-            json_array_append_new(top, json_pack("{s:o, s:o, s:o}", "token", jstr(tt ? tt : "", tn), "logprob",
-                                                 jnum(q->top_lp[i * (size_t)j->gen.top_n + k]), "bytes",
+            json_array_append_new(top, json_pack("{s:o, s:o, s:o}", "token", srv_jstr(tt ? tt : "", tn), "logprob",
+                                                 srv_jnum(q->top_lp[i * (size_t)j->gen.top_n + k]), "bytes",
                                                  bytes_json(tt ? tt : "", tn)));
             free(tt);
         }
-        json_array_append_new(content, json_pack("{s:o, s:o, s:o, s:o}", "token", jstr(t ? t : "", n), "logprob",
-                                                 jnum(q->toks[i].raw), "bytes", bytes_json(t ? t : "", n),
+        json_array_append_new(content, json_pack("{s:o, s:o, s:o, s:o}", "token", srv_jstr(t ? t : "", n), "logprob",
+                                                 srv_jnum(q->toks[i].raw), "bytes", bytes_json(t ? t : "", n),
                                                  "top_logprobs", top));
         free(t);
     }
@@ -90,12 +72,12 @@ static json_t *completion_logprobs(const cllm_server *s, const srv_job *j, const
         int32_t id = prompt ? j->gen.ids[i] : q->toks[from + i - np].id;
         size_t n;
         char *t = token_text(s, id, &n);
-        json_array_append_new(tokens, jstr(t ? t : "", n));
+        json_array_append_new(tokens, srv_jstr(t ? t : "", n));
         json_array_append_new(offs, json_integer((json_int_t)offset));
         offset += n;
         free(t);
         double lp = prompt ? (j->prompt_lp && i ? j->prompt_lp[i] : NAN) : q->toks[from + i - np].raw;
-        json_array_append_new(lps, jnum(lp));
+        json_array_append_new(lps, srv_jnum(lp));
         if (!tn || prompt) { /* no alternatives are computed for prompt tokens */
             json_array_append_new(tops, json_null());
             continue;
@@ -108,7 +90,7 @@ static json_t *completion_logprobs(const cllm_server *s, const srv_job *j, const
             size_t tl_n;
             char *tt = token_text(s, ids[k], &tl_n);
             char *key = tt ? tt : strdup("");
-            if (key) json_object_set_new(o, key, jnum(tl[k]));
+            if (key) json_object_set_new(o, key, srv_jnum(tl[k]));
             free(key);
         }
         json_array_append_new(tops, o);
@@ -177,7 +159,7 @@ static bool oa_format(srv_job *j, void *state, char **buf, size_t *len, size_t *
                 size_t pl = strlen(j->gen.prompt_text);
                 json_t *lp = j->gen.logprobs ? completion_logprobs(s, j, q, true, 0, 0, 0) : json_null();
                 srv_buf_sse_json(buf, len, cap,
-                                 chunk(s, st, json_pack("{s:o, s:i, s:o, s:n}", "text", jstr(j->gen.prompt_text, pl),
+                                 chunk(s, st, json_pack("{s:o, s:i, s:o, s:n}", "text", srv_jstr(j->gen.prompt_text, pl),
                                                         "index", i, "logprobs", lp, "finish_reason"), j),
                                  true);
                 st->offset[i] = pl;
@@ -191,13 +173,13 @@ static bool oa_format(srv_job *j, void *state, char **buf, size_t *len, size_t *
             if (final_now) b = q->text_len;
             json_t *choice;
             if (st->chat) {
-                json_t *delta = b > a ? json_pack("{s:o}", "content", jstr(q->text + a, b - a)) : json_object();
+                json_t *delta = b > a ? json_pack("{s:o}", "content", srv_jstr(q->text + a, b - a)) : json_object();
                 choice = json_pack("{s:i, s:o, s:o, s:o}", "index", i, "delta", delta, "logprobs",
                                    j->gen.logprobs ? chat_logprobs(s, j, q, from, to) : json_null(), "finish_reason",
                                    final_now ? json_string(oa_finish(q->finish)) : json_null());
             } else {
                 json_t *lp = j->gen.logprobs ? completion_logprobs(s, j, q, false, from, to, st->offset[i]) : json_null();
-                choice = json_pack("{s:i, s:o, s:o, s:o}", "index", i, "text", jstr(q->text + a, b - a), "logprobs",
+                choice = json_pack("{s:i, s:o, s:o, s:o}", "index", i, "text", srv_jstr(q->text + a, b - a), "logprobs",
                                    lp, "finish_reason", final_now ? json_string(oa_finish(q->finish)) : json_null());
                 for (size_t k = from; k < to; k++) {
                     size_t n;
@@ -298,7 +280,7 @@ enum MHD_Result srv_openai_complete(cllm_server *s, struct MHD_Connection *c, co
             json_t *ch;
             if (chat) {
                 ch = json_pack("{s:i, s:{s:s, s:o, s:n}, s:o, s:s}", "index", i, "message", "role", "assistant",
-                               "content", jstr(q->text, q->text_len), "refusal", "logprobs",
+                               "content", srv_jstr(q->text, q->text_len), "refusal", "logprobs",
                                j->gen.logprobs ? chat_logprobs(s, j, q, 0, q->n_toks) : json_null(), "finish_reason",
                                oa_finish(q->finish));
             } else {
@@ -308,7 +290,7 @@ enum MHD_Result srv_openai_complete(cllm_server *s, struct MHD_Connection *c, co
                     memcpy(text, j->gen.prompt_text ? j->gen.prompt_text : "", pl);
                     memcpy(text + pl, q->text, q->text_len);
                 }
-                ch = json_pack("{s:o, s:i, s:o, s:s}", "text", text ? jstr(text, pl + q->text_len) : NULL, "index", i,
+                ch = json_pack("{s:o, s:i, s:o, s:s}", "text", text ? srv_jstr(text, pl + q->text_len) : NULL, "index", i,
                                "logprobs",
                                j->gen.logprobs ? completion_logprobs(s, j, q, j->gen.echo, 0, q->n_toks, 0) : json_null(),
                                "finish_reason", oa_finish(q->finish));

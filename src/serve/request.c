@@ -182,7 +182,7 @@ int srv_parse_tgi(cllm_server *s, const json_t *body, srv_gen *g, srv_err *e) {
         (rc = get_int(par, "top_n_tokens", &top_n, NULL, e, 422)) || (rc = get_bool(par, "do_sample", &do_sample, e, 422)) ||
         (rc = get_bool(par, "watermark", &watermark, e, 422)) || (rc = get_bool(par, "details", &g->details, e, 422)) ||
         (rc = get_bool(par, "decoder_input_details", &g->prompt_logprobs, e, 422)) ||
-        (rc = get_bool(par, "return_full_text", &g->gp.include_prompt, e, 422)))
+        (rc = get_bool(par, "return_full_text", &g->full_text, e, 422)))
         goto out;
     if (t_given && !(temp > 0)) rc = srv_errf(e, 422, "`temperature` must be strictly positive");
     else if (!(rep > 0)) rc = srv_errf(e, 422, "`repetition_penalty` must be strictly positive");
@@ -419,7 +419,7 @@ int srv_parse_openai(cllm_server *s, const json_t *body, bool chat, srv_gen *g, 
     else if (!json_object_get(body, "prompt")) rc = srv_errf(e, 400, "`prompt` is required");
     else rc = completion_prompt(s, json_object_get(body, "prompt"), g, e);
     if (rc) return rc;
-    if ((rc = settle_max_new(s, g, max_new, mn_given, chat ? 0 : 16, e, 400, chat ? "max_tokens" : "max_tokens")))
+    if ((rc = settle_max_new(s, g, max_new, mn_given, chat ? 0 : 16, e, 400, "max_tokens")))
         return rc;
 
     g->n = (int)n;

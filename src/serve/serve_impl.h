@@ -27,8 +27,6 @@
 #include "cllm/engine.h"
 #include "cllm/server.h"
 
-#define SRV_MAX_TOP 20
-
 /* ---------------------------------------------------------------- request */
 /* A validated generation request, whatever the API. */
 typedef struct {
@@ -40,10 +38,11 @@ typedef struct {
     size_t n_stop;
     bool seed_given;           /* gp.seed came from the request */
     bool sampling;             /* not greedy */
-    int top_n;                 /* alternatives per token (0..SRV_MAX_TOP) */
+    int top_n;                 /* alternatives per token (0..CLLM_MAX_TOP_N) */
     bool logprobs;             /* OpenAI: return logprobs */
     bool prompt_logprobs;      /* TGI decoder_input_details, OpenAI echo with logprobs */
     bool details;              /* TGI details */
+    bool full_text;            /* TGI return_full_text: the prompt text before the output */
     bool stream, include_usage;
     bool echo;                 /* OpenAI completions: prompt text before the completion */
     char *prompt_text;         /* the text the ids came from (owned; for echo / return_full_text) */
@@ -112,8 +111,7 @@ typedef struct {
 } srv_hist;
 
 typedef struct {
-    uint64_t req_ok, req_validation, req_overloaded, req_generation, req_cancelled, req_unauthorized,
-        req_other;
+    uint64_t req_ok, req_validation, req_overloaded, req_generation, req_cancelled, req_unauthorized;
     uint64_t prompt_tokens, generated_tokens;
     srv_hist ttft, tpot, duration;
     srv_hist input_len, gen_len;
@@ -167,7 +165,6 @@ void srv_job_wait_locked(srv_job *j, int ms);
 bool srv_job_finished_locked(const srv_job *j);
 
 /* server.c helpers for handlers */
-typedef struct srv_conn srv_conn;
 /* Queues a JSON response (steals j). */
 enum MHD_Result srv_reply_json(struct MHD_Connection *c, unsigned status, json_t *j);
 /* TGI error body {"error", "error_type"}. */
@@ -185,6 +182,11 @@ enum MHD_Result srv_reply_sse(struct MHD_Connection *c, srv_job *j, srv_sse_form
 /* Appends bytes / a printf / a JSON value as "data:<json>\n\n". */
 bool srv_buf_add(char **buf, size_t *len, size_t *cap, const char *s, size_t n);
 bool srv_buf_sse_json(char **buf, size_t *len, size_t *cap, json_t *j, bool space); /* steals j */
+/* A JSON number, or null when v is not finite (NaN has no JSON form). */
+json_t *srv_jnum(double v);
+/* A JSON string of text that should be UTF-8; bytes that are not (possible
+ * only in text decoded from client-chosen ids) become U+FFFD. */
+json_t *srv_jstr(const char *s, size_t n);
 
 /* request.c */
 /* TGI {"inputs", "parameters"} -> gen. */

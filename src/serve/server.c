@@ -6,6 +6,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
@@ -121,6 +122,28 @@ bool srv_buf_sse_json(char **buf, size_t *len, size_t *cap, json_t *j, bool spac
               srv_buf_add(buf, len, cap, t, strlen(t)) && srv_buf_add(buf, len, cap, "\n\n", 2);
     free(t);
     return ok;
+}
+
+json_t *srv_jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+json_t *srv_jstr(const char *s, size_t n) {
+    json_t *j = json_stringn(s, n);
+    if (j) return j;
+    char *t = malloc(n * 3 + 1);
+    if (!t) return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x80 && c) {
+            t[o++] = (char)c;
+        } else {
+            memcpy(t + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+        }
+    }
+    j = json_stringn(t, o);
+    free(t);
+    return j;
 }
 
 /* ---- server-sent events ---- */
@@ -397,7 +420,7 @@ cllm_status cllm_server_init(cllm_server **out, cllm_model *m, const cllm_tokeni
     if (!q->block_size) q->block_size = 16;
     if (!q->max_stop_sequences) q->max_stop_sequences = 4;
     if (!q->max_top_n_tokens) q->max_top_n_tokens = 5;
-    if (q->max_top_n_tokens > SRV_MAX_TOP) q->max_top_n_tokens = SRV_MAX_TOP;
+    if (q->max_top_n_tokens > CLLM_MAX_TOP_N) q->max_top_n_tokens = CLLM_MAX_TOP_N;
     if (!q->max_n) q->max_n = 8;
     if (!q->max_body_bytes) q->max_body_bytes = 1 << 20;
     if (!q->timeout_s) q->timeout_s = 30;

@@ -11,32 +11,6 @@
 
 #include "serve_impl.h"
 
-/* JSON helpers shared with openai.c through serve_impl.h would add little;
- * each file keeps its own small ones. */
-static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
-
-/* A JSON string of text that should be UTF-8; invalid bytes (possible
- * only in text decoded from client-chosen ids) become U+FFFD. */
-static json_t *jstr(const char *s, size_t n) {
-    json_t *j = json_stringn(s, n);
-    if (j) return j;
-    char *t = malloc(n * 3 + 1);
-    if (!t) return NULL;
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c < 0x80 && c) t[o++] = (char)c;
-        else {
-            t[o++] = (char)0xEF;
-            t[o++] = (char)0xBF;
-            t[o++] = (char)0xBD;
-        }
-    }
-    j = json_stringn(t, o);
-    free(t);
-    return j;
-}
-
 static const char *tgi_finish(cllm_finish_reason r) {
     switch (r) {
     case CLLM_FINISH_EOS: return "eos_token";
@@ -52,8 +26,8 @@ static double tok_logprob(const srv_job *j, const srv_tok *t) { return j->gen.sa
 static json_t *token_json(const cllm_server *s, const srv_job *j, const srv_seq *q, size_t i) {
     const srv_tok *t = &q->toks[i];
     (void)s;
-    return json_pack("{s:i, s:o, s:o, s:b}", "id", (int)t->id, "text", jstr(q->text + t->text_off, t->text_len),
-                     "logprob", jnum(tok_logprob(j, t)), "special", t->special);
+    return json_pack("{s:i, s:o, s:o, s:b}", "id", (int)t->id, "text", srv_jstr(q->text + t->text_off, t->text_len),
+                     "logprob", srv_jnum(tok_logprob(j, t)), "special", t->special);
 }
 
 /* The alternatives of one position: [{id, text, logprob, special}]. */
@@ -64,21 +38,21 @@ static json_t *top_json(const cllm_server *s, const int32_t *ids, const float *l
         char *text = NULL;
         size_t len = 0;
         if (cllm_tokenizer_decode(s->tok, &ids[k], 1, false, &text, &len)) len = 0;
-        json_array_append_new(a, json_pack("{s:i, s:o, s:o, s:b}", "id", (int)ids[k], "text", jstr(text ? text : "", len),
-                                           "logprob", jnum(lp[k]), "special", cllm_tokenizer_is_special(s->tok, ids[k])));
+        json_array_append_new(a, json_pack("{s:i, s:o, s:o, s:b}", "id", (int)ids[k], "text", srv_jstr(text ? text : "", len),
+                                           "logprob", srv_jnum(lp[k]), "special", cllm_tokenizer_is_special(s->tok, ids[k])));
         free(text);
     }
     return a;
 }
 
 static json_t *generated_text(const srv_job *j, const srv_seq *q) {
-    if (!j->gen.gp.include_prompt) return jstr(q->text, q->text_len);
+    if (!j->gen.full_text) return srv_jstr(q->text, q->text_len);
     size_t a = strlen(j->gen.prompt_text);
     char *t = malloc(a + q->text_len + 1);
     if (!t) return NULL;
     memcpy(t, j->gen.prompt_text, a);
     memcpy(t + a, q->text, q->text_len);
-    json_t *r = jstr(t, a + q->text_len);
+    json_t *r = srv_jstr(t, a + q->text_len);
     free(t);
     return r;
 }
@@ -89,8 +63,8 @@ static json_t *prefill_json(const cllm_server *s, const srv_job *j) {
         char *text = NULL;
         size_t len = 0;
         if (cllm_tokenizer_decode(s->tok, &j->gen.ids[i], 1, false, &text, &len)) len = 0;
-        json_t *lp = j->prompt_lp && i > 0 ? jnum(j->prompt_lp[i]) : json_null();
-        json_array_append_new(a, json_pack("{s:i, s:o, s:o}", "id", (int)j->gen.ids[i], "text", jstr(text ? text : "", len),
+        json_t *lp = j->prompt_lp && i > 0 ? srv_jnum(j->prompt_lp[i]) : json_null();
+        json_array_append_new(a, json_pack("{s:i, s:o, s:o}", "id", (int)j->gen.ids[i], "text", srv_jstr(text ? text : "", len),
                                            "logprob", lp));
         free(text);
     }
@@ -230,7 +204,7 @@ enum MHD_Result srv_tgi_tokenize(cllm_server *s, struct MHD_Connection *c, const
             ok = !cllm_text_stream_finish(ts, &piece, &rn) && srv_buf_add(&all, &all_len, &all_cap, piece, rn);
         if (!ok) break;
         n += rn;
-        json_array_append_new(a, json_pack("{s:i, s:o, s:i, s:i}", "id", (int)b.ids[i], "text", jstr(all + off, n),
+        json_array_append_new(a, json_pack("{s:i, s:o, s:i, s:i}", "id", (int)b.ids[i], "text", srv_jstr(all + off, n),
                                            "start", (int)off, "stop", (int)(off + n)));
         off += n;
     }
