@@ -1,3 +1,6 @@
+# GGML block formats (label: generate): Q4_0 / Q8_0 codes by hand and
+# their error bounds on random rows.
+cllm_add_c_test(test_ggml_blocks LABELS generate)
 # GGUF export (label: generate).
 #   gguf_test   `cllm convert --to gguf` of tiny LLaMA (TinyLlama tokenizer,
 #               GQA; tied head with biases) and GPT-2 (GPT-2 tokenizer)
