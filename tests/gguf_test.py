@@ -4,7 +4,8 @@ Tiny random models (LLaMA with GQA and TinyLlama's SentencePiece-BPE
 tokenizer, 32000 ids; a LLaMA variant with a tied head and attention/MLP
 biases; GPT-2 with the GPT-2 byte-level tokenizer, 50257 ids; BLOOM with
 ALiBi, its embedding LayerNorm and biases, on the GPT-2 tokenizer) are
-exported as f32, f16, q8_0 and q4_0 GGUF files. Then:
+exported as f32, f16, q8_0 and q4_0 GGUF files (the tied LLaMA as f32, f16
+and q8_0, BLOOM as f32 and q4_0). Then:
   - a small GGUF reader written here from the spec (not cllm's code) checks
     the header, version 3, the key/value count, the hyperparameters, every
     tensor's name, dims, type, 32-byte aligned offset and the file size, and
@@ -50,6 +51,8 @@ N_NEW = 16
 # the largest log-probability gap (nats, by cllm's f32 model) that rounded weights may flip
 TIE = {"f16": 0.05, "q8_0": 0.25, "q4_0": 0.25}
 TYPES = ("f32", "f16", "q8_0", "q4_0")
+# BLOOM adds an architecture, not a storage type: f32 and q4_0 only (the run time)
+MODEL_TYPES = {"llama_tied_bias": ("f32", "f16", "q8_0"), "bloom": ("f32", "q4_0")}
 TEXTS = ["Hello world, this is a test.", "The quick brown fox jumps over the lazy dog",
          "  two leading spaces, numbers 12345 and 3.14", "Ünïcödé ✓ 日本語 text", "line one\nline two\ttab",
          "don't stop believin'"]
@@ -454,7 +457,7 @@ def main():
         models = make_models(a.cllm, a.fixtures, tmp)
         files = []
         for name, (arch, d) in models.items():
-            for ty in TYPES:
+            for ty in MODEL_TYPES.get(name, TYPES):
                 out = os.path.join(tmp, f"{name}-{ty}.gguf")
                 run([a.cllm, "convert", "--to", "gguf", "--model", d, "--out", out, "--type", ty])
                 g = check_file(out, arch, d, ty)
