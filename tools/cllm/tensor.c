@@ -6,6 +6,7 @@
  */
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "cllm/dist.h"
 #include "cllm/generate.h"
@@ -18,6 +19,12 @@ cllm_status tool_tp_load(cllm_model **m, const char *dir, int tensor, const char
     *m = NULL;
     if (tensor < 1) return CLLM_FAIL(CLLM_ERR_ARG, "--tensor %d: a positive number of ranks", tensor);
     if (tensor == 1) return CLLM_OK; /* the caller loads the whole model its usual way */
+    /* Every layer synchronises the ranks twice per token: a rank waiting in
+     * a collective gives its core away rather than polling, so that on a
+     * host shared with other work (or with more ranks than cores) the rank
+     * it waits for can run. Before MPI starts; an explicit setting (mpirun
+     * --mca mpi_yield_when_idle 0) wins. */
+    setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
     cllm_status st = cllm_dist_init();
     if (st) return st;
     if (cllm_dist_size() != tensor) {
