@@ -407,8 +407,15 @@ static cllm_status run_rows(cllm_kv_cache *kv, const int32_t *tokens, int n_call
     return CLLM_OK;
 }
 
+int32_t model_kv_state(const cllm_kv_cache *kv) {
+    uint32_t h = (uint32_t)kv->n_free;
+    for (int i = 0; i < kv->n_seq; i++) h = h * 2654435761u + (uint32_t)kv->past[i];
+    return (int32_t)(h & 0x7fffffffu);
+}
+
 cllm_status cllm_kv_cache_forward_ragged(cllm_kv_cache *kv, const int32_t *tokens, const int *n_new, float *logits) {
     int n_call = 0;
+    const int32_t state = kv->tp_id ? model_kv_state(kv) : 0; /* before this call */
     TRY(plan(kv, tokens, n_new, &n_call));
     if (n_call == 0) return CLLM_OK;
     cllm_status st = CLLM_OK;
@@ -416,7 +423,7 @@ cllm_status cllm_kv_cache_forward_ragged(cllm_kv_cache *kv, const int32_t *token
         int total = kv->rows[n_call];
         for (int i = 0; i < kv->n_seq; i++) kv->tp_msg[i] = n_new[i];
         memcpy(kv->tp_msg + kv->n_seq, tokens, (size_t)total * sizeof *tokens);
-        int32_t cmd[TP_CMD_LEN] = {TP_OP_FORWARD, kv->tp_id, kv->n_seq + total};
+        int32_t cmd[TP_CMD_LEN] = {TP_OP_FORWARD, kv->tp_id, kv->n_seq + total, state};
         st = model_tp_announce(kv->m, cmd, kv->tp_msg, (size_t)(kv->n_seq + total));
     }
     if (!st) st = run_rows(kv, tokens, n_call, logits);

@@ -182,6 +182,11 @@ enum { TP_OP_STOP = 0, TP_OP_INIT, TP_OP_FREE, TP_OP_FORWARD, TP_OP_REWIND };
 cllm_status model_tp_announce(const cllm_model *m, const int32_t *cmd, int32_t *payload, size_t n);
 /* A fresh cache id (> 0). */
 int model_tp_next_id(void);
+/* A digest of a cache's positions and free blocks (generate.c): a forward's
+ * command carries rank 0's, and a follower whose cache disagrees ends the
+ * job instead of computing with other block tables. */
+struct cllm_kv_cache;
+int32_t model_kv_state(const struct cllm_kv_cache *kv);
 /* After the activations are (re)allocated: the cross-entropy statistics
  * buffers and the ALiBi slopes of this rank's heads. */
 cllm_status model_tp_prepare(cllm_model *m);

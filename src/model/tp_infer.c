@@ -9,7 +9,8 @@
  * call on their cache. The forward itself is collective (the reductions of
  * the row-parallel layers and the gathered logits), so all ranks step
  * together; block tables need not travel because every cache makes the same
- * choices from the same calls.
+ * choices from the same calls (each forward's command carries a digest of
+ * rank 0's positions and free blocks, which every follower checks).
  *
  * Commands go by a broadcast the followers wait in without spinning
  * (cllm_dist_g_bcast_wait): an idle server costs no CPU on any rank. A
@@ -88,6 +89,9 @@ static cllm_status follow_loop(const cllm_model *m, followed **list, int *n_list
             size_t n = (size_t)h[2];
             int ns = cllm_kv_cache_max_seqs((*list)[k].kv);
             if (h[2] < ns) return CLLM_FAIL(CLLM_ERR_INTERNAL, "tensor rank %d: forward of %d ids", m->tp_rank, h[2]);
+            if (model_kv_state((*list)[k].kv) != h[3])
+                return CLLM_FAIL(CLLM_ERR_INTERNAL, "tensor rank %d: cache %d no longer matches rank 0's (positions "
+                                 "or free blocks differ)", m->tp_rank, id);
             if (n > *msg_cap) {
                 int32_t *nm = realloc(*msg, n * sizeof *nm);
                 if (!nm) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
