@@ -229,9 +229,18 @@ cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, i
  * backward call is then collective over g: all its ranks call with the same
  * tokens and targets, and every rank gets the whole model's loss and its
  * part of the gradient. size 1 (the default) is the single-process code,
- * bit for bit. Generation (cllm_model_forward_logits) refuses a part. */
+ * bit for bit. cllm_model_forward_logits refuses a part; generation over
+ * parts runs through the key/value cache (cllm/generate.h, "Tensor-parallel
+ * inference"). */
 struct cllm_dist_group;
 cllm_status cllm_model_set_tensor_parallel(cllm_model *m, const struct cllm_dist_group *g, int rank, int size);
+/* The whole model's vocabulary: config vocab_size, or for a tensor part the
+ * unpadded vocabulary of the model it was cut from (its config holds the
+ * padded local ceil(V / tp)). Token ids and logits rows use this. */
+int cllm_model_vocab(const cllm_model *m);
+/* Tensor-parallel size and this part's rank (1 and 0 for a whole model). */
+int cllm_model_tensor_size(const cllm_model *m);
+int cllm_model_tensor_rank(const cllm_model *m);
 
 /* Logits of the last position of each row, for generation: logits[B,V]. */
 cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int B, int T,

@@ -91,8 +91,7 @@ cllm_status model_embed_forward(const cllm_model *m, float *x0, float *emb, floa
     const float *wte = model_param(m, m->gslot[G_WTE]);
     const float *wpe = c->arch == CLLM_ARCH_GPT2 ? model_param(m, m->gslot[G_WPE]) : NULL;
     if (m->tp_size > 1) { /* vocabulary-parallel lookup, summed over the tensor group */
-        if (rows) return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a cached forward pass of a tensor-parallel part");
-        TRY(model_tp_embed_forward(m, e, tokens, N, T));
+        TRY(model_tp_embed_forward(m, e, tokens, N, T, rows));
     } else if (!rows) {
         cllm_embedding_forward(e, tokens, wte, wpe, N, T, C);
     } else { /* sequence i's rows start at position past[i]: wpe rows from there */

@@ -36,4 +36,18 @@ int tool_dispatch(const char *cmd, const tool_subcommand *subs, int n, int argc,
 /* Prints "cllm <cmd>: <last error>" to stderr and returns 1. */
 int tool_fail(const char *cmd);
 
+/* --tensor N (tensor.c). tool_tp_load: N == 1 leaves *m NULL (load the
+ * whole model as usual); N > 1 joins the MPI job (which must have N
+ * ranks), loads this rank's part of HF folder dir and logs its size; a
+ * failure on any rank ends the job. tool_tp_follower: true on ranks > 0 of
+ * a part, which then call tool_tp_follow (runs rank 0's cache calls until
+ * it stops; frees m; returns the exit code). Rank 0 calls tool_tp_end
+ * after freeing its caches and before freeing m (releases the followers),
+ * then cllm_dist_finalize. */
+#include "cllm/model.h"
+cllm_status tool_tp_load(cllm_model **m, const char *dir, int tensor, const char *cmd);
+bool tool_tp_follower(const cllm_model *m);
+int tool_tp_follow(cllm_model *m, const char *cmd);
+void tool_tp_end(const cllm_model *m);
+
 #endif
