@@ -168,7 +168,7 @@ static void check_family(const char *name, cllm_arch arch) {
     /* the language-modelling objective is the plain pass */
     cllm_objective *o = NULL;
     CHECK(cllm_objective_lm_init(&o) == CLLM_OK && !strcmp(cllm_objective_name(o), "lm"), "%s: lm objective", name);
-    cllm_objective_batch batch = {tokens, targets, B, T};
+    cllm_objective_batch batch = {tokens, targets, B, T, NULL};
     double so = 0;
     long ko = 0;
     cllm_model_zero_grads(m);

@@ -68,9 +68,17 @@ void cllm_store_free(cllm_store *s);
  * mem as two rows per record, chosen then rejected, each the last T tokens
  * of prompt + completion with labels -100 on the prompt. tokenizer: folder
  * for text records (may be NULL when every record is pre-tokenized); *pad:
- * its padding id (else EOS, else 0). Bad records fail with FILE:LINE:COL. */
-cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, const char *path, const char *tokenizer, int vocab,
-                            int T);
+ * its padding id (else EOS, else 0). extra->margin: each record's
+ * "margin" (trl's reward data; 0 without), per row (free() both arrays).
+ * With `singles`, a record of one text ({"text"}, {"prompt",
+ * "completion"} or {"input_ids"}) is accepted as two equal rows, marked in
+ * extra->single (cllm score). Bad records fail with FILE:LINE:COL. */
+typedef struct {
+    float *margin;         /* per row, or NULL when no record has one */
+    unsigned char *single; /* per row: 1 for a single record's rows, or NULL when there is none */
+} cllm_pair_extra;
+cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, cllm_pair_extra *extra, bool singles, const char *path,
+                            const char *tokenizer, int vocab, int T);
 
 /* ------------------------------------------------ record -> tokens */
 /* Everything needed to turn a record into tokens. */

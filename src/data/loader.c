@@ -33,6 +33,7 @@ typedef struct {
     bool indexed, packed, pairs;
     cllm_indexed idx;
     cllm_store mem;
+    cllm_pair_extra extra; /* pairs: per-row margins and single-record flags */
     int32_t pad;
     uint64_t seq_begin, seq_end; /* selected split, in sequences */
     uint64_t tok_begin, tok_end; /* packed: token range of the split */
@@ -56,6 +57,8 @@ static void source_free(source *s) {
     free(s->name);
     cllm_indexed_close(&s->idx);
     cllm_store_free(&s->mem);
+    free(s->extra.margin);
+    free(s->extra.single);
     free(s->perm[0]);
     free(s->perm[1]);
 }
@@ -175,7 +178,9 @@ static cllm_status open_source(source *s, const char *spec, const cllm_loader_op
             return CLLM_FAIL(CLLM_ERR_ARG, "%s: preference data must be a .json or .jsonl file of {\"prompt\", "
                              "\"chosen\", \"rejected\"} records", spec);
         s->pairs = true;
-        if ((st = cllm_pairs_load(&s->mem, &s->pad, spec, o->tokenizer, o->vocab_size, o->seq_len))) return st;
+        if ((st = cllm_pairs_load(&s->mem, &s->pad, &s->extra, o->singles, spec, o->tokenizer, o->vocab_size,
+                                  o->seq_len)))
+            return st;
         n_doc = s->mem.n;
     } else if (ends_with(spec, ".json") || ends_with(spec, ".jsonl") || ends_with(spec, ".txt")) {
         if ((st = open_raw(s, spec, o))) return st;
@@ -414,4 +419,19 @@ cllm_status cllm_loader_get(cllm_loader *l, uint64_t g, int32_t *tokens, int32_t
     source *s = &l->src[j];
     if ((st = source_pick(s, l->shuffle, k, &i))) return st;
     return fill_row(s, i, l->T, l->vocab, tokens, labels, n_labels);
+}
+
+cllm_status cllm_loader_pair_info(cllm_loader *l, uint64_t g, float *margin, bool *single) {
+    *margin = 0;
+    if (single) *single = false;
+    int j = 0;
+    uint64_t k = g, i = 0;
+    cllm_status st;
+    if (l->blend.n > 0 && (st = cllm_blend_get(&l->blend, g, &j, &k))) return st;
+    source *s = &l->src[j];
+    if (!s->extra.margin && !s->extra.single) return CLLM_OK;
+    if ((st = source_pick(s, l->shuffle, k, &i))) return st;
+    if (s->extra.margin) *margin = s->extra.margin[s->seq_begin + i];
+    if (s->extra.single && single) *single = s->extra.single[s->seq_begin + i] != 0;
+    return CLLM_OK;
 }
