@@ -2,9 +2,10 @@
 # score` against a float64 torch implementation of trl's RewardTrainer on
 # tiny gpt2, llama and bloom *ForSequenceClassification models (losses),
 # learning a separable preference from a causal LM and scoring it (learn),
-# resume (resume), bad models and records (errors).
-foreach(case losses learn resume errors)
-  cllm_add_py_test(reward_${case} reward_test.py LABELS train ARGS --case ${case})
+# resume (resume), bad models and records (errors), preference pairs through
+# `cllm data prepare --pairs` (prepared).
+foreach(case losses learn resume errors prepared)
+  cllm_add_py_test(reward_${case} reward_test.py LABELS train ARGS --case ${case} --fixtures ${CLLM_FIXTURES}/hf)
   set_tests_properties(reward_${case} PROPERTIES TIMEOUT 300)
 endforeach()
 # data parallelism (label mpi): 2 ranks at ZeRO 1 and 3 against one process

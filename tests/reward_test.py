@@ -27,6 +27,8 @@ Cases:
   resume  a resumed run ends bit-identical to the straight one.
   errors  missing score head, num_labels 2, malformed pairs, a causal LM to
           `cllm score`, an LM task on a reward model: clear messages.
+  prepared  `cllm data prepare --pairs`: the prepared dataset trains
+          bit-identically to its .jsonl (reward and DPO).
   mpi     2 ranks at ZeRO 1 and 3 against one process (label mpi).
 
 Run by ctest as
@@ -423,6 +425,63 @@ def case_errors(cllm, tmp):
           r.stderr[-200:])
 
 
+def case_prepared(cllm, tmp, fixtures):
+    """`cllm data prepare --pairs`: a prepared preference dataset trains
+    bit-identically to its .jsonl (text pairs with the GPT-2 tokenizer,
+    explicit and implicit prompts, margins, keep_end), for reward and DPO;
+    it refuses the LM task, and an LM dataset refuses task reward."""
+    tok = os.path.join(fixtures, "gpt2")
+    if not check("prepared: tokenizer fixture at %s" % tok, os.path.exists(os.path.join(tok, "tokenizer.json"))):
+        return
+    cfg = hm.make_config("gpt2", vocab_size=50257)
+    mdir = os.path.join(tmp, "prep.lm")
+    hm.save_hf_folder(mdir, cfg, hm.init_params(cfg, seed=5))
+    texts = [{"prompt": "Is 7 even?", "chosen": " No, it is odd.", "rejected": " Yes.", "margin": 0.5},
+             {"chosen": "The sky is blue.", "rejected": "The sky is a potato and also very much green."},
+             {"prompt": "Name a colour.", "chosen": " Blue", "rejected": " Twelve", "margin": -1.25},
+             {"prompt_input_ids": [464, 3290], "chosen_input_ids": [318, 4171, 13],
+              "rejected_input_ids": [318, 257, 8509, 13]},
+             {"input_ids_chosen": [40, 588, 340, 13], "input_ids_rejected": [40, 5465, 340, 13], "margin": 2.0},
+             {"prompt": "Say hello", "chosen": " Hello there!", "rejected": " Goodbye"}]
+    data = os.path.join(tmp, "prep.jsonl")
+    write_jsonl(data, texts)
+    prefix = os.path.join(tmp, "prep", "pairs")
+    r = run([cllm, "data", "prepare", "--pairs", "--input", data, "--tokenizer", tok, "--out", prefix,
+             "--seq-len", "10"])
+    if not check("prepared: data prepare --pairs", r.returncode == 0 and json.loads(r.stdout)["records"] == 6,
+                 r.stderr[-300:] + r.stdout[-200:]):
+        return
+    for task, extra in (("reward", ["--center-rewards-coefficient", "0.1"]), ("dpo", ["--reference-free"])):
+        outs = []
+        for name, spec in (("jsonl", data), ("prefix", prefix)):
+            out = os.path.join(tmp, "prep.%s.%s" % (task, name))
+            r = run([cllm, "train", "--task", task, "--model", mdir, "--data", spec, "--out", out, "--steps", "3",
+                     "--batch-size", "2", "--seq-len", "10", "--lr", "0.01", "--tokenizer", tok, "--log", "quiet",
+                     "--peak-gflops", "1"] + extra)
+            if not check("prepared: %s on the %s" % (task, name), r.returncode == 0, r.stderr[-300:]):
+                return
+            outs.append(out)
+        la = [m["loss"] for m in metrics_of(outs[0]) if "loss" in m]
+        lb = [m["loss"] for m in metrics_of(outs[1]) if "loss" in m]
+        with open(os.path.join(outs[0], "model.safetensors"), "rb") as f1, \
+                open(os.path.join(outs[1], "model.safetensors"), "rb") as f2:
+            same = f1.read() == f2.read()
+        check("prepared: %s trains bit-identically on the prefix and the .jsonl (margins kept)" % task,
+              la == lb and same, "%s vs %s" % (la, lb))
+    r = run([cllm, "train", "--model", mdir, "--data", prefix, "--out", os.path.join(tmp, "p1"), "--steps", "1",
+             "--batch-size", "1", "--seq-len", "10", "--log", "quiet"])
+    check("prepared: the LM task refuses a preference dataset", r.returncode != 0 and "preference dataset" in
+          r.stderr, r.stderr[-300:])
+    lm_prefix = os.path.join(tmp, "prep", "lm")
+    write_jsonl(os.path.join(tmp, "lm.jsonl"), [{"text": "hello world"}, {"text": "good night"}])
+    r = run([cllm, "data", "prepare", "--input", os.path.join(tmp, "lm.jsonl"), "--tokenizer", tok, "--out",
+             lm_prefix])
+    r = run(train_cmd(cllm, mdir, lm_prefix, os.path.join(tmp, "p2"), "--steps", "1", "--batch-size", "1",
+                      "--seq-len", "10"))
+    check("prepared: task reward refuses an LM dataset", r.returncode != 0 and "not a preference dataset" in
+          r.stderr, r.stderr[-300:])
+
+
 def case_mpi(cllm, tmp):
     cfg = reward_config("bloom")
     mdir = os.path.join(tmp, "mpi.rm")
@@ -466,11 +525,13 @@ def main():
     ap.add_argument("--cllm", required=True)
     ap.add_argument("--build", default=None)
     ap.add_argument("--case", default="all")
+    ap.add_argument("--fixtures", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                       "..", "..", "shared", "fixtures", "hf"))
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="cllm-reward-")
     cases = {"losses": case_losses, "learn": case_learn, "resume": case_resume, "errors": case_errors,
-             "mpi": case_mpi}
+             "prepared": lambda c, t: case_prepared(c, t, a.fixtures), "mpi": case_mpi}
     try:
         for name, fn in cases.items():
             if a.case == name or (a.case == "all" and name != "mpi"):

@@ -107,6 +107,10 @@ int cllm_split_index(const char *name);
 enum { MMI_U8 = 1, MMI_I8 = 2, MMI_I16 = 3, MMI_I32 = 4, MMI_I64 = 5, MMI_F64 = 6, MMI_F32 = 7, MMI_U16 = 8 };
 
 #define CLLM_MASK_FLAG_PACKED 1u
+/* preference pairs: every document is two sequences, chosen then rejected */
+#define CLLM_MASK_FLAG_PAIRS 2u
+/* with PAIRS: one f32 margin per pair follows the bitmap */
+#define CLLM_MASK_FLAG_MARGINS 4u
 
 /* An opened PREFIX.bin / .idx (/ .mask) by mmap, validated. */
 typedef struct {
@@ -120,6 +124,7 @@ typedef struct {
     const unsigned char *bin; /* token bytes */
     uint64_t bin_bytes, n_tokens;
     const unsigned char *mask; /* bitmap, NULL when there is no .mask file */
+    const unsigned char *margins; /* CLLM_MASK_FLAG_MARGINS: f32 per pair (little-endian), else NULL */
     uint32_t flags, seq_len;
     int32_t pad_id;
     double split[3]; /* from prepare --split; all 0 when not given */
@@ -131,6 +136,7 @@ typedef struct {
 cllm_status cllm_indexed_open(cllm_indexed *d, const char *prefix);
 void cllm_indexed_close(cllm_indexed *d);
 int32_t cllm_indexed_token(const cllm_indexed *d, uint64_t i); /* token i of the .bin */
+float cllm_indexed_margin(const cllm_indexed *d, uint64_t pair); /* 0 without margins */
 bool cllm_indexed_loss(const cllm_indexed *d, uint64_t i);
 
 /* FNV-1a 64 of the sequence lengths as little-endian int32 bytes: the .mask

@@ -149,6 +149,26 @@ static cllm_status open_raw(source *s, const char *path, const cllm_loader_opts 
 
 /* ---------------------------------------------------------- one source */
 
+/* A prepared dataset and the loader's mode must agree on pairs; a
+ * prepared preference dataset keeps its margins per row as the JSONL
+ * reader does. */
+static cllm_status indexed_pairs(source *s, const cllm_loader_opts *o) {
+    bool pairs = (s->idx.flags & CLLM_MASK_FLAG_PAIRS) != 0;
+    if (pairs && !o->pairs)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s is a preference dataset (prepared with --pairs): train on it with task "
+                         "\"dpo\" or \"reward\"", s->name);
+    if (!pairs && o->pairs)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s is not a preference dataset: prepare the pairs with cllm data prepare "
+                         "--pairs, or give the .jsonl file", s->name);
+    if (!pairs) return CLLM_OK;
+    s->pairs = true;
+    if (!s->idx.margins) return CLLM_OK;
+    s->extra.margin = malloc((size_t)s->idx.n_seq * sizeof *s->extra.margin);
+    if (!s->extra.margin) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    for (uint64_t q = 0; q < s->idx.n_seq; q++) s->extra.margin[q] = cllm_indexed_margin(&s->idx, q / 2);
+    return CLLM_OK;
+}
+
 static cllm_status open_source(source *s, const char *spec, const cllm_loader_opts *o, uint64_t seed) {
     memset(s, 0, sizeof *s);
     s->perm_epoch[0] = s->perm_epoch[1] = -1;
@@ -166,13 +186,14 @@ static cllm_status open_source(source *s, const char *spec, const cllm_loader_op
     cllm_status st;
     uint64_t n_doc;
     const double *stored = NULL;
-    if (is_idx && !o->pairs) {
+    if (is_idx) {
         s->indexed = true;
         if ((st = cllm_indexed_open(&s->idx, s->name))) return st;
         s->packed = (s->idx.flags & CLLM_MASK_FLAG_PACKED) != 0;
         s->pad = s->idx.pad_id >= 0 ? s->idx.pad_id : 0;
         n_doc = s->idx.n_doc;
         if (s->idx.split[0] + s->idx.split[1] + s->idx.split[2] > 0) stored = s->idx.split;
+        if ((st = indexed_pairs(s, o))) return st;
     } else if (o->pairs) {
         if (!ends_with(spec, ".json") && !ends_with(spec, ".jsonl"))
             return CLLM_FAIL(CLLM_ERR_ARG, "%s: preference data must be a .json or .jsonl file of {\"prompt\", "
@@ -209,9 +230,11 @@ static cllm_status open_source(source *s, const char *spec, const cllm_loader_op
             memcpy(w, stored, sizeof w);
         }
         uint64_t b[4];
-        cllm_split_bounds(w, s->pairs ? n_doc / 2 : n_doc, b);
-        db = s->pairs ? 2 * b[k] : b[k];
-        de = s->pairs ? 2 * b[k + 1] : b[k + 1];
+        /* pairs split whole: documents of a prepared dataset are pairs already */
+        const bool rows = s->pairs && !s->indexed;
+        cllm_split_bounds(w, rows ? n_doc / 2 : n_doc, b);
+        db = rows ? 2 * b[k] : b[k];
+        de = rows ? 2 * b[k + 1] : b[k + 1];
     }
     s->seq_begin = s->indexed ? (uint64_t)s->idx.docs[db] : db;
     s->seq_end = s->indexed ? (uint64_t)s->idx.docs[de] : de;
