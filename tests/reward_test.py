@@ -394,6 +394,7 @@ def case_errors(cllm, tmp):
     hm.save_hf_folder(rm, cfg, params)
     cases = [("missing key", {"input_ids_chosen": [10, 11]}, 'missing key "input_ids_rejected"'),
              ("margin not a number", dict(good, margin="big"), '"margin": expected a finite number'),
+             ("margin beyond float range", dict(good, margin=1e300), '"margin": expected a finite number'),
              ("malformed JSON", '{"chosen_input_ids": [1,', "malformed JSON"),
              ("single record in training data", {"input_ids": [10, 11, 12]}, "needs a tokenizer")]
     for name, rec, needle in cases:

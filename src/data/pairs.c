@@ -22,6 +22,7 @@
  * on the completion. A row longer than T keeps its last T tokens (trl's
  * truncation_mode "keep_end"): the prompt is cut from its start first.
  */
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -120,8 +121,9 @@ static cllm_status put_extras(extras *e, json_t *o, const cllm_loc *l, size_t n_
     json_t *v = json_object_get(o, "margin");
     double x = 0;
     if (v && !json_is_null(v)) {
-        if (!json_is_number(v) || !isfinite(json_number_value(v)))
-            return cllm_fail_at(CLLM_ERR_FORMAT, l->file, l->line, l->col, "\"margin\": expected a finite number");
+        if (!json_is_number(v) || !(fabs(json_number_value(v)) <= FLT_MAX))
+            return cllm_fail_at(CLLM_ERR_FORMAT, l->file, l->line, l->col,
+                                "\"margin\": expected a finite number (within float range)");
         x = json_number_value(v);
         e->any_margin = true;
     }

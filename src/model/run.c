@@ -19,6 +19,7 @@
  * ZeRO-3 gathers a group's parameters into a working buffer and the
  * per-layer gradient reduction takes a block's gradient when it is done.
  */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -405,7 +406,7 @@ static cllm_status score_run(cllm_model *m, const cllm_token_io *io, int B, int 
         const float *h = m->lnf + ((size_t)b * T + (size_t)t) * C;
         double acc = 0;
         for (int i = 0; i < C; i++) acc += (double)w[i] * (double)h[i];
-        io->scores[b] = (float)acc;
+        io->scores[b] = acc > FLT_MAX ? INFINITY : acc < -FLT_MAX ? -INFINITY : (float)acc;
     }
     if (!backward) return CLLM_OK;
     memset(m->dlnf, 0, (size_t)B * T * C * sizeof(float));

@@ -15,6 +15,7 @@
  *   loss = -logsigmoid(d) + k (r_c + r_r)^2
  *   dloss/dr_c = -sigmoid(-d) + 2k (r_c + r_r),  dloss/dr_r = sigmoid(-d) + 2k (r_c + r_r)
  */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,9 @@ cllm_reward_params cllm_reward_params_default(void) {
 static double log_sigmoid(double x) { return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x)); }
 static double sigmoid(double x) { return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x)); }
 
+/* double -> float, saturating (a diverged run's gradients stay defined) */
+static float to_float(double x) { return x > FLT_MAX ? INFINITY : x < -FLT_MAX ? -INFINITY : (float)x; }
+
 static cllm_status grow(reward *r, int B) {
     if ((size_t)B <= r->cap) return CLLM_OK;
     int32_t *p = realloc(r->pos, (size_t)B * sizeof *p);
@@ -76,8 +80,8 @@ static void pair_losses(reward *r, const float *scores, float *dscores, int B) {
         total += -log_sigmoid(d) + k * sum * sum;
         if (dscores) {
             double s = sigmoid(-d), c = 2.0 * k * sum;
-            dscores[2 * i] = (float)((-s + c) * (double)r->grad_scale);
-            dscores[2 * i + 1] = (float)((s + c) * (double)r->grad_scale);
+            dscores[2 * i] = to_float((-s + c) * (double)r->grad_scale);
+            dscores[2 * i + 1] = to_float((s + c) * (double)r->grad_scale);
         }
     }
     r->loss = total;
