@@ -128,6 +128,9 @@ cllm_status cllm_kv_cache_init_paged(cllm_kv_cache **out, const cllm_model *m, c
     *out = NULL;
     const cllm_model_config *c = &m->cfg;
     if (!m->params) return CLLM_FAIL(CLLM_ERR_ARG, "the model holds no parameters");
+    if (c->num_labels > 0)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a sequence-classification (reward) model has no LM head to generate "
+                         "with; score texts with `cllm score`");
     if (p->max_seqs < 1 || p->max_pos < 0 || p->max_rows < 0 || p->block_size < 1 || p->n_blocks < 0)
         return CLLM_FAIL(CLLM_ERR_ARG, "max_seqs %d, max_pos %d, max_rows %d, block_size %d, n_blocks %d: need "
                          "max_seqs >= 1, block_size >= 1 and sizes >= 0", p->max_seqs, p->max_pos, p->max_rows,

@@ -135,7 +135,9 @@ cllm_status model_load_tensors(const cllm_model *m, const char *dir, model_tenso
     }
     for (int i = 0; i < m->n_tensors; i++)
         if (!seen[i]) {
-            st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: missing tensor '%s'", dir, m->tensors[i].name);
+            st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: missing tensor '%s'%s", dir, m->tensors[i].name,
+                           i == m->gslot[G_SCORE] ? " (the score head [1, hidden] that config.json's "
+                           "*ForSequenceClassification architecture needs)" : "");
             goto done;
         }
 done:

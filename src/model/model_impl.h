@@ -21,8 +21,10 @@ enum {
     L_O_W, L_O_B, L_LN2_W, L_LN2_B, L_FC_W, L_FC_B, L_UP_W, L_UP_B, L_DOWN_W, L_DOWN_B,
     L_NSLOTS
 };
-/* Slots outside the blocks. G_HEAD is -1 when the head is tied to G_WTE. */
-enum { G_WTE, G_WPE, G_EMB_LN_W, G_EMB_LN_B, G_LNF_W, G_LNF_B, G_HEAD, G_NSLOTS };
+/* Slots outside the blocks. G_HEAD is -1 when the head is tied to G_WTE
+ * and in a sequence-classification model, whose head is G_SCORE (HF's
+ * score.weight [num_labels, C]; -1 in a causal LM). */
+enum { G_WTE, G_WPE, G_EMB_LN_W, G_EMB_LN_B, G_LNF_W, G_LNF_B, G_HEAD, G_SCORE, G_NSLOTS };
 
 /* Operand scratch of the bf16/fp16 linear layers (precision.c): where
  * activations and gradients are rounded on their way into a matmul. It is

@@ -34,7 +34,8 @@ static cllm_status local_run(trainer *tr, float scale, double *loss_sum) {
         if (tr->overlap) train_overlap_arm(tr->overlap, j + 1 == c->gradient_accumulation_steps);
         double s = 0;
         long k = 0;
-        cllm_objective_batch b = {tr->tokens + off, tr->targets + off, mb, T};
+        cllm_objective_batch b = {tr->tokens + off, tr->targets + off, mb, T,
+                                  tr->margins ? tr->margins + (size_t)j * (size_t)mb / 2 : NULL};
         cllm_status st = cllm_objective_run(tr->obj, tr->m, &b, true, scale, &s, &k);
         if (st) return st;
         *loss_sum += s;

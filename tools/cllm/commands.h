@@ -21,6 +21,7 @@ int cmd_model(int argc, char **argv);
 int cmd_estimate(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_launch(int argc, char **argv);
+int cmd_score(int argc, char **argv);
 
 /* A command made of subcommands (cllm model ..., cllm tokenizer ...). */
 typedef struct {
