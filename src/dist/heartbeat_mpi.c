@@ -191,8 +191,8 @@ cllm_status dist_heartbeat_init(int rank, int size) {
     char name[MPI_MAX_PROCESSOR_NAME] = "";
     int len = 0;
     if (MPI_Get_processor_name(name, &len) != MPI_SUCCESS || len <= 0) snprintf(name, sizeof name, "?");
-    char mine[HOST_LEN];
-    snprintf(mine, sizeof mine, "%s", name);
+    char mine[HOST_LEN] = ""; /* the name cut to HOST_LEN - 1 bytes (on purpose) */
+    memcpy(mine, name, strnlen(name, HOST_LEN - 1));
     int64_t pid = (int64_t)getpid();
     if (MPI_Allgather(mine, HOST_LEN, MPI_CHAR, hosts, HOST_LEN, MPI_CHAR, hcomm) != MPI_SUCCESS ||
         MPI_Allgather(&pid, 1, MPI_INT64_T, pids, 1, MPI_INT64_T, hcomm) != MPI_SUCCESS)
