@@ -84,6 +84,7 @@ static size_t assign(cllm_kv_cache *kv, float *base) {
     u = carve(&a->fc, base, u, N * F);
     u = carve(&a->up, base, u, c->arch == CLLM_ARCH_LLAMA ? N * F : 0);
     u = carve(&a->act, base, u, N * F);
+    u = carve(&a->moe, base, u, model_moe_act_floats(c, N)); /* Mixtral: the sparse FFN's state */
     u = carve(&kv->last, base, u, (size_t)kv->n_seq * C);
     u = carve(&kv->lnf, base, u, (size_t)kv->n_seq * C);
     u = carve(&kv->head_out, base, u, kv->n_seq > 1 ? (size_t)kv->n_seq * (size_t)c->vocab_size : 0);
