@@ -489,6 +489,8 @@ cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, i
     if (u0 < 0 || u1 > L + 2 || u0 >= u1)
         return CLLM_FAIL(CLLM_ERR_ARG, "stage units [%d, %d) outside the model's %d", u0, u1, L + 2);
     TRY(check_prepared(m, B, T, io->backward));
+    if (c->n_experts) /* the load-balancing loss spans every layer's router */
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "pipeline stages of a mixture-of-experts model (model_type mixtral)");
     const bool embed = u0 == 0, head = u1 == L + 2;
     const int l0 = u0 < 1 ? 0 : u0 - 1, l1 = u1 > L + 1 ? L : u1 - 1; /* blocks [l0, l1) */
     const int N = B * T, C = c->n_embd;
@@ -552,6 +554,8 @@ double cllm_model_train_flops(const cllm_model *m, int B, int T) {
     const cllm_model_config *c = &m->cfg;
     double C = c->n_embd, F = c->n_inner, Q = (double)c->n_head * c->head_dim;
     double per_layer = C * model_qkv_width(c) + Q * C + C * F * (c->arch == CLLM_ARCH_LLAMA ? 3 : 2);
+    if (c->n_experts) /* Mixtral: each token runs its k experts and the router */
+        per_layer += C * F * 3 * (c->n_experts_per_tok - 1) + C * c->n_experts;
     double matmul_params = per_layer * c->n_layer + C * c->vocab_size;
     double N = (double)B * T;
     /* causal attention: q.k and p.v over (T+1)/2 keys on average */
