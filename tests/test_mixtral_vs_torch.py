@@ -335,6 +335,25 @@ def test_errors(cllm, tmp):
         check("config error: %s" % label, r.returncode != 0 and needle in r.stderr, r.stderr.strip()[-200:])
 
 
+def test_refusals(cllm, tmp):
+    """What Mixtral does not support fails naming the option."""
+    d = os.path.join(tmp, "refuse")
+    r = run([cllm, "init", "--arch", "mixtral", "--out", d, "--set", "num_local_experts=4"])
+    if not check("init --arch mixtral --preset tiny", r.returncode == 0, r.stderr[-300:]):
+        return
+    with open(os.path.join(d, "config.json")) as f:
+        cj = json.load(f)
+    check("init: a MixtralForCausalLM config", cj["model_type"] == "mixtral" and cj["num_local_experts"] == 4
+          and cj["architectures"] == ["MixtralForCausalLM"] and "router_aux_loss_coef" in cj)
+    names = hm.load_safetensors(os.path.join(d, "model.safetensors"))
+    check("init: HF Mixtral tensor names", sorted(names) == sorted(shapes(OrderedDict(cj))),
+          str(sorted(set(names) ^ set(shapes(OrderedDict(cj))))[:3]))
+    for flag, needle in (("--pipe", "pipeline parallelism of a mixture-of-experts model"),
+                         ("--tensor", "tensor parallelism of a mixture-of-experts model")):
+        r = run([cllm, "estimate", "--model", d, flag, "2"])
+        check("refused: %s 2" % flag, r.returncode != 0 and needle in r.stderr, r.stderr.strip()[-200:])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cllm", required=True)
@@ -360,6 +379,7 @@ def main():
                       list(range(3, 43)), 30)
         test_convert(cllm, tmp, config())
         test_errors(cllm, tmp)
+        test_refusals(cllm, tmp)
     finally:
         if a.keep:
             print("kept", tmp)
