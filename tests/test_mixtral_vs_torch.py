@@ -239,7 +239,7 @@ def rel_l2(got, ref):
     return d / r if r else (0.0 if d == 0 else float("inf"))
 
 
-def test_grad(cllm, tmp, name, c, T=12, B=3, extra=(), expect=None, weak=None):
+def test_grad(cllm, tmp, name, c, T=12, B=3, extra=(), expect=None, weak=None, rtol=(LOSS_RTOL, GRAD_RTOL)):
     d = os.path.join(tmp, name)
     params = write_model(d, c, init_params(c, seed=5, weak=weak))
     data = os.path.join(tmp, name + ".jsonl")
@@ -262,9 +262,9 @@ def test_grad(cllm, tmp, name, c, T=12, B=3, extra=(), expect=None, weak=None):
     line = json.loads(r.stdout.strip().splitlines()[-1])
     ref_loss, ref_aux, ref_grads = reference(c, params, ids, labels)
     lrel = abs(line["loss"] - ref_loss) / abs(ref_loss)
-    check("grad %s: loss" % name, lrel <= LOSS_RTOL, "cllm %.9g torch %.9g rel %.1e" % (line["loss"], ref_loss, lrel))
+    check("grad %s: loss" % name, lrel <= rtol[0], "cllm %.9g torch %.9g rel %.1e" % (line["loss"], ref_loss, lrel))
     arel = abs(line["aux_loss"] - ref_aux) / abs(ref_aux)
-    check("grad %s: aux loss" % name, arel <= LOSS_RTOL, "cllm %.9g torch %.9g rel %.1e" % (line["aux_loss"], ref_aux, arel))
+    check("grad %s: aux loss" % name, arel <= rtol[0], "cllm %.9g torch %.9g rel %.1e" % (line["aux_loss"], ref_aux, arel))
     got = hm.load_safetensors(gpath)
     check("grad %s: tensor names" % name, sorted(got) == sorted(ref_grads),
           "missing %s extra %s" % (sorted(set(ref_grads) - set(got))[:4], sorted(set(got) - set(ref_grads))[:4]))
@@ -273,11 +273,11 @@ def test_grad(cllm, tmp, name, c, T=12, B=3, extra=(), expect=None, weak=None):
         if n not in got:
             continue
         e = rel_l2(got[n], torch.zeros_like(got[n]) if ref is None else ref)  # None: an expert no token reached
-        if e > GRAD_RTOL:
+        if e > rtol[1]:
             bad.append("%s %.1e" % (n, e))
         if e > worst:
             worst, wname = e, n
-    check("grad %s: %d gradients within rel-L2 %.0e" % (name, len(ref_grads), GRAD_RTOL), not bad,
+    check("grad %s: %d gradients within rel-L2 %.0e" % (name, len(ref_grads), rtol[1]), not bad,
           "worst %.1e (%s)" % (worst, wname) if not bad else "; ".join(bad[:6]))
 
 
@@ -371,6 +371,12 @@ def main():
         test_grad(cllm, tmp, "top1-8experts", config(num_local_experts=8, num_experts_per_tok=1, sliding_window=5,
                                                   output_router_logits=True),
                   expect=("uneven", "empty"), weak=0)
+        # bf16 matmuls (router and experts through the same linear seam) against the float64
+        # reference: loss within 1% as for the dense families; gradients within 1e-1 rather than
+        # their 5e-2, since an expert's weight gradient sums a few rows' rounding errors instead
+        # of averaging over all rows (measured worst 5.6e-2)
+        test_grad(cllm, tmp, "bf16", config(output_router_logits=True), extra=("--precision", "bf16"),
+                  rtol=(1e-2, 1e-1))
         # T above the kernels' 32-row tiles: whole key blocks outside the window are skipped
         test_grad(cllm, tmp, "window-tiles", config(sliding_window=21, max_position_embeddings=128), T=75, B=2)
         test_generate(cllm, tmp, "greedy", config(), [5, 9, 11, 3], 8)
