@@ -203,7 +203,7 @@ int cmd_estimate(int argc, char **argv) {
         goto done;
     }
     printf("%s, %zu parameters (%d layers, hidden %d, vocab %d), %s matmuls, fp32 master weights\n",
-           cllm_arch_name(cfg.arch), e.n_params, cfg.n_layer, cfg.n_embd, cfg.vocab_size, cllm_precision_name(s.precision));
+           cfg.n_experts ? "mixtral" : cllm_arch_name(cfg.arch), e.n_params, cfg.n_layer, cfg.n_embd, cfg.vocab_size, cllm_precision_name(s.precision));
     print_setup(&s);
     print_table(&e);
     if (memory_s) {
