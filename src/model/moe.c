@@ -31,12 +31,6 @@
 #include "cllm/kernels.h"
 #include "model_impl.h"
 
-#define TRY(x)                          \
-    do {                                \
-        cllm_status st_ = (x);          \
-        if (st_ != CLLM_OK) return st_; \
-    } while (0)
-
 /* One block's saved state, carved from a->moe (R = N*k choices). */
 typedef struct {
     float *probs;   /* [N,E] router softmax */
@@ -202,8 +196,10 @@ cllm_status model_moe_forward(const cllm_model *m, model_lp_scratch *lp, int l, 
     const int E = c->n_experts, k = c->n_experts_per_tok, C = c->n_embd, F = c->n_inner;
     const int *sl = m->lslot[l];
     moe_state s;
+    cllm_status st;
     state_carve(c, (size_t)N, a->moe, &s);
-    TRY(model_linear_forward(m, lp, s.probs, a->ln2, model_param(m, sl[L_ROUTER_W]), NULL, N, C, E, false));
+    const float *router = model_param(m, sl[L_ROUTER_W]);
+    if ((st = model_linear_forward(m, lp, s.probs, a->ln2, router, NULL, N, C, E, false))) return st;
     route(c, &s, N);
     group(c, &s, N);
     const int R = N * k;
@@ -215,11 +211,12 @@ cllm_status model_moe_forward(const cllm_model *m, model_lp_scratch *lp, int l, 
         if (!n) continue;
         const float *x = s.xs + (size_t)r0 * C;
         float *h1 = s.h1 + (size_t)r0 * F, *h3 = s.h3 + (size_t)r0 * F, *act = s.act + (size_t)r0 * F;
-        TRY(model_linear_forward(m, lp, h1, x, model_param(m, sl[L_EXP_W1] + e), NULL, n, C, F, false));
-        TRY(model_linear_forward(m, lp, h3, x, model_param(m, sl[L_EXP_W3] + e), NULL, n, C, F, false));
+        const float *w1 = model_param(m, sl[L_EXP_W1] + e), *w3 = model_param(m, sl[L_EXP_W3] + e);
+        if ((st = model_linear_forward(m, lp, h1, x, w1, NULL, n, C, F, false))) return st;
+        if ((st = model_linear_forward(m, lp, h3, x, w3, NULL, n, C, F, false))) return st;
         cllm_swiglu_forward(act, h1, h3, (long)n * F);
-        TRY(model_linear_forward(m, lp, s.eo + (size_t)r0 * C, act, model_param(m, sl[L_EXP_W2] + e), NULL, n, F, C,
-                                 false));
+        const float *w2 = model_param(m, sl[L_EXP_W2] + e);
+        if ((st = model_linear_forward(m, lp, s.eo + (size_t)r0 * C, act, w2, NULL, n, F, C, false))) return st;
     }
     if (out) {
 #pragma omp parallel for schedule(static)
@@ -233,11 +230,11 @@ cllm_status model_moe_forward(const cllm_model *m, model_lp_scratch *lp, int l, 
         }
     }
     if (stats && m->moe_stats) {
-        double *st = m->moe_stats;
-        for (int r = 0; r < R; r++) st[s.sel[r]] += 1;
+        double *sum = m->moe_stats;
+        for (int r = 0; r < R; r++) sum[s.sel[r]] += 1;
         for (int n = 0; n < N; n++)
-            for (int e = 0; e < E; e++) st[E + e] += s.probs[(size_t)n * E + e];
-        st[2 * E] += N;
+            for (int e = 0; e < E; e++) sum[E + e] += s.probs[(size_t)n * E + e];
+        sum[2 * E] += N;
     }
     return CLLM_OK;
 }
@@ -250,6 +247,7 @@ cllm_status model_moe_backward(cllm_model *m, int l, const layer_acts *a, float 
     model_lp_scratch *lp = &m->lp_run;
     moe_state s;
     moe_scratch z;
+    cllm_status st;
     state_carve(c, (size_t)N, a->moe, &s);
     scratch_carve(c, (size_t)N, true, m->moe_scratch, &z);
 
@@ -275,17 +273,20 @@ cllm_status model_moe_backward(cllm_model *m, int l, const layer_acts *a, float 
         if (!n) continue;
         size_t oc = (size_t)r0 * C, of = (size_t)r0 * F;
         int w1 = sl[L_EXP_W1] + e, w3 = sl[L_EXP_W3] + e, w2 = sl[L_EXP_W2] + e;
-        TRY(model_linear_backward(m, lp, z.dact + of, model_grad(m, w2), NULL, z.deo + oc, s.act + of,
-                                  model_param(m, w2), n, F, C, false));
+        st = model_linear_backward(m, lp, z.dact + of, model_grad(m, w2), NULL, z.deo + oc, s.act + of,
+                                   model_param(m, w2), n, F, C, false);
+        if (st) return st;
         cllm_swiglu_backward(z.dh1 + of, z.dh3 + of, z.dact + of, s.h1 + of, s.h3 + of, (long)n * F);
-        TRY(model_linear_backward(m, lp, z.dxs + oc, model_grad(m, w1), NULL, z.dh1 + of, s.xs + oc,
-                                  model_param(m, w1), n, C, F, false));
-        TRY(model_linear_backward(m, lp, z.dxs + oc, model_grad(m, w3), NULL, z.dh3 + of, s.xs + oc,
-                                  model_param(m, w3), n, C, F, false));
+        st = model_linear_backward(m, lp, z.dxs + oc, model_grad(m, w1), NULL, z.dh1 + of, s.xs + oc,
+                                   model_param(m, w1), n, C, F, false);
+        if (st) return st;
+        st = model_linear_backward(m, lp, z.dxs + oc, model_grad(m, w3), NULL, z.dh3 + of, s.xs + oc,
+                                   model_param(m, w3), n, C, F, false);
+        if (st) return st;
     }
     /* router: through the renormalisation, the aux loss and the softmax */
-    const double *st = m->moe_stats;
-    const double rows = st ? st[2 * E] : 0;
+    const double *sum = m->moe_stats;
+    const double rows = sum ? sum[2 * E] : 0;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *g = dln + (size_t)n * C;
@@ -304,7 +305,7 @@ cllm_status model_moe_backward(cllm_model *m, int l, const layer_acts *a, float 
         }
         double dp[1024];
         for (int e = 0; e < E; e++)
-            dp[e] = aux_scale != 0 && rows > 0 ? aux_scale * E * (st[e] / rows) / rows : 0;
+            dp[e] = aux_scale != 0 && rows > 0 ? aux_scale * E * (sum[e] / rows) / rows : 0;
         for (int j = 0; j < k; j++) dp[sel[j]] += dw[j] / S - wdot / (S * S);
         double pd = 0;
         for (int e = 0; e < E; e++) pd += dp[e] * p[e];
