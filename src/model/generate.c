@@ -25,7 +25,10 @@
  * allocate. The cache holds a const model and writes only its own memory,
  * so caches over one model run forwards on different threads at once.
  *
- * Left out: sliding windows, cache quantisation, sharing blocks between
+ * A sliding window (Mixtral's sliding_window) limits what each row reads;
+ * the cache still holds every position.
+ *
+ * Left out: cache quantisation, sharing blocks between
  * sequences (prefix caching), logits of every new position (only the last
  * one of each sequence is returned).
  */
