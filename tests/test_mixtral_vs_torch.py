@@ -354,6 +354,27 @@ def test_refusals(cllm, tmp):
         check("refused: %s 2" % flag, r.returncode != 0 and needle in r.stderr, r.stderr.strip()[-200:])
 
 
+def test_resume(cllm, tmp):
+    """A run stopped at a checkpoint and resumed ends bit-identical to a
+    straight run (AdamW state, the load-balancing loss, recomputation)."""
+    c = config(output_router_logits=True, sliding_window=5)
+    d = os.path.join(tmp, "resume-model")
+    write_model(d, c, init_params(c, seed=6))
+    data = os.path.join(tmp, "resume.jsonl")
+    hm.write_jsonl(data, samples(c, 12, 8, seed=2))
+    common = ["--model", d, "--data", data, "--optimizer", "adamw", "--lr", "1e-2", "--batch-size", "2",
+              "--seq-len", "12", "--grad-ckpt"]
+    a = run([cllm, "train", "--out", os.path.join(tmp, "straight"), "--steps", "4"] + common)
+    b = run([cllm, "train", "--out", os.path.join(tmp, "resumed"), "--steps", "2", "--save-interval", "2"] + common)
+    r = run([cllm, "train", "--out", os.path.join(tmp, "resumed"), "--steps", "4", "--resume", "auto"] + common)
+    if not check("resume: runs exit 0", a.returncode == b.returncode == r.returncode == 0,
+                 (a.stderr + b.stderr + r.stderr)[-400:]):
+        return
+    with open(os.path.join(tmp, "straight", "model.safetensors"), "rb") as f1, \
+            open(os.path.join(tmp, "resumed", "model.safetensors"), "rb") as f2:
+        check("resume: checkpoint at step 2 resumed to step 4 is bit-identical to a straight run", f1.read() == f2.read())
+
+
 def test_data_parallel(cllm, tmp):
     """2 ranks with ZeRO-3 (experts sliced and gathered like any block
     tensor) against one process accumulating the same two micro-batches:
@@ -432,6 +453,7 @@ def main():
         test_convert(cllm, tmp, config())
         test_errors(cllm, tmp)
         test_refusals(cllm, tmp)
+        test_resume(cllm, tmp)
     finally:
         if a.keep:
             print("kept", tmp)
