@@ -1,5 +1,6 @@
 /*
- * cllm model: HuggingFace causal language models (GPT-2, LLaMA, BLOOM) in C.
+ * cllm model: HuggingFace causal language models (GPT-2, LLaMA, BLOOM, and
+ * Mixtral: LLaMA with a sparse mixture-of-experts FFN, docs/moe.md) in C.
  *
  * A model is its config (parsed from HF config.json), a table of named
  * tensors with HF names and shapes, and one flat fp32 buffer holding every
