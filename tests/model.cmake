@@ -6,3 +6,12 @@ cllm_add_py_test(test_model_vs_torch test_model_vs_torch.py LABELS model)
 cllm_add_c_test(test_split LABELS model)
 cllm_add_py_test(split_convert split_test.py LABELS model)
 cllm_add_c_test(test_stage LABELS model)
+cllm_add_py_test(test_mixtral_vs_torch test_mixtral_vs_torch.py LABELS model)
+# again on the portable kernels (the windowed attention, SwiGLU) and oneDNN capped at AVX2
+cllm_add_py_fallback(test_mixtral_vs_torch test_mixtral_vs_torch.py LABELS model)
+# Mixtral under mpirun: ZeRO-3 over 2 ranks against one accumulating process
+find_program(CLLM_MPIRUN mpirun)
+if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
+  cllm_add_py_test(test_mixtral_dp test_mixtral_vs_torch.py LABELS mpi ARGS --case dp)
+  set_tests_properties(test_mixtral_dp PROPERTIES TIMEOUT 300)
+endif()

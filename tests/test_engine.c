@@ -60,8 +60,8 @@ static int on_event(const cllm_engine_event *ev, void *user) {
     return 0;
 }
 
-static void check_engine(const char *name, cllm_arch arch) {
-    cllm_model *m = tiny_model(arch, "{\"initializer_range\": 0.2}", 31);
+static void check_engine(const char *name, cllm_arch arch, const char *extra) {
+    cllm_model *m = tiny_model(arch, extra, 31);
     CHECK(m != NULL, "%s: model", name);
     if (!m) return;
     const int V = cllm_model_get_config(m)->vocab_size;
@@ -204,8 +204,13 @@ static void check_engine(const char *name, cllm_arch arch) {
 }
 
 int main(void) {
-    check_engine("gpt2", CLLM_ARCH_GPT2);
-    check_engine("llama", CLLM_ARCH_LLAMA);
-    check_engine("bloom", CLLM_ARCH_BLOOM);
+    const char *plain = "{\"initializer_range\": 0.2}";
+    check_engine("gpt2", CLLM_ARCH_GPT2, plain);
+    check_engine("llama", CLLM_ARCH_LLAMA, plain);
+    check_engine("bloom", CLLM_ARCH_BLOOM, plain);
+    /* Mixtral: routed rows of several requests in one forward, and a window */
+    check_engine("mixtral", CLLM_ARCH_LLAMA,
+                 "{\"initializer_range\": 0.2, \"model_type\": \"mixtral\", \"num_local_experts\": 4, "
+                 "\"num_experts_per_tok\": 2, \"sliding_window\": 7}");
     return check_summary();
 }

@@ -193,6 +193,16 @@ void cllm_attention_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cvie
                              cllm_cview v, const float *alibi, int B, int T, int NH, int NKV,
                              int HS, float scale);
 
+/* The same with a sliding window (Mistral/Mixtral sliding_window): query t
+ * sees keys t - window < s <= t; window 0 is the whole causal prefix. */
+void cllm_attention_forward_window(cllm_view out, float *lse, cllm_cview q, cllm_cview k, cllm_cview v,
+                                   const float *alibi, int B, int T, int NH, int NKV, int HS, float scale,
+                                   int window);
+void cllm_attention_backward_window(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cview dout,
+                                    cllm_cview out, const float *lse, cllm_cview q, cllm_cview k,
+                                    cllm_cview v, const float *alibi, int B, int T, int NH, int NKV,
+                                    int HS, float scale, int window);
+
 /* HF BLOOM's ALiBi slopes for any head count (including non-powers of two):
  * slopes[NH]. */
 void cllm_alibi_slopes(float *slopes, int NH);
@@ -277,6 +287,14 @@ void cllm_attention_forward_paged(cllm_view out, cllm_cview q, const float *kpoo
                                   const int32_t *table, int max_blocks, int BS, const int32_t *rows,
                                   const int32_t *past, const float *alibi, int n_seq, int NH, int NKV, int HS,
                                   float scale);
+
+/* The same with a sliding window: the row at position p sees positions
+ * p - window < s <= p (window 0: all). The cache still holds every
+ * position; the window only limits what a row reads. */
+void cllm_attention_forward_paged_window(cllm_view out, cllm_cview q, const float *kpool, const float *vpool,
+                                         const int32_t *table, int max_blocks, int BS, const int32_t *rows,
+                                         const int32_t *past, const float *alibi, int n_seq, int NH, int NKV,
+                                         int HS, float scale, int window);
 
 #ifdef __cplusplus
 }

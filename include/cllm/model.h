@@ -1,5 +1,6 @@
 /*
- * cllm model: HuggingFace causal language models (GPT-2, LLaMA, BLOOM) in C.
+ * cllm model: HuggingFace causal language models (GPT-2, LLaMA, BLOOM, and
+ * Mixtral: LLaMA with a sparse mixture-of-experts FFN, docs/moe.md) in C.
  *
  * A model is its config (parsed from HF config.json), a table of named
  * tensors with HF names and shapes, and one flat fp32 buffer holding every
@@ -82,6 +83,14 @@ typedef struct {
      * (cllm_model_score_position). The label count comes from id2label
      * (else num_labels, else HF's default 2); any count but 1 is refused. */
     int num_labels;
+    /* Mixtral (model_type "mixtral": arch is CLLM_ARCH_LLAMA with a sparse
+     * mixture-of-experts FFN in every block, see docs/moe.md). n_experts 0
+     * is a dense FFN (every other family). n_inner is each expert's width. */
+    int n_experts;         /* num_local_experts */
+    int n_experts_per_tok; /* num_experts_per_tok: experts each token is routed to */
+    bool router_aux;       /* output_router_logits: the load-balancing loss joins the loss */
+    float router_aux_coef; /* router_aux_loss_coef */
+    int sliding_window;    /* sliding_window: query i sees keys i - window < j <= i; 0 = all */
 } cllm_model_config;
 
 /* One named parameter tensor: a view into the flat buffers at `offset`. */
@@ -282,6 +291,15 @@ int cllm_model_vocab(const cllm_model *m);
 int cllm_model_tensor_size(const cllm_model *m);
 int cllm_model_tensor_rank(const cllm_model *m);
 
+/* Mixtral's load-balancing loss of the last forward pass (transformers'
+ * load_balancing_loss_func over every layer's router), unscaled; 0 for a
+ * dense model. With output_router_logits set in config.json, the loss_sum
+ * of a cllm_model_forward_backward(_ex) call without per-token scales also
+ * holds router_aux_loss_coef * aux * n_counted (so loss_sum / n_counted is
+ * HF's outputs.loss, cross-entropy plus the scaled auxiliary loss), and its
+ * backward pass includes the auxiliary loss's gradient. */
+double cllm_model_aux_loss(const cllm_model *m);
+
 /* Logits of the last position of each row, for generation: logits[B,V]. */
 cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int B, int T,
                                       float *logits);
@@ -352,6 +370,10 @@ cllm_status cllm_model_preset(struct json_t **config, cllm_arch arch, const char
  * writes (the presets' keys and the optional ones the parser reads), so a
  * misspelt `cllm init --set` key can be refused. */
 bool cllm_model_config_key_known(cllm_arch arch, const char *key);
+/* The same by family name: an arch's name, or "mixtral" (the LLaMA code
+ * with a mixture-of-experts FFN: presets "tiny", "mixtral-8x100M"). */
+cllm_status cllm_model_family_preset(struct json_t **config, const char *family, const char *preset);
+bool cllm_model_family_key_known(const char *family, const char *key);
 
 /* ---- vocabulary resizing ---- */
 /* Grows the vocabulary of *m to new_vocab rows: the token embedding (GPT-2

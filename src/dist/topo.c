@@ -226,6 +226,11 @@ cllm_status cllm_topo_partition(const cllm_model_config *c, int n_stages, const 
                                 cllm_stage *stages, const char *where) {
     int units = c->n_layer + 2;
     if (n_stages < 1) return CLLM_FAIL(CLLM_ERR_ARG, "%s: %d pipeline stages", where, n_stages);
+    if (n_stages > 1 && c->n_experts)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
+                         "%s: %d pipeline stages: pipeline parallelism of a mixture-of-experts model (model_type "
+                         "mixtral) is not supported; use one stage with data parallelism and ZeRO",
+                         where, n_stages);
     if (n_stages > units)
         return CLLM_FAIL(CLLM_ERR_ARG,
                          "%s: %d pipeline stages but the model has only %d units to split (embedding, %d blocks, "
@@ -278,6 +283,11 @@ done:
 
 cllm_status cllm_topo_check_tensor(const cllm_model_config *c, int tp, const char *where) {
     if (tp <= 1) return CLLM_OK;
+    if (c->n_experts)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
+                         "%s: tensor parallel size %d: tensor parallelism of a mixture-of-experts model (model_type "
+                         "mixtral) is not supported; use tensor size 1 with data parallelism and ZeRO",
+                         where, tp);
     struct {
         const char *what;
         long n;

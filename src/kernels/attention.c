@@ -32,13 +32,18 @@
  * is a sequence of contiguous multiply-adds (rows_axpy, two output rows at a
  * time), because -O2 without -ffast-math vectorises no float reduction.
  *
- * Left out: non-causal and padding masks, dropout, sliding windows, KV
+ * A sliding window (key s visible to query t when t - window < s <= t)
+ * masks the same way and skips the key blocks wholly before a query
+ * block's window, and the query blocks wholly past a key block's.
+ *
+ * Left out: non-causal and padding masks, dropout, KV
  * caches for incremental decoding (queries and keys always cover the same T
  * positions), and half-precision inputs.
  */
 #include "variant.h" /* first: renames the kernels to their ISA variant */
 #include <assert.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -204,8 +209,19 @@ static inline int keys_visible(int t, int s0, int nk) {
     return n < 0 ? 0 : n > nk ? nk : n;
 }
 
-void cllm_attention_forward(cllm_view out, float *lse, cllm_cview q, cllm_cview k, cllm_cview v,
-                            const float *alibi, int B, int T, int NH, int NKV, int HS, float scale) {
+/* The first key a block of queries starting at t0 may see under a window
+ * (0 without one), rounded down to a key block. */
+static inline int first_key_block(int t0, int window) {
+    const int s = window > 0 && t0 - window + 1 > 0 ? t0 - window + 1 : 0;
+    return (s / BK) * BK;
+}
+
+/* Whether key s is inside query t's window (every key without one). */
+static inline bool in_window(int t, int s, int window) { return window <= 0 || t - s < window; }
+
+void cllm_attention_forward_window(cllm_view out, float *lse, cllm_cview q, cllm_cview k, cllm_cview v,
+                                   const float *alibi, int B, int T, int NH, int NKV, int HS, float scale,
+                                   int window) {
     assert(HS > 0 && HS <= HSMAX && NKV > 0 && NH % NKV == 0);
     const int group = NH / NKV;
     const int nqb = (T + BQ - 1) / BQ;
@@ -237,7 +253,7 @@ void cllm_attention_forward(cllm_view out, float *lse, cllm_cview q, cllm_cview 
 
         /* Key block 0 comes first, so every row (padding rows i >= nq too)
          * has a finite max after it and m - mx below is never inf - inf. */
-        for (int s0 = 0; s0 < t0 + nq; s0 += BK) {
+        for (int s0 = first_key_block(t0, window); s0 < t0 + nq; s0 += BK) {
             const int nk = t0 + nq - s0 < BK ? t0 + nq - s0 : BK;
             scores_t(St, k, b, T, s0, nk, g, Qt, HS);
             for (int i = 0; i < BQ; i++) mx[i] = m[i];
@@ -250,18 +266,22 @@ void cllm_attention_forward(cllm_view out, float *lse, cllm_cview q, cllm_cview 
                     const float x = MADD(scale, sj[i], slope * (float)(s - t));
                     /* Masked by adding -inf: GCC will not if-convert a
                      * select between x and -inf (it sinks x into a branch). */
-                    const float sv = x + (s <= t ? 0.0f : -INFINITY);
+                    const float sv = x + (s <= t && in_window(t, s, window) ? 0.0f : -INFINITY);
                     const float mi = mx[i];
                     sj[i] = sv;
                     mx[i] = sv > mi ? sv : mi;
                 }
             }
-            /* Rescale what was summed under the old max. */
+            /* Rescale what was summed under the old max. Under a window a
+             * row may have seen no key yet (max -inf): it subtracts 0, so
+             * its masked scores give 0, never inf - inf. */
 #pragma omp simd
             for (int i = 0; i < BQ; i++) {
-                corr[i] = exp_tile(m[i] - mx[i]);
+                const float ms = mx[i] == -INFINITY ? 0.0f : mx[i];
+                corr[i] = exp_tile(m[i] - ms);
                 l[i] *= corr[i];
                 m[i] = mx[i];
+                mx[i] = ms;
             }
             for (int j = 0; j < nk; j++) {
                 float *restrict sj = St + j * BQ;
@@ -316,10 +336,10 @@ static void row_dots(float *restrict D, cllm_cview dout, cllm_cview out, int b, 
     }
 }
 
-void cllm_attention_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cview dout,
-                             cllm_cview out, const float *lse, cllm_cview q, cllm_cview k,
-                             cllm_cview v, const float *alibi, int B, int T, int NH, int NKV,
-                             int HS, float scale) {
+void cllm_attention_backward_window(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cview dout,
+                                    cllm_cview out, const float *lse, cllm_cview q, cllm_cview k,
+                                    cllm_cview v, const float *alibi, int B, int T, int NH, int NKV,
+                                    int HS, float scale, int window) {
     assert(HS > 0 && HS <= HSMAX && NKV > 0 && NH % NKV == 0);
     const int group = NH / NKV;
     const int nqb = (T + BQ - 1) / BQ;
@@ -354,7 +374,9 @@ void cllm_attention_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cvie
             for (int h = g * group; h < (g + 1) * group; h++) {
                 const float slope = alibi ? alibi[h] : 0.0f;
                 const float *lse_h = lse + ((size_t)b * NH + h) * T;
-                for (int t0 = (s0 / BQ) * BQ; t0 < T; t0 += BQ) {
+                /* queries past s0 + nk - 1 + window see nothing of this block */
+                const int t_end = window > 0 && s0 + nk - 1 + window < T ? s0 + nk - 1 + window : T;
+                for (int t0 = (s0 / BQ) * BQ; t0 < t_end; t0 += BQ) {
                     const int nq = T - t0 < BQ ? T - t0 : BQ;
                     row_dots(D, dout, out, b, T, t0, nq, h, HS);
                     /* S = q Kt, dP = dout Vt, two query rows at a time. */
@@ -385,7 +407,7 @@ void cllm_attention_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cvie
                         for (int j = 0; j < BK; j++) {
                             const float x = MADD(scale, pi[j], slope * (float)(s0 + j - t)) - lt;
                             const float e = exp_tile(x);
-                            const float p = j < vis ? e : 0.0f;
+                            const float p = j < vis && in_window(t, s0 + j, window) ? e : 0.0f;
                             pi[j] = p;
                             dpi[j] = p * (dpi[j] - Dt);
                         }
@@ -445,7 +467,7 @@ void cllm_attention_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cvie
             for (int i = 0; i < BQ; i++) lt[i] = i < nq ? lse_h[t0 + i] : 0.0f;
             memset(dQs, 0, (size_t)nq * HS * sizeof(float));
 
-            for (int s0 = 0; s0 < t0 + nq; s0 += BK) {
+            for (int s0 = first_key_block(t0, window); s0 < t0 + nq; s0 += BK) {
                 const int nk = t0 + nq - s0 < BK ? t0 + nq - s0 : BK;
                 scores_t(Pt, k, b, T, s0, nk, g, Qt, HS);
                 scores_t(dPt, v, b, T, s0, nk, g, dOt, HS);
@@ -459,7 +481,7 @@ void cllm_attention_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cvie
                         const int t = t0 + i;
                         const float x = MADD(scale, pj[i], slope * (float)(s - t)) - lt[i];
                         const float e = exp_tile(x);
-                        const float p = ((s <= t) & (i < nq)) ? e : 0.0f;
+                        const float p = ((s <= t) & (i < nq) & in_window(t, s, window)) ? e : 0.0f;
                         dpj[i] = p * (dpj[i] - D[i]);
                     }
                 }

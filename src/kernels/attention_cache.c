@@ -27,8 +27,9 @@
  * HS. A row's arithmetic does not depend on the thread that runs it, so the
  * output is identical for any thread count.
  *
- * Left out: a backward (inference only), sliding windows, quantised
- * caches.
+ * A sliding window starts each row's keys at position p - window + 1.
+ *
+ * Left out: a backward (inference only), quantised caches.
  */
 #include "variant.h" /* first: renames the kernels to their ISA variant */
 #include <assert.h>
@@ -54,16 +55,17 @@ static inline float dot(const float *restrict a, const float *restrict b, int n)
  * (max m, sum l, acc) runs across tiles and blocks. slope * (s - pos) is
  * the ALiBi bias. */
 static void attend_row(float *restrict out, const float *restrict q, const float *restrict k,
-                       const float *restrict v, const int32_t *table, int BS, size_t bstride, int L, int pos,
-                       int HS, float scale, float slope) {
+                       const float *restrict v, const int32_t *table, int BS, size_t bstride, int first, int L,
+                       int pos, int HS, float scale, float slope) {
     float acc[HSMAX];
     float sc[KT];
     float m = -INFINITY, l = 0.0f;
     for (int d = 0; d < HS; d++) acc[d] = 0.0f;
-    for (int b0 = 0, bi = 0; b0 < L; b0 += BS, bi++) {
+    /* keys first..L-1: from block first / BS, row first % BS of it */
+    for (int bi = first / BS, b0 = bi * BS; b0 < L; b0 += BS, bi++) {
         const float *restrict kb = k + (size_t)table[bi] * bstride, *restrict vb = v + (size_t)table[bi] * bstride;
         const int in_block = L - b0 < BS ? L - b0 : BS;
-        for (int s0 = 0; s0 < in_block; s0 += KT) {
+        for (int s0 = b0 < first ? first - b0 : 0; s0 < in_block; s0 += KT) {
             const int n = in_block - s0 < KT ? in_block - s0 : KT;
             float mx = m;
             for (int j = 0; j < n; j++) {
@@ -94,10 +96,10 @@ static void attend_row(float *restrict out, const float *restrict q, const float
     for (int d = 0; d < HS; d++) out[d] = acc[d] * inv;
 }
 
-void cllm_attention_forward_paged(cllm_view out, cllm_cview q, const float *kpool, const float *vpool,
-                                  const int32_t *table, int max_blocks, int BS, const int32_t *rows,
-                                  const int32_t *past, const float *alibi, int n_seq, int NH, int NKV, int HS,
-                                  float scale) {
+void cllm_attention_forward_paged_window(cllm_view out, cllm_cview q, const float *kpool, const float *vpool,
+                                         const int32_t *table, int max_blocks, int BS, const int32_t *rows,
+                                         const int32_t *past, const float *alibi, int n_seq, int NH, int NKV,
+                                         int HS, float scale, int window) {
     assert(HS > 0 && HS <= HSMAX && NKV > 0 && NH % NKV == 0 && BS > 0 && n_seq >= 0);
     const int group = NH / NKV, N = n_seq > 0 ? rows[n_seq] : 0;
     const size_t bstride = (size_t)NKV * BS * HS;
@@ -121,7 +123,8 @@ void cllm_attention_forward_paged(cllm_view out, cllm_cview q, const float *kpoo
         const float *qr = q.p + (ptrdiff_t)r * q.rs + (ptrdiff_t)h * q.hs;
         float *o = out.p + (ptrdiff_t)r * out.rs + (ptrdiff_t)h * out.hs;
         const size_t goff = (size_t)g * BS * HS;
-        attend_row(o, qr, kpool + goff, vpool + goff, table + (size_t)i * max_blocks, BS, bstride, pos + 1, pos, HS,
-                   scale, alibi ? alibi[h] : 0.0f);
+        const int first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+        attend_row(o, qr, kpool + goff, vpool + goff, table + (size_t)i * max_blocks, BS, bstride, first, pos + 1,
+                   pos, HS, scale, alibi ? alibi[h] : 0.0f);
     }
 }

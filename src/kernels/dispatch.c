@@ -17,9 +17,9 @@
 /* XV(return, name, (params), (args)) for void kernels, XR for the others. */
 #define CLLM_KERNELS(XV, XR) \
     XV(void, cllm_alibi_slopes, (float *slopes, int NH), (slopes, NH)) \
-    XV(void, cllm_attention_forward, (cllm_view out, float *lse, cllm_cview q, cllm_cview k, cllm_cview v, const float *alibi, int B, int T, int NH, int NKV, int HS, float scale), (out, lse, q, k, v, alibi, B, T, NH, NKV, HS, scale)) \
-    XV(void, cllm_attention_backward, (cllm_view dq, cllm_view dk, cllm_view dv, cllm_cview dout, cllm_cview out, const float *lse, cllm_cview q, cllm_cview k, cllm_cview v, const float *alibi, int B, int T, int NH, int NKV, int HS, float scale), (dq, dk, dv, dout, out, lse, q, k, v, alibi, B, T, NH, NKV, HS, scale)) \
-    XV(void, cllm_attention_forward_paged, (cllm_view out, cllm_cview q, const float *kpool, const float *vpool, const int32_t *table, int max_blocks, int BS, const int32_t *rows, const int32_t *past, const float *alibi, int n_seq, int NH, int NKV, int HS, float scale), (out, q, kpool, vpool, table, max_blocks, BS, rows, past, alibi, n_seq, NH, NKV, HS, scale)) \
+    XV(void, cllm_attention_forward_window, (cllm_view out, float *lse, cllm_cview q, cllm_cview k, cllm_cview v, const float *alibi, int B, int T, int NH, int NKV, int HS, float scale, int window), (out, lse, q, k, v, alibi, B, T, NH, NKV, HS, scale, window)) \
+    XV(void, cllm_attention_backward_window, (cllm_view dq, cllm_view dk, cllm_view dv, cllm_cview dout, cllm_cview out, const float *lse, cllm_cview q, cllm_cview k, cllm_cview v, const float *alibi, int B, int T, int NH, int NKV, int HS, float scale, int window), (dq, dk, dv, dout, out, lse, q, k, v, alibi, B, T, NH, NKV, HS, scale, window)) \
+    XV(void, cllm_attention_forward_paged_window, (cllm_view out, cllm_cview q, const float *kpool, const float *vpool, const int32_t *table, int max_blocks, int BS, const int32_t *rows, const int32_t *past, const float *alibi, int n_seq, int NH, int NKV, int HS, float scale, int window), (out, q, kpool, vpool, table, max_blocks, BS, rows, past, alibi, n_seq, NH, NKV, HS, scale, window)) \
     XV(void, cllm_add, (float *out, const float *a, const float *b, long N), (out, a, b, N)) \
     XV(void, cllm_to_bf16, (uint16_t *dst, const float *src, long N), (dst, src, N)) \
     XV(void, cllm_round_f16, (float *dst, const float *src, long N), (dst, src, N)) \
@@ -98,3 +98,21 @@ const char *cllm_kernels_variant(void) {
         return g_k.name args; \
     }
 CLLM_KERNELS(DEFV, DEFR)
+
+/* The causal kernels without a window: the windowed ones with window 0. */
+void cllm_attention_forward(cllm_view out, float *lse, cllm_cview q, cllm_cview k, cllm_cview v, const float *alibi,
+                            int B, int T, int NH, int NKV, int HS, float scale) {
+    cllm_attention_forward_window(out, lse, q, k, v, alibi, B, T, NH, NKV, HS, scale, 0);
+}
+void cllm_attention_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cview dout, cllm_cview out,
+                             const float *lse, cllm_cview q, cllm_cview k, cllm_cview v, const float *alibi, int B,
+                             int T, int NH, int NKV, int HS, float scale) {
+    cllm_attention_backward_window(dq, dk, dv, dout, out, lse, q, k, v, alibi, B, T, NH, NKV, HS, scale, 0);
+}
+void cllm_attention_forward_paged(cllm_view out, cllm_cview q, const float *kpool, const float *vpool,
+                                  const int32_t *table, int max_blocks, int BS, const int32_t *rows,
+                                  const int32_t *past, const float *alibi, int n_seq, int NH, int NKV, int HS,
+                                  float scale) {
+    cllm_attention_forward_paged_window(out, q, kpool, vpool, table, max_blocks, BS, rows, past, alibi, n_seq, NH,
+                                        NKV, HS, scale, 0);
+}

@@ -226,6 +226,42 @@ static cllm_status parse_labels(cllm_model_config *c, const json_t *j, const cha
     return CLLM_OK;
 }
 
+/* Mixtral: LLaMA's attention, norms and RoPE with MixtralConfig's
+ * defaults, a sparse FFN of num_local_experts experts, and an optional
+ * sliding attention window. HF's Mixtral layers have no biases. */
+static cllm_status parse_mixtral(cllm_model_config *c, const json_t *j, const char *path) {
+    cllm_status st = parse_llama(c, j, path);
+    if (st) return st;
+    if (!json_object_get(j, "max_position_embeddings")) c->n_ctx = 4096 * 32;
+    if (!json_object_get(j, "rms_norm_eps")) c->norm_eps = 1e-5f;
+    if (!json_object_get(j, "rope_theta")) c->rope_theta = 1e6f;
+    c->attn_bias = c->mlp_bias = false;
+    c->n_experts = 8;
+    c->n_experts_per_tok = 2;
+    c->router_aux_coef = 0.001f;
+    double coef = c->router_aux_coef, jitter = 0;
+    if ((st = opt_pos(j, "num_local_experts", &c->n_experts, path)) ||
+        (st = opt_pos(j, "num_experts_per_tok", &c->n_experts_per_tok, path)) ||
+        (st = opt_pos(j, "sliding_window", &c->sliding_window, path)) ||
+        (st = cllm_json_get_bool_opt(j, "output_router_logits", &c->router_aux, path)) ||
+        (st = cllm_json_get_num_opt(j, "router_aux_loss_coef", &coef, path)) ||
+        (st = cllm_json_get_num_opt(j, "router_jitter_noise", &jitter, path)))
+        return st;
+    if (!isfinite(coef) || coef < 0)
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: key 'router_aux_loss_coef' must be a number >= 0", path);
+    c->router_aux_coef = (float)coef;
+    if (jitter != 0)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: router_jitter_noise = %g is not supported (set it to 0)", path,
+                         jitter);
+    if (c->n_experts > 1024)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: num_local_experts %d exceeds the supported maximum of 1024", path,
+                         c->n_experts);
+    if (c->n_experts_per_tok > c->n_experts)
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: num_experts_per_tok (%d) exceeds num_local_experts (%d)", path,
+                         c->n_experts_per_tok, c->n_experts);
+    return CLLM_OK;
+}
+
 cllm_status cllm_model_config_from_json(cllm_model_config *cfg, const json_t *j, const char *path) {
     memset(cfg, 0, sizeof *cfg);
     if (!json_is_object(j)) return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: config is not a JSON object", path);
@@ -233,12 +269,15 @@ cllm_status cllm_model_config_from_json(cllm_model_config *cfg, const json_t *j,
     cllm_status st = cllm_json_get_str(j, "model_type", &mt, path);
     if (st) return st;
     cfg->arch = cllm_arch_from_name(mt);
-    switch (cfg->arch) {
+    if (mt && !strcmp(mt, "mixtral")) {
+        cfg->arch = CLLM_ARCH_LLAMA;
+        st = parse_mixtral(cfg, j, path);
+    } else switch (cfg->arch) {
     case CLLM_ARCH_GPT2: st = parse_gpt2(cfg, j, path); break;
     case CLLM_ARCH_LLAMA: st = parse_llama(cfg, j, path); break;
     case CLLM_ARCH_BLOOM: st = parse_bloom(cfg, j, path); break;
     default:
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: unknown model_type \"%s\" (supported: gpt2, llama, bloom)", path,
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: unknown model_type \"%s\" (supported: gpt2, llama, bloom, mixtral)", path,
                          mt);
     }
     if (st) return st;
@@ -275,31 +314,50 @@ typedef struct {
     cllm_arch arch;
     const char *name;
     const char *json;
+    const char *family; /* a family sharing arch's code ("mixtral"); NULL: the arch's own */
 } preset;
 
 /* Shapes of public models where the name says so; "tiny" ones are for tests
  * and the built-in demo. */
 static const preset presets[] = {
     {CLLM_ARCH_GPT2, "tiny",
-     "{\"vocab_size\":512,\"n_positions\":256,\"n_embd\":64,\"n_layer\":2,\"n_head\":4}"},
+     "{\"vocab_size\":512,\"n_positions\":256,\"n_embd\":64,\"n_layer\":2,\"n_head\":4}", NULL},
     {CLLM_ARCH_GPT2, "gpt2-124M",
      "{\"vocab_size\":50257,\"n_positions\":1024,\"n_embd\":768,\"n_layer\":12,\"n_head\":12,"
-     "\"bos_token_id\":50256,\"eos_token_id\":50256}"},
+     "\"bos_token_id\":50256,\"eos_token_id\":50256}", NULL},
     {CLLM_ARCH_GPT2, "gpt2-355M",
      "{\"vocab_size\":50257,\"n_positions\":1024,\"n_embd\":1024,\"n_layer\":24,\"n_head\":16,"
-     "\"bos_token_id\":50256,\"eos_token_id\":50256}"},
+     "\"bos_token_id\":50256,\"eos_token_id\":50256}", NULL},
     {CLLM_ARCH_LLAMA, "tiny",
      "{\"vocab_size\":512,\"hidden_size\":64,\"intermediate_size\":172,\"num_hidden_layers\":2,"
-     "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"max_position_embeddings\":256}"},
+     "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"max_position_embeddings\":256}", NULL},
     {CLLM_ARCH_LLAMA, "small",
      "{\"vocab_size\":2048,\"hidden_size\":256,\"intermediate_size\":688,\"num_hidden_layers\":4,"
-     "\"num_attention_heads\":8,\"num_key_value_heads\":4,\"max_position_embeddings\":1024}"},
+     "\"num_attention_heads\":8,\"num_key_value_heads\":4,\"max_position_embeddings\":1024}", NULL},
     {CLLM_ARCH_LLAMA, "llama-100M",
      "{\"vocab_size\":32000,\"hidden_size\":768,\"intermediate_size\":2048,\"num_hidden_layers\":12,"
-     "\"num_attention_heads\":12,\"num_key_value_heads\":4,\"max_position_embeddings\":2048}"},
-    {CLLM_ARCH_BLOOM, "tiny", "{\"vocab_size\":512,\"hidden_size\":64,\"n_layer\":2,\"n_head\":4}"},
-    {CLLM_ARCH_BLOOM, "bloom-560m", "{\"vocab_size\":250880,\"hidden_size\":1024,\"n_layer\":24,\"n_head\":16}"},
+     "\"num_attention_heads\":12,\"num_key_value_heads\":4,\"max_position_embeddings\":2048}", NULL},
+    {CLLM_ARCH_BLOOM, "tiny", "{\"vocab_size\":512,\"hidden_size\":64,\"n_layer\":2,\"n_head\":4}", NULL},
+    {CLLM_ARCH_BLOOM, "bloom-560m", "{\"vocab_size\":250880,\"hidden_size\":1024,\"n_layer\":24,\"n_head\":16}", NULL},
+    {CLLM_ARCH_LLAMA, "tiny",
+     "{\"vocab_size\":512,\"hidden_size\":64,\"intermediate_size\":128,\"num_hidden_layers\":2,"
+     "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"max_position_embeddings\":256,"
+     "\"num_local_experts\":4,\"num_experts_per_tok\":2}", "mixtral"},
+    /* llama-100M's shape with eight experts in place of its FFN */
+    {CLLM_ARCH_LLAMA, "mixtral-8x100M",
+     "{\"vocab_size\":32000,\"hidden_size\":768,\"intermediate_size\":2048,\"num_hidden_layers\":12,"
+     "\"num_attention_heads\":12,\"num_key_value_heads\":4,\"max_position_embeddings\":2048,"
+     "\"num_local_experts\":8,\"num_experts_per_tok\":2}", "mixtral"},
 };
+
+static const char *preset_family(const preset *p) { return p->family ? p->family : cllm_arch_name(p->arch); }
+
+static const char *mixtral_defaults =
+    "{\"architectures\":[\"MixtralForCausalLM\"],\"model_type\":\"mixtral\",\"hidden_act\":\"silu\","
+    "\"rms_norm_eps\":1e-05,\"rope_theta\":1000000.0,\"sliding_window\":null,\"tie_word_embeddings\":false,"
+    "\"initializer_range\":0.02,\"attention_dropout\":0.0,\"output_router_logits\":false,"
+    "\"router_aux_loss_coef\":0.001,\"router_jitter_noise\":0.0,\"bos_token_id\":1,\"eos_token_id\":2,"
+    "\"torch_dtype\":\"float32\"}";
 
 /* Keys every preset of a family gets, so written configs are complete HF
  * configs that transformers loads as is. */
@@ -324,22 +382,33 @@ static const char *family_defaults(cllm_arch a) {
     }
 }
 
+static const char *defaults_of(const char *family) {
+    if (family && !strcmp(family, "mixtral")) return mixtral_defaults;
+    return family_defaults(cllm_arch_from_name(family));
+}
+
 bool cllm_model_config_key_known(cllm_arch arch, const char *key) {
+    return cllm_model_family_key_known(cllm_arch_name(arch), key);
+}
+
+bool cllm_model_family_key_known(const char *family, const char *key) {
     /* read by the parsers above but absent from the presets */
     static const char *const extra[CLLM_ARCH_COUNT][6] = {
         [CLLM_ARCH_GPT2] = {"n_embed", "pad_token_id", "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx"},
         [CLLM_ARCH_LLAMA] = {"head_dim", "pad_token_id"},
         [CLLM_ARCH_BLOOM] = {"n_embed", "num_hidden_layers", "num_attention_heads"},
     };
+    bool mixtral = family && !strcmp(family, "mixtral");
+    cllm_arch arch = mixtral ? CLLM_ARCH_LLAMA : cllm_arch_from_name(family);
     if ((unsigned)arch >= CLLM_ARCH_COUNT || !key) return false;
     for (int i = 0; i < 6 && extra[arch][i]; i++)
         if (!strcmp(key, extra[arch][i])) return true;
     bool found = false;
-    json_t *d = json_loads(family_defaults(arch), 0, NULL);
+    json_t *d = json_loads(defaults_of(family), 0, NULL);
     found = d && json_object_get(d, key);
     json_decref(d);
     for (size_t i = 0; !found && i < sizeof presets / sizeof presets[0]; i++) {
-        if (presets[i].arch != arch) continue;
+        if (strcmp(preset_family(&presets[i]), family)) continue;
         json_t *j = json_loads(presets[i].json, 0, NULL);
         found = j && json_object_get(j, key);
         json_decref(j);
@@ -348,10 +417,14 @@ bool cllm_model_config_key_known(cllm_arch arch, const char *key) {
 }
 
 cllm_status cllm_model_preset(json_t **config, cllm_arch arch, const char *name) {
+    return cllm_model_family_preset(config, cllm_arch_name(arch) ? cllm_arch_name(arch) : "?", name);
+}
+
+cllm_status cllm_model_family_preset(json_t **config, const char *family, const char *name) {
     *config = NULL;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
-        if (presets[i].arch != arch || strcmp(presets[i].name, name) != 0) continue;
-        json_t *base = json_loads(family_defaults(arch), 0, NULL);
+        if (strcmp(preset_family(&presets[i]), family) || strcmp(presets[i].name, name) != 0) continue;
+        json_t *base = json_loads(defaults_of(family), 0, NULL);
         json_t *shape = json_loads(presets[i].json, 0, NULL);
         if (!base || !shape || json_object_update(base, shape)) {
             json_decref(base);
@@ -365,8 +438,7 @@ cllm_status cllm_model_preset(json_t **config, cllm_arch arch, const char *name)
     char known[512] = "";
     size_t len = 0;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
-        if (presets[i].arch == arch && len + strlen(presets[i].name) + 3 < sizeof known)
+        if (!strcmp(preset_family(&presets[i]), family) && len + strlen(presets[i].name) + 3 < sizeof known)
             len += (size_t)snprintf(known + len, sizeof known - len, "%s%s", len ? ", " : "", presets[i].name);
-    return CLLM_FAIL(CLLM_ERR_ARG, "unknown preset '%s' for %s (known: %s)", name,
-                     cllm_arch_name(arch) ? cllm_arch_name(arch) : "?", known);
+    return CLLM_FAIL(CLLM_ERR_ARG, "unknown preset '%s' for %s (known: %s)", name, family, known);
 }

@@ -25,7 +25,10 @@
  * allocate. The cache holds a const model and writes only its own memory,
  * so caches over one model run forwards on different threads at once.
  *
- * Left out: sliding windows, cache quantisation, sharing blocks between
+ * A sliding window (Mixtral's sliding_window) limits what each row reads;
+ * the cache still holds every position.
+ *
+ * Left out: cache quantisation, sharing blocks between
  * sequences (prefix caching), logits of every new position (only the last
  * one of each sequence is returned).
  */
@@ -97,6 +100,7 @@ static size_t assign(cllm_kv_cache *kv, float *base) {
     u = carve(&a->fc, base, u, N * F);
     u = carve(&a->up, base, u, c->arch == CLLM_ARCH_LLAMA ? N * F : 0);
     u = carve(&a->act, base, u, N * F);
+    u = carve(&a->moe, base, u, model_moe_act_floats(c, N)); /* Mixtral: the sparse FFN's state */
     u = carve(&kv->last, base, u, (size_t)kv->n_seq * C);
     u = carve(&kv->lnf, base, u, (size_t)kv->n_seq * C);
     u = carve(&kv->head_out, base, u, kv->n_seq > 1 && kv->m->tp_size <= 1 ? (size_t)kv->n_seq * (size_t)c->vocab_size : 0);

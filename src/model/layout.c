@@ -133,37 +133,51 @@ static bool rule_present(const cllm_model_config *c, const tensor_rule *r, bool 
     if (!block) return r->slot != G_HEAD || !c->tie_embeddings;
     switch (r->slot) {
     case L_Q_B: case L_K_B: case L_V_B: case L_O_B: return c->attn_bias;
-    case L_FC_B: case L_UP_B: case L_DOWN_B: return c->mlp_bias;
+    case L_FC_B: case L_UP_B: case L_DOWN_B: return c->mlp_bias && !c->n_experts;
+    case L_FC_W: case L_UP_W: case L_DOWN_W: return !c->n_experts; /* Mixtral: experts instead (moe.c) */
     default: return true;
     }
 }
 
-static void add_tensor(cllm_model *m, const tensor_rule *r, int layer, int group, size_t *offset) {
+static void add_tensor_at(cllm_model *m, const char *name, int slot, int layer, int group, int rows, int cols,
+                          bool no_decay, size_t *offset) {
     cllm_tensor_info *t = &m->tensors[m->n_tensors];
     memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, r->fmt, layer);
-    int rows = dim(&m->cfg, r->rows), cols = dim(&m->cfg, r->cols);
+    snprintf(t->name, sizeof t->name, "%s", name);
     t->ndim = cols ? 2 : 1;
     t->shape[0] = rows;
     t->shape[1] = cols;
     t->numel = (size_t)rows * (size_t)(cols ? cols : 1);
     t->offset = *offset;
-    t->no_decay = r->no_decay;
+    t->no_decay = no_decay;
     /* keep every tensor 16-float (64-byte) aligned inside the flat buffer */
     *offset += (t->numel + 15) & ~(size_t)15;
-    if (layer >= 0)
-        m->lslot[layer][r->slot] = m->n_tensors;
-    else
-        m->gslot[r->slot] = m->n_tensors;
+    if (layer >= 0) {
+        if (m->lslot[layer][slot] < 0) m->lslot[layer][slot] = m->n_tensors; /* experts: the first one */
+    } else {
+        m->gslot[slot] = m->n_tensors;
+    }
     m->tgroup[m->n_tensors] = group;
     m->groups[group].end = *offset;
     m->n_tensors++;
 }
 
+static void add_tensor(cllm_model *m, const tensor_rule *r, int layer, int group, size_t *offset) {
+    char name[96];
+    snprintf(name, sizeof name, r->fmt, layer);
+    add_tensor_at(m, name, r->slot, layer, group, dim(&m->cfg, r->rows), dim(&m->cfg, r->cols), r->no_decay, offset);
+}
+
+/* A block tensor of block `layer` (its group is layer + 1), for moe.c. */
+static void add_block_tensor(cllm_model *m, const char *name, int slot, int layer, int rows, int cols, bool no_decay,
+                             size_t *offset) {
+    add_tensor_at(m, name, slot, layer, layer + 1, rows, cols, no_decay, offset);
+}
+
 cllm_status model_build_layout(cllm_model *m) {
     const cllm_model_config *c = &m->cfg;
     const arch_table *tb = &tables[c->arch];
-    int cap = tb->n_pre + tb->n_post + tb->n_block * c->n_layer;
+    int cap = tb->n_pre + tb->n_post + (tb->n_block + 1 + 3 * c->n_experts) * c->n_layer;
     m->tensors = cllm_calloc((size_t)cap, sizeof *m->tensors, "tensor table");
     m->lslot = cllm_calloc((size_t)c->n_layer, sizeof *m->lslot, "layer slots");
     m->tgroup = cllm_calloc((size_t)cap, sizeof *m->tgroup, "tensor groups");
@@ -181,6 +195,7 @@ cllm_status model_build_layout(cllm_model *m) {
         m->groups[l + 1].begin = m->groups[l + 1].end = offset;
         for (int i = 0; i < tb->n_block; i++)
             if (rule_present(c, &tb->block[i], true)) add_tensor(m, &tb->block[i], l, l + 1, &offset);
+        if (c->n_experts) model_moe_layout(m, l, add_block_tensor, &offset);
     }
     m->groups[c->n_layer + 1].begin = m->groups[c->n_layer + 1].end = offset;
     for (int i = 0; i < tb->n_post; i++)

@@ -307,6 +307,11 @@ static void carve_block_set(carver *cv, layer_acts *a, const cllm_model_config *
     a->ln2 = carve(cv, N * C);
     a->ln2_mean = carve(cv, N);
     a->ln2_rstd = carve(cv, N);
+    if (c->n_experts) { /* Mixtral: the sparse FFN's own state instead */
+        a->fc = a->up = a->act = NULL;
+        a->moe = carve(cv, model_moe_act_floats(c, N));
+        return;
+    }
     a->fc = carve(cv, N * F);
     a->up = c->arch == CLLM_ARCH_LLAMA ? carve(cv, N * F) : NULL;
     a->act = carve(cv, N * F);
@@ -363,6 +368,7 @@ static void assign_acts(const cllm_model_config *c, cllm_model *m, layer_acts *l
     float *rope_cos = carve(cv, (size_t)T * (c->head_dim / 2));
     float *rope_sin = carve(cv, (size_t)T * (c->head_dim / 2));
     float *alibi = carve(cv, (size_t)c->n_head);
+    float *moe_scratch = c->n_experts ? carve(cv, model_moe_scratch_floats(c, N, train)) : NULL;
     parts->head = cv->used - mark - parts->logits;
     mark = cv->used;
     float *d[8] = {NULL};
@@ -390,6 +396,8 @@ static void assign_acts(const cllm_model_config *c, cllm_model *m, layer_acts *l
     m->rope_cos = rope_cos;
     m->rope_sin = rope_sin;
     m->alibi = alibi;
+    m->moe_scratch = moe_scratch;
+    m->moe_stats = (double *)(void *)moe_scratch; /* the scratch starts with the statistics (moe.c) */
     m->dx = d[0];
     m->dln = d[1];
     m->dlnf = d[2];
@@ -463,9 +471,8 @@ cllm_status cllm_model_config_unit_params(const cllm_model_config *c, size_t *un
     if (!st) {
         int L = c->n_layer;
         for (int u = 0; u < L + 2; u++) units[u] = 0;
-        for (int l = 0; l < L; l++)
-            for (int s = 0; s < L_NSLOTS; s++)
-                if (tmp.lslot[l][s] >= 0) units[1 + l] += tmp.tensors[tmp.lslot[l][s]].numel;
+        for (int i = 0; i < tmp.n_tensors; i++) /* every tensor of block l (Mixtral's experts included) */
+            if (tmp.tgroup[i] >= 1 && tmp.tgroup[i] <= L) units[tmp.tgroup[i]] += tmp.tensors[i].numel;
         static const int embed[] = {G_WTE, G_WPE, G_EMB_LN_W, G_EMB_LN_B}, head[] = {G_LNF_W, G_LNF_B, G_HEAD};
         for (size_t i = 0; i < sizeof embed / sizeof *embed; i++)
             if (tmp.gslot[embed[i]] >= 0) units[0] += tmp.tensors[tmp.gslot[embed[i]]].numel;

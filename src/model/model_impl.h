@@ -19,6 +19,9 @@
 enum {
     L_LN1_W, L_LN1_B, L_QKV_W, L_QKV_B, L_Q_W, L_Q_B, L_K_W, L_K_B, L_V_W, L_V_B,
     L_O_W, L_O_B, L_LN2_W, L_LN2_B, L_FC_W, L_FC_B, L_UP_W, L_UP_B, L_DOWN_W, L_DOWN_B,
+    /* Mixtral's sparse FFN (moe.c): the router, and the first expert's w1
+     * (gate), w3 (up), w2 (down); expert e's tensor is that index + e */
+    L_ROUTER_W, L_EXP_W1, L_EXP_W3, L_EXP_W2,
     L_NSLOTS
 };
 /* Slots outside the blocks. G_HEAD is -1 when the head is tied to G_WTE
@@ -58,6 +61,7 @@ typedef struct {
     float *fc;       /* [N,F] pre-activation (GELU input / gate) */
     float *up;       /* [N,F] llama up projection */
     float *act;      /* [N,F] activation output */
+    float *moe;      /* Mixtral: the sparse FFN's saved state (moe.c); NULL for a dense FFN */
 } layer_acts;
 
 struct cllm_model {
@@ -120,6 +124,10 @@ struct cllm_model {
     float *tp_max;   /* [logit chunk] per-row maximum of the logits */
     double *tp_sum;  /* [2 * logit chunk] per-row sum of exp, target logit */
     int tp_rows;     /* rows of tp_max / tp_sum */
+    /* Mixtral (moe.c): backward scratch and the router statistics of the
+     * last forward pass (for the load-balancing loss) */
+    float *moe_scratch;
+    double *moe_stats;
 };
 
 /* The rows of a cached forward pass (generate.c builds it, run.c reads
@@ -192,6 +200,33 @@ int32_t model_kv_state(const struct cllm_kv_cache *kv);
 /* After the activations are (re)allocated: the cross-entropy statistics
  * buffers and the ALiBi slopes of this rank's heads. */
 cllm_status model_tp_prepare(cllm_model *m);
+
+/* Mixtral's sparse mixture-of-experts FFN (moe.c), in place of the dense
+ * FFN of a block when cfg.n_experts > 0.
+ * model_moe_act_floats: floats of one block's saved state for N rows;
+ * model_moe_scratch_floats: floats of the model-wide backward scratch and
+ * router statistics (train: with the backward scratch).
+ * model_moe_forward: routes the N rows of a->ln2 and writes the weighted
+ * sum of the experts' outputs into out[N,C] (out NULL: only refills the
+ * saved state, for recomputation). With `stats` (a training forward) adds
+ * the router's statistics of these rows into m->moe_stats.
+ * model_moe_backward: from dy[N,C] (the block output's gradient)
+ * accumulates the input gradient into dln[N,C] and the router's and
+ * experts' gradients; aux_scale is d(loss_sum)/d(aux loss) (0: none). */
+size_t model_moe_act_floats(const cllm_model_config *c, size_t N);
+size_t model_moe_scratch_floats(const cllm_model_config *c, size_t N, bool train);
+void model_moe_begin(cllm_model *m);
+cllm_status model_moe_forward(const cllm_model *m, model_lp_scratch *lp, int l, const layer_acts *a, float *out, int N,
+                              bool stats);
+cllm_status model_moe_backward(cllm_model *m, int l, const layer_acts *a, float *dln, const float *dy, int N,
+                               double aux_scale);
+/* The load-balancing loss of the last training forward (transformers'
+ * load_balancing_loss_func over every layer's router), unscaled. */
+double model_moe_aux(const cllm_model *m);
+/* Mixtral's tensors of block l (layout.c calls it in the block's group). */
+typedef void (*model_add_fn)(cllm_model *m, const char *name, int slot, int layer, int rows, int cols, bool no_decay,
+                             size_t *offset);
+void model_moe_layout(cllm_model *m, int l, model_add_fn add, size_t *offset);
 
 /* A model with zeroed parameters from an HF config object (model.c);
  * _ex with alloc false: the layout only, params NULL. */

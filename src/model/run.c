@@ -182,15 +182,16 @@ cllm_status model_block_forward(const cllm_model *m, model_lp_scratch *lp, int l
     const float scale = 1.0f / sqrtf((float)HS);
     if (!rows) {
         const float *alibi = c->arch == CLLM_ARCH_BLOOM ? m->alibi : NULL;
-        cllm_attention_forward((cllm_view){a->atty, Q, HS}, a->lse, cv(v.q), cv(v.k), cv(v.v), alibi, B, T,
-                               c->n_head, c->n_kv_head, HS, scale);
+        cllm_attention_forward_window((cllm_view){a->atty, Q, HS}, a->lse, cv(v.q), cv(v.k), cv(v.v), alibi, B, T,
+                                      c->n_head, c->n_kv_head, HS, scale, c->sliding_window);
     } else {
         cache_append(rows, l, v.k, v.v, c->n_kv_head, HS);
-        cllm_attention_forward_paged((cllm_view){a->atty, Q, HS}, cv(v.q), rows->k + (size_t)l * rows->layer_stride,
-                                     rows->v + (size_t)l * rows->layer_stride, rows->table, rows->max_blocks,
-                                     rows->block_size, rows->rows, rows->past,
-                                     c->arch == CLLM_ARCH_BLOOM ? rows->alibi : NULL, rows->n_seq, c->n_head,
-                                     c->n_kv_head, HS, scale);
+        cllm_attention_forward_paged_window((cllm_view){a->atty, Q, HS}, cv(v.q),
+                                            rows->k + (size_t)l * rows->layer_stride,
+                                            rows->v + (size_t)l * rows->layer_stride, rows->table, rows->max_blocks,
+                                            rows->block_size, rows->rows, rows->past,
+                                            c->arch == CLLM_ARCH_BLOOM ? rows->alibi : NULL, rows->n_seq, c->n_head,
+                                            c->n_kv_head, HS, scale, c->sliding_window);
     }
     /* row-parallel under tensor parallelism: partial sums, reduced, then the bias once */
     const bool tp = m->tp_size > 1;
@@ -199,6 +200,11 @@ cllm_status model_block_forward(const cllm_model *m, model_lp_scratch *lp, int l
     cllm_add(a->x1, a->x1, a->x, (long)N * C);
 
     model_norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->x1, P[L_LN2_W], P[L_LN2_B], N);
+    if (c->n_experts) { /* Mixtral: the sparse FFN (moe.c); recomputation refills its state */
+        TRY(model_moe_forward(m, lp, l, a, recompute ? NULL : y, N, !rows && !recompute));
+        if (!recompute) cllm_add(y, y, a->x1, (long)N * C);
+        return CLLM_OK;
+    }
     TRY(model_linear_forward(m, lp, a->fc, a->ln2, P[L_FC_W], P[L_FC_B], N, C, F, in_out));
     if (c->arch == CLLM_ARCH_LLAMA) {
         TRY(model_linear_forward(m, lp, a->up, a->ln2, P[L_UP_W], P[L_UP_B], N, C, F, false));
@@ -219,8 +225,9 @@ static cllm_status block_forward(cllm_model *m, int l, int B, int T, bool recomp
     return model_block_forward(m, &m->lp_run, l, &m->layers[l], y, B, T, NULL, recompute);
 }
 
-/* dx holds dL/d(block output) on entry and dL/d(block input) on return. */
-static cllm_status block_backward(cllm_model *m, int l, int B, int T) {
+/* dx holds dL/d(block output) on entry and dL/d(block input) on return.
+ * aux_scale: d(loss_sum)/d(load-balancing loss) of a Mixtral (0: none). */
+static cllm_status block_backward(cllm_model *m, int l, int B, int T, double aux_scale) {
     const cllm_model_config *c = &m->cfg;
     const int *s = m->lslot[l];
     layer_acts *a = &m->layers[l];
@@ -236,18 +243,23 @@ static cllm_status block_backward(cllm_model *m, int l, int B, int T) {
     }
 
     /* MLP: y = h + down(act(fc(LN2(h)))) */
-    memset(m->dact, 0, NF * sizeof(float));
-    TRY(model_linear_backward(m, lp, m->dact, G[L_DOWN_W], G[L_DOWN_B], m->dx, a->act, P[L_DOWN_W], N, F, C, in_out));
-    memset(m->dfc, 0, NF * sizeof(float));
-    memset(m->dln, 0, NC * sizeof(float));
-    if (c->arch == CLLM_ARCH_LLAMA) {
-        memset(m->dup, 0, NF * sizeof(float));
-        cllm_swiglu_backward(m->dfc, m->dup, m->dact, a->fc, a->up, (long)NF);
-        TRY(model_linear_backward(m, lp, m->dln, G[L_UP_W], G[L_UP_B], m->dup, a->ln2, P[L_UP_W], N, C, F, false));
+    if (c->n_experts) {
+        memset(m->dln, 0, NC * sizeof(float));
+        TRY(model_moe_backward(m, l, a, m->dln, m->dx, N, aux_scale));
     } else {
-        cllm_gelu_backward(m->dfc, m->dact, a->fc, (long)NF);
+        memset(m->dact, 0, NF * sizeof(float));
+        TRY(model_linear_backward(m, lp, m->dact, G[L_DOWN_W], G[L_DOWN_B], m->dx, a->act, P[L_DOWN_W], N, F, C, in_out));
+        memset(m->dfc, 0, NF * sizeof(float));
+        memset(m->dln, 0, NC * sizeof(float));
+        if (c->arch == CLLM_ARCH_LLAMA) {
+            memset(m->dup, 0, NF * sizeof(float));
+            cllm_swiglu_backward(m->dfc, m->dup, m->dact, a->fc, a->up, (long)NF);
+            TRY(model_linear_backward(m, lp, m->dln, G[L_UP_W], G[L_UP_B], m->dup, a->ln2, P[L_UP_W], N, C, F, false));
+        } else {
+            cllm_gelu_backward(m->dfc, m->dact, a->fc, (long)NF);
+        }
+        TRY(model_linear_backward(m, lp, m->dln, G[L_FC_W], G[L_FC_B], m->dfc, a->ln2, P[L_FC_W], N, C, F, in_out));
     }
-    TRY(model_linear_backward(m, lp, m->dln, G[L_FC_W], G[L_FC_B], m->dfc, a->ln2, P[L_FC_W], N, C, F, in_out));
     TRY(model_tp_allreduce(m, m->dln, NC)); /* column-parallel input gradient */
     norm_backward(m, m->dx, G[L_LN2_W], G[L_LN2_B], m->dln, a->x1, P[L_LN2_W], a->ln2_mean, a->ln2_rstd, N);
 
@@ -257,9 +269,9 @@ static cllm_status block_backward(cllm_model *m, int l, int B, int T) {
     memset(m->dqkv, 0, (size_t)N * model_qkv_width(c) * sizeof(float));
     qkv_views v = make_views(c, a->qkv, (size_t)N), dv = make_views(c, m->dqkv, (size_t)N);
     const float *alibi = c->arch == CLLM_ARCH_BLOOM ? m->alibi : NULL;
-    cllm_attention_backward(dv.q, dv.k, dv.v, (cllm_cview){m->datty, Q, HS}, (cllm_cview){a->atty, Q, HS}, a->lse,
-                            cv(v.q), cv(v.k), cv(v.v), alibi, B, T, c->n_head, c->n_kv_head, HS,
-                            1.0f / sqrtf((float)HS));
+    cllm_attention_backward_window(dv.q, dv.k, dv.v, (cllm_cview){m->datty, Q, HS}, (cllm_cview){a->atty, Q, HS},
+                                   a->lse, cv(v.q), cv(v.k), cv(v.v), alibi, B, T, c->n_head, c->n_kv_head, HS,
+                                   1.0f / sqrtf((float)HS), c->sliding_window);
     memset(m->dln, 0, NC * sizeof(float));
     if (c->arch == CLLM_ARCH_LLAMA) {
         /* undo the rotation: the gradient of a rotation is its inverse */
@@ -337,6 +349,7 @@ static cllm_status grads_ready(cllm_model *m, int g) {
  * x_out. */
 static cllm_status forward_blocks(cllm_model *m, const int32_t *tokens, int B, int T) {
     int L = m->cfg.n_layer;
+    model_moe_begin(m);
     TRY(fetch(m, 0, 1));
     TRY(embed_forward(m, tokens, B, T));
     TRY(release(m, 0));
@@ -478,6 +491,13 @@ cllm_status cllm_model_forward_backward_ex(cllm_model *m, const int32_t *tokens,
         else if (backward)
             memset(m->dlnf, 0, (size_t)N * C * sizeof(float));
     }
+    /* Mixtral with output_router_logits: HF's loss adds the scaled
+     * load-balancing loss (per counted target here, as loss_sum is a sum) */
+    double aux_scale = 0;
+    if (c->n_experts && c->router_aux && lm && !tscale && *n_counted > 0) {
+        *loss_sum += (double)c->router_aux_coef * model_moe_aux(m) * (double)*n_counted;
+        aux_scale = (double)c->router_aux_coef * (double)*n_counted * grad_scale;
+    }
     if (io && io->hidden) memcpy(io->hidden, m->lnf, (size_t)N * C * sizeof(float));
     if (backward && io && io->dhidden) cllm_add(m->dlnf, m->dlnf, io->dhidden, (long)N * C);
     if (tied) TRY(release(m, 0));
@@ -493,7 +513,7 @@ cllm_status cllm_model_forward_backward_ex(cllm_model *m, const int32_t *tokens,
         /* checkpointing: the shared set still holds the last block's */
         if (m->acts_recompute && l + 1 < L) TRY(block_forward(m, l, B, T, true));
         TRY(fetch_grads(m, l + 1));
-        TRY(block_backward(m, l, B, T));
+        TRY(block_backward(m, l, B, T, aux_scale));
         TRY(grads_ready(m, l + 1));
         TRY(release(m, l + 1));
     }
@@ -513,6 +533,8 @@ cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, i
     if (u0 < 0 || u1 > L + 2 || u0 >= u1)
         return CLLM_FAIL(CLLM_ERR_ARG, "stage units [%d, %d) outside the model's %d", u0, u1, L + 2);
     TRY(check_prepared(m, B, T, io->backward));
+    if (c->n_experts) /* the load-balancing loss spans every layer's router */
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "pipeline stages of a mixture-of-experts model (model_type mixtral)");
     const bool embed = u0 == 0, head = u1 == L + 2;
     if (head && c->num_labels > 0)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a pipeline stage with the score head of a sequence-classification "
@@ -546,7 +568,7 @@ cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, i
     }
     for (int l = l1 - 1; l >= l0; l--) {
         if (m->acts_recompute && l + 1 < l1) TRY(block_forward(m, l, B, T, true));
-        TRY(block_backward(m, l, B, T));
+        TRY(block_backward(m, l, B, T, 0));
     }
     if (embed) embed_backward(m, io->tokens, B, T);
     else memcpy(io->dx_in, m->dx, NC * sizeof(float));
@@ -581,6 +603,8 @@ double cllm_model_train_flops(const cllm_model *m, int B, int T) {
     const cllm_model_config *c = &m->cfg;
     double C = c->n_embd, F = c->n_inner, Q = (double)c->n_head * c->head_dim;
     double per_layer = C * model_qkv_width(c) + Q * C + C * F * (c->arch == CLLM_ARCH_LLAMA ? 3 : 2);
+    if (c->n_experts) /* Mixtral: each token runs its k experts and the router */
+        per_layer += C * F * 3 * (c->n_experts_per_tok - 1) + C * c->n_experts;
     double matmul_params = per_layer * c->n_layer + C * c->vocab_size;
     double N = (double)B * T;
     /* causal attention: q.k and p.v over (T+1)/2 keys on average */

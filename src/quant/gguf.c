@@ -446,6 +446,9 @@ cllm_status cllm_gguf_export(cllm_model *m, const cllm_tokenizer *tok, const cll
     if (c->num_labels > 0)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: GGUF export of a sequence-classification (reward) model: it has "
                          "no LM head", path);
+    if (c->n_experts)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: GGUF export of a mixture-of-experts model (model_type mixtral) is "
+                         "not supported; serve it with cllm serve", path);
     if (!cllm_gguf_type_name(prm.type)) return CLLM_FAIL(CLLM_ERR_ARG, "%s: unknown GGUF type %d", path, prm.type);
     if (!cllm_model_params(m)) return CLLM_FAIL(CLLM_ERR_ARG, "%s: the model has no parameters in memory", path);
     const char *arch = cllm_arch_name(c->arch);

@@ -54,6 +54,10 @@ typedef struct {
     train_tp *tp;           /* tensor parallelism: groups and the whole model (NULL without) */
     size_t base;            /* start of this rank's stage in the flat buffers (0 without a pipeline) */
     const char *output_dir; /* the caller's, restored at the end (ranks > 0 write nothing) */
+    /* Mixtral: this rank's load-balancing loss of the step, times counted
+     * targets, summed over its micro-batches (for metrics.jsonl) */
+    double moe_aux_sum;
+    long moe_aux_count;
 } trainer;
 
 /* step_modes.c: the parts of a step that differ by layout. */

@@ -51,6 +51,14 @@ cllm_status train_record_step(trainer *tr, const train_step_report *s) {
     rec_begin(&r);
     rec_int(&r, "step", s->step);
     rec_num(&r, "loss", s->loss);
+    const cllm_model_config *mc = cllm_model_get_config(tr->m);
+    if (mc->n_experts && tr->moe_aux_count > 0) {
+        /* Mixtral: the load-balancing loss (this rank's micro-batches) and
+         * the cross-entropy part of "loss" */
+        double aux = tr->moe_aux_sum / (double)tr->moe_aux_count;
+        rec_num(&r, "aux_loss", aux);
+        rec_num(&r, "ce_loss", s->loss - (mc->router_aux ? mc->router_aux_coef * aux : 0.0));
+    }
     rec_num(&r, "lr", s->lr);
     rec_num(&r, "grad_norm", s->gnorm);
     rec_int(&r, "tokens", s->count);

@@ -29,6 +29,8 @@ static void local_zero_grads(trainer *tr) { cllm_model_zero_grads(tr->m); }
 static cllm_status local_run(trainer *tr, float scale, double *loss_sum) {
     cllm_train_config *c = tr->cfg;
     const int T = c->seq_len, mb = (int)c->train_micro_batch_size_per_gpu;
+    tr->moe_aux_sum = 0;
+    tr->moe_aux_count = 0;
     for (long j = 0; j < c->gradient_accumulation_steps; j++) {
         size_t off = (size_t)j * (size_t)mb * (size_t)T;
         if (tr->overlap) train_overlap_arm(tr->overlap, j + 1 == c->gradient_accumulation_steps);
@@ -39,6 +41,8 @@ static cllm_status local_run(trainer *tr, float scale, double *loss_sum) {
         cllm_status st = cllm_objective_run(tr->obj, tr->m, &b, true, scale, &s, &k);
         if (st) return st;
         *loss_sum += s;
+        tr->moe_aux_sum += cllm_model_aux_loss(tr->m) * (double)k;
+        tr->moe_aux_count += k;
     }
     return CLLM_OK;
 }

@@ -34,12 +34,11 @@ static int load_config(json_t **out, const char *model, const char *arch_name, c
             fprintf(stderr, "cllm estimate: give --model DIR or --arch A [--preset P]\n");
             return 2;
         }
-        cllm_arch arch = cllm_arch_from_name(arch_name);
-        if (arch == CLLM_ARCH_COUNT) {
-            fprintf(stderr, "cllm estimate: --arch: unknown family '%s' (gpt2, llama, bloom)\n", arch_name);
+        if (cllm_arch_from_name(arch_name) == CLLM_ARCH_COUNT && strcmp(arch_name, "mixtral")) {
+            fprintf(stderr, "cllm estimate: --arch: unknown family '%s' (gpt2, llama, bloom, mixtral)\n", arch_name);
             return 2;
         }
-        if (cllm_model_preset(out, arch, preset)) {
+        if (cllm_model_family_preset(out, arch_name, preset)) {
             fprintf(stderr, "cllm estimate: --preset: %s\n", cllm_last_error());
             return 2;
         }
@@ -121,7 +120,7 @@ int cmd_estimate(int argc, char **argv) {
     arg_list sets;
     arg_spec specs[] = {
         {"model", ARG_STR, &model, NULL, false, "HF model folder (its config.json is read)"},
-        {"arch", ARG_STR, &arch_name, NULL, false, "model family without --model: gpt2, llama or bloom"},
+        {"arch", ARG_STR, &arch_name, NULL, false, "model family without --model: gpt2, llama, bloom or mixtral"},
         {"preset", ARG_STR, &preset, "tiny", false, "shape preset of --arch (as cllm init)"},
         {"set", ARG_LIST, &sets, NULL, false, "override config keys: key=value (as cllm init)"},
         {"micro-batch", ARG_INT, &B, "8", false, "samples per forward/backward"},
@@ -204,7 +203,7 @@ int cmd_estimate(int argc, char **argv) {
         goto done;
     }
     printf("%s, %zu parameters (%d layers, hidden %d, vocab %d), %s matmuls, fp32 master weights\n",
-           cllm_arch_name(cfg.arch), e.n_params, cfg.n_layer, cfg.n_embd, cfg.vocab_size, cllm_precision_name(s.precision));
+           cfg.n_experts ? "mixtral" : cllm_arch_name(cfg.arch), e.n_params, cfg.n_layer, cfg.n_embd, cfg.vocab_size, cllm_precision_name(s.precision));
     print_setup(&s);
     print_table(&e);
     if (memory_s) {

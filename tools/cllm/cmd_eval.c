@@ -71,7 +71,7 @@ int cmd_eval(int argc, char **argv) {
         rc = 1;
         goto done;
     }
-    double total = 0;
+    double total = 0, aux_total = 0; /* aux: Mixtral's load-balancing loss, per counted target */
     long count = 0;
     uint64_t n = cllm_loader_size(d);
     for (uint64_t i = 0; i < n; i += (uint64_t)B) {
@@ -88,6 +88,7 @@ int cmd_eval(int argc, char **argv) {
         }
         total += sum;
         count += k;
+        aux_total += cllm_model_aux_loss(m) * (double)k;
     }
     if (count == 0) {
         fprintf(stderr, "cllm eval: %s has no target tokens (every label is -100 or samples have one token)\n",
@@ -96,7 +97,18 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
     double loss = total / (double)count;
-    printf("{\"loss\": %.9g, \"ppl\": %.9g, \"tokens\": %ld}\n", loss, exp(loss), count);
+    const cllm_model_config *mc = cllm_model_get_config(m);
+    if (mc->n_experts) {
+        /* Mixtral: "loss" is HF's outputs.loss (cross-entropy plus the scaled
+         * load-balancing loss when output_router_logits is set); both parts
+         * are reported, and the perplexity is the cross-entropy's */
+        double aux = aux_total / (double)count, ce = loss - (mc->router_aux ? mc->router_aux_coef * aux : 0);
+        printf("{\"loss\": %.9g, \"ppl\": %.9g, \"tokens\": %ld, \"ce_loss\": %.9g, \"aux_loss\": %.9g, "
+               "\"router_aux_loss_coef\": %.9g, \"aux_in_loss\": %s}\n",
+               loss, exp(ce), count, ce, aux, (double)mc->router_aux_coef, mc->router_aux ? "true" : "false");
+    } else {
+        printf("{\"loss\": %.9g, \"ppl\": %.9g, \"tokens\": %ld}\n", loss, exp(loss), count);
+    }
 done:
     free(ckpt);
     tool_batch_free(&b);

@@ -110,7 +110,10 @@ int cmd_grad(int argc, char **argv) {
             goto done;
         }
     }
-    printf("{\"loss\": %.9g, \"tokens\": %ld}\n", sum / (double)k, k);
+    if (cllm_model_get_config(m)->n_experts) /* Mixtral: the load-balancing loss too (in "loss" when configured) */
+        printf("{\"loss\": %.9g, \"tokens\": %ld, \"aux_loss\": %.9g}\n", sum / (double)k, k, cllm_model_aux_loss(m));
+    else
+        printf("{\"loss\": %.9g, \"tokens\": %ld}\n", sum / (double)k, k);
 done:
     free(logits);
     free(e);

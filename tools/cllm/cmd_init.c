@@ -17,9 +17,9 @@ int cmd_init(int argc, char **argv) {
     long long seed;
     arg_list sets;
     arg_spec specs[] = {
-        {"arch", ARG_STR, &arch_name, NULL, true, "model family: gpt2, llama or bloom"},
+        {"arch", ARG_STR, &arch_name, NULL, true, "model family: gpt2, llama, bloom or mixtral"},
         {"preset", ARG_STR, &preset_name, "tiny", false,
-         "shape preset (gpt2: tiny, gpt2-124M, gpt2-355M; llama: tiny, small, llama-100M; bloom: tiny, bloom-560m)"},
+         "shape preset (gpt2: tiny, gpt2-124M, gpt2-355M; llama: tiny, small, llama-100M; bloom: tiny, bloom-560m; mixtral: tiny, mixtral-8x100M)"},
         {"set", ARG_LIST, &sets, NULL, false, "override config.json keys: key=value (value is JSON or a string)"},
         {"seed", ARG_I64, &seed, "0", false, "random seed for the weights"},
         {"out", ARG_STR, &out, NULL, true, "output folder"},
@@ -31,9 +31,8 @@ int cmd_init(int argc, char **argv) {
     json_t *config = NULL;
     cllm_model *m = NULL;
     size_t max_shard = 0;
-    cllm_arch arch = cllm_arch_from_name(arch_name);
-    if (arch == CLLM_ARCH_COUNT) {
-        fprintf(stderr, "cllm init: --arch: unknown family '%s' (gpt2, llama, bloom)\n", arch_name);
+    if (cllm_arch_from_name(arch_name) == CLLM_ARCH_COUNT && strcmp(arch_name, "mixtral")) {
+        fprintf(stderr, "cllm init: --arch: unknown family '%s' (gpt2, llama, bloom, mixtral)\n", arch_name);
         rc = 2;
         goto done;
     }
@@ -42,7 +41,7 @@ int cmd_init(int argc, char **argv) {
         rc = 2;
         goto done;
     }
-    if (cllm_model_preset(&config, arch, preset_name)) {
+    if (cllm_model_family_preset(&config, arch_name, preset_name)) {
         fprintf(stderr, "cllm init: --preset: %s\n", cllm_last_error());
         rc = 2;
         goto done;
@@ -59,7 +58,7 @@ int cmd_init(int argc, char **argv) {
         if (klen >= sizeof key) klen = sizeof key - 1;
         memcpy(key, kv, klen);
         key[klen] = '\0';
-        if (!cllm_model_config_key_known(arch, key)) {
+        if (!cllm_model_family_key_known(arch_name, key)) {
             fprintf(stderr, "cllm init: --set '%s': '%s' is not a %s config key that cllm reads (the config.json "
                     "that `cllm init --arch %s` writes lists them)\n", kv, key, arch_name, arch_name);
             rc = 2;
