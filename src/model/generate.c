@@ -334,12 +334,11 @@ static cllm_status run_rows(cllm_kv_cache *kv, const int32_t *tokens, int n_call
     model_norm_forward(m, kv->lnf, kv->lmean, kv->lrstd, kv->last, model_param(m, m->gslot[G_LNF_W]),
                        model_param(m, m->gslot[G_LNF_B]), n_call);
     int head = m->gslot[G_HEAD] >= 0 ? m->gslot[G_HEAD] : m->gslot[G_WTE];
-    const float *W = model_param(m, head);
     /* one GEMM for every sequence of the call (the head weight is read
      * once); with some sequences idle, their rows of `logits` stay as they
      * were, so the rows go through the scratch and are placed after */
-    if (n_call == kv->n_seq) return model_linear_forward(m, &kv->lp, logits, kv->lnf, W, NULL, n_call, C, V, false);
-    TRY(model_linear_forward(m, &kv->lp, kv->head_out, kv->lnf, W, NULL, n_call, C, V, false));
+    if (n_call == kv->n_seq) return model_linear_forward(m, &kv->lp, logits, kv->lnf, head, NULL, n_call, C, V, false);
+    TRY(model_linear_forward(m, &kv->lp, kv->head_out, kv->lnf, head, NULL, n_call, C, V, false));
     for (int j = 0; j < n_call; j++)
         memcpy(logits + (size_t)kv->seq_of[j] * V, kv->head_out + (size_t)j * V, (size_t)V * sizeof(float));
     return CLLM_OK;

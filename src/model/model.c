@@ -50,6 +50,7 @@ void cllm_model_free(cllm_model *m) {
     cllm_free(m->grads);
     cllm_free(m->acts);
     model_lp_release(m);
+    model_weights_free(m);
     free(m->layers);
     free(m->tp_max);
     free(m->tp_sum);
@@ -84,7 +85,48 @@ static int find_index(const cllm_model *m, const char *name) {
     return t ? (int)(t - m->tensors) : -1;
 }
 
-cllm_status cllm_model_load(cllm_model **out, const char *dir) {
+/* The format config.json's "cllm_weights" names (a folder written by
+ * cllm convert --quantize), else bf16 when the first stored matrix of the
+ * files is BF16, else fp32. */
+static cllm_status stored_format(const cllm_model *m, const json_t *config, const cllm_st_set *set, const char *path,
+                                 cllm_wfmt *out) {
+    json_t *q = json_object_get(config, "cllm_weights");
+    *out = CLLM_WFMT_FP32;
+    if (q) {
+        const char *name = json_string_value(json_object_get(q, "format"));
+        if (!json_is_object(q) || !cllm_wfmt_from_name(name, out))
+            return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: key 'cllm_weights.format' must be \"fp32\", \"bf16\", \"int8\" or "
+                             "\"q4\"", path);
+        return CLLM_OK;
+    }
+    for (int i = 0; i < cllm_st_set_count(set); i++) {
+        const cllm_st_tensor *t = cllm_st_set_at(set, i);
+        int idx = find_index(m, t->name);
+        if (idx >= 0 && (idx == m->gslot[G_HEAD] || (m->tensors[idx].ndim == 2 && idx != m->gslot[G_WTE] &&
+                                                      idx != m->gslot[G_WPE]))) {
+            if (t->dtype == CLLM_BF16) *out = CLLM_WFMT_BF16;
+            break;
+        }
+    }
+    return CLLM_OK;
+}
+
+/* The flat buffer of a model whose matrices live in a weight store: zero
+ * pages from calloc that the system maps only where written (norms,
+ * biases, position embeddings), not 64-byte aligned (nothing there needs
+ * it). */
+static cllm_status lazy_params(cllm_model *m) {
+    float *p = calloc(m->n_params ? m->n_params : 1, sizeof(float));
+    if (!p) return CLLM_FAIL(CLLM_ERR_NOMEM, "cannot allocate %zu parameters", m->n_params);
+    cllm_free(m->params);
+    m->params = p;
+    m->params_lazy = true;
+    return CLLM_OK;
+}
+
+cllm_status cllm_model_load(cllm_model **out, const char *dir) { return cllm_model_load_weights(out, dir, "fp32"); }
+
+cllm_status cllm_model_load_weights(cllm_model **out, const char *dir, const char *weights) {
     *out = NULL;
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -96,6 +138,14 @@ cllm_status cllm_model_load(cllm_model **out, const char *dir) {
     if (st) return st;
     if ((st = model_from_config(&m, config, path))) goto done;
     if ((st = cllm_st_set_open(&set, dir))) goto done;
+    cllm_wfmt file_fmt, fmt;
+    if ((st = stored_format(m, config, set, path, &file_fmt))) goto done;
+    fmt = file_fmt;
+    if (weights && !cllm_wfmt_from_name(weights, &fmt)) {
+        st = CLLM_FAIL(CLLM_ERR_ARG, "unknown weight format '%s' (expected fp32, bf16, int8 or q4)", weights);
+        goto done;
+    }
+    if (fmt != CLLM_WFMT_FP32 && ((st = model_weights_init(m, fmt)) || (st = lazy_params(m)))) goto done;
     seen = calloc((size_t)m->n_tensors, sizeof *seen);
     if (!seen) {
         st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
@@ -111,6 +161,24 @@ cllm_status cllm_model_load(cllm_model **out, const char *dir) {
             goto done;
         }
         const cllm_tensor_info *ti = &m->tensors[idx];
+        if (seen[idx]) {
+            st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: tensor '%s' appears twice", t->file, ti->name);
+            goto done;
+        }
+        if (t->dtype == CLLM_U8) { /* a matrix of a folder written by cllm convert --quantize */
+            if (file_fmt == CLLM_WFMT_FP32) {
+                st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: tensor '%s' holds U8 values but config.json has no cllm_weights",
+                               t->file, t->name);
+                goto done;
+            }
+            if (!model_weights_stored(m, idx)) /* read as fp32 */
+                st = model_weights_widen(m, idx, t, file_fmt, m->params + ti->offset);
+            else
+                st = model_weights_read(m, idx, t, file_fmt);
+            if (st) goto done;
+            seen[idx] = true;
+            continue;
+        }
         bool shape_ok = t->ndim == ti->ndim && t->shape[0] == ti->shape[0] && (ti->ndim == 1 || t->shape[1] == ti->shape[1]);
         if (!shape_ok) {
             char got[128] = "", want[64];
@@ -125,11 +193,11 @@ cllm_status cllm_model_load(cllm_model **out, const char *dir) {
                            want);
             goto done;
         }
-        if (seen[idx]) {
-            st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: tensor '%s' appears twice", t->file, ti->name);
-            goto done;
-        }
-        if ((st = cllm_st_read_f32(t, m->params + ti->offset, (int64_t)ti->numel))) goto done;
+        if (model_weights_stored(m, idx))
+            st = model_weights_read(m, idx, t, file_fmt);
+        else
+            st = cllm_st_read_f32(t, m->params + ti->offset, (int64_t)ti->numel);
+        if (st) goto done;
         seen[idx] = true;
     }
     for (int i = 0; i < m->n_tensors; i++)
@@ -467,6 +535,9 @@ cllm_status cllm_model_prepare(cllm_model *m, int B, int T, bool train) {
     if (c->n_ctx > 0 && T > c->n_ctx)
         return CLLM_FAIL(CLLM_ERR_ARG, "sequence length %d exceeds the model's maximum of %d positions", T, c->n_ctx);
     if ((size_t)B * (size_t)T > (size_t)1 << 28) return CLLM_FAIL(CLLM_ERR_ARG, "batch of %d x %d tokens is too large", B, T);
+    if (train && m->ws)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a model with %s weights runs forwards only: train from fp32 weights",
+                         cllm_wfmt_name(cllm_model_weights(m)));
     if (train && !m->grads && !m->hooks.fetch_grads) {
         m->grads = cllm_calloc(m->n_params, sizeof(float), "gradients");
         if (!m->grads) return CLLM_ERR_NOMEM;

@@ -27,6 +27,7 @@
  * thread streams one contiguous part of the matrix. Nothing is allocated.
  */
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "quant_impl.h"
@@ -43,7 +44,7 @@
 #include <immintrin.h>
 #endif
 
-enum { QB = CLLM_QBLOCK, ROWBUF = 8192, STRIP = 64, MCHUNK = 16 };
+enum { QB = CLLM_QBLOCK, ROWBUF = 8192, MCHUNK = 16 };
 
 /* Below this many weights a matrix runs on the calling thread alone. */
 #define QV_PARALLEL_MIN 32768L
@@ -58,122 +59,102 @@ static inline float scale_of(const unsigned char *b) {
 
 /* ------------------------------------------------------ the 32-lane block */
 #ifdef QV_SIMD
+/* four named registers, not an array: an indexed array of vectors would
+ * live in memory and chain every FMA through a store and a load */
 typedef struct {
-    __m256 a[4];
+    __m256 a0, a1, a2, a3;
 } lanes;
-static inline void lanes_zero(lanes *l) {
-    for (int k = 0; k < 4; k++) l->a[k] = _mm256_setzero_ps();
-}
-static inline void lanes_fma(lanes *l, const __m256 w[4], const float *x) {
-    for (int k = 0; k < 4; k++) l->a[k] = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(x + 8 * k), l->a[k]);
+typedef lanes wide; /* 32 widened weights */
+static inline void lanes_zero(lanes *l) { l->a0 = l->a1 = l->a2 = l->a3 = _mm256_setzero_ps(); }
+static inline void lanes_fma(lanes *l, const wide *w, const float *x) {
+    l->a0 = _mm256_fmadd_ps(w->a0, _mm256_loadu_ps(x), l->a0);
+    l->a1 = _mm256_fmadd_ps(w->a1, _mm256_loadu_ps(x + 8), l->a1);
+    l->a2 = _mm256_fmadd_ps(w->a2, _mm256_loadu_ps(x + 16), l->a2);
+    l->a3 = _mm256_fmadd_ps(w->a3, _mm256_loadu_ps(x + 24), l->a3);
 }
 static inline float lanes_sum(const lanes *l) {
-    __m256 s = _mm256_add_ps(_mm256_add_ps(l->a[0], l->a[1]), _mm256_add_ps(l->a[2], l->a[3]));
+    __m256 s = _mm256_add_ps(_mm256_add_ps(l->a0, l->a1), _mm256_add_ps(l->a2, l->a3));
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     h = _mm_add_ss(h, _mm_movehdup_ps(h));
     return _mm_cvtss_f32(h);
 }
-/* the 32 fp32 weights of block b of a row */
-static inline void widen_f32(__m256 w[4], const float *src) {
-    for (int k = 0; k < 4; k++) w[k] = _mm256_loadu_ps(src + 8 * k);
+static inline void widen_f32(wide *w, const float *src) {
+    w->a0 = _mm256_loadu_ps(src);
+    w->a1 = _mm256_loadu_ps(src + 8);
+    w->a2 = _mm256_loadu_ps(src + 16);
+    w->a3 = _mm256_loadu_ps(src + 24);
 }
-static inline void widen_bf16(__m256 w[4], const uint16_t *src) {
-    for (int k = 0; k < 4; k++) {
-        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(src + 8 * k)));
-        w[k] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-    }
+static inline __m256 bf16x8(const uint16_t *src) {
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)src));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
-static inline void widen_int8(__m256 w[4], const unsigned char *b) {
+static inline void widen_bf16(wide *w, const uint16_t *src) {
+    w->a0 = bf16x8(src);
+    w->a1 = bf16x8(src + 8);
+    w->a2 = bf16x8(src + 16);
+    w->a3 = bf16x8(src + 24);
+}
+static inline __m256 i8x8(__m256 d, __m128i q) { return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))); }
+static inline void widen_int8(wide *w, const unsigned char *b) {
     __m256 d = _mm256_set1_ps(scale_of(b));
-    for (int k = 0; k < 4; k++) {
-        __m128i q = _mm_loadl_epi64((const __m128i *)(const void *)(b + 2 + 8 * k));
-        w[k] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
-    }
+    __m128i q0 = _mm_loadu_si128((const __m128i *)(const void *)(b + 2));
+    __m128i q1 = _mm_loadu_si128((const __m128i *)(const void *)(b + 18));
+    w->a0 = i8x8(d, q0);
+    w->a1 = i8x8(d, _mm_srli_si128(q0, 8));
+    w->a2 = i8x8(d, q1);
+    w->a3 = i8x8(d, _mm_srli_si128(q1, 8));
 }
-static inline void widen_q4(__m256 w[4], const unsigned char *b) {
+static inline void widen_q4(wide *w, const unsigned char *b) {
     __m256 d = _mm256_set1_ps(scale_of(b));
     const __m128i m15 = _mm_set1_epi8(15), m8 = _mm_set1_epi8(8);
     __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(b + 2));
     __m128i lo = _mm_sub_epi8(_mm_and_si128(q, m15), m8);
     __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m15), m8);
-    __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-    for (int k = 0; k < 4; k++) w[k] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[k])));
+    w->a0 = i8x8(d, lo);
+    w->a1 = i8x8(d, _mm_srli_si128(lo, 8));
+    w->a2 = i8x8(d, hi);
+    w->a3 = i8x8(d, _mm_srli_si128(hi, 8));
 }
-static inline void store_block(float *dst, const __m256 w[4]) {
-    for (int k = 0; k < 4; k++) _mm256_storeu_ps(dst + 8 * k, w[k]);
+static inline void store_block(float *dst, const wide *w) {
+    _mm256_storeu_ps(dst, w->a0);
+    _mm256_storeu_ps(dst + 8, w->a1);
+    _mm256_storeu_ps(dst + 16, w->a2);
+    _mm256_storeu_ps(dst + 24, w->a3);
 }
 #else
 typedef struct {
     float a[QB];
 } lanes;
+typedef lanes wide;
 static inline void lanes_zero(lanes *l) { memset(l->a, 0, sizeof l->a); }
-static inline void lanes_fma(lanes *l, const float w[QB], const float *x) {
-    for (int i = 0; i < QB; i++) l->a[i] += w[i] * x[i];
+static inline void lanes_fma(lanes *l, const wide *w, const float *x) {
+    for (int i = 0; i < QB; i++) l->a[i] += w->a[i] * x[i];
 }
 static inline float lanes_sum(const lanes *l) {
     float s[8];
     for (int j = 0; j < 8; j++) s[j] = (l->a[j] + l->a[8 + j]) + (l->a[16 + j] + l->a[24 + j]);
     return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
-static inline void widen_f32(float w[QB], const float *src) { memcpy(w, src, QB * sizeof *w); }
-static inline void widen_bf16(float w[QB], const uint16_t *src) {
-    for (int i = 0; i < QB; i++) w[i] = cllm_bf16_to_f32(src[i]);
+static inline void widen_f32(wide *w, const float *src) { memcpy(w->a, src, sizeof w->a); }
+static inline void widen_bf16(wide *w, const uint16_t *src) {
+    for (int i = 0; i < QB; i++) w->a[i] = cllm_bf16_to_f32(src[i]);
 }
-static inline void widen_int8(float w[QB], const unsigned char *b) {
+static inline void widen_int8(wide *w, const unsigned char *b) {
     float d = scale_of(b);
-    for (int i = 0; i < QB; i++) w[i] = d * (float)(int8_t)b[2 + i];
+    for (int i = 0; i < QB; i++) w->a[i] = d * (float)(int8_t)b[2 + i];
 }
-static inline void widen_q4(float w[QB], const unsigned char *b) {
+static inline void widen_q4(wide *w, const unsigned char *b) {
     float d = scale_of(b);
     for (int j = 0; j < QB / 2; j++) {
-        w[j] = d * (float)((b[2 + j] & 15) - 8);
-        w[j + QB / 2] = d * (float)((b[2 + j] >> 4) - 8);
+        w->a[j] = d * (float)((b[2 + j] & 15) - 8);
+        w->a[j + QB / 2] = d * (float)((b[2 + j] >> 4) - 8);
     }
 }
-static inline void store_block(float *dst, const float w[QB]) { memcpy(dst, w, QB * sizeof *dst); }
+static inline void store_block(float *dst, const wide *w) { memcpy(dst, w->a, sizeof w->a); }
 #endif
 
-#ifdef QV_SIMD
-#define WBLOCK __m256 wb[4]
-#else
-#define WBLOCK float wb[QB]
-#endif
-
-/* Block b of a stored row, widened into wb. A partial last block of an
- * fp32 / bf16 row reads through a zero-padded copy. */
-static inline void widen_block(cllm_wfmt f, const unsigned char *row, int cols, int b,
-#ifdef QV_SIMD
-                               __m256 wb[4]
-#else
-                               float wb[QB]
-#endif
-) {
-    int i0 = b * QB;
-    if (f == CLLM_WFMT_INT8) {
-        widen_int8(wb, row + (size_t)b * CLLM_Q8_BLOCK_BYTES);
-    } else if (f == CLLM_WFMT_Q4) {
-        widen_q4(wb, row + (size_t)b * CLLM_Q4_BLOCK_BYTES);
-    } else if (f == CLLM_WFMT_BF16) {
-        const uint16_t *src = (const uint16_t *)(const void *)row + i0;
-        uint16_t pad[QB];
-        if (i0 + QB > cols) {
-            memset(pad, 0, sizeof pad);
-            memcpy(pad, src, (size_t)(cols - i0) * sizeof *pad);
-            src = pad;
-        }
-        widen_bf16(wb, src);
-    } else {
-        const float *src = (const float *)(const void *)row + i0;
-        float pad[QB];
-        if (i0 + QB > cols) {
-            memset(pad, 0, sizeof pad);
-            memcpy(pad, src, (size_t)(cols - i0) * sizeof *pad);
-            src = pad;
-        }
-        widen_f32(wb, src);
-    }
-}
+#define WBLOCK wide wb
 
 /* The 32 inputs of block b of x (zero-padded past cols). */
 static inline const float *x_block(const float *x, int cols, int b, float pad[QB]) {
@@ -184,18 +165,99 @@ static inline const float *x_block(const float *x, int cols, int b, float pad[QB
     return pad;
 }
 
-/* One output: row . x, widening the row block by block. */
-static float dot_row(cllm_wfmt f, const unsigned char *row, const float *x, int cols) {
+/* A row's dot product with x, block by block, one loop per format (the
+ * format test stays out of the loop). fp32 and bf16 rows read their
+ * partial last block through a zero-padded copy; the block formats are
+ * padded in storage. DOT_LOOP(widen, src_of_block) runs the full blocks
+ * and the partial one. */
+#define DOT_LOOP(WIDEN, SRC)                                                   \
+    lanes acc;                                                                 \
+    lanes_zero(&acc);                                                          \
+    float xpad[QB];                                                            \
+    const int nb = (cols + QB - 1) / QB;                                       \
+    for (int b = 0; b < nb; b++) {                                             \
+        WBLOCK;                                                                \
+        WIDEN(&wb, SRC);                                                        \
+        lanes_fma(&acc, &wb, x_block(x, cols, b, xpad));                        \
+    }                                                                          \
+    return lanes_sum(&acc)
+
+static float dot_f32(const float *row, const float *x, int cols) {
+    const int full = cols / QB;
     lanes acc;
     lanes_zero(&acc);
-    float xpad[QB];
-    int nb = (cols + QB - 1) / QB;
-    for (int b = 0; b < nb; b++) {
+    for (int b = 0; b < full; b++) {
         WBLOCK;
-        widen_block(f, row, cols, b, wb);
-        lanes_fma(&acc, wb, x_block(x, cols, b, xpad));
+        widen_f32(&wb, row + (size_t)b * QB);
+        lanes_fma(&acc, &wb, x + (size_t)b * QB);
+    }
+    if (full * QB < cols) {
+        float wpad[QB] = {0}, xpad[QB] = {0};
+        memcpy(wpad, row + (size_t)full * QB, (size_t)(cols - full * QB) * sizeof *wpad);
+        memcpy(xpad, x + (size_t)full * QB, (size_t)(cols - full * QB) * sizeof *xpad);
+        WBLOCK;
+        widen_f32(&wb, wpad);
+        lanes_fma(&acc, &wb, xpad);
     }
     return lanes_sum(&acc);
+}
+
+static float dot_bf16(const uint16_t *row, const float *x, int cols) {
+    const int full = cols / QB;
+    lanes acc;
+    lanes_zero(&acc);
+    for (int b = 0; b < full; b++) {
+        WBLOCK;
+        widen_bf16(&wb, row + (size_t)b * QB);
+        lanes_fma(&acc, &wb, x + (size_t)b * QB);
+    }
+    if (full * QB < cols) {
+        uint16_t wpad[QB] = {0};
+        float xpad[QB] = {0};
+        memcpy(wpad, row + (size_t)full * QB, (size_t)(cols - full * QB) * sizeof *wpad);
+        memcpy(xpad, x + (size_t)full * QB, (size_t)(cols - full * QB) * sizeof *xpad);
+        WBLOCK;
+        widen_bf16(&wb, wpad);
+        lanes_fma(&acc, &wb, xpad);
+    }
+    return lanes_sum(&acc);
+}
+
+static float dot_int8(const unsigned char *row, const float *x, int cols) {
+    DOT_LOOP(widen_int8, row + (size_t)b * CLLM_Q8_BLOCK_BYTES);
+}
+
+static float dot_q4(const unsigned char *row, const float *x, int cols) {
+    DOT_LOOP(widen_q4, row + (size_t)b * CLLM_Q4_BLOCK_BYTES);
+}
+
+static float dot_row(cllm_wfmt f, const unsigned char *row, const float *x, int cols) {
+    switch (f) {
+    case CLLM_WFMT_BF16: return dot_bf16((const uint16_t *)(const void *)row, x, cols);
+    case CLLM_WFMT_INT8: return dot_int8(row, x, cols);
+    case CLLM_WFMT_Q4: return dot_q4(row, x, cols);
+    default: return dot_f32((const float *)(const void *)row, x, cols);
+    }
+}
+
+/* Widens a whole row into wrow (nb * 32 floats, zero-padded): the values
+ * dot_row would widen block by block. */
+static void widen_row(cllm_wfmt f, const unsigned char *row, int cols, float *wrow) {
+    const int nb = (cols + QB - 1) / QB, full = cols / QB;
+    if (f == CLLM_WFMT_FP32 || f == CLLM_WFMT_BF16) {
+        cllm_quant_dequant_row(wrow, row, f, cols);
+        memset(wrow + cols, 0, (size_t)(nb * QB - cols) * sizeof *wrow);
+        return;
+    }
+    (void)full;
+    for (int b = 0; b < nb; b++) {
+        WBLOCK;
+        if (f == CLLM_WFMT_INT8)
+            widen_int8(&wb, row + (size_t)b * CLLM_Q8_BLOCK_BYTES);
+        else
+            widen_q4(&wb, row + (size_t)b * CLLM_Q4_BLOCK_BYTES);
+        store_block(wrow + (size_t)b * QB, &wb);
+    }
 }
 
 /* One output from a row widened beforehand into wrow (nb * 32 floats). */
@@ -206,8 +268,8 @@ static float dot_wide(const float *wrow, const float *x, int cols) {
     int nb = (cols + QB - 1) / QB;
     for (int b = 0; b < nb; b++) {
         WBLOCK;
-        widen_f32(wb, wrow + (size_t)b * QB);
-        lanes_fma(&acc, wb, x_block(x, cols, b, xpad));
+        widen_f32(&wb, wrow + (size_t)b * QB);
+        lanes_fma(&acc, &wb, x_block(x, cols, b, xpad));
     }
     return lanes_sum(&acc);
 }
@@ -226,78 +288,55 @@ static void rows_kernel(float *out, const float *x, const cllm_qweight *w, const
             continue;
         }
         float wrow[ROWBUF];
-        for (int b = 0; b < nb; b++) {
-            WBLOCK;
-            widen_block(w->fmt, row, K, b, wb);
-            store_block(wrow + (size_t)b * QB, wb);
-        }
+        widen_row(w->fmt, row, K, wrow);
         for (int m = 0; m < M; m++) out[(size_t)m * R + r] = dot_wide(wrow, x + (size_t)m * K, K) + bv;
     }
 }
 
-/* fp32 [cols, rows] (in_out): strips of STRIP outputs, up to MCHUNK inputs
- * at a time, accumulated over the stored rows in order. */
-static void strip(float *out, const float *x, const float *W, const float *bias, int R, int K, int M, int j0,
-                  int n) {
-    for (int m0 = 0; m0 < M; m0 += MCHUNK) {
-        int mc = M - m0 < MCHUNK ? M - m0 : MCHUNK;
-        float acc[MCHUNK][STRIP];
-        for (int m = 0; m < mc; m++) memset(acc[m], 0, (size_t)n * sizeof(float));
-        for (int i = 0; i < K; i++) {
-            const float *wi = W + (size_t)i * R + j0;
-            for (int m = 0; m < mc; m++) {
-                const float xv = x[(size_t)(m0 + m) * K + i];
-                float *a = acc[m];
+/* acc[0, n) += xv * wi[0, n): one fused multiply-add per weight (a plain
+ * multiply and add in the portable build). */
+static inline void axpy(float *acc, float xv, const float *wi, int n) {
+    int k = 0;
 #ifdef QV_SIMD
-                if (n == STRIP) {
-                    __m256 xb = _mm256_set1_ps(xv);
-                    for (int k = 0; k < STRIP; k += 8)
-                        _mm256_storeu_ps(a + k, _mm256_fmadd_ps(xb, _mm256_loadu_ps(wi + k), _mm256_loadu_ps(a + k)));
-                    continue;
-                }
-                for (int k = 0; k < n; k++) a[k] = fmaf(xv, wi[k], a[k]);
+    __m256 xb = _mm256_set1_ps(xv);
+    for (; k + 8 <= n; k += 8) _mm256_storeu_ps(acc + k, _mm256_fmadd_ps(xb, _mm256_loadu_ps(wi + k), _mm256_loadu_ps(acc + k)));
+    for (; k < n; k++) acc[k] = fmaf(xv, wi[k], acc[k]);
 #else
-                for (int k = 0; k < n; k++) a[k] += xv * wi[k];
+    for (; k < n; k++) acc[k] += xv * wi[k];
 #endif
+}
+
+/* fp32 [cols, rows] (in_out): each thread owns one contiguous range of
+ * outputs and walks the stored rows in order, accumulating x[m, i] times
+ * the row's part in an L1-resident buffer (strips of at most ACC floats
+ * over all the inputs of a chunk of up to MCHUNK rows), so each stored row
+ * is read as one contiguous piece per thread. Every output is the sum over
+ * i in ascending order, whatever M, the strip or the thread count. */
+enum { ACC = 4096 };
+static void in_out_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M) {
+    const int R = w->rows, K = w->cols;
+    const float *W = w->data;
+#pragma omp parallel if ((long)R * K >= QV_PARALLEL_MIN)
+    {
+        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int per = ((R + nt - 1) / nt + 15) / 16 * 16;
+        const int j0 = t * per < R ? t * per : R, j1 = j0 + per < R ? j0 + per : R;
+        float acc[ACC];
+        for (int m0 = 0; m0 < M; m0 += MCHUNK) {
+            const int mc = M - m0 < MCHUNK ? M - m0 : MCHUNK, cw = ACC / mc / 16 * 16;
+            for (int js = j0; js < j1; js += cw) {
+                const int n = j1 - js < cw ? j1 - js : cw;
+                memset(acc, 0, (size_t)mc * (size_t)n * sizeof *acc);
+                for (int i = 0; i < K; i++) {
+                    const float *wi = W + (size_t)i * R + js;
+                    for (int m = 0; m < mc; m++) axpy(acc + (size_t)m * n, x[(size_t)(m0 + m) * K + i], wi, n);
+                }
+                for (int m = 0; m < mc; m++) {
+                    float *o = out + (size_t)(m0 + m) * R + js;
+                    for (int k = 0; k < n; k++) o[k] = acc[(size_t)m * n + k] + (bias ? bias[js + k] : 0.0f);
+                }
             }
         }
-        for (int m = 0; m < mc; m++)
-            for (int k = 0; k < n; k++) out[(size_t)(m0 + m) * R + j0 + k] = acc[m][k] + (bias ? bias[j0 + k] : 0.0f);
-    }
-}
-
-#ifdef QV_SIMD
-/* M = 1 of the strip, accumulators in registers: the same operations as
- * strip() (one fused multiply-add per weight, rows in order). */
-static void strip1(float *out, const float *x, const float *W, const float *bias, int R, int K, int j0) {
-    __m256 a[STRIP / 8];
-    for (int k = 0; k < STRIP / 8; k++) a[k] = _mm256_setzero_ps();
-    for (int i = 0; i < K; i++) {
-        const float *wi = W + (size_t)i * R + j0;
-        __m256 xb = _mm256_set1_ps(x[i]);
-        for (int k = 0; k < STRIP / 8; k++) a[k] = _mm256_fmadd_ps(xb, _mm256_loadu_ps(wi + 8 * k), a[k]);
-    }
-    for (int k = 0; k < STRIP / 8; k++) {
-        __m256 o = a[k];
-        if (bias) o = _mm256_add_ps(o, _mm256_loadu_ps(bias + j0 + 8 * k));
-        _mm256_storeu_ps(out + j0 + 8 * k, o);
-    }
-}
-#endif
-
-static void in_out_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M) {
-    const int R = w->rows, K = w->cols, ns = (R + STRIP - 1) / STRIP;
-    const float *W = w->data;
-#pragma omp parallel for schedule(static) if ((long)R * K >= QV_PARALLEL_MIN)
-    for (int s = 0; s < ns; s++) {
-        int j0 = s * STRIP, n = R - j0 < STRIP ? R - j0 : STRIP;
-#ifdef QV_SIMD
-        if (M == 1 && n == STRIP) {
-            strip1(out, x, W, bias, R, K, j0);
-            continue;
-        }
-#endif
-        strip(out, x, W, bias, R, K, M, j0, n);
     }
 }
 
