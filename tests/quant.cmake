@@ -5,3 +5,6 @@ cllm_add_c_test(test_quant LABELS kernel)
 cllm_add_py_test(test_quant_torch ref/quant_ref.py LABELS kernel)
 cllm_add_c_fallback(test_quant LABELS kernel)
 cllm_add_py_fallback(test_quant_torch ref/quant_ref.py LABELS kernel)
+# The formats inside the three model families (cllm_model_set_weights).
+cllm_add_c_test(test_quant_model LABELS model kernel)
+cllm_add_c_fallback(test_quant_model LABELS model kernel)

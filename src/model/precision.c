@@ -185,6 +185,9 @@ cllm_status model_lp_scratch_init(model_lp_scratch *lp, const cllm_model *m, int
 cllm_status cllm_model_set_precision(cllm_model *m, cllm_precision p) {
     if ((unsigned)p >= CLLM_PREC_COUNT) return CLLM_FAIL(CLLM_ERR_ARG, "unknown precision %d", (int)p);
     if (p == m->prec) return CLLM_OK;
+    if (m->ws)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s matmuls over %s weights: the weight format sets the precision "
+                         "(use --weights fp32 for mixed precision)", cllm_precision_name(p), cllm_wfmt_name(cllm_model_weights(m)));
     cllm_precision old = m->prec;
     model_lp_scratch orun = m->lp_run;
     void *op = m->lp_params;
