@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "cllm/gguf.h"
+#include "cllm/quant.h"
 #include "io/io_impl.h"
 
 enum { GGUF_ALIGN = 32, GGUF_VERSION = 3 };
@@ -194,22 +195,6 @@ static void convert(const gtensor *t, float *dst) {
                            (size_t)C * sizeof *dst);
     } else {
         memcpy(dst, t->src, (size_t)(R * C) * sizeof *dst);
-    }
-}
-
-/* Q8_0 (ggml's reference quantizer): per block of 32 values, d = max|x| /
- * 127 (f32), q = round(x / d) half away from zero (0 when d is 0), stored as
- * f16(d) and the 32 int8 q. out holds numel / 32 * 34 bytes (numel is a
- * multiple of 32; 34 / 32 bytes per value fit in the 2 of an F16 buffer). */
-static void q8_0_blocks(const float *x, size_t numel, unsigned char *out) {
-    for (size_t b = 0; b < numel / QK8_0; b++, x += QK8_0, out += Q8_0_BYTES) {
-        float amax = 0.0f;
-        for (int i = 0; i < QK8_0; i++) amax = fmaxf(amax, fabsf(x[i]));
-        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        uint16_t h = cllm_f32_to_f16(d);
-        out[0] = (unsigned char)h;
-        out[1] = (unsigned char)(h >> 8);
-        for (int i = 0; i < QK8_0; i++) out[2 + i] = (unsigned char)(int8_t)roundf(x[i] * id);
     }
 }
 
@@ -482,7 +467,7 @@ cllm_status cllm_gguf_export(cllm_model *m, const cllm_tokenizer *tok, const cll
         convert(t, scratch);
         const void *data = scratch;
         if (t->type == G_Q8_0) {
-            q8_0_blocks(scratch, numel, (unsigned char *)half);
+            cllm_quant_q8_0_row((unsigned char *)half, scratch, (int64_t)numel); /* rows are whole blocks */
             data = half;
         } else if (t->type == G_F16) {
             for (size_t k = 0; k < numel; k++) {
