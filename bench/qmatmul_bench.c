@@ -7,7 +7,9 @@
  * time of a whole step's matrices per format, its weight read rate in GB/s, and
  * the speed-up over oneDNN.
  *
- * Run: build/bench/qmatmul_bench [rounds] (threads from OMP_NUM_THREADS).
+ * Run: build/bench/qmatmul_bench [rounds [only]] (threads from OMP_NUM_THREADS);
+ * `only` (onednn, fp32, bf16, int8, q4) times that one alone at M = 1, for
+ * `perf stat` cycle counts, which a loaded machine does not distort.
  */
 #include <omp.h>
 #include <stdio.h>
@@ -61,6 +63,21 @@ int main(int argc, char **argv) {
     printf("qmatmul_bench: gpt2-124M decode-step matrices, %d threads, kernel variant %s, %d rounds\n",
            omp_get_max_threads(), cllm_qmatmul_variant(), rounds);
     const int Ms[] = {1, 4, 16};
+    if (argc > 2) {
+        cllm_wfmt f = CLLM_WFMT_COUNT;
+        if (strcmp(argv[2], "onednn") && !cllm_wfmt_from_name(argv[2], &f)) return 2;
+        for (int r = 0; r < rounds; r++)
+            for (int s = 0; s < NS; s++)
+                for (int c = 0; c < shapes[s].count; c++) {
+                    cllm_qweight w = {f, f < CLLM_WFMT_COUNT ? store[s][f] : NULL, shapes[s].rows, shapes[s].cols,
+                                      f == CLLM_WFMT_FP32 && shapes[s].in_out};
+                    if (f == CLLM_WFMT_COUNT)
+                        cllm_linear_forward(out, x, W[s], NULL, 1, shapes[s].cols, shapes[s].rows, shapes[s].in_out);
+                    else
+                        cllm_qmatmul(out, x, &w, NULL, 1);
+                }
+        return 0;
+    }
     for (int mi = 0; mi < 3; mi++) {
         int M = Ms[mi];
         double *t = calloc((size_t)rounds * NF, sizeof *t);
