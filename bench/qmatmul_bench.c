@@ -58,6 +58,7 @@ int main(int argc, char **argv) {
         if ((size_t)shapes[s].rows > max_out) max_out = (size_t)shapes[s].rows;
     }
     x = malloc(16 * 3072 * 4);
+    void *scratch = malloc(cllm_qmatmul_scratch_bytes(CLLM_WFMT_Q4, 3072, 16));
     out = malloc(16 * max_out * 4);
     for (int i = 0; i < 16 * 3072; i++) x[i] = (float)(i % 7) * 0.1f;
     printf("qmatmul_bench: gpt2-124M decode-step matrices, %d threads, kernel variant %s, %d rounds\n",
@@ -74,7 +75,7 @@ int main(int argc, char **argv) {
                     if (f == CLLM_WFMT_COUNT)
                         cllm_linear_forward(out, x, W[s], NULL, 1, shapes[s].cols, shapes[s].rows, shapes[s].in_out);
                     else
-                        cllm_qmatmul(out, x, &w, NULL, 1);
+                        cllm_qmatmul(out, x, &w, NULL, 1, scratch);
                 }
         return 0;
     }
@@ -91,7 +92,7 @@ int main(int argc, char **argv) {
                         } else {
                             cllm_qweight w = {(cllm_wfmt)f, store[s][f], shapes[s].rows, shapes[s].cols,
                                               f == CLLM_WFMT_FP32 && shapes[s].in_out};
-                            cllm_qmatmul(out, x, &w, NULL, M);
+                            cllm_qmatmul(out, x, &w, NULL, M, scratch);
                         }
                     }
                 t[f * rounds + r] = now() - t0;
@@ -115,6 +116,6 @@ int main(int argc, char **argv) {
         free(W[s]);
         for (int f = 0; f < CLLM_WFMT_COUNT; f++) free(store[s][f]);
     }
-    free(x), free(out);
+    free(x), free(out), free(scratch);
     return 0;
 }

@@ -8,7 +8,8 @@
  * weight matrix is stored by cllm_quant_matrix (from [rows, cols], and from
  * the transposed [cols, rows] layout) and must equal torch's bytes exactly;
  * every kernel variant the CPU runs (portable, avx2, avx512) must give
- * torch's float64 output to |d| <= 2e-6 * sum_k |x_k w_k| + 1e-6.
+ * torch's float64 output (int8 / q4: of the Q8_0-quantized activations)
+ * to |d| <= 2e-6 * sum_k |x_k w_k| + 1e-6.
  */
 #include <math.h>
 #include <stdio.h>
@@ -63,7 +64,9 @@ static void run_case(const char *dir, const char *name, cllm_wfmt fmt, int R, in
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         if (variants[v] > cllm_cpu()->isa) continue;
         memset(out, 0xff, (size_t)M * R * 4);
-        cllm_qmatmul_isa(out, x, &w, has_bias ? bias : NULL, M, variants[v]);
+        void *scratch = malloc(cllm_qmatmul_scratch_bytes(fmt, K, M) + 1);
+        cllm_qmatmul_isa(out, x, &w, has_bias ? bias : NULL, M, scratch, variants[v]);
+        free(scratch);
         double worst = 0;
         int bad = -1;
         float *wrow = malloc((size_t)K * 4);
@@ -121,9 +124,10 @@ static void batch_independence(void) {
     const int R = 70, K = 300, MMAX = 19;
     float *W = malloc((size_t)R * K * 4), *x = malloc((size_t)MMAX * K * 4);
     float *out = malloc((size_t)MMAX * R * 4), *one = malloc((size_t)R * 4);
+    void *scratch = malloc(cllm_qmatmul_scratch_bytes(CLLM_WFMT_Q4, K, MMAX));
     unsigned char *q = malloc(cllm_qweight_bytes(CLLM_WFMT_FP32, R, K));
-    CHECK(W && x && out && one && q, "alloc");
-    if (!(W && x && out && one && q)) goto done;
+    CHECK(W && x && out && one && q && scratch, "alloc");
+    if (!(W && x && out && one && q && scratch)) goto done;
     for (int i = 0; i < R * K; i++) W[i] = frand();
     for (int i = 0; i < MMAX * K; i++) x[i] = frand();
     for (int f = 0; f < CLLM_WFMT_COUNT; f++)
@@ -134,10 +138,10 @@ static void batch_independence(void) {
             for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
                 if (variants[v] > cllm_cpu()->isa) continue;
                 for (int M = 2; M <= MMAX; M += 17 - 2 * (M > 2) * 7) {
-                    cllm_qmatmul_isa(out, x, &w, NULL, M, variants[v]);
+                    cllm_qmatmul_isa(out, x, &w, NULL, M, scratch, variants[v]);
                     bool same = true;
                     for (int m = 0; m < M && same; m++) {
-                        cllm_qmatmul_isa(one, x + (size_t)m * K, &w, NULL, 1, variants[v]);
+                        cllm_qmatmul_isa(one, x + (size_t)m * K, &w, NULL, 1, scratch, variants[v]);
                         same = memcmp(one, out + (size_t)m * R, (size_t)R * 4) == 0;
                     }
                     CHECK(same, "%s%s via %s: a row alone differs from its row in a batch of %d",
@@ -146,7 +150,7 @@ static void batch_independence(void) {
             }
         }
 done:
-    free(W), free(x), free(out), free(one), free(q);
+    free(W), free(x), free(out), free(one), free(q), free(scratch);
 }
 
 static void formats(void) {

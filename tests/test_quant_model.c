@@ -3,11 +3,12 @@
  * for GPT-2 (Conv1D weights, tied head; a width of 40, not a multiple of
  * the 32-value block), LLaMA (untied head) and BLOOM tiny models, in bf16,
  * int8 and q4:
- *   - the logits equal, to fp32 rounding, those of the fp32 model whose
- *     matrices were replaced by their stored values (dequantized here
- *     through the public row functions): every matrix, the embedding and
- *     the head are read from the store with the right shape and layout,
- *     for short (kernel) and long (oneDNN on widened tiles) row counts;
+ *   - the logits equal those of the fp32 model whose matrices were
+ *     replaced by their stored values (dequantized here through the public
+ *     row functions): bf16 to fp32 rounding, int8 / q4 to the rounding of
+ *     their quantized activations (2.5% / 4% of the largest logit; a matrix
+ *     read with the wrong shape or layout is off by its whole size), for
+ *     short and long (bf16: oneDNN on widened tiles) row counts;
  *   - the logits stay within a per-format bound of fp32's (the measured
  *     maxima are printed);
  *   - training a converted model is refused, converting back to fp32
@@ -88,8 +89,11 @@ static void family(const char *name, cllm_arch arch, const char *extra) {
             bool ok = logits(q, tok, Ts[ti], got) && logits(r, tok, Ts[ti], want);
             CHECK(ok, "%s %s: forward: %s", name, cllm_wfmt_name((cllm_wfmt)f), cllm_last_error());
             double d = max_diff(got, want, (size_t)B * V), d32 = max_diff(got, ref32[ti], (size_t)B * V);
-            CHECK(d <= 2e-5 * scale + 1e-6, "%s %s T=%d: logits differ from the stored-values model by %g (max %g)", name,
-                  cllm_wfmt_name((cllm_wfmt)f), Ts[ti], d, scale);
+            const double same[CLLM_WFMT_COUNT] = {0, 2e-5, 0.025, 0.04};
+            CHECK(d <= same[f] * scale + 1e-6, "%s %s T=%d: logits differ from the stored-values model by %g (max %g)",
+                  name, cllm_wfmt_name((cllm_wfmt)f), Ts[ti], d, scale);
+            if (ti == 1) printf("%s %-5s max |logit - stored-values fp32 model| = %.3g\n", name,
+                                cllm_wfmt_name((cllm_wfmt)f), d);
             CHECK(d32 <= bound[f] * scale, "%s %s T=%d: logits differ from fp32 by %g (%.4f of max %g; bound %.3f)", name,
                   cllm_wfmt_name((cllm_wfmt)f), Ts[ti], d32, d32 / scale, scale, bound[f]);
             if (ti == 1)

@@ -29,10 +29,12 @@
  * same logits alone or in a batch. They run on OpenMP threads over output
  * rows, never allocate, and come in variants chosen once at run time from
  * cllm_cpu() (CLLM_MAX_ISA lowers the choice): avx512 (x86-64-v4), avx2
- * (AVX2 + FMA) and a portable C build. Activations stay fp32; the weights
- * are widened to fp32 in registers (bf16 by a shift, int8 and q4 by d * q,
- * which is exact in fp32), so each format computes exactly the fp32 matrix
- * product of its dequantized weights, up to the order of the sum.
+ * (AVX2 + FMA) and a portable C build. fp32 and bf16 weights multiply fp32
+ * activations (bf16 widened by a shift): the fp32 product up to the order
+ * of the sum. int8 and q4 weights multiply activations quantized per block
+ * of 32 like Q8_0 (fp32 scale max|x| / 127, int8 codes rounded half away
+ * from zero): each block adds d_w * d_x * (integer dot of the codes), as
+ * llama.cpp computes Q8_0 / Q4_0 times Q8_0.
  */
 #ifndef CLLM_QUANT_H
 #define CLLM_QUANT_H
@@ -89,13 +91,19 @@ size_t cllm_qweight_bytes(cllm_wfmt f, int rows, int cols);
  * scratch per thread (CLLM_ERR_NOMEM when it cannot be had). */
 cllm_status cllm_quant_matrix(void *dst, cllm_wfmt f, const float *src, int rows, int cols, bool transpose);
 
+/* Bytes of scratch cllm_qmatmul needs for M rows of `cols` inputs in
+ * format f: the quantized activations of int8 / q4 (36 bytes per 32
+ * inputs per row); 0 for fp32 and bf16. */
+size_t cllm_qmatmul_scratch_bytes(cllm_wfmt f, int cols, int M);
 /* out[M, w.rows] = x[M, w.cols] . W^T + bias (bias [w.rows] or NULL).
- * out must not alias x. M >= 1. */
-void cllm_qmatmul(float *out, const float *x, const cllm_qweight *w, const float *bias, int M);
+ * out must not alias x. M >= 1. scratch: cllm_qmatmul_scratch_bytes(w.fmt,
+ * w.cols, M) bytes of the caller's (NULL when that is 0). */
+void cllm_qmatmul(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch);
 /* The same through a given variant: isa is lowered to the best variant
  * built for it and allowed by the CPU (portable always exists). For tests
  * that compare the variants in one process. */
-void cllm_qmatmul_isa(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, cllm_isa isa);
+void cllm_qmatmul_isa(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch,
+                      cllm_isa isa);
 /* "portable", "avx2" or "avx512": the variant cllm_qmatmul uses. */
 const char *cllm_qmatmul_variant(void);
 

@@ -38,7 +38,7 @@ typedef struct {
     bool fixed;       /* never grown: too small is an internal error */
     float *widen;
     size_t widen_bytes;
-    float *deq;       /* weight-store prefills: widened weight tiles and their outputs (weights.c) */
+    float *deq;       /* weight formats (weights.c): quantized activations, or widened bf16 tiles */
     size_t deq_elems;
 } model_lp_scratch;
 
@@ -201,9 +201,10 @@ cllm_status model_linear_backward(const cllm_model *m, model_lp_scratch *lp, flo
                                   const float *dout, const float *inp, const float *w, int N, int IN, int OUT,
                                   bool w_in_out);
 
-/* Inference weight formats (weights.c). Rows of a linear forward up to
- * WEIGHTS_SMALL_ROWS run on cllm_qmatmul; longer ones widen WEIGHTS_TILE
- * output channels at a time into lp->deq for oneDNN. */
+/* Inference weight formats (weights.c). int8 / q4 linear forwards run on
+ * cllm_qmatmul (activations quantized in lp->deq); fp32 and bf16 ones up to
+ * WEIGHTS_SMALL_ROWS rows too, longer bf16 ones widen WEIGHTS_TILE output
+ * channels at a time into lp->deq for oneDNN. */
 enum { WEIGHTS_SMALL_ROWS = 16, WEIGHTS_TILE = 256 };
 /* The stored matrix of tensor idx, or NULL (no store, or kept in params). */
 const cllm_qweight *model_weights_get(const cllm_model *m, int idx);
@@ -220,7 +221,8 @@ cllm_status model_weights_read(cllm_model *m, int idx, const cllm_st_tensor *t, 
 cllm_status model_weights_widen(const cllm_model *m, int idx, const cllm_st_tensor *t, cllm_wfmt file_fmt, float *dst);
 /* out[N, C] = stored wte rows of tokens (+ wpe row n % T when wpe). */
 void model_weights_embed(const cllm_model *m, float *out, const int32_t *tokens, const float *wpe, int N, int T);
-/* out = inp . W^T + bias through the store (see WEIGHTS_SMALL_ROWS). */
+/* out = inp . W^T + bias through the store (see WEIGHTS_SMALL_ROWS); lp->deq
+ * grows unless lp is fixed. */
 cllm_status model_weights_linear(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp,
                                  const cllm_qweight *q, const float *bias, int N);
 /* Floats of lp->deq a forward of `rows` rows needs (0 without a store). */

@@ -266,7 +266,7 @@ cllm_status model_linear_forward(const cllm_model *m, model_lp_scratch *lp, floa
         if (N > WEIGHTS_SMALL_ROWS) return cllm_linear_forward(out, inp, w, bias, N, IN, OUT, w_in_out);
         /* decode steps: the bandwidth-bound kernel, in place on the flat buffer */
         cllm_qweight v = {.fmt = CLLM_WFMT_FP32, .data = w, .rows = OUT, .cols = IN, .in_out = w_in_out};
-        cllm_qmatmul(out, inp, &v, bias, N);
+        cllm_qmatmul(out, inp, &v, bias, N, NULL);
         return CLLM_OK;
     }
     size_t off = 0, nin = (size_t)N * IN;

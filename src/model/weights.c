@@ -7,10 +7,13 @@
  * each as a [out, in] matrix of the chosen format (GPT-2's Conv1D weights
  * transposed); the flat fp32 buffer keeps the rest (norms, biases, position
  * embeddings). model_linear_forward finds a layer's stored matrix by its
- * tensor index: rows of a decode step (up to WEIGHTS_SMALL_ROWS) go through
- * cllm_qmatmul, longer prefills through oneDNN's fp32 GEMM on tiles of
- * WEIGHTS_TILE output channels widened into the run's scratch. Embedding
- * rows are widened from the stored matrix as they are looked up.
+ * tensor index. int8 and q4 run on cllm_qmatmul for any row count (its
+ * integer dots are as fast as oneDNN's fp32 GEMM on this class of CPU, and
+ * a sequence's logits then never depend on the batch); bf16 rows of a
+ * decode step (up to WEIGHTS_SMALL_ROWS) too, longer bf16 prefills on
+ * oneDNN's fp32 GEMM over tiles of WEIGHTS_TILE output channels widened
+ * into the run's scratch. Embedding rows are widened from the stored
+ * matrix as they are looked up.
  *
  * A model loaded in a format other than fp32 never writes the fp32 slots of
  * the stored matrices: its flat buffer comes from calloc, whose untouched
@@ -233,33 +236,42 @@ void model_weights_embed(const cllm_model *m, float *out, const int32_t *tokens,
     }
 }
 
-/* Floats of the widening scratch for prefills of up to `rows` rows. */
-size_t model_weights_scratch(const cllm_model *m, int rows) {
-    if (!m->ws || rows <= WEIGHTS_SMALL_ROWS) return 0;
-    int widest = 0;
-    for (int i = 0; i < m->n_tensors; i++)
-        if (m->ws->w[i].data && m->ws->w[i].cols > widest) widest = m->ws->w[i].cols;
+/* Floats of lp->deq a forward of `rows` rows needs: the quantized
+ * activations of int8 / q4 (every row count runs on cllm_qmatmul), or the
+ * widened bf16 tiles and their outputs past WEIGHTS_SMALL_ROWS. */
+static size_t scratch_floats(const cllm_model *m, int rows, int widest) {
+    if (!m->ws) return 0;
+    if (m->ws->fmt == CLLM_WFMT_INT8 || m->ws->fmt == CLLM_WFMT_Q4)
+        return (cllm_qmatmul_scratch_bytes(m->ws->fmt, widest, rows) + sizeof(float) - 1) / sizeof(float);
+    if (rows <= WEIGHTS_SMALL_ROWS) return 0;
     return (size_t)WEIGHTS_TILE * (size_t)widest + (size_t)rows * WEIGHTS_TILE;
+}
+
+size_t model_weights_scratch(const cllm_model *m, int rows) {
+    int widest = 0;
+    for (int i = 0; m->ws && i < m->n_tensors; i++)
+        if (m->ws->w[i].data && m->ws->w[i].cols > widest) widest = m->ws->w[i].cols;
+    return scratch_floats(m, rows, widest);
 }
 
 cllm_status model_weights_linear(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp,
                                  const cllm_qweight *q, const float *bias, int N) {
-    if (N <= WEIGHTS_SMALL_ROWS) {
-        cllm_qmatmul(out, inp, q, bias, N);
-        return CLLM_OK;
-    }
     const int R = q->rows, K = q->cols;
-    size_t need = (size_t)WEIGHTS_TILE * (size_t)K + (size_t)N * WEIGHTS_TILE;
+    size_t need = scratch_floats(m, N, K);
     if (need > lp->deq_elems) {
         if (lp->fixed)
-            return CLLM_FAIL(CLLM_ERR_INTERNAL, "prefill of %d rows, widening scratch sized for fewer", N);
-        float *d = cllm_alloc(need * sizeof(float), "widened weight tiles");
+            return CLLM_FAIL(CLLM_ERR_INTERNAL, "a forward of %d rows, weight scratch sized for fewer", N);
+        float *d = cllm_alloc(need * sizeof(float), "weight-format scratch");
         if (!d) return CLLM_ERR_NOMEM;
         cllm_free(lp->deq);
         lp->deq = d;
         lp->deq_elems = need;
     }
-    (void)m;
+    if (q->fmt != CLLM_WFMT_BF16 || N <= WEIGHTS_SMALL_ROWS) {
+        cllm_qmatmul(out, inp, q, bias, N, lp->deq);
+        return CLLM_OK;
+    }
+    /* a bf16 prefill: oneDNN's fp32 GEMM on tiles of widened rows */
     float *wt = lp->deq, *ot = lp->deq + (size_t)WEIGHTS_TILE * K;
     const size_t rb = cllm_wfmt_row_bytes(q->fmt, K);
     for (int r0 = 0; r0 < R; r0 += WEIGHTS_TILE) {

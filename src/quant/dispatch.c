@@ -7,7 +7,7 @@
 
 #include "quant_impl.h"
 
-typedef void (*qmatmul_fn)(float *, const float *, const cllm_qweight *, const float *, int);
+typedef void (*qmatmul_fn)(float *, const float *, const cllm_qweight *, const float *, int, void *);
 
 /* The best variant built for level isa; the level is first capped by what
  * the CPU allows. */
@@ -39,12 +39,18 @@ const char *cllm_qmatmul_variant(void) {
     return g_name;
 }
 
-void cllm_qmatmul(float *out, const float *x, const cllm_qweight *w, const float *bias, int M) {
-    pthread_once(&g_once, choose);
-    g_fn(out, x, w, bias, M);
+size_t cllm_qmatmul_scratch_bytes(cllm_wfmt f, int cols, int M) {
+    if (f != CLLM_WFMT_INT8 && f != CLLM_WFMT_Q4) return 0;
+    return (size_t)M * (size_t)((cols + CLLM_QBLOCK - 1) / CLLM_QBLOCK) * QUANT_XBLOCK_BYTES;
 }
 
-void cllm_qmatmul_isa(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, cllm_isa isa) {
+void cllm_qmatmul(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch) {
+    pthread_once(&g_once, choose);
+    g_fn(out, x, w, bias, M, scratch);
+}
+
+void cllm_qmatmul_isa(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch,
+                      cllm_isa isa) {
     const char *name;
-    variant(isa, &name)(out, x, w, bias, M);
+    variant(isa, &name)(out, x, w, bias, M, scratch);
 }

@@ -11,13 +11,19 @@
  * Every output is the dot product of one weight row with one input row,
  * computed by the same sequence of operations whatever M is (M only decides
  * how often a row is reused), so a sequence's logits do not depend on the
- * batch it runs in. The 32 values of a block go to 32 accumulator lanes
- * (value i to lane i % 32); lanes are summed in a fixed order at the end.
- * Weights are widened to fp32 before the multiply: bf16 by a 16-bit shift,
- * int8 / q4 as d * q (exact in fp32: an 11-bit scale times an 8-bit
- * integer), so every format computes the fp32 product of its dequantized
- * weights. For M > 1 a row is widened once into a stack buffer and reused;
- * the values are the same, so the result is too.
+ * batch it runs in.
+ *
+ * fp32 / bf16: the 32 values of a block go to 32 fp32 accumulator lanes
+ * (value i to lane i % 32), summed in a fixed order at the end; bf16 is
+ * widened by a 16-bit shift. For M > 1 a row is widened once into a stack
+ * buffer and reused; the values are the same, so the result is too.
+ *
+ * int8 / q4: the activations are quantized per block of 32 as Q8_0 is (an
+ * fp32 scale d_x = max|x| / 127 and int8 codes), and each block contributes
+ * d_w * d_x * (exact integer dot of the codes): AVX2's maddubs / madd on 32
+ * codes at once, the way llama.cpp multiplies Q4_0 / Q8_0 by Q8_0. That is
+ * several times less arithmetic than widening every weight to fp32, which
+ * would leave these formats bound by compute rather than memory.
  *
  * fp32 weights in GPT-2's [cols, rows] layout are read in place, row by
  * row of the stored matrix (axpy form): each thread owns a strip of 64
@@ -95,27 +101,6 @@ static inline void widen_bf16(wide *w, const uint16_t *src) {
     w->a2 = bf16x8(src + 16);
     w->a3 = bf16x8(src + 24);
 }
-static inline __m256 i8x8(__m256 d, __m128i q) { return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))); }
-static inline void widen_int8(wide *w, const unsigned char *b) {
-    __m256 d = _mm256_set1_ps(scale_of(b));
-    __m128i q0 = _mm_loadu_si128((const __m128i *)(const void *)(b + 2));
-    __m128i q1 = _mm_loadu_si128((const __m128i *)(const void *)(b + 18));
-    w->a0 = i8x8(d, q0);
-    w->a1 = i8x8(d, _mm_srli_si128(q0, 8));
-    w->a2 = i8x8(d, q1);
-    w->a3 = i8x8(d, _mm_srli_si128(q1, 8));
-}
-static inline void widen_q4(wide *w, const unsigned char *b) {
-    __m256 d = _mm256_set1_ps(scale_of(b));
-    const __m128i m15 = _mm_set1_epi8(15), m8 = _mm_set1_epi8(8);
-    __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(b + 2));
-    __m128i lo = _mm_sub_epi8(_mm_and_si128(q, m15), m8);
-    __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m15), m8);
-    w->a0 = i8x8(d, lo);
-    w->a1 = i8x8(d, _mm_srli_si128(lo, 8));
-    w->a2 = i8x8(d, hi);
-    w->a3 = i8x8(d, _mm_srli_si128(hi, 8));
-}
 static inline void store_block(float *dst, const wide *w) {
     _mm256_storeu_ps(dst, w->a0);
     _mm256_storeu_ps(dst + 8, w->a1);
@@ -140,17 +125,6 @@ static inline void widen_f32(wide *w, const float *src) { memcpy(w->a, src, size
 static inline void widen_bf16(wide *w, const uint16_t *src) {
     for (int i = 0; i < QB; i++) w->a[i] = cllm_bf16_to_f32(src[i]);
 }
-static inline void widen_int8(wide *w, const unsigned char *b) {
-    float d = scale_of(b);
-    for (int i = 0; i < QB; i++) w->a[i] = d * (float)(int8_t)b[2 + i];
-}
-static inline void widen_q4(wide *w, const unsigned char *b) {
-    float d = scale_of(b);
-    for (int j = 0; j < QB / 2; j++) {
-        w->a[j] = d * (float)((b[2 + j] & 15) - 8);
-        w->a[j + QB / 2] = d * (float)((b[2 + j] >> 4) - 8);
-    }
-}
 static inline void store_block(float *dst, const wide *w) { memcpy(dst, w->a, sizeof w->a); }
 #endif
 
@@ -166,22 +140,8 @@ static inline const float *x_block(const float *x, int cols, int b, float pad[QB
 }
 
 /* A row's dot product with x, block by block, one loop per format (the
- * format test stays out of the loop). fp32 and bf16 rows read their
- * partial last block through a zero-padded copy; the block formats are
- * padded in storage. DOT_LOOP(widen, src_of_block) runs the full blocks
- * and the partial one. */
-#define DOT_LOOP(WIDEN, SRC)                                                   \
-    lanes acc;                                                                 \
-    lanes_zero(&acc);                                                          \
-    float xpad[QB];                                                            \
-    const int nb = (cols + QB - 1) / QB;                                       \
-    for (int b = 0; b < nb; b++) {                                             \
-        WBLOCK;                                                                \
-        WIDEN(&wb, SRC);                                                        \
-        lanes_fma(&acc, &wb, x_block(x, cols, b, xpad));                        \
-    }                                                                          \
-    return lanes_sum(&acc)
-
+ * format test stays out of the loop); a partial last block is read
+ * through zero-padded copies. */
 static float dot_f32(const float *row, const float *x, int cols) {
     const int full = cols / QB;
     lanes acc;
@@ -223,41 +183,19 @@ static float dot_bf16(const uint16_t *row, const float *x, int cols) {
     return lanes_sum(&acc);
 }
 
-static float dot_int8(const unsigned char *row, const float *x, int cols) {
-    DOT_LOOP(widen_int8, row + (size_t)b * CLLM_Q8_BLOCK_BYTES);
-}
-
-static float dot_q4(const unsigned char *row, const float *x, int cols) {
-    DOT_LOOP(widen_q4, row + (size_t)b * CLLM_Q4_BLOCK_BYTES);
-}
-
 static float dot_row(cllm_wfmt f, const unsigned char *row, const float *x, int cols) {
     switch (f) {
     case CLLM_WFMT_BF16: return dot_bf16((const uint16_t *)(const void *)row, x, cols);
-    case CLLM_WFMT_INT8: return dot_int8(row, x, cols);
-    case CLLM_WFMT_Q4: return dot_q4(row, x, cols);
     default: return dot_f32((const float *)(const void *)row, x, cols);
     }
 }
 
-/* Widens a whole row into wrow (nb * 32 floats, zero-padded): the values
- * dot_row would widen block by block. */
+/* Widens a whole fp32 / bf16 row into wrow (nb * 32 floats, zero-padded):
+ * the values dot_row would widen block by block. */
 static void widen_row(cllm_wfmt f, const unsigned char *row, int cols, float *wrow) {
-    const int nb = (cols + QB - 1) / QB, full = cols / QB;
-    if (f == CLLM_WFMT_FP32 || f == CLLM_WFMT_BF16) {
-        cllm_quant_dequant_row(wrow, row, f, cols);
-        memset(wrow + cols, 0, (size_t)(nb * QB - cols) * sizeof *wrow);
-        return;
-    }
-    (void)full;
-    for (int b = 0; b < nb; b++) {
-        WBLOCK;
-        if (f == CLLM_WFMT_INT8)
-            widen_int8(&wb, row + (size_t)b * CLLM_Q8_BLOCK_BYTES);
-        else
-            widen_q4(&wb, row + (size_t)b * CLLM_Q4_BLOCK_BYTES);
-        store_block(wrow + (size_t)b * QB, &wb);
-    }
+    const int nb = (cols + QB - 1) / QB;
+    cllm_quant_dequant_row(wrow, row, f, cols);
+    memset(wrow + cols, 0, (size_t)(nb * QB - cols) * sizeof *wrow);
 }
 
 /* One output from a row widened beforehand into wrow (nb * 32 floats). */
@@ -272,6 +210,96 @@ static float dot_wide(const float *wrow, const float *x, int cols) {
         lanes_fma(&acc, &wb, x_block(x, cols, b, xpad));
     }
     return lanes_sum(&acc);
+}
+
+/* ------------------------------------- int8 / q4 weights: integer dots */
+
+/* A block of 32 activations quantized as Q8_0 is, with an fp32 scale:
+ * value = d * q, d = max|x| / 127, q = round(x / d) half away from zero. */
+typedef struct {
+    float d;
+    int8_t q[QB];
+} xblock;
+_Static_assert(sizeof(xblock) == QUANT_XBLOCK_BYTES, "xblock layout");
+
+/* Rows of x quantized block by block into xq ([M][nb], zero-padded). */
+static void quantize_x(xblock *xq, const float *x, int M, int K) {
+    const int nb = (K + QB - 1) / QB;
+#pragma omp parallel for schedule(static) if ((long)M * K >= 65536)
+    for (int m = 0; m < M; m++)
+        for (int b = 0; b < nb; b++) {
+            float pad[QB];
+            const float *v = x_block(x + (size_t)m * K, K, b, pad);
+            float amax = 0.0f;
+            for (int i = 0; i < QB; i++) amax = fmaxf(amax, fabsf(v[i]));
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            xblock *o = xq + (size_t)m * nb + b;
+            o->d = d;
+            for (int i = 0; i < QB; i++) o->q[i] = (int8_t)roundf(v[i] * id);
+        }
+}
+
+/* One output: sum over blocks of d_w * d_x * (integer dot of the codes).
+ * The integer dot is exact; the sum runs over 8 lanes (avx2) or one
+ * (portable) in block order, the same for any M. */
+static float dot_q(cllm_wfmt f, const unsigned char *row, const xblock *xq, int nb) {
+    const size_t bb = f == CLLM_WFMT_Q4 ? CLLM_Q4_BLOCK_BYTES : CLLM_Q8_BLOCK_BYTES;
+#ifdef QV_SIMD
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m128i m15 = _mm_set1_epi8(15);
+    for (int b = 0; b < nb; b++) {
+        const unsigned char *blk = row + (size_t)b * bb;
+        __m256i w;
+        if (f == CLLM_WFMT_Q4) {
+            __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2));
+            __m128i lo = _mm_and_si128(q, m15), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m15);
+            w = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+        } else {
+            w = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
+        }
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)xq[b].q);
+        /* |w| (unsigned) times x with w's sign: pairs summed to int16, then int32 */
+        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w)), ones);
+        __m256 dd = _mm256_set1_ps(scale_of(blk) * xq[b].d);
+        if (b & 1)
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dd, acc1);
+        else
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dd, acc0);
+    }
+    __m256 s = _mm256_add_ps(acc0, acc1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+#else
+    float acc = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        const unsigned char *blk = row + (size_t)b * bb;
+        int32_t sum = 0;
+        if (f == CLLM_WFMT_Q4) {
+            for (int j = 0; j < QB / 2; j++)
+                sum += ((blk[2 + j] & 15) - 8) * xq[b].q[j] + ((blk[2 + j] >> 4) - 8) * xq[b].q[j + QB / 2];
+        } else {
+            for (int i = 0; i < QB; i++) sum += (int8_t)blk[2 + i] * xq[b].q[i];
+        }
+        acc += (float)sum * (scale_of(blk) * xq[b].d);
+    }
+    return acc;
+#endif
+}
+
+static void quant_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch) {
+    const int R = w->rows, K = w->cols, nb = (K + QB - 1) / QB;
+    const size_t rb = cllm_wfmt_row_bytes(w->fmt, K);
+    xblock *xq = scratch;
+    quantize_x(xq, x, M, K);
+#pragma omp parallel for schedule(static) if ((long)R * K * M >= QV_PARALLEL_MIN)
+    for (int r = 0; r < R; r++) {
+        const unsigned char *row = (const unsigned char *)w->data + (size_t)r * rb;
+        const float bv = bias ? bias[r] : 0.0f;
+        for (int m = 0; m < M; m++) out[(size_t)m * R + r] = dot_q(w->fmt, row, xq + (size_t)m * nb, nb) + bv;
+    }
 }
 
 /* Row-major formats: one output channel per iteration, all M inputs. */
@@ -340,8 +368,10 @@ static void in_out_kernel(float *out, const float *x, const cllm_qweight *w, con
     }
 }
 
-void QMATMUL(float *out, const float *x, const cllm_qweight *w, const float *bias, int M) {
-    if (w->fmt == CLLM_WFMT_FP32 && w->in_out)
+void QMATMUL(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch) {
+    if (w->fmt == CLLM_WFMT_INT8 || w->fmt == CLLM_WFMT_Q4)
+        quant_kernel(out, x, w, bias, M, scratch);
+    else if (w->fmt == CLLM_WFMT_FP32 && w->in_out)
         in_out_kernel(out, x, w, bias, M);
     else
         rows_kernel(out, x, w, bias, M);

@@ -8,8 +8,11 @@
 
 #include "cllm/quant.h"
 
-void cllm_qmatmul_portable(float *out, const float *x, const cllm_qweight *w, const float *bias, int M);
-void cllm_qmatmul_avx2(float *out, const float *x, const cllm_qweight *w, const float *bias, int M);
-void cllm_qmatmul_avx512(float *out, const float *x, const cllm_qweight *w, const float *bias, int M);
+void cllm_qmatmul_portable(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch);
+void cllm_qmatmul_avx2(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch);
+void cllm_qmatmul_avx512(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch);
+
+/* Bytes of one quantized activation block of matvec.c (fp32 scale + 32 int8). */
+enum { QUANT_XBLOCK_BYTES = 36 };
 
 #endif

@@ -7,7 +7,9 @@ all-zero block, odd sizes), inputs x [M, cols] and a bias; computes with torch
     d = max|x|/127, q = round half away from zero) and q4 (ggml Q4_0: d = m/-8
     with m the value of largest magnitude, q = min(15, trunc(x/d + 8.5))),
     zero-padded to a multiple of 32 values per row;
-  - the output x . dequant(W)^T + bias in float64.
+  - the output x . dequant(W)^T + bias in float64, where for int8 / q4 x is first
+    quantized per block of 32 as the kernels do (fp32 scale max|x|/127, codes
+    rounded half away from zero).
 Writes them with manifest.txt into a temporary directory and runs
 <build>/tests/test_quant on it: the C side must reproduce the bytes exactly and
 the outputs to a tight tolerance through every kernel variant the CPU has.
@@ -45,6 +47,24 @@ def padded(W):
     return P.view(rows, nb, 32)
 
 
+def round_away(v):
+    """roundf (half away from zero) of float32 values, exactly: trunc plus the
+    exact fractional part compared with 0.5 (|v| + 0.5 can round up in fp32)."""
+    t = torch.trunc(v)
+    return t + torch.sign(v) * ((v - t).abs() >= 0.5).to(v.dtype)
+
+
+def q8_act(x):
+    """Activations [M, cols] quantized as the int8 / q4 kernels do: per block of 32,
+    an fp32 scale max|x|/127 and codes round(x / d); returns the float64 values d * q."""
+    M, cols = x.shape
+    B = padded(x)
+    d = B.abs().amax(dim=2, keepdim=True) / torch.tensor(127.0, dtype=torch.float32)
+    inv = torch.where(d != 0, torch.tensor(1.0, dtype=torch.float32) / d, torch.zeros_like(d))
+    q = round_away(B * inv)
+    return (d.double() * q.double()).reshape(M, -1)[:, :cols]
+
+
 def half_bytes(d):
     return d.to(torch.float16).view(torch.int16).to(torch.int32)
 
@@ -57,7 +77,7 @@ def q8_0(W):
     d = amax / torch.tensor(127.0, dtype=torch.float32)
     inv = torch.where(d != 0, torch.tensor(1.0, dtype=torch.float32) / d, torch.zeros_like(d))
     v = B * inv  # float32, as the C quantizer rounds
-    q = (torch.sign(v) * torch.floor(v.abs() + 0.5)).to(torch.int32)
+    q = round_away(v).to(torch.int32)
     h = half_bytes(d)
     stored = torch.cat([(h & 255).to(torch.uint8), ((h >> 8) & 255).to(torch.uint8), q.to(torch.int8).view(torch.uint8)],
                        dim=2)
@@ -115,7 +135,8 @@ def gen():
                     stored, dq = None, W.double()
                 else:
                     stored, dq = {"bf16": bf16, "int8": q8_0, "q4": q4_0}[fmt](W)
-                y = x.double() @ dq.t()
+                xin = q8_act(x) if fmt in ("int8", "q4") else x.double()
+                y = xin @ dq.t()
                 if has_bias:
                     y = y + bias.double()
                 MANIFEST.append(f"qmm {name} {fmt} {rows} {cols} {M} {in_out} {int(has_bias)}")
