@@ -97,9 +97,12 @@ void cllm_quant_dequant_row(float *dst, const void *src, cllm_wfmt f, int64_t n)
         memcpy(dst, src, (size_t)n * sizeof *dst);
         return;
     }
-    if (f == CLLM_WFMT_BF16) {
+    if (f == CLLM_WFMT_BF16) { /* the upper half of the fp32 bits (a loop that vectorises) */
         const uint16_t *h = src;
-        for (int64_t i = 0; i < n; i++) dst[i] = cllm_bf16_to_f32(h[i]);
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t bits = (uint32_t)h[i] << 16;
+            memcpy(dst + i, &bits, sizeof bits);
+        }
         return;
     }
     for (int64_t i0 = 0; i0 < n; i0 += CLLM_QBLOCK) {
