@@ -16,13 +16,16 @@ On a small random GPT-2 (real GPT-2 tokenizer) and a tiny LLaMA:
 Run as: quant_cli.py --cllm <bin> --build <dir> --fixtures <hf fixtures>
 """
 import argparse
+import http.client
 import json
+import re
 import os
 import shutil
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 FAILS = []
 
@@ -152,6 +155,38 @@ def main():
                 json.dump(cfg, open(os.path.join(out, "config.json"), "w"))
                 r = run([cllm, "generate", "--model", out, "--prompt", "x", "--max-new-tokens", "2"])
                 check(r.returncode != 0 and b"cllm_weights" in r.stderr, f"U8 without cllm_weights: {r.stderr!r}")
+
+        # ---- cllm serve on the int8 folder: /info names the format, /generate decodes as generate does
+        qdir = os.path.join(tmp, "gpt2-int8")
+        srv = subprocess.Popen([cllm, "serve", "--model", qdir, "--port", "0"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+        try:
+            port, log = None, ""
+            t0 = time.time()
+            while port is None and time.time() - t0 < 120:
+                line = srv.stderr.readline().decode()
+                if not line:
+                    break
+                log += line
+                mt = re.search(r"listening on http://[^:]+:(\d+)", line)
+                if mt:
+                    port = int(mt.group(1))
+            check(port is not None and "int8 weights" in log, f"serve start-up: {log!r}")
+            if port:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+                conn.request("GET", "/info")
+                info = json.loads(conn.getresponse().read())
+                check(info.get("model_dtype") == "int8", f"/info model_dtype {info.get('model_dtype')}")
+                conn.request("POST", "/generate", json.dumps({"inputs": "The history of the printing press",
+                                                              "parameters": {"max_new_tokens": 24, "details": True}}),
+                             {"Content-Type": "application/json"})
+                js = json.loads(conn.getresponse().read())
+                ids = [t["id"] for t in js.get("details", {}).get("tokens", [])]
+                want, _ = gen_ids(cllm, qdir, [], prompts[gpt])
+                check(ids == want, f"serve int8 {ids} vs generate {want}")
+        finally:
+            srv.terminate()
+            srv.wait(timeout=60)
 
         # ---- bad input
         r = run([cllm, "generate", "--model", gpt, "--weights", "q5", "--prompt", "x"])
