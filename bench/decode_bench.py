@@ -12,7 +12,8 @@ Model: gpt2-124M from `cllm init --preset gpt2-124M --seed 1` with the GPT-2 tok
 generate` reports (decode time after the prompt), torch's is (tokens - 1) / (last - first
 token time) of bench/serve_bench.py's TorchGPT2 loop (fp32, and bf16 with every weight
 and the cache in bfloat16). Both sides get --threads threads (OMP_NUM_THREADS, and
-torch.set_num_threads in this process). Rounds are interleaved (each format and each torch
+torch.set_num_threads in this process) and OMP_WAIT_POLICY=PASSIVE (set by serve_bench
+before torch loads; with spinning OpenMP threads every figure collapses on a loaded machine). Rounds are interleaved (each format and each torch
 dtype once per round); medians.
 
 The bound: the best read bandwidth of bench/membw.c and a torch read loop over the

@@ -64,6 +64,7 @@ int main(int argc, char **argv) {
     printf("qmatmul_bench: gpt2-124M decode-step matrices, %d threads, kernel variant %s, %d rounds\n",
            omp_get_max_threads(), cllm_qmatmul_variant(), rounds);
     const int Ms[] = {1, 4, 16};
+    const char *only_shape = getenv("QMATMUL_BENCH_SHAPE"); /* a digit: time that matrix alone */
     if (argc > 2) {
         cllm_wfmt f = CLLM_WFMT_COUNT;
         if (strcmp(argv[2], "onednn") && !cllm_wfmt_from_name(argv[2], &f)) return 2;
@@ -86,7 +87,7 @@ int main(int argc, char **argv) {
             for (int f = 0; f < NF; f++) { /* f == CLLM_WFMT_COUNT: oneDNN */
                 double t0 = now();
                 for (int s = 0; s < NS; s++)
-                    for (int c = 0; c < shapes[s].count; c++) {
+                    for (int c = 0; c < shapes[s].count && (!only_shape || only_shape[0] - '0' == s); c++) {
                         if (f == CLLM_WFMT_COUNT) {
                             cllm_linear_forward(out, x, W[s], NULL, M, shapes[s].cols, shapes[s].rows, shapes[s].in_out);
                         } else {
