@@ -172,6 +172,14 @@ static void formats(void) {
     bool exact = true;
     for (int i = 0; i < 32; i++) exact &= back[i] == row[i];
     CHECK(exact, "q4 round trip of integers -8..7");
+    /* non-finite values: defined codes, no undefined conversion (UBSan) */
+    row[3] = NAN, row[5] = INFINITY, row[7] = -INFINITY;
+    unsigned char b8[CLLM_Q8_BLOCK_BYTES];
+    cllm_quant_q8_0_row(b8, row, 32);
+    cllm_quant_q4_0_row(b, row, 32);
+    CHECK(cllm_quant_code8(NAN) == 0 && cllm_quant_code8(1e30f) == 127 && cllm_quant_code8(-1e30f) == -127 &&
+              cllm_quant_code8(-2.5f) == -3 && cllm_quant_code8(2.49f) == 2,
+          "int8 codes: NaN 0, clamped, half away from zero");
 }
 
 int main(int argc, char **argv) {

@@ -69,6 +69,9 @@ size_t cllm_wfmt_row_bytes(cllm_wfmt f, int64_t cols);
  * last block is padded with zeros. dst holds cllm_wfmt_row_bytes(.., n). */
 void cllm_quant_q8_0_row(unsigned char *dst, const float *src, int64_t n);
 void cllm_quant_q4_0_row(unsigned char *dst, const float *src, int64_t n);
+/* An int8 code: round(v) half away from zero; NaN gives 0, values beyond
+ * +-127 give +-127 (never an undefined conversion). */
+int8_t cllm_quant_code8(float v);
 /* The values of one stored row of format f (n values; fp32 rows copied). */
 void cllm_quant_dequant_row(float *dst, const void *src, cllm_wfmt f, int64_t n);
 

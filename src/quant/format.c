@@ -51,6 +51,13 @@ static const float *block_values(float *pad, const float *src, int64_t n, int64_
     return pad;
 }
 
+int8_t cllm_quant_code8(float v) {
+    float r = roundf(v);
+    /* NaN (a non-finite weight or activation) and out-of-range values are
+     * clamped rather than converted: float-to-integer overflow is undefined */
+    return r >= -127.0f && r <= 127.0f ? (int8_t)r : r > 127.0f ? 127 : r < -127.0f ? -127 : 0;
+}
+
 static void put_scale(unsigned char *dst, float d) {
     uint16_t h = cllm_f32_to_f16(d);
     dst[0] = (unsigned char)h;
@@ -67,7 +74,7 @@ void cllm_quant_q8_0_row(unsigned char *dst, const float *src, int64_t n) {
         for (int i = 0; i < CLLM_QBLOCK; i++) amax = fmaxf(amax, fabsf(x[i]));
         const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         put_scale(dst, d);
-        for (int i = 0; i < CLLM_QBLOCK; i++) dst[2 + i] = (unsigned char)(int8_t)roundf(x[i] * id);
+        for (int i = 0; i < CLLM_QBLOCK; i++) dst[2 + i] = (unsigned char)cllm_quant_code8(x[i] * id);
     }
 }
 

@@ -235,7 +235,7 @@ static void quantize_x(xblock *xq, const float *x, int M, int K) {
             const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
             xblock *o = xq + (size_t)m * nb + b;
             o->d = d;
-            for (int i = 0; i < QB; i++) o->q[i] = (int8_t)roundf(v[i] * id);
+            for (int i = 0; i < QB; i++) o->q[i] = cllm_quant_code8(v[i] * id);
         }
 }
 
