@@ -15,7 +15,9 @@
 #include "cllm/kernels.h"
 #include "model_impl.h"
 
-cllm_status model_from_config(cllm_model **out, const json_t *config, const char *path) {
+/* A model of config with its layout; its flat parameter buffer zeroed
+ * (alloc_params) or not allocated yet. */
+static cllm_status model_new(cllm_model **out, const json_t *config, const char *path, bool alloc_params) {
     *out = NULL;
     cllm_model *m = calloc(1, sizeof *m);
     if (!m) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
@@ -27,8 +29,7 @@ cllm_status model_from_config(cllm_model **out, const json_t *config, const char
         goto fail;
     }
     if ((st = model_build_layout(m))) goto fail;
-    m->params = cllm_calloc(m->n_params, sizeof(float), "model parameters");
-    if (!m->params) {
+    if (alloc_params && !(m->params = cllm_calloc(m->n_params, sizeof(float), "model parameters"))) {
         st = CLLM_ERR_NOMEM;
         goto fail;
     }
@@ -37,6 +38,10 @@ cllm_status model_from_config(cllm_model **out, const json_t *config, const char
 fail:
     cllm_model_free(m);
     return st;
+}
+
+cllm_status model_from_config(cllm_model **out, const json_t *config, const char *path) {
+    return model_new(out, config, path, true);
 }
 
 void cllm_model_free(cllm_model *m) {
@@ -136,7 +141,7 @@ cllm_status cllm_model_load_weights(cllm_model **out, const char *dir, const cha
     bool *seen = NULL;
     cllm_status st = cllm_json_load_file(&config, path);
     if (st) return st;
-    if ((st = model_from_config(&m, config, path))) goto done;
+    if ((st = model_new(&m, config, path, false))) goto done; /* the flat buffer once the format is known */
     if ((st = cllm_st_set_open(&set, dir))) goto done;
     cllm_wfmt file_fmt, fmt;
     if ((st = stored_format(m, config, set, path, &file_fmt))) goto done;
@@ -145,7 +150,12 @@ cllm_status cllm_model_load_weights(cllm_model **out, const char *dir, const cha
         st = CLLM_FAIL(CLLM_ERR_ARG, "unknown weight format '%s' (expected fp32, bf16, int8 or q4)", weights);
         goto done;
     }
-    if (fmt != CLLM_WFMT_FP32 && ((st = model_weights_init(m, fmt)) || (st = lazy_params(m)))) goto done;
+    if (fmt != CLLM_WFMT_FP32) {
+        if ((st = model_weights_init(m, fmt)) || (st = lazy_params(m))) goto done;
+    } else if (!(m->params = cllm_calloc(m->n_params, sizeof(float), "model parameters"))) {
+        st = CLLM_ERR_NOMEM;
+        goto done;
+    }
     seen = calloc((size_t)m->n_tensors, sizeof *seen);
     if (!seen) {
         st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
