@@ -141,6 +141,10 @@ cllm_status cllm_ckpt_verify_range(const char *dir, bool all_params, size_t begi
  * of its parameters. A sharded checkpoint's layout must match the model its
  * config.json describes. */
 cllm_status cllm_ckpt_load_model(cllm_model **out, const char *dir);
+/* cllm_ckpt_load_model with the matrices in weight format `weights`
+ * (cllm_model_load_weights; NULL: the stored format, fp32 for a sharded
+ * checkpoint, which is converted after loading). */
+cllm_status cllm_ckpt_load_model_weights(cllm_model **out, const char *dir, const char *weights);
 
 /* Which flat buffer cllm_ckpt_read_range reads. */
 typedef enum { CLLM_CKPT_PARAMS, CLLM_CKPT_STATE0, CLLM_CKPT_STATE1 } cllm_ckpt_buffer;

@@ -88,7 +88,8 @@ size_t cllm_matmul_bf16_scratch_bound(int M_max, int N, int K);
 
 /* Describes the CPU and the kernels chosen on it, one "key: value" per
  * line (cpu, cpu features, isa, onednn version and ISA, fp32 gemm, bf16
- * gemm), into buf (NUL-terminated, truncated to cap). Probes oneDNN on the
+ * gemm, kernels, decode matvec), into buf (NUL-terminated, truncated to
+ * cap). Probes oneDNN on the
  * first call. */
 void cllm_kernels_describe(char *buf, size_t cap);
 /* The build of the element-wise, norm, attention and loss kernels this

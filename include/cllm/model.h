@@ -41,6 +41,7 @@
 #include <stdint.h>
 
 #include "cllm/core.h"
+#include "cllm/quant.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -121,6 +122,31 @@ cllm_status cllm_model_config_from_json(cllm_model_config *cfg, const struct jso
  * lm_head.weight duplicate when the head is tied. A missing tensor, an
  * unexpected one, or a wrong shape is an error naming it. */
 cllm_status cllm_model_load(cllm_model **out, const char *dir);
+/* cllm_model_load with the matrices of inference (linear weights, token
+ * embedding, head) in weight format `weights` ("fp32", "bf16", "int8",
+ * "q4"; cllm/quant.h), converted while loading; NULL keeps the stored
+ * format: the cllm_weights format of a folder written by cllm convert
+ * --quantize, bf16 when the files hold bf16 matrices, else fp32. In a
+ * format other than fp32 the fp32 copies of those matrices are never made
+ * (memory: the format's bytes plus the fp32 norms, biases and position
+ * embeddings) and the model runs forwards only (cllm_model_prepare with
+ * train is CLLM_ERR_UNSUPPORTED). An unknown name is CLLM_ERR_ARG. */
+cllm_status cllm_model_load_weights(cllm_model **out, const char *dir, const char *weights);
+/* Converts the matrices of a model that has its fp32 parameters into
+ * format f (fp32: back to the flat buffer). The fp32 buffer is kept. A
+ * model loaded in another format, or prepared for training, is
+ * CLLM_ERR_UNSUPPORTED. Not thread-safe with forwards. */
+cllm_status cllm_model_set_weights(cllm_model *m, cllm_wfmt f);
+/* The format the matrices are read in (CLLM_WFMT_FP32 without a store). */
+cllm_wfmt cllm_model_weights(const cllm_model *m);
+/* Bytes of the matrices one decode step reads: every linear weight and the
+ * head (a tied head counted once), in their format. */
+size_t cllm_model_weight_bytes(const cllm_model *m);
+/* Writes the model as an HF-style folder whose matrices are stored in its
+ * weight format (config.json gains "cllm_weights"; docs/formats/quantized.md)
+ * so that cllm_model_load_weights reads them back without conversion. For
+ * fp32 weights, as cllm_model_save. */
+cllm_status cllm_model_save_weights(const cllm_model *m, const char *dir, size_t max_shard_bytes);
 
 /* Builds a randomly initialised model from an HF config object (copied; it
  * is what cllm_model_save writes back as config.json). Init follows the HF

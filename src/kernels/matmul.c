@@ -47,6 +47,7 @@
  * bias add is a cheap separate pass and keeps the cache key small).
  */
 #include "cllm/kernels.h"
+#include "cllm/quant.h"
 
 #include <dnnl.h>
 #include <stdio.h>
@@ -513,11 +514,12 @@ void cllm_kernels_describe(char *buf, size_t cap) {
              "onednn: %d.%d.%d, isa %s\n"
              "fp32 gemm: onednn\n"
              "bf16 gemm: %s\n"
-             "kernels: %s\n",
+             "kernels: %s\n"
+             "decode matvec: %s (fp32, bf16, int8, q4 weights)\n",
              c->model[0] ? c->model : "unknown", c->n_cpus, feats[0] ? feats : "none", cllm_isa_name(c->isa),
              c->capped ? ", capped by CLLM_MAX_ISA from " : "", c->capped ? cllm_isa_name(c->detected) : "",
              v->major, v->minor, v->patch, dnnl_isa, cllm_matmul_bf16_backend(),
-             cllm_kernels_variant());
+             cllm_kernels_variant(), cllm_qmatmul_variant());
 }
 
 /* Frees every cached primitive and the engine, once the GEMMs running on

@@ -361,7 +361,7 @@ static cllm_status plan(cllm_kv_cache *kv, const int32_t *tokens, const int *n_n
 /* The head of a tensor part: this rank's vocabulary columns of the call's
  * rows, gathered at rank 0 into logits (whole vocabulary, padding dropped);
  * the other ranks pass logits NULL. */
-static cllm_status tp_head(cllm_kv_cache *kv, const float *W, int n_call, float *logits) {
+static cllm_status tp_head(cllm_kv_cache *kv, int W, int n_call, float *logits) {
     const cllm_model *m = kv->m;
     const int C = m->cfg.n_embd, Vl = m->cfg.vocab_size, V = cllm_model_vocab(m), tp = m->tp_size;
     const size_t part = (size_t)n_call * (size_t)Vl;
@@ -402,13 +402,12 @@ static cllm_status run_rows(cllm_kv_cache *kv, const int32_t *tokens, int n_call
     model_norm_forward(m, kv->lnf, kv->lmean, kv->lrstd, kv->last, model_param(m, m->gslot[G_LNF_W]),
                        model_param(m, m->gslot[G_LNF_B]), n_call);
     int head = m->gslot[G_HEAD] >= 0 ? m->gslot[G_HEAD] : m->gslot[G_WTE];
-    const float *W = model_param(m, head);
-    if (m->tp_size > 1) return tp_head(kv, W, n_call, logits);
+    if (m->tp_size > 1) return tp_head(kv, head, n_call, logits);
     /* one GEMM for every sequence of the call (the head weight is read
      * once); with some sequences idle, their rows of `logits` stay as they
      * were, so the rows go through the scratch and are placed after */
-    if (n_call == kv->n_seq) return model_linear_forward(m, &kv->lp, logits, kv->lnf, W, NULL, n_call, C, V, false);
-    TRY(model_linear_forward(m, &kv->lp, kv->head_out, kv->lnf, W, NULL, n_call, C, V, false));
+    if (n_call == kv->n_seq) return model_linear_forward(m, &kv->lp, logits, kv->lnf, head, NULL, n_call, C, V, false);
+    TRY(model_linear_forward(m, &kv->lp, kv->head_out, kv->lnf, head, NULL, n_call, C, V, false));
     for (int j = 0; j < n_call; j++)
         memcpy(logits + (size_t)kv->seq_of[j] * V, kv->head_out + (size_t)j * V, (size_t)V * sizeof(float));
     return CLLM_OK;

@@ -58,6 +58,7 @@ void cllm_model_free(cllm_model *m) {
     cllm_free(m->grads);
     cllm_free(m->acts);
     model_lp_release(m);
+    model_weights_free(m);
     free(m->layers);
     free(m->tp_max);
     free(m->tp_sum);
@@ -92,6 +93,45 @@ static int find_index(const cllm_model *m, const char *name) {
     return t ? (int)(t - m->tensors) : -1;
 }
 
+/* The format config.json's "cllm_weights" names (a folder written by
+ * cllm convert --quantize), else bf16 when the first stored matrix of the
+ * files is BF16, else fp32. */
+static cllm_status stored_format(const cllm_model *m, const json_t *config, const cllm_st_set *set, const char *path,
+                                 cllm_wfmt *out) {
+    json_t *q = json_object_get(config, "cllm_weights");
+    *out = CLLM_WFMT_FP32;
+    if (q) {
+        const char *name = json_string_value(json_object_get(q, "format"));
+        if (!json_is_object(q) || !cllm_wfmt_from_name(name, out))
+            return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: key 'cllm_weights.format' must be \"fp32\", \"bf16\", \"int8\" or "
+                             "\"q4\"", path);
+        return CLLM_OK;
+    }
+    for (int i = 0; i < cllm_st_set_count(set); i++) {
+        const cllm_st_tensor *t = cllm_st_set_at(set, i);
+        int idx = find_index(m, t->name);
+        if (idx >= 0 && (idx == m->gslot[G_HEAD] || (m->tensors[idx].ndim == 2 && idx != m->gslot[G_WTE] &&
+                                                      idx != m->gslot[G_WPE]))) {
+            if (t->dtype == CLLM_BF16) *out = CLLM_WFMT_BF16;
+            break;
+        }
+    }
+    return CLLM_OK;
+}
+
+/* The flat buffer of a model whose matrices live in a weight store: zero
+ * pages from calloc that the system maps only where written (norms,
+ * biases, position embeddings), not 64-byte aligned (nothing there needs
+ * it). */
+static cllm_status lazy_params(cllm_model *m) {
+    float *p = calloc(m->n_params ? m->n_params : 1, sizeof(float));
+    if (!p) return CLLM_FAIL(CLLM_ERR_NOMEM, "cannot allocate %zu parameters", m->n_params);
+    cllm_free(m->params);
+    m->params = p;
+    m->params_lazy = true;
+    return CLLM_OK;
+}
+
 cllm_status model_load_tensors(const cllm_model *m, const char *dir, model_tensor_fn put, void *ctx) {
     cllm_st_set *set = NULL;
     bool *seen = NULL;
@@ -112,7 +152,10 @@ cllm_status model_load_tensors(const cllm_model *m, const char *dir, model_tenso
             goto done;
         }
         const cllm_tensor_info *ti = &m->tensors[idx];
-        bool shape_ok = t->ndim == ti->ndim && t->shape[0] == ti->shape[0] && (ti->ndim == 1 || t->shape[1] == ti->shape[1]);
+        /* U8: a matrix of a folder written by cllm convert --quantize, raw
+         * blocks whose size is the put callback's to check */
+        bool shape_ok = t->dtype == CLLM_U8 || (t->ndim == ti->ndim && t->shape[0] == ti->shape[0] &&
+                                                (ti->ndim == 1 || t->shape[1] == ti->shape[1]));
         if (!shape_ok) {
             char got[128] = "", want[64];
             size_t len = 0;
@@ -148,18 +191,61 @@ done:
 
 static cllm_status put_whole(void *ctx, int idx, const cllm_st_tensor *t) {
     cllm_model *m = ctx;
+    if (t->dtype == CLLM_U8)
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: tensor '%s' holds U8 values but config.json has no cllm_weights",
+                         t->file, t->name);
     return cllm_st_read_f32(t, m->params + m->tensors[idx].offset, (int64_t)m->tensors[idx].numel);
 }
 
-cllm_status cllm_model_load(cllm_model **out, const char *dir) {
+/* Loading with a weight store: matrices in the run's format, the rest fp32. */
+typedef struct {
+    cllm_model *m;
+    cllm_wfmt file_fmt;
+} put_fmt_ctx;
+
+static cllm_status put_weights(void *ctx, int idx, const cllm_st_tensor *t) {
+    put_fmt_ctx *c = ctx;
+    cllm_model *m = c->m;
+    float *dst = m->params + m->tensors[idx].offset;
+    if (t->dtype == CLLM_U8) { /* a matrix of a folder written by cllm convert --quantize */
+        if (c->file_fmt == CLLM_WFMT_FP32) return put_whole(m, idx, t);
+        return model_weights_stored(m, idx) ? model_weights_read(m, idx, t, c->file_fmt)
+                                            : model_weights_widen(m, idx, t, c->file_fmt, dst);
+    }
+    if (model_weights_stored(m, idx)) return model_weights_read(m, idx, t, c->file_fmt);
+    return put_whole(m, idx, t);
+}
+
+cllm_status cllm_model_load(cllm_model **out, const char *dir) { return cllm_model_load_weights(out, dir, "fp32"); }
+
+cllm_status cllm_model_load_weights(cllm_model **out, const char *dir, const char *weights) {
     *out = NULL;
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     json_t *config = NULL;
     cllm_model *m = NULL;
+    cllm_st_set *set = NULL;
     cllm_status st = cllm_json_load_file(&config, path);
     if (st) return st;
-    if (!(st = model_from_config(&m, config, path))) st = model_load_tensors(m, dir, put_whole, m);
+    /* the layout first, the flat buffer once the format is known */
+    if ((st = model_from_config_ex(&m, config, path, false)) || (st = cllm_st_set_open(&set, dir))) goto done;
+    put_fmt_ctx pc = {m, CLLM_WFMT_FP32};
+    st = stored_format(m, config, set, path, &pc.file_fmt);
+    cllm_st_set_close(set);
+    if (st) goto done;
+    cllm_wfmt fmt = pc.file_fmt;
+    if (weights && !cllm_wfmt_from_name(weights, &fmt)) {
+        st = CLLM_FAIL(CLLM_ERR_ARG, "unknown weight format '%s' (expected fp32, bf16, int8 or q4)", weights);
+        goto done;
+    }
+    if (fmt != CLLM_WFMT_FP32) {
+        if ((st = model_weights_init(m, fmt)) || (st = lazy_params(m))) goto done;
+    } else if (!(m->params = cllm_calloc(m->n_params, sizeof(float), "model parameters"))) {
+        st = CLLM_ERR_NOMEM;
+        goto done;
+    }
+    st = model_load_tensors(m, dir, put_weights, &pc);
+done:
     json_decref(config);
     if (st) {
         cllm_model_free(m);
@@ -494,6 +580,9 @@ cllm_status cllm_model_prepare(cllm_model *m, int B, int T, bool train) {
     if (c->n_ctx > 0 && T > c->n_ctx)
         return CLLM_FAIL(CLLM_ERR_ARG, "sequence length %d exceeds the model's maximum of %d positions", T, c->n_ctx);
     if ((size_t)B * (size_t)T > (size_t)1 << 28) return CLLM_FAIL(CLLM_ERR_ARG, "batch of %d x %d tokens is too large", B, T);
+    if (train && m->ws)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a model with %s weights runs forwards only: train from fp32 weights",
+                         cllm_wfmt_name(cllm_model_weights(m)));
     if (train && !m->grads && !m->hooks.fetch_grads) {
         m->grads = cllm_calloc(m->n_params, sizeof(float), "gradients");
         if (!m->grads) return CLLM_ERR_NOMEM;

@@ -11,6 +11,7 @@
 
 #include "cllm/io.h"
 #include "cllm/model.h"
+#include "cllm/quant.h"
 
 /* Parameter slots of one transformer block. Each family fills the ones it
  * has; the others stay -1. "fc" is GPT-2's c_fc, BLOOM's dense_h_to_4h and
@@ -42,6 +43,8 @@ typedef struct {
     bool fixed;       /* never grown: too small is an internal error */
     float *widen;
     size_t widen_bytes;
+    float *deq;       /* weight formats (weights.c): quantized activations, or widened bf16 tiles */
+    size_t deq_elems;
 } model_lp_scratch;
 
 /* Activations of one block, saved by the forward pass for the backward.
@@ -118,6 +121,12 @@ struct cllm_model {
     model_lp_scratch lp_run;
     /* tensor parallelism (tp.c): this model is rank tp_rank's part of a
      * model cut over tp_size ranks (cllm_tp_model_part); tp_size 1 = whole */
+    /* inference weight formats (weights.c): the matrices of a decode step
+     * in a format of cllm/quant.h; NULL: fp32 from the flat buffer.
+     * params_lazy: the flat buffer's stored-matrix slots were never
+     * written (a model loaded in that format). */
+    struct model_wstore *ws;
+    bool params_lazy;
     const struct cllm_dist_group *tp_grp;
     int tp_rank, tp_size;
     int tp_vocab;    /* the whole model's vocabulary (the part's rows past it are padding) */
@@ -253,13 +262,43 @@ void model_lp_release(cllm_model *m);
 cllm_status model_lp_scratch_init(model_lp_scratch *lp, const cllm_model *m, int rows, int head_rows);
 void model_lp_scratch_free(model_lp_scratch *lp);
 /* Linear layers in the model's precision: cllm_linear_forward/backward
- * semantics, with W pointing into m->params; operands rounded in lp.
+ * semantics; operands rounded in lp. The forward takes the weight's tensor
+ * index w (its matrix in the weight store, else model_param(m, w)); the
+ * backward a pointer into m->params. Rows up to WEIGHTS_SMALL_ROWS of an
+ * fp32 model run on cllm_qmatmul, the others on oneDNN.
  * Thread-safe over one model with a different lp per thread. */
-cllm_status model_linear_forward(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp,
-                                 const float *w, const float *bias, int N, int IN, int OUT, bool w_in_out);
+cllm_status model_linear_forward(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp, int w,
+                                 const float *bias, int N, int IN, int OUT, bool w_in_out);
 cllm_status model_linear_backward(const cllm_model *m, model_lp_scratch *lp, float *dinp, float *dw, float *dbias,
                                   const float *dout, const float *inp, const float *w, int N, int IN, int OUT,
                                   bool w_in_out);
+
+/* Inference weight formats (weights.c). int8 / q4 linear forwards run on
+ * cllm_qmatmul (activations quantized in lp->deq); fp32 and bf16 ones up to
+ * WEIGHTS_SMALL_ROWS rows too, longer bf16 ones widen WEIGHTS_TILE output
+ * channels at a time into lp->deq for oneDNN. */
+enum { WEIGHTS_SMALL_ROWS = 16, WEIGHTS_TILE = 256 };
+/* The stored matrix of tensor idx, or NULL (no store, or kept in params). */
+const cllm_qweight *model_weights_get(const cllm_model *m, int idx);
+bool model_weights_stored(const cllm_model *m, int idx);
+/* A store in format f (views for every matrix, contents unset) replacing
+ * any previous one; model_weights_free drops it (the model reads fp32). */
+cllm_status model_weights_init(cllm_model *m, cllm_wfmt f);
+void model_weights_free(cllm_model *m);
+/* Stores tensor idx from its fp32 values in the file layout, or from a
+ * file tensor (fp32/f16/bf16 values, or U8 rows of format file_fmt). */
+cllm_status model_weights_fill(cllm_model *m, int idx, const float *src);
+cllm_status model_weights_read(cllm_model *m, int idx, const cllm_st_tensor *t, cllm_wfmt file_fmt);
+/* The fp32 values (file layout) of U8 file tensor t of format file_fmt. */
+cllm_status model_weights_widen(const cllm_model *m, int idx, const cllm_st_tensor *t, cllm_wfmt file_fmt, float *dst);
+/* out[N, C] = stored wte rows of tokens (+ wpe row n % T when wpe). */
+void model_weights_embed(const cllm_model *m, float *out, const int32_t *tokens, const float *wpe, int N, int T);
+/* out = inp . W^T + bias through the store (see WEIGHTS_SMALL_ROWS); lp->deq
+ * grows unless lp is fixed. */
+cllm_status model_weights_linear(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp,
+                                 const cllm_qweight *q, const float *bias, int N);
+/* Floats of lp->deq a forward of `rows` rows needs (0 without a store). */
+size_t model_weights_scratch(const cllm_model *m, int rows);
 
 /* Width of the fused/stacked QKV activation of one token. */
 int model_qkv_width(const cllm_model_config *c);

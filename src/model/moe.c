@@ -198,8 +198,7 @@ cllm_status model_moe_forward(const cllm_model *m, model_lp_scratch *lp, int l, 
     moe_state s;
     cllm_status st;
     state_carve(c, (size_t)N, a->moe, &s);
-    const float *router = model_param(m, sl[L_ROUTER_W]);
-    if ((st = model_linear_forward(m, lp, s.probs, a->ln2, router, NULL, N, C, E, false))) return st;
+    if ((st = model_linear_forward(m, lp, s.probs, a->ln2, sl[L_ROUTER_W], NULL, N, C, E, false))) return st;
     route(c, &s, N);
     group(c, &s, N);
     const int R = N * k;
@@ -211,12 +210,11 @@ cllm_status model_moe_forward(const cllm_model *m, model_lp_scratch *lp, int l, 
         if (!n) continue;
         const float *x = s.xs + (size_t)r0 * C;
         float *h1 = s.h1 + (size_t)r0 * F, *h3 = s.h3 + (size_t)r0 * F, *act = s.act + (size_t)r0 * F;
-        const float *w1 = model_param(m, sl[L_EXP_W1] + e), *w3 = model_param(m, sl[L_EXP_W3] + e);
-        if ((st = model_linear_forward(m, lp, h1, x, w1, NULL, n, C, F, false))) return st;
-        if ((st = model_linear_forward(m, lp, h3, x, w3, NULL, n, C, F, false))) return st;
+        if ((st = model_linear_forward(m, lp, h1, x, sl[L_EXP_W1] + e, NULL, n, C, F, false))) return st;
+        if ((st = model_linear_forward(m, lp, h3, x, sl[L_EXP_W3] + e, NULL, n, C, F, false))) return st;
         cllm_swiglu_forward(act, h1, h3, (long)n * F);
-        const float *w2 = model_param(m, sl[L_EXP_W2] + e);
-        if ((st = model_linear_forward(m, lp, s.eo + (size_t)r0 * C, act, w2, NULL, n, F, C, false))) return st;
+        if ((st = model_linear_forward(m, lp, s.eo + (size_t)r0 * C, act, sl[L_EXP_W2] + e, NULL, n, F, C, false)))
+            return st;
     }
     if (out) {
 #pragma omp parallel for schedule(static)

@@ -98,6 +98,7 @@ void model_lp_scratch_free(model_lp_scratch *lp) {
     cllm_free(lp->a);
     cllm_free(lp->b);
     cllm_free(lp->widen);
+    cllm_free(lp->deq);
     *lp = (model_lp_scratch){0};
 }
 
@@ -151,6 +152,12 @@ static size_t forward_widen_bytes(const cllm_model_config *c, int rows, int head
  * (C, the attention width, or F), and head_rows x C into the head. */
 cllm_status model_lp_scratch_init(model_lp_scratch *lp, const cllm_model *m, int rows, int head_rows) {
     *lp = (model_lp_scratch){.fixed = true};
+    size_t deq = model_weights_scratch(m, rows > head_rows ? rows : head_rows);
+    if (deq) {
+        lp->deq = cllm_alloc(deq * sizeof(float), "widened weight tiles");
+        if (!lp->deq) return CLLM_ERR_NOMEM;
+        lp->deq_elems = deq;
+    }
     if (m->prec == CLLM_PREC_FP32) return CLLM_OK;
     const cllm_model_config *c = &m->cfg;
     size_t w = (size_t)c->n_embd, q = (size_t)c->n_head * (size_t)c->head_dim, bytes;
@@ -178,6 +185,9 @@ cllm_status model_lp_scratch_init(model_lp_scratch *lp, const cllm_model *m, int
 cllm_status cllm_model_set_precision(cllm_model *m, cllm_precision p) {
     if ((unsigned)p >= CLLM_PREC_COUNT) return CLLM_FAIL(CLLM_ERR_ARG, "unknown precision %d", (int)p);
     if (p == m->prec) return CLLM_OK;
+    if (m->ws)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s matmuls over %s weights: the weight format sets the precision "
+                         "(use --weights fp32 for mixed precision)", cllm_precision_name(p), cllm_wfmt_name(cllm_model_weights(m)));
     cllm_precision old = m->prec;
     model_lp_scratch orun = m->lp_run;
     void *op = m->lp_params;
@@ -247,9 +257,20 @@ static void add_bias(float *out, const float *bias, int N, int OUT) {
     }
 }
 
-cllm_status model_linear_forward(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp,
-                                 const float *w, const float *bias, int N, int IN, int OUT, bool w_in_out) {
-    if (m->prec == CLLM_PREC_FP32) return cllm_linear_forward(out, inp, w, bias, N, IN, OUT, w_in_out);
+cllm_status model_linear_forward(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp, int widx,
+                                 const float *bias, int N, int IN, int OUT, bool w_in_out) {
+    const cllm_qweight *q = model_weights_get(m, widx);
+    if (q) return model_weights_linear(m, lp, out, inp, q, bias, N);
+    const float *w = model_param(m, widx);
+    if (m->prec == CLLM_PREC_FP32) {
+        /* decode steps of [out, in] weights: the bandwidth-bound kernel, in place on the
+         * flat buffer. GPT-2's [in, out] Conv1D weights stay on oneDNN's GEMV, which reads
+         * that layout faster than cllm_qmatmul's axpy strips (bench/qmatmul_bench.c). */
+        if (N > WEIGHTS_SMALL_ROWS || w_in_out) return cllm_linear_forward(out, inp, w, bias, N, IN, OUT, w_in_out);
+        cllm_qweight v = {.fmt = CLLM_WFMT_FP32, .data = w, .rows = OUT, .cols = IN, .in_out = w_in_out};
+        cllm_qmatmul(out, inp, &v, bias, N, NULL);
+        return CLLM_OK;
+    }
     size_t off = 0, nin = (size_t)N * IN;
     cllm_status st = weight_offset(m, w, (size_t)IN * OUT, &off);
     if (!st) st = reserve(lp, m->prec, nin);

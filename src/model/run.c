@@ -94,13 +94,18 @@ cllm_status model_embed_forward(const cllm_model *m, float *x0, float *emb, floa
     if (m->tp_size > 1) { /* vocabulary-parallel lookup, summed over the tensor group */
         TRY(model_tp_embed_forward(m, e, tokens, N, T, rows));
     } else if (!rows) {
-        cllm_embedding_forward(e, tokens, wte, wpe, N, T, C);
+        if (model_weights_stored(m, m->gslot[G_WTE]))
+            model_weights_embed(m, e, tokens, wpe, N, T);
+        else
+            cllm_embedding_forward(e, tokens, wte, wpe, N, T, C);
     } else { /* sequence i's rows start at position past[i]: wpe rows from there */
         for (int i = 0; i < rows->n_seq; i++) {
             int r0 = rows->rows[i], n = rows->rows[i + 1] - r0;
-            if (n > 0)
-                cllm_embedding_forward(e + (size_t)r0 * C, tokens + r0, wte, wpe ? wpe + (size_t)rows->past[i] * C : NULL,
-                                       n, n, C);
+            const float *p = wpe ? wpe + (size_t)rows->past[i] * C : NULL;
+            if (n > 0 && model_weights_stored(m, m->gslot[G_WTE]))
+                model_weights_embed(m, e + (size_t)r0 * C, tokens + r0, p, n, n);
+            else if (n > 0)
+                cllm_embedding_forward(e + (size_t)r0 * C, tokens + r0, wte, p, n, n, C);
         }
     }
     if (c->arch == CLLM_ARCH_BLOOM)
@@ -171,13 +176,13 @@ cllm_status model_block_forward(const cllm_model *m, model_lp_scratch *lp, int l
     model_norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, a->x, P[L_LN1_W], P[L_LN1_B], N);
     qkv_views v = make_views(c, a->qkv, (size_t)N);
     if (c->arch == CLLM_ARCH_LLAMA) {
-        TRY(model_linear_forward(m, lp, v.q.p, a->ln1, P[L_Q_W], P[L_Q_B], N, C, Q, false));
-        TRY(model_linear_forward(m, lp, v.k.p, a->ln1, P[L_K_W], P[L_K_B], N, C, K, false));
-        TRY(model_linear_forward(m, lp, v.v.p, a->ln1, P[L_V_W], P[L_V_B], N, C, K, false));
+        TRY(model_linear_forward(m, lp, v.q.p, a->ln1, s[L_Q_W], P[L_Q_B], N, C, Q, false));
+        TRY(model_linear_forward(m, lp, v.k.p, a->ln1, s[L_K_W], P[L_K_B], N, C, K, false));
+        TRY(model_linear_forward(m, lp, v.v.p, a->ln1, s[L_V_W], P[L_V_B], N, C, K, false));
         rope_rows(m, v.q, c->n_head, B, T, rows, 1);
         rope_rows(m, v.k, c->n_kv_head, B, T, rows, 1);
     } else {
-        TRY(model_linear_forward(m, lp, a->qkv, a->ln1, P[L_QKV_W], P[L_QKV_B], N, C, 3 * Q, in_out));
+        TRY(model_linear_forward(m, lp, a->qkv, a->ln1, s[L_QKV_W], P[L_QKV_B], N, C, 3 * Q, in_out));
     }
     const float scale = 1.0f / sqrtf((float)HS);
     if (!rows) {
@@ -195,7 +200,7 @@ cllm_status model_block_forward(const cllm_model *m, model_lp_scratch *lp, int l
     }
     /* row-parallel under tensor parallelism: partial sums, reduced, then the bias once */
     const bool tp = m->tp_size > 1;
-    TRY(model_linear_forward(m, lp, a->x1, a->atty, P[L_O_W], tp ? NULL : P[L_O_B], N, Q, C, in_out));
+    TRY(model_linear_forward(m, lp, a->x1, a->atty, s[L_O_W], tp ? NULL : P[L_O_B], N, Q, C, in_out));
     if (tp) TRY(model_tp_reduce_bias(m, a->x1, P[L_O_B], N, C));
     cllm_add(a->x1, a->x1, a->x, (long)N * C);
 
@@ -205,15 +210,15 @@ cllm_status model_block_forward(const cllm_model *m, model_lp_scratch *lp, int l
         if (!recompute) cllm_add(y, y, a->x1, (long)N * C);
         return CLLM_OK;
     }
-    TRY(model_linear_forward(m, lp, a->fc, a->ln2, P[L_FC_W], P[L_FC_B], N, C, F, in_out));
+    TRY(model_linear_forward(m, lp, a->fc, a->ln2, s[L_FC_W], P[L_FC_B], N, C, F, in_out));
     if (c->arch == CLLM_ARCH_LLAMA) {
-        TRY(model_linear_forward(m, lp, a->up, a->ln2, P[L_UP_W], P[L_UP_B], N, C, F, false));
+        TRY(model_linear_forward(m, lp, a->up, a->ln2, s[L_UP_W], P[L_UP_B], N, C, F, false));
         cllm_swiglu_forward(a->act, a->fc, a->up, (long)N * F);
     } else {
         cllm_gelu_forward(a->act, a->fc, (long)N * F);
     }
     if (recompute) return CLLM_OK;
-    TRY(model_linear_forward(m, lp, y, a->act, P[L_DOWN_W], tp ? NULL : P[L_DOWN_B], N, F, C, in_out));
+    TRY(model_linear_forward(m, lp, y, a->act, s[L_DOWN_W], tp ? NULL : P[L_DOWN_B], N, F, C, in_out));
     if (tp) TRY(model_tp_reduce_bias(m, y, P[L_DOWN_B], N, C));
     cllm_add(y, y, a->x1, (long)N * C);
     return CLLM_OK;
@@ -382,7 +387,7 @@ static cllm_status head_run(cllm_model *m, const int32_t *targets, int N, bool b
     for (int r0 = 0; r0 < N; r0 += chunk) {
         int rows = N - r0 < chunk ? N - r0 : chunk;
         const float *h = m->lnf + (size_t)r0 * C;
-        TRY(model_linear_forward(m, &m->lp_run, m->logits, h, W, NULL, rows, C, V, false));
+        TRY(model_linear_forward(m, &m->lp_run, m->logits, h, hs, NULL, rows, C, V, false));
         long k;
         /* per-token scales: the unit gradient of each row's loss, then each
          * row times its own scale */
@@ -591,9 +596,8 @@ cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int 
     if (tied) TRY(fetch(m, 0, -1));
     model_norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, model_param(m, m->gslot[G_LNF_W]),
                  model_param(m, m->gslot[G_LNF_B]), N);
-    const float *W = model_param(m, hs);
     for (int b = 0; b < B; b++)
-        TRY(model_linear_forward(m, &m->lp_run, logits + (size_t)b * V, m->lnf + ((size_t)b * T + T - 1) * C, W, NULL,
+        TRY(model_linear_forward(m, &m->lp_run, logits + (size_t)b * V, m->lnf + ((size_t)b * T + T - 1) * C, hs, NULL,
                                  1, C, V, false));
     if (tied) TRY(release(m, 0));
     return release(m, L + 1);

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "cllm/gguf.h"
+#include "cllm/quant.h"
 #include "io/io_impl.h"
 
 enum { GGUF_ALIGN = 32, GGUF_VERSION = 3 };

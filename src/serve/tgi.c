@@ -221,7 +221,9 @@ enum MHD_Result srv_tgi_tokenize(cllm_server *s, struct MHD_Connection *c, const
 enum MHD_Result srv_tgi_info(cllm_server *s, struct MHD_Connection *c) {
     int tokens;
     cllm_server_pool(s, &tokens, NULL);
-    const char *dtype = cllm_precision_name(cllm_model_precision(s->m));
+    /* the weight format when it is not fp32 (bf16, int8, q4), else the matmul precision */
+    const char *dtype = cllm_model_weights(s->m) != CLLM_WFMT_FP32 ? cllm_wfmt_name(cllm_model_weights(s->m))
+                                                                  : cllm_precision_name(cllm_model_precision(s->m));
     json_t *j = json_pack(
         "{s:s, s:n, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:s, s:n, s:n}", "model_id",
         s->model_id, "model_sha", "model_dtype", dtype, "model_device_type", "cpu", "model_pipeline_tag",

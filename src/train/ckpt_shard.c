@@ -503,6 +503,20 @@ cllm_status cllm_ckpt_read_optim_range(const char *dir, const cllm_model *m, flo
     return st;
 }
 
+cllm_status cllm_ckpt_load_model_weights(cllm_model **out, const char *dir, const char *weights) {
+    *out = NULL;
+    if (!cllm_ckpt_is_sharded(dir)) return cllm_model_load_weights(out, dir, weights);
+    cllm_wfmt f = CLLM_WFMT_FP32;
+    if (weights && !cllm_wfmt_from_name(weights, &f))
+        return CLLM_FAIL(CLLM_ERR_ARG, "unknown weight format '%s' (expected fp32, bf16, int8 or q4)", weights);
+    cllm_status st = cllm_ckpt_load_model(out, dir);
+    if (!st && f != CLLM_WFMT_FP32 && (st = cllm_model_set_weights(*out, f))) {
+        cllm_model_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
 cllm_status cllm_ckpt_load_model(cllm_model **out, const char *dir) {
     *out = NULL;
     if (!cllm_ckpt_is_sharded(dir)) return cllm_model_load(out, dir);

@@ -16,6 +16,10 @@
  *
  * --to gguf writes the model (from --model or --checkpoint) and its
  * tokenizer as one GGUF file that llama.cpp runs (cllm/gguf.h).
+ *
+ * --quantize int8|q4|bf16 writes an HF or checkpoint folder (--model) with
+ * its matrices in that weight format (cllm_model_save_weights,
+ * docs/formats/quantized.md), loaded by generate/eval/serve as it is.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,7 +126,7 @@ static int to_gguf(cllm_model *m, const char *src, const char *tok_dir, const ch
 int cmd_convert(int argc, char **argv) {
     if (argc > 0 && (strcmp(argv[0], "hg_to_pp") == 0 || strcmp(argv[0], "pp_to_hg") == 0))
         return seed_form(argc, argv);
-    const char *ckpt_arg, *model_arg, *layout_arg, *out, *shard, *to, *type, *tok_arg;
+    const char *ckpt_arg, *model_arg, *layout_arg, *out, *shard, *to, *type, *tok_arg, *quantize;
     int tensor = 1;
     arg_spec specs[] = {
         {"checkpoint", ARG_STR, &ckpt_arg, NULL, false,
@@ -136,6 +140,8 @@ int cmd_convert(int argc, char **argv) {
         {"type", ARG_STR, &type, "f32", false, "with --to gguf: f32, f16, q8_0 or q4_0 matrices (norms and biases stay f32)"},
         {"tokenizer", ARG_STR, &tok_arg, NULL, false,
          "with --to gguf: tokenizer folder (default: the model or checkpoint folder)"},
+        {"quantize", ARG_STR, &quantize, NULL, false,
+         "with --model: write the model with int8, q4 or bf16 matrices to --out, loaded later without conversion"},
         {"max-shard-size", ARG_STR, &shard, "2GB", false,
          "split safetensors into shards of at most this size with model.safetensors.index.json; 0 = one file"},
     };
@@ -176,6 +182,25 @@ int cmd_convert(int argc, char **argv) {
     if (cllm_parse_size(shard, &max_shard)) {
         fprintf(stderr, "cllm convert: --max-shard-size: %s\n", cllm_last_error());
         rc = 2;
+        goto done;
+    }
+    if (quantize) {
+        cllm_wfmt f;
+        const char *srcs[1] = {model_arg};
+        int copied = 0;
+        if (!model_arg || to || tensor != 1 || !cllm_wfmt_from_name(quantize, &f) || f == CLLM_WFMT_FP32) {
+            fprintf(stderr, "cllm convert: --quantize takes int8, q4 or bf16, with --model DIR --out DIR (got %s%s)\n",
+                    quantize, model_arg ? "" : ", no --model");
+            rc = 2;
+            goto done;
+        }
+        if (cllm_ckpt_load_model_weights(&m, model_arg, quantize) || cllm_model_save_weights(m, out, max_shard) ||
+            copy_tokenizer(srcs, 1, out, &copied)) {
+            rc = tool_fail("convert");
+            goto done;
+        }
+        fprintf(stderr, "cllm convert: %s -> %s: %s matrices (%.1f MiB per decode step)%s\n", model_arg, out, quantize,
+                (double)cllm_model_weight_bytes(m) / (1 << 20), copied ? " with its tokenizer" : "");
         goto done;
     }
     if (tensor < 1 || (tensor > 1 && !model_arg)) {

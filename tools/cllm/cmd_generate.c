@@ -104,7 +104,7 @@ static bool write_out(const char *s, size_t n) {
 }
 
 int cmd_generate(int argc, char **argv) {
-    const char *model_dir, *tok_dir, *prompt, *prompt_ids, *output;
+    const char *model_dir, *tok_dir, *prompt, *prompt_ids, *output, *weights;
     int max_new, top_k, top_n, tensor;
     double temperature, top_p, rep, typical_p, freq_pen, pres_pen;
     long long seed;
@@ -115,6 +115,7 @@ int cmd_generate(int argc, char **argv) {
         {"prompt", ARG_STR, &prompt, NULL, false, "prompt text (encoded with the tokenizer)"},
         {"prompt-ids", ARG_STR, &prompt_ids, NULL, false, "prompt as comma-separated token ids, e.g. \"1,2,3\""},
         {"tokenizer", ARG_STR, &tok_dir, NULL, false, "folder with tokenizer.json (default: the model folder)"},
+        {"weights", ARG_STR, &weights, NULL, false, "fp32, bf16, int8 (Q8_0 blocks) or q4 (Q4_0 blocks) weights (default: as stored)"},
         {"max-new-tokens", ARG_INT, &max_new, "64", false, "stop after this many generated tokens"},
         {"temperature", ARG_F64, &temperature, "1.0", false, "divide logits by this; 0 = greedy"},
         {"top-k", ARG_INT, &top_k, "0", false, "sample among the k most likely tokens; 0 = all"},
@@ -195,13 +196,18 @@ int cmd_generate(int argc, char **argv) {
     cllm_generation *gen = NULL;
     cllm_token_buf enc = {0};
     rc = 1;
+    if (tensor > 1 && weights && strcmp(weights, "fp32") != 0) {
+        (void)CLLM_FAIL(CLLM_ERR_ARG, "--tensor %d runs fp32 weight slices; --weights %s is not supported with it",
+                        tensor, weights);
+        goto fail;
+    }
     if (tool_tp_load(&m, model_dir, tensor, "generate")) goto fail;
     if (tool_tp_follower(m)) { /* ranks > 0 follow rank 0's forward passes */
         rc = tool_tp_follow(m, "generate");
         m = NULL;
         goto done;
     }
-    if (!m && cllm_model_load(&m, model_dir)) goto fail;
+    if (!m && cllm_model_load_weights(&m, model_dir, weights)) goto fail;
     const cllm_model_config *c = cllm_model_get_config(m);
     const char *tdir = tok_dir ? tok_dir : model_dir;
     bool want_tok = prompt || tok_dir || file_exists(tdir, "tokenizer.json");

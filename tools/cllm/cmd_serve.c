@@ -6,6 +6,7 @@
  *              [--model-id NAME] [--max-concurrent-requests 128]
  *              [--max-batch-size N] [--max-input-tokens N] [--max-total-tokens N]
  *              [--kv-cache-tokens N] [--api-key KEY] [--threads N]
+ *              [--weights fp32|bf16|int8|q4]
  *
  * DIR is an HF folder, a checkpoint folder (either format) or a run folder
  * (its newest checkpoint). When ready it prints "listening on
@@ -50,12 +51,13 @@ static const char *base_name(const char *dir, char *buf, size_t n) {
 }
 
 int cmd_serve(int argc, char **argv) {
-    const char *model_dir, *tok_dir, *host, *model_id, *api_key;
+    const char *model_dir, *tok_dir, *host, *model_id, *api_key, *wfmt;
     int port, max_conc, max_batch, max_prefill, max_in, max_total, kv_tokens, threads, drain, timeout, tensor;
     long long max_body;
     arg_spec specs[] = {
         {"model", ARG_STR, &model_dir, NULL, true, "HF model folder, checkpoint folder or run folder"},
         {"tokenizer", ARG_STR, &tok_dir, NULL, false, "folder with tokenizer.json (default: the model's)"},
+        {"weights", ARG_STR, &wfmt, NULL, false, "fp32, bf16, int8 (Q8_0 blocks) or q4 (Q4_0 blocks) weights (default: as stored)"},
         {"host", ARG_STR, &host, "127.0.0.1", false, "address to listen on (IPv4 or IPv6 literal)"},
         {"port", ARG_INT, &port, "8080", false, "port; 0 picks a free one"},
         {"model-id", ARG_STR, &model_id, NULL, false, "model name in responses (default: the folder's name)"},
@@ -111,13 +113,18 @@ int cmd_serve(int argc, char **argv) {
         if (cllm_ckpt_verify(ckpt)) goto fail;
         weights = ckpt;
     }
+    if (tensor > 1 && wfmt && strcmp(wfmt, "fp32") != 0) {
+        (void)CLLM_FAIL(CLLM_ERR_ARG, "--tensor %d runs fp32 weight slices; --weights %s is not supported with it",
+                        tensor, wfmt);
+        goto fail;
+    }
     if (tool_tp_load(&m, weights, tensor, "serve")) goto fail;
     if (tool_tp_follower(m)) { /* ranks > 0 follow rank 0's forward passes */
         rc = tool_tp_follow(m, "serve");
         m = NULL;
         goto done;
     }
-    if (!m && cllm_ckpt_load_model(&m, weights)) goto fail;
+    if (!m && cllm_ckpt_load_model_weights(&m, weights, wfmt)) goto fail;
     const char *tdir = tok_dir ? tok_dir : has_file(weights, "tokenizer.json") ? weights : model_dir;
     char parent[4096];
     if (!tok_dir && !has_file(tdir, "tokenizer.json")) {
@@ -163,6 +170,8 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "cllm serve: %d tensor-parallel ranks; per rank %.1f MiB of weights and %.1f MiB of KV cache\n",
                 tensor, (double)cllm_model_buffer_len(m) * sizeof(float) / (1 << 20), (double)pool_bytes / (1 << 20));
     const char *shown_host = strchr(host, ':') ? NULL : host;
+    fprintf(stderr, "cllm serve: %s weights, %.1f MiB read per decode step\n", cllm_wfmt_name(cllm_model_weights(m)),
+            (double)cllm_model_weight_bytes(m) / (1 << 20));
     if (shown_host)
         fprintf(stderr, "cllm serve: %s: KV cache pool %d tokens (%.1f MiB)%s; listening on http://%s:%d\n",
                 sp.model_id, pool_tokens, (double)pool_bytes / (1 << 20), tmpl ? ", chat template" : "", host,

@@ -1,0 +1,122 @@
+/*
+ * Small-batch matmul speed: cllm's own kernels (cllm/quant.h) for fp32, bf16,
+ * int8 and q4 weights against oneDNN's fp32 linear layer (cllm_linear_forward)
+ * on the matrices of one gpt2-124M decode step (the Conv1D layers in their
+ * stored [in, out] layout, and the 50257 x 768 head), M = 1, 4 and 16 rows.
+ * Interleaved (oneDNN, then each format, round after round); prints the median
+ * time of a whole step's matrices per format, its weight read rate in GB/s, and
+ * the speed-up over oneDNN.
+ *
+ * Run: build/bench/qmatmul_bench [rounds [only]] (threads from OMP_NUM_THREADS);
+ * `only` (onednn, fp32, bf16, int8, q4) times that one alone at M = 1, for
+ * `perf stat` cycle counts, which a loaded machine does not distort.
+ */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cllm/kernels.h"
+#include "cllm/quant.h"
+
+typedef struct {
+    int rows, cols; /* out, in */
+    bool in_out;    /* GPT-2 Conv1D */
+    int count;      /* per decode step */
+} shape;
+
+static const shape shapes[] = {
+    {2304, 768, true, 12}, {768, 768, true, 12}, {3072, 768, true, 12}, {768, 3072, true, 12}, {50257, 768, false, 1}};
+enum { NS = sizeof shapes / sizeof shapes[0], NF = CLLM_WFMT_COUNT + 1 }; /* + oneDNN */
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+    int rounds = argc > 1 ? atoi(argv[1]) : 7;
+    if (rounds < 1) rounds = 1;
+    void *store[NS][CLLM_WFMT_COUNT];
+    float *W[NS], *x = NULL, *out = NULL;
+    size_t max_out = 0;
+    for (int s = 0; s < NS; s++) {
+        size_t n = (size_t)shapes[s].rows * shapes[s].cols;
+        W[s] = malloc(n * 4);
+        for (size_t i = 0; i < n; i++) W[s][i] = (float)((i * 2654435761u) % 1000) * 1e-4f - 0.05f;
+        for (int f = 0; f < CLLM_WFMT_COUNT; f++) {
+            store[s][f] = malloc(cllm_qweight_bytes((cllm_wfmt)f, shapes[s].rows, shapes[s].cols));
+            cllm_quant_matrix(store[s][f], (cllm_wfmt)f, W[s], shapes[s].rows, shapes[s].cols, shapes[s].in_out);
+        }
+        if ((size_t)shapes[s].rows > max_out) max_out = (size_t)shapes[s].rows;
+    }
+    x = malloc(16 * 3072 * 4);
+    void *scratch = malloc(cllm_qmatmul_scratch_bytes(CLLM_WFMT_Q4, 3072, 16));
+    out = malloc(16 * max_out * 4);
+    for (int i = 0; i < 16 * 3072; i++) x[i] = (float)(i % 7) * 0.1f;
+    printf("qmatmul_bench: gpt2-124M decode-step matrices, %d threads, kernel variant %s, %d rounds\n",
+           omp_get_max_threads(), cllm_qmatmul_variant(), rounds);
+    const int Ms[] = {1, 4, 16};
+    const char *only_shape = getenv("QMATMUL_BENCH_SHAPE"); /* a digit: time that matrix alone */
+    if (argc > 2) {
+        cllm_wfmt f = CLLM_WFMT_COUNT;
+        if (strcmp(argv[2], "onednn") && !cllm_wfmt_from_name(argv[2], &f)) return 2;
+        for (int r = 0; r < rounds; r++)
+            for (int s = 0; s < NS; s++)
+                for (int c = 0; c < shapes[s].count; c++) {
+                    cllm_qweight w = {f, f < CLLM_WFMT_COUNT ? store[s][f] : NULL, shapes[s].rows, shapes[s].cols,
+                                      f == CLLM_WFMT_FP32 && shapes[s].in_out};
+                    if (f == CLLM_WFMT_COUNT)
+                        cllm_linear_forward(out, x, W[s], NULL, 1, shapes[s].cols, shapes[s].rows, shapes[s].in_out);
+                    else
+                        cllm_qmatmul(out, x, &w, NULL, 1, scratch);
+                }
+        return 0;
+    }
+    for (int mi = 0; mi < 3; mi++) {
+        int M = Ms[mi];
+        double *t = calloc((size_t)rounds * NF, sizeof *t);
+        for (int r = 0; r < rounds; r++)
+            for (int f = 0; f < NF; f++) { /* f == CLLM_WFMT_COUNT: oneDNN */
+                double t0 = now();
+                for (int s = 0; s < NS; s++)
+                    for (int c = 0; c < shapes[s].count && (!only_shape || only_shape[0] - '0' == s); c++) {
+                        if (f == CLLM_WFMT_COUNT) {
+                            cllm_linear_forward(out, x, W[s], NULL, M, shapes[s].cols, shapes[s].rows, shapes[s].in_out);
+                        } else {
+                            cllm_qweight w = {(cllm_wfmt)f, store[s][f], shapes[s].rows, shapes[s].cols,
+                                              f == CLLM_WFMT_FP32 && shapes[s].in_out};
+                            cllm_qmatmul(out, x, &w, NULL, M, scratch);
+                        }
+                    }
+                t[f * rounds + r] = now() - t0;
+            }
+        double base = 0;
+        for (int f = NF - 1; f >= 0; f--) {
+            qsort(t + f * rounds, (size_t)rounds, sizeof *t, cmp);
+            double med = t[f * rounds + rounds / 2], bytes = 0;
+            for (int s = 0; s < NS; s++)
+                bytes += (double)shapes[s].count *
+                         (double)cllm_qweight_bytes(f == CLLM_WFMT_COUNT ? CLLM_WFMT_FP32 : (cllm_wfmt)f,
+                                                    shapes[s].rows, shapes[s].cols);
+            if (f == CLLM_WFMT_COUNT) base = med;
+            printf("  M=%-2d %-12s %8.2f ms  %6.1f GB/s  %5.2fx oneDNN fp32\n", M,
+                   f == CLLM_WFMT_COUNT ? "onednn-fp32" : cllm_wfmt_name((cllm_wfmt)f), med * 1e3, bytes / med * 1e-9,
+                   base / med);
+        }
+        free(t);
+    }
+    for (int s = 0; s < NS; s++) {
+        free(W[s]);
+        for (int f = 0; f < CLLM_WFMT_COUNT; f++) free(store[s][f]);
+    }
+    free(x), free(out), free(scratch);
+    return 0;
+}

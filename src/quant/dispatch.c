@@ -1,0 +1,56 @@
+/*
+ * The public small-batch matmul (cllm/quant.h): the variant of matvec.c that
+ * cllm_cpu() allows, chosen once (as src/kernels/dispatch.c chooses the
+ * other kernels).
+ */
+#include <pthread.h>
+
+#include "quant_impl.h"
+
+typedef void (*qmatmul_fn)(float *, const float *, const cllm_qweight *, const float *, int, void *);
+
+/* The best variant built for level isa; the level is first capped by what
+ * the CPU allows. */
+static qmatmul_fn variant(cllm_isa isa, const char **name) {
+    cllm_isa cpu = cllm_cpu()->isa;
+    if (isa > cpu) isa = cpu;
+#ifdef CLLM_KV_X86
+    if (isa >= CLLM_ISA_AVX512) {
+        *name = "avx512";
+        return cllm_qmatmul_avx512;
+    }
+    if (isa >= CLLM_ISA_AVX2) {
+        *name = "avx2";
+        return cllm_qmatmul_avx2;
+    }
+#endif
+    *name = "portable";
+    return cllm_qmatmul_portable;
+}
+
+static qmatmul_fn g_fn;
+static const char *g_name = "portable";
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void choose(void) { g_fn = variant(cllm_cpu()->isa, &g_name); }
+
+const char *cllm_qmatmul_variant(void) {
+    pthread_once(&g_once, choose);
+    return g_name;
+}
+
+size_t cllm_qmatmul_scratch_bytes(cllm_wfmt f, int cols, int M) {
+    if (f != CLLM_WFMT_INT8 && f != CLLM_WFMT_Q4) return 0;
+    return (size_t)M * (size_t)((cols + CLLM_QBLOCK - 1) / CLLM_QBLOCK) * QUANT_XBLOCK_BYTES;
+}
+
+void cllm_qmatmul(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch) {
+    pthread_once(&g_once, choose);
+    g_fn(out, x, w, bias, M, scratch);
+}
+
+void cllm_qmatmul_isa(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch,
+                      cllm_isa isa) {
+    const char *name;
+    variant(isa, &name)(out, x, w, bias, M, scratch);
+}

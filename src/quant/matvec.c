@@ -1,0 +1,378 @@
+/*
+ * Small-batch matmul over the weight formats of cllm/quant.h:
+ * out[M, rows] = x[M, cols] . W^T + bias, for the few rows of a decode step.
+ *
+ * Compiled once per ISA level (CLLM_KV = portable, avx2, avx512; see
+ * CMakeLists.txt); dispatch.c calls the one the CPU allows. The avx2 and
+ * avx512 builds share the AVX2 + FMA + F16C intrinsics below (the avx512
+ * build lets the compiler use the wider registers elsewhere); the portable
+ * build is plain C.
+ *
+ * Every output is the dot product of one weight row with one input row,
+ * computed by the same sequence of operations whatever M is (M only decides
+ * how often a row is reused), so a sequence's logits do not depend on the
+ * batch it runs in.
+ *
+ * fp32 / bf16: the 32 values of a block go to 32 fp32 accumulator lanes
+ * (value i to lane i % 32), summed in a fixed order at the end; bf16 is
+ * widened by a 16-bit shift. For M > 1 a row is widened once into a stack
+ * buffer and reused; the values are the same, so the result is too.
+ *
+ * int8 / q4: the activations are quantized per block of 32 as Q8_0 is (an
+ * fp32 scale d_x = max|x| / 127 and int8 codes), and each block contributes
+ * d_w * d_x * (exact integer dot of the codes): AVX2's maddubs / madd on 32
+ * codes at once, the way llama.cpp multiplies Q4_0 / Q8_0 by Q8_0. That is
+ * several times less arithmetic than widening every weight to fp32, which
+ * would leave these formats bound by compute rather than memory.
+ *
+ * fp32 weights in GPT-2's [cols, rows] layout are read in place, row by
+ * row of the stored matrix (axpy form): each thread owns a strip of 64
+ * outputs and accumulates x[m, i] * W[i, strip] for i ascending.
+ *
+ * Threads: OpenMP over output rows (strips), static schedule, so each
+ * thread streams one contiguous part of the matrix. Nothing is allocated.
+ */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "quant_impl.h"
+
+#ifndef CLLM_KV
+#error "matvec.c is compiled through the variant targets (CLLM_KV=portable|avx2|avx512)"
+#endif
+#define KV_CAT_(a, b) a##_##b
+#define KV_CAT(a, b) KV_CAT_(a, b)
+#define QMATMUL KV_CAT(cllm_qmatmul, CLLM_KV)
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define QV_SIMD 1
+#include <immintrin.h>
+#endif
+
+enum { QB = CLLM_QBLOCK, ROWBUF = 8192, MCHUNK = 16 };
+
+/* Below this many weights a matrix runs on the calling thread alone. */
+#define QV_PARALLEL_MIN 32768L
+
+static inline float scale_of(const unsigned char *b) {
+#ifdef QV_SIMD
+    return _cvtsh_ss((unsigned short)(b[0] | b[1] << 8));
+#else
+    return cllm_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
+#endif
+}
+
+/* ------------------------------------------------------ the 32-lane block */
+#ifdef QV_SIMD
+/* four named registers, not an array: an indexed array of vectors would
+ * live in memory and chain every FMA through a store and a load */
+typedef struct {
+    __m256 a0, a1, a2, a3;
+} lanes;
+typedef lanes wide; /* 32 widened weights */
+static inline void lanes_zero(lanes *l) { l->a0 = l->a1 = l->a2 = l->a3 = _mm256_setzero_ps(); }
+static inline void lanes_fma(lanes *l, const wide *w, const float *x) {
+    l->a0 = _mm256_fmadd_ps(w->a0, _mm256_loadu_ps(x), l->a0);
+    l->a1 = _mm256_fmadd_ps(w->a1, _mm256_loadu_ps(x + 8), l->a1);
+    l->a2 = _mm256_fmadd_ps(w->a2, _mm256_loadu_ps(x + 16), l->a2);
+    l->a3 = _mm256_fmadd_ps(w->a3, _mm256_loadu_ps(x + 24), l->a3);
+}
+static inline float lanes_sum(const lanes *l) {
+    __m256 s = _mm256_add_ps(_mm256_add_ps(l->a0, l->a1), _mm256_add_ps(l->a2, l->a3));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+static inline void widen_f32(wide *w, const float *src) {
+    w->a0 = _mm256_loadu_ps(src);
+    w->a1 = _mm256_loadu_ps(src + 8);
+    w->a2 = _mm256_loadu_ps(src + 16);
+    w->a3 = _mm256_loadu_ps(src + 24);
+}
+static inline __m256 bf16x8(const uint16_t *src) {
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)src));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+static inline void widen_bf16(wide *w, const uint16_t *src) {
+    w->a0 = bf16x8(src);
+    w->a1 = bf16x8(src + 8);
+    w->a2 = bf16x8(src + 16);
+    w->a3 = bf16x8(src + 24);
+}
+static inline void store_block(float *dst, const wide *w) {
+    _mm256_storeu_ps(dst, w->a0);
+    _mm256_storeu_ps(dst + 8, w->a1);
+    _mm256_storeu_ps(dst + 16, w->a2);
+    _mm256_storeu_ps(dst + 24, w->a3);
+}
+#else
+typedef struct {
+    float a[QB];
+} lanes;
+typedef lanes wide;
+static inline void lanes_zero(lanes *l) { memset(l->a, 0, sizeof l->a); }
+static inline void lanes_fma(lanes *l, const wide *w, const float *x) {
+    for (int i = 0; i < QB; i++) l->a[i] += w->a[i] * x[i];
+}
+static inline float lanes_sum(const lanes *l) {
+    float s[8];
+    for (int j = 0; j < 8; j++) s[j] = (l->a[j] + l->a[8 + j]) + (l->a[16 + j] + l->a[24 + j]);
+    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+static inline void widen_f32(wide *w, const float *src) { memcpy(w->a, src, sizeof w->a); }
+static inline void widen_bf16(wide *w, const uint16_t *src) {
+    for (int i = 0; i < QB; i++) w->a[i] = cllm_bf16_to_f32(src[i]);
+}
+static inline void store_block(float *dst, const wide *w) { memcpy(dst, w->a, sizeof w->a); }
+#endif
+
+#define WBLOCK wide wb
+
+/* The 32 inputs of block b of x (zero-padded past cols). */
+static inline const float *x_block(const float *x, int cols, int b, float pad[QB]) {
+    int i0 = b * QB;
+    if (i0 + QB <= cols) return x + i0;
+    memset(pad, 0, QB * sizeof *pad);
+    memcpy(pad, x + i0, (size_t)(cols - i0) * sizeof *pad);
+    return pad;
+}
+
+/* A row's dot product with x, block by block, one loop per format (the
+ * format test stays out of the loop); a partial last block is read
+ * through zero-padded copies. */
+static float dot_f32(const float *row, const float *x, int cols) {
+    const int full = cols / QB;
+    lanes acc;
+    lanes_zero(&acc);
+    for (int b = 0; b < full; b++) {
+        WBLOCK;
+        widen_f32(&wb, row + (size_t)b * QB);
+        lanes_fma(&acc, &wb, x + (size_t)b * QB);
+    }
+    if (full * QB < cols) {
+        float wpad[QB] = {0}, xpad[QB] = {0};
+        memcpy(wpad, row + (size_t)full * QB, (size_t)(cols - full * QB) * sizeof *wpad);
+        memcpy(xpad, x + (size_t)full * QB, (size_t)(cols - full * QB) * sizeof *xpad);
+        WBLOCK;
+        widen_f32(&wb, wpad);
+        lanes_fma(&acc, &wb, xpad);
+    }
+    return lanes_sum(&acc);
+}
+
+static float dot_bf16(const uint16_t *row, const float *x, int cols) {
+    const int full = cols / QB;
+    lanes acc;
+    lanes_zero(&acc);
+    for (int b = 0; b < full; b++) {
+        WBLOCK;
+        widen_bf16(&wb, row + (size_t)b * QB);
+        lanes_fma(&acc, &wb, x + (size_t)b * QB);
+    }
+    if (full * QB < cols) {
+        uint16_t wpad[QB] = {0};
+        float xpad[QB] = {0};
+        memcpy(wpad, row + (size_t)full * QB, (size_t)(cols - full * QB) * sizeof *wpad);
+        memcpy(xpad, x + (size_t)full * QB, (size_t)(cols - full * QB) * sizeof *xpad);
+        WBLOCK;
+        widen_bf16(&wb, wpad);
+        lanes_fma(&acc, &wb, xpad);
+    }
+    return lanes_sum(&acc);
+}
+
+static float dot_row(cllm_wfmt f, const unsigned char *row, const float *x, int cols) {
+    switch (f) {
+    case CLLM_WFMT_BF16: return dot_bf16((const uint16_t *)(const void *)row, x, cols);
+    default: return dot_f32((const float *)(const void *)row, x, cols);
+    }
+}
+
+/* Widens a whole fp32 / bf16 row into wrow (nb * 32 floats, zero-padded):
+ * the values dot_row would widen block by block. */
+static void widen_row(cllm_wfmt f, const unsigned char *row, int cols, float *wrow) {
+    const int nb = (cols + QB - 1) / QB;
+    cllm_quant_dequant_row(wrow, row, f, cols);
+    memset(wrow + cols, 0, (size_t)(nb * QB - cols) * sizeof *wrow);
+}
+
+/* One output from a row widened beforehand into wrow (nb * 32 floats). */
+static float dot_wide(const float *wrow, const float *x, int cols) {
+    lanes acc;
+    lanes_zero(&acc);
+    float xpad[QB];
+    int nb = (cols + QB - 1) / QB;
+    for (int b = 0; b < nb; b++) {
+        WBLOCK;
+        widen_f32(&wb, wrow + (size_t)b * QB);
+        lanes_fma(&acc, &wb, x_block(x, cols, b, xpad));
+    }
+    return lanes_sum(&acc);
+}
+
+/* ------------------------------------- int8 / q4 weights: integer dots */
+
+/* A block of 32 activations quantized as Q8_0 is, with an fp32 scale:
+ * value = d * q, d = max|x| / 127, q = round(x / d) half away from zero. */
+typedef struct {
+    float d;
+    int8_t q[QB];
+} xblock;
+_Static_assert(sizeof(xblock) == QUANT_XBLOCK_BYTES, "xblock layout");
+
+/* Rows of x quantized block by block into xq ([M][nb], zero-padded). */
+static void quantize_x(xblock *xq, const float *x, int M, int K) {
+    const int nb = (K + QB - 1) / QB;
+#pragma omp parallel for schedule(static) if ((long)M * K >= 65536)
+    for (int m = 0; m < M; m++)
+        for (int b = 0; b < nb; b++) {
+            float pad[QB];
+            const float *v = x_block(x + (size_t)m * K, K, b, pad);
+            float amax = 0.0f;
+            for (int i = 0; i < QB; i++) amax = fmaxf(amax, fabsf(v[i]));
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            xblock *o = xq + (size_t)m * nb + b;
+            o->d = d;
+            for (int i = 0; i < QB; i++) o->q[i] = cllm_quant_code8(v[i] * id);
+        }
+}
+
+/* One output: sum over blocks of d_w * d_x * (integer dot of the codes).
+ * The integer dot is exact; the sum runs over 8 lanes (avx2) or one
+ * (portable) in block order, the same for any M. */
+static float dot_q(cllm_wfmt f, const unsigned char *row, const xblock *xq, int nb) {
+    const size_t bb = f == CLLM_WFMT_Q4 ? CLLM_Q4_BLOCK_BYTES : CLLM_Q8_BLOCK_BYTES;
+#ifdef QV_SIMD
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m128i m15 = _mm_set1_epi8(15);
+    for (int b = 0; b < nb; b++) {
+        const unsigned char *blk = row + (size_t)b * bb;
+        __m256i w;
+        if (f == CLLM_WFMT_Q4) {
+            __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2));
+            __m128i lo = _mm_and_si128(q, m15), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m15);
+            w = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+        } else {
+            w = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
+        }
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)xq[b].q);
+        /* |w| (unsigned) times x with w's sign: pairs summed to int16, then int32 */
+        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w)), ones);
+        __m256 dd = _mm256_set1_ps(scale_of(blk) * xq[b].d);
+        if (b & 1)
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dd, acc1);
+        else
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dd, acc0);
+    }
+    __m256 s = _mm256_add_ps(acc0, acc1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+#else
+    float acc = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        const unsigned char *blk = row + (size_t)b * bb;
+        int32_t sum = 0;
+        if (f == CLLM_WFMT_Q4) {
+            for (int j = 0; j < QB / 2; j++)
+                sum += ((blk[2 + j] & 15) - 8) * xq[b].q[j] + ((blk[2 + j] >> 4) - 8) * xq[b].q[j + QB / 2];
+        } else {
+            for (int i = 0; i < QB; i++) sum += (int8_t)blk[2 + i] * xq[b].q[i];
+        }
+        acc += (float)sum * (scale_of(blk) * xq[b].d);
+    }
+    return acc;
+#endif
+}
+
+static void quant_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch) {
+    const int R = w->rows, K = w->cols, nb = (K + QB - 1) / QB;
+    const size_t rb = cllm_wfmt_row_bytes(w->fmt, K);
+    xblock *xq = scratch;
+    quantize_x(xq, x, M, K);
+#pragma omp parallel for schedule(static) if ((long)R * K * M >= QV_PARALLEL_MIN)
+    for (int r = 0; r < R; r++) {
+        const unsigned char *row = (const unsigned char *)w->data + (size_t)r * rb;
+        const float bv = bias ? bias[r] : 0.0f;
+        for (int m = 0; m < M; m++) out[(size_t)m * R + r] = dot_q(w->fmt, row, xq + (size_t)m * nb, nb) + bv;
+    }
+}
+
+/* Row-major formats: one output channel per iteration, all M inputs. */
+static void rows_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M) {
+    const int R = w->rows, K = w->cols, nb = (K + QB - 1) / QB;
+    const size_t rb = cllm_wfmt_row_bytes(w->fmt, K);
+    const bool widen_once = M > 1 && nb * QB <= ROWBUF;
+#pragma omp parallel for schedule(static) if ((long)R * K >= QV_PARALLEL_MIN)
+    for (int r = 0; r < R; r++) {
+        const unsigned char *row = (const unsigned char *)w->data + (size_t)r * rb;
+        const float bv = bias ? bias[r] : 0.0f;
+        if (!widen_once) {
+            for (int m = 0; m < M; m++) out[(size_t)m * R + r] = dot_row(w->fmt, row, x + (size_t)m * K, K) + bv;
+            continue;
+        }
+        float wrow[ROWBUF];
+        widen_row(w->fmt, row, K, wrow);
+        for (int m = 0; m < M; m++) out[(size_t)m * R + r] = dot_wide(wrow, x + (size_t)m * K, K) + bv;
+    }
+}
+
+/* acc[0, n) += xv * wi[0, n): one fused multiply-add per weight (a plain
+ * multiply and add in the portable build). */
+static inline void axpy(float *acc, float xv, const float *wi, int n) {
+    int k = 0;
+#ifdef QV_SIMD
+    __m256 xb = _mm256_set1_ps(xv);
+    for (; k + 8 <= n; k += 8) _mm256_storeu_ps(acc + k, _mm256_fmadd_ps(xb, _mm256_loadu_ps(wi + k), _mm256_loadu_ps(acc + k)));
+    for (; k < n; k++) acc[k] = fmaf(xv, wi[k], acc[k]);
+#else
+    for (; k < n; k++) acc[k] += xv * wi[k];
+#endif
+}
+
+/* fp32 [cols, rows] (in_out): each thread owns one contiguous range of
+ * outputs and walks the stored rows in order, accumulating x[m, i] times
+ * the row's part in an L1-resident buffer (strips of at most ACC floats
+ * over all the inputs of a chunk of up to MCHUNK rows), so each stored row
+ * is read as one contiguous piece per thread. Every output is the sum over
+ * i in ascending order, whatever M, the strip or the thread count. */
+enum { ACC = 4096 };
+static void in_out_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M) {
+    const int R = w->rows, K = w->cols;
+    const float *W = w->data;
+#pragma omp parallel if ((long)R * K >= QV_PARALLEL_MIN)
+    {
+        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int per = ((R + nt - 1) / nt + 15) / 16 * 16;
+        const int j0 = t * per < R ? t * per : R, j1 = j0 + per < R ? j0 + per : R;
+        float acc[ACC];
+        for (int m0 = 0; m0 < M; m0 += MCHUNK) {
+            const int mc = M - m0 < MCHUNK ? M - m0 : MCHUNK, cw = ACC / mc / 16 * 16;
+            for (int js = j0; js < j1; js += cw) {
+                const int n = j1 - js < cw ? j1 - js : cw;
+                memset(acc, 0, (size_t)mc * (size_t)n * sizeof *acc);
+                for (int i = 0; i < K; i++) {
+                    const float *wi = W + (size_t)i * R + js;
+                    for (int m = 0; m < mc; m++) axpy(acc + (size_t)m * n, x[(size_t)(m0 + m) * K + i], wi, n);
+                }
+                for (int m = 0; m < mc; m++) {
+                    float *o = out + (size_t)(m0 + m) * R + js;
+                    for (int k = 0; k < n; k++) o[k] = acc[(size_t)m * n + k] + (bias ? bias[js + k] : 0.0f);
+                }
+            }
+        }
+    }
+}
+
+void QMATMUL(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch) {
+    if (w->fmt == CLLM_WFMT_INT8 || w->fmt == CLLM_WFMT_Q4)
+        quant_kernel(out, x, w, bias, M, scratch);
+    else if (w->fmt == CLLM_WFMT_FP32 && w->in_out)
+        in_out_kernel(out, x, w, bias, M);
+    else
+        rows_kernel(out, x, w, bias, M);
+}
