@@ -50,6 +50,8 @@ void cllm_model_free(cllm_model *m) {
     cllm_free(m->grads);
     cllm_free(m->acts);
     model_lp_release(m);
+    model_trainable_free(m);
+    model_lora_free(m);
     free(m->layers);
     free(m->tp_max);
     free(m->tp_sum);
@@ -245,7 +247,7 @@ void cllm_model_set_params(cllm_model *m, float *params) {
 }
 
 void cllm_model_zero_grads(cllm_model *m) {
-    if (m->grads) memset(m->grads, 0, m->n_params * sizeof(float));
+    if (m->grads) memset(m->grads, 0, cllm_model_trainable_len(m) * sizeof(float));
 }
 
 /* ------------------------------------------------------------ buffers */
@@ -468,7 +470,7 @@ cllm_status cllm_model_prepare(cllm_model *m, int B, int T, bool train) {
         return CLLM_FAIL(CLLM_ERR_ARG, "sequence length %d exceeds the model's maximum of %d positions", T, c->n_ctx);
     if ((size_t)B * (size_t)T > (size_t)1 << 28) return CLLM_FAIL(CLLM_ERR_ARG, "batch of %d x %d tokens is too large", B, T);
     if (train && !m->grads && !m->hooks.fetch_grads) {
-        m->grads = cllm_calloc(m->n_params, sizeof(float), "gradients");
+        m->grads = cllm_calloc(cllm_model_trainable_len(m), sizeof(float), "gradients");
         if (!m->grads) return CLLM_ERR_NOMEM;
     }
     if (m->acts && B <= m->act_B && T <= m->act_T && (!train || m->has_backward) && m->acts_recompute == m->recompute)

@@ -204,7 +204,13 @@ cllm_status cllm_model_set_precision(cllm_model *m, cllm_precision p) {
 
 cllm_precision cllm_model_precision(const cllm_model *m) { return m->prec; }
 
-void cllm_model_params_updated(cllm_model *m) { atomic_store(&m->lp_stale, true); }
+void cllm_model_params_updated(cllm_model *m) {
+    if (m->frozen) { /* frozen weights never change: only trained copies of model tensors can */
+        model_trainable_sync(m);
+        if (!m->tcopies) return;
+    }
+    atomic_store(&m->lp_stale, true);
+}
 
 /* Brings the low-precision weights up to date after the parameters
  * changed. The copy is derived from the weights, not run state: it is
@@ -247,8 +253,8 @@ static void add_bias(float *out, const float *bias, int N, int OUT) {
     }
 }
 
-cllm_status model_linear_forward(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp,
-                                 const float *w, const float *bias, int N, int IN, int OUT, bool w_in_out) {
+static cllm_status linear_forward(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp,
+                                  const float *w, const float *bias, int N, int IN, int OUT, bool w_in_out) {
     if (m->prec == CLLM_PREC_FP32) return cllm_linear_forward(out, inp, w, bias, N, IN, OUT, w_in_out);
     size_t off = 0, nin = (size_t)N * IN;
     cllm_status st = weight_offset(m, w, (size_t)IN * OUT, &off);
@@ -270,9 +276,9 @@ cllm_status model_linear_forward(const cllm_model *m, model_lp_scratch *lp, floa
     return st;
 }
 
-cllm_status model_linear_backward(const cllm_model *m, model_lp_scratch *lp, float *dinp, float *dw, float *dbias,
-                                  const float *dout, const float *inp, const float *w, int N, int IN, int OUT,
-                                  bool w_in_out) {
+static cllm_status linear_backward(const cllm_model *m, model_lp_scratch *lp, float *dinp, float *dw, float *dbias,
+                                   const float *dout, const float *inp, const float *w, int N, int IN, int OUT,
+                                   bool w_in_out) {
     if (m->prec == CLLM_PREC_FP32) return cllm_linear_backward(dinp, dw, dbias, dout, inp, w, N, IN, OUT, w_in_out);
     size_t off = 0, nin = (size_t)N * IN, nout = (size_t)N * OUT;
     cllm_status st = weight_offset(m, w, (size_t)IN * OUT, &off);
@@ -303,4 +309,21 @@ cllm_status model_linear_backward(const cllm_model *m, model_lp_scratch *lp, flo
     st = cllm_linear_backward(dinp, dw, dbias, d, x, (const float *)m->lp_params + off, N, IN, OUT, w_in_out);
     if (!st && dinp) cllm_round_f16(dinp, dinp, (long)nin);
     return st;
+}
+
+/* The linear seam: the base layer in the model's precision, then the
+ * layer's LoRA adapter (lora.c) when it carries one. */
+cllm_status model_linear_forward(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp,
+                                 const float *w, const float *bias, int N, int IN, int OUT, bool w_in_out) {
+    cllm_status st = linear_forward(m, lp, out, inp, w, bias, N, IN, OUT, w_in_out);
+    const struct model_adapter *ad = st || !m->lora ? NULL : model_lora_find(m, w);
+    return ad ? model_lora_forward(m, ad, out, inp, N) : st;
+}
+
+cllm_status model_linear_backward(const cllm_model *m, model_lp_scratch *lp, float *dinp, float *dw, float *dbias,
+                                  const float *dout, const float *inp, const float *w, int N, int IN, int OUT,
+                                  bool w_in_out) {
+    cllm_status st = linear_backward(m, lp, dinp, dw, dbias, dout, inp, w, N, IN, OUT, w_in_out);
+    const struct model_adapter *ad = st || !m->lora ? NULL : model_lora_find(m, w);
+    return ad ? model_lora_backward(m, ad, dinp, dout, inp, N) : st;
 }
