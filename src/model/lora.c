@@ -429,3 +429,26 @@ cllm_status model_lora_backward(const cllm_model *m, const struct model_adapter 
     cllm_free(d);
     return st;
 }
+
+/* ------------------------------------------------------------ merge */
+
+cllm_status cllm_lora_merge(cllm_model *m) {
+    struct model_lora *L = m->lora;
+    if (!L) return CLLM_FAIL(CLLM_ERR_ARG, "merge: the model carries no LoRA adapters");
+    if (!m->params) return CLLM_FAIL(CLLM_ERR_ARG, "merge: the model's parameters are not in memory");
+    model_trainable_sync(m); /* modules_to_save and trained biases */
+    for (int i = 0; i < L->n_ad; i++) {
+        const struct model_adapter *ad = &L->ad[i];
+        float *W = m->params + m->tensors[ad->tensor].offset;
+        const float *A = m->tparams + ad->a_off, *B = m->tparams + ad->b_off;
+        bool conv = m->cfg.arch == CLLM_ARCH_GPT2 && ad->tensor != m->gslot[G_HEAD];
+        /* nn.Linear W[out, in] += s B A; Conv1D W[in, out] += s (B A)^T = s A^T B^T */
+        cllm_status st = conv ? cllm_matmul(W, A, B, ad->in, ad->out, ad->r, true, true, ad->scale, 1.0f)
+                              : cllm_matmul(W, B, A, ad->out, ad->in, ad->r, false, false, ad->scale, 1.0f);
+        if (st) return cllm_fail_context(st, "merge of %s", m->tensors[ad->tensor].name);
+    }
+    model_lora_free(m);
+    cllm_model_train_all(m);
+    atomic_store(&m->lp_stale, true);
+    return CLLM_OK;
+}
