@@ -18,6 +18,7 @@ int cmd_data(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_tokenizer(int argc, char **argv);
 int cmd_model(int argc, char **argv);
+int cmd_lora(int argc, char **argv);
 int cmd_estimate(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_launch(int argc, char **argv);

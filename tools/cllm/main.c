@@ -33,6 +33,7 @@ static const command commands[] = {
     {"tokenize", cmd_tokenize, "encode text to token ids with an HF tokenizer.json"},
     {"detokenize", cmd_detokenize, "decode token ids to text"},
     {"model", cmd_model, "model folder operations (cllm model resize-vocab)"},
+    {"lora", cmd_lora, "LoRA adapter folders (cllm lora merge: fold an adapter into its base)"},
     {"tokenizer", cmd_tokenizer, "train or extend a BPE tokenizer (cllm tokenizer train|extend)"},
 };
 
