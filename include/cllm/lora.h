@@ -122,10 +122,11 @@ cllm_status cllm_lora_attach(cllm_model *m, const cllm_lora_config *c, uint64_t 
 /* Whether m carries adapters, and their config (NULL without). */
 bool cllm_lora_attached(const cllm_model *m);
 const cllm_lora_config *cllm_lora_config_of(const cllm_model *m);
-/* Adapters and trainable parameters (sum of numel) the config would give a
- * model of config mc, without allocating it (cllm estimate). */
+/* Adapters, trainable parameters (sum of numel) and the trainable
+ * buffer's floats (alignment gaps included; may be NULL) the config would
+ * give a model of config mc, without allocating it (cllm estimate). */
 cllm_status cllm_lora_count(const cllm_model_config *mc, const cllm_lora_config *c, int *n_adapters,
-                            size_t *n_trainable);
+                            size_t *n_trainable, size_t *buffer_len);
 
 /* Loads a PEFT adapter folder (adapter_config.json and
  * adapter_model.safetensors, or a checkpoint's model.safetensors) onto m:

@@ -281,7 +281,7 @@ cllm_status cllm_lora_attach(cllm_model *m, const cllm_lora_config *c, uint64_t 
 }
 
 cllm_status cllm_lora_count(const cllm_model_config *mc, const cllm_lora_config *c, int *n_adapters,
-                            size_t *n_trainable) {
+                            size_t *n_trainable, size_t *buffer_len) {
     cllm_model tmp = {0};
     tmp.cfg = *mc;
     cllm_status st = model_build_layout(&tmp);
@@ -290,13 +290,14 @@ cllm_status cllm_lora_count(const cllm_model_config *mc, const cllm_lora_config 
     if (!st && !save) st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     if (!st) st = choose(&tmp, c, pick);
     if (!st) st = choose_saved(&tmp, c, save);
-    size_t n = 0;
+    size_t n = 0, len = 0;
     int k = 0;
     char mod[128];
+#define VIEW(x) (n += (x), len += ((x) + 15) & ~(size_t)15)
     for (int t = 0; t < nt && !st; t++) {
         const cllm_tensor_info *ti = &tmp.tensors[t];
         bool bias = ti->ndim == 1 && strlen(ti->name) > 5 && !strcmp(ti->name + strlen(ti->name) - 5, ".bias");
-        if (save[t] || (bias && c->bias == CLLM_LORA_BIAS_ALL)) n += ti->numel;
+        if (save[t] || (bias && c->bias == CLLM_LORA_BIAS_ALL)) VIEW(ti->numel);
         if (!pick[t]) continue;
         k++;
         int r;
@@ -304,14 +305,16 @@ cllm_status cllm_lora_count(const cllm_model_config *mc, const cllm_lora_config 
         float scale;
         module_of(&tmp, t, mod, sizeof mod);
         lora_module_rank(c, mod, &r, &alpha, &scale);
-        n += (size_t)r * (size_t)(ti->shape[0] + ti->shape[1]);
+        VIEW((size_t)r * (size_t)ti->shape[0]);
+        VIEW((size_t)r * (size_t)ti->shape[1]);
         if (c->bias == CLLM_LORA_BIAS_LORA_ONLY) {
             char b[160];
             snprintf(b, sizeof b, "%s.bias", mod);
             int bt = find_tensor(&tmp, b);
-            if (bt >= 0) n += tmp.tensors[bt].numel;
+            if (bt >= 0 && !save[bt]) VIEW(tmp.tensors[bt].numel);
         }
     }
+#undef VIEW
     free(pick);
     free(save);
     free(tmp.tensors);
@@ -321,6 +324,7 @@ cllm_status cllm_lora_count(const cllm_model_config *mc, const cllm_lora_config 
     if (st) return st;
     *n_adapters = k;
     *n_trainable = n;
+    if (buffer_len) *buffer_len = len;
     return CLLM_OK;
 }
 
