@@ -694,6 +694,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     /* the optimizer shards of a sharded checkpoint are checked when this
      * rank's slice of them is read (resume_from) */
     if (resume_dir && (st = cllm_ckpt_verify_range(resume_dir, true, 0, 0))) goto done;
+    if (lora_run(c) && (st = lora_check_layout(tr, piped, tensor))) goto done;
     if ((st = open_model(tr, resume_dir))) goto done;
     if ((st = open_data(tr))) goto done;
     /* the data were opened with the whole vocabulary; from here on tr->m is this rank's part */
@@ -720,7 +721,6 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for %zu batch rows", rows);
         goto done;
     }
-    if (lora_run(c) && (st = lora_check_layout(tr, piped, tensor))) goto done;
     size_t n = cllm_model_trainable_len(tr->m); /* the model's flat buffer, or a LoRA run's adapters */
     if ((st = make_ranges(tr))) goto done;
     /* the optimizer keeps state for this rank's slice only (all of it at ZeRO stage 0) */
