@@ -145,9 +145,12 @@ float *cllm_model_grads(cllm_model *m);
  * parameters by cllm_model_params_updated, so call that after every
  * update) or extra tensors that live only there (`base` -1: LoRA's A and
  * B, a new head; zero until the caller writes them through
- * cllm_model_trainable_params). Frozen tensors get no gradient: the
- * backward pass skips their weight gradients and computes only what flows
- * through them. A view's name must be unique and shorter than 96
+ * cllm_model_trainable_params). A set that lists every model tensor
+ * first (view i copying tensor i) keeps them in place instead: the flat
+ * parameter buffer grows by the extra tensors and is the trainable buffer,
+ * with the model's own offsets (full training plus a new head, no copy).
+ * Frozen tensors get no gradient: the backward pass skips their weight
+ * gradients and computes only what flows through them. A view's name must be unique and shorter than 96
  * characters; the shape of a copy is its tensor's (ndim/shape ignored).
  * Frees the gradient buffer (the next prepare allocates one of the new
  * length). Refused with layer hooks set (ZeRO-3, per-layer reductions). */
@@ -161,8 +164,8 @@ typedef struct {
 cllm_status cllm_model_set_trainable(cllm_model *m, const cllm_trainable_spec *views, int n);
 /* Back to training everything (drops the set and its buffers). */
 void cllm_model_train_all(cllm_model *m);
-/* True when a trainable set freezes part of the model. */
-bool cllm_model_has_frozen(const cllm_model *m);
+/* True when a trainable set is declared (frozen tensors or extra ones). */
+bool cllm_model_has_trainable_set(const cllm_model *m);
 /* The views of the trainable buffer (every model tensor without a set):
  * names, shapes and offsets into cllm_model_trainable_params / grads. */
 int cllm_model_n_trainable(const cllm_model *m);

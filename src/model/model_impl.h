@@ -71,7 +71,7 @@ struct cllm_model {
     float *grads;             /* gradients of the trainable buffer (below); not allocated when hooks.fetch_grads is set */
     size_t n_params;
 
-    /* The trainable set (trainable.c). Without one (`frozen` false) every
+    /* The trainable set (trainable.c). Without one (`frozen` false: no set declared) every
      * tensor trains and the trainable buffer is `params` itself. With one,
      * the trainable buffer `tparams` [tlen] is a compact allocation of its
      * own: trained copies of some model tensors (copied back into params
@@ -88,6 +88,7 @@ struct cllm_model {
     int n_ttab;
     size_t *goff;
     bool tcopies;             /* some views copy model tensors */
+    bool tshared;             /* every model tensor in place: tparams is params (grown by the extras) */
     /* LoRA adapters on linear layers (lora.c): NULL without */
     struct model_lora *lora;
 

@@ -207,7 +207,7 @@ cllm_precision cllm_model_precision(const cllm_model *m) { return m->prec; }
 void cllm_model_params_updated(cllm_model *m) {
     if (m->frozen) { /* frozen weights never change: only trained copies of model tensors can */
         model_trainable_sync(m);
-        if (!m->tcopies) return;
+        if (!m->tcopies && !m->tshared) return;
     }
     atomic_store(&m->lp_stale, true);
 }

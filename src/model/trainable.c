@@ -12,7 +12,10 @@
  * copied in at declaration and back into the flat parameters after every
  * update, cllm_model_params_updated, so the forward pass reads them where
  * it reads every weight) or is an extra tensor that exists only there
- * (LoRA's A and B, a new score head). Frozen tensors get no gradient: the
+ * (LoRA's A and B, a new score head). A set that lists every model tensor
+ * first, in model order, keeps them in place instead: the flat parameter
+ * buffer grows by the extra tensors and is the trainable buffer (full
+ * training plus a new head costs no copy). Frozen tensors get no gradient: the
  * backward pass finds no gradient view for them (model_grad returns NULL)
  * and computes only what flows through them to earlier layers.
  */
@@ -23,7 +26,7 @@
 #include "model_impl.h"
 
 void model_trainable_free(cllm_model *m) {
-    cllm_free(m->tparams);
+    if (!m->tshared) cllm_free(m->tparams); /* else it is m->params */
     free(m->ttab);
     free(m->tbase);
     free(m->goff);
@@ -35,6 +38,7 @@ void model_trainable_free(cllm_model *m) {
     m->tlen = 0;
     m->frozen = false;
     m->tcopies = false;
+    m->tshared = false;
 }
 
 cllm_status cllm_model_set_trainable(cllm_model *m, const cllm_trainable_spec *spec, int n) {
@@ -48,6 +52,9 @@ cllm_status cllm_model_set_trainable(cllm_model *m, const cllm_trainable_spec *s
     size_t *goff = malloc((size_t)m->n_tensors * sizeof *goff);
     float *tp = NULL;
     cllm_status st = tab && base && goff ? CLLM_OK : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    /* every model tensor first, in order: in place (offsets of the flat buffer, extras after it) */
+    bool whole = n >= m->n_tensors;
+    for (int i = 0; i < m->n_tensors && whole; i++) whole = spec[i].base == i;
     size_t off = 0;
     bool copies = false;
     for (int t = 0; t < m->n_tensors && !st; t++) goff[t] = SIZE_MAX;
@@ -76,8 +83,9 @@ cllm_status cllm_model_set_trainable(cllm_model *m, const cllm_trainable_spec *s
                 st = CLLM_FAIL(CLLM_ERR_ARG, "trainable set: %s listed twice", b->name);
                 break;
             }
+            if (whole) off = b->offset;
             goff[s->base] = off;
-            copies = true;
+            copies = !whole;
         } else {
             if (s->ndim < 1 || s->ndim > 2 || s->shape[0] <= 0 || (s->ndim == 2 && s->shape[1] <= 0)) {
                 st = CLLM_FAIL(CLLM_ERR_ARG, "trainable view %s: bad shape", s->name);
@@ -93,6 +101,7 @@ cllm_status cllm_model_set_trainable(cllm_model *m, const cllm_trainable_spec *s
             if (!strcmp(tab[j].name, ti->name)) st = CLLM_FAIL(CLLM_ERR_ARG, "trainable set: %s listed twice", ti->name);
         ti->offset = off;
         off += (ti->numel + 15) & ~(size_t)15;
+        if (whole && i + 1 == m->n_tensors) off = m->n_params; /* the flat buffer's gaps and end */
     }
     if (!st && !(tp = cllm_calloc(off ? off : 16, sizeof(float), "trainable parameters"))) st = CLLM_ERR_NOMEM;
     if (st) {
@@ -101,9 +110,30 @@ cllm_status cllm_model_set_trainable(cllm_model *m, const cllm_trainable_spec *s
         free(goff);
         return st;
     }
-    for (int i = 0; i < n; i++)
-        if (base[i] >= 0) memcpy(tp + tab[i].offset, m->params + m->tensors[base[i]].offset, tab[i].numel * sizeof(float));
+    if (whole) {
+        memcpy(tp, m->params, m->n_params * sizeof(float));
+    } else {
+        for (int i = 0; i < n; i++)
+            if (base[i] >= 0) memcpy(tp + tab[i].offset, m->params + m->tensors[base[i]].offset, tab[i].numel * sizeof(float));
+    }
+    if (m->tshared) { /* the old set's buffer is the parameters: keep them, as a buffer of their own */
+        float *p = cllm_alloc(m->n_params * sizeof(float), "model parameters");
+        if (!p) {
+            cllm_free(tp);
+            free(tab);
+            free(base);
+            free(goff);
+            return CLLM_ERR_NOMEM;
+        }
+        memcpy(p, m->params, m->n_params * sizeof(float));
+        m->params = p;
+    }
     model_trainable_free(m);
+    if (whole) {
+        cllm_free(m->params);
+        m->params = tp;
+        atomic_store(&m->lp_stale, true);
+    }
     cllm_free(m->grads); /* the next prepare allocates gradients of the new length */
     m->grads = NULL;
     m->frozen = true;
@@ -114,17 +144,18 @@ cllm_status cllm_model_set_trainable(cllm_model *m, const cllm_trainable_spec *s
     m->n_ttab = n;
     m->goff = goff;
     m->tcopies = copies;
+    m->tshared = whole;
     return CLLM_OK;
 }
 
 void cllm_model_train_all(cllm_model *m) {
     if (!m->frozen) return;
-    model_trainable_free(m);
+    model_trainable_free(m); /* an in-place set leaves params as they are (extras unused at its end) */
     cllm_free(m->grads);
     m->grads = NULL;
 }
 
-bool cllm_model_has_frozen(const cllm_model *m) { return m->frozen; }
+bool cllm_model_has_trainable_set(const cllm_model *m) { return m->frozen; }
 
 int cllm_model_n_trainable(const cllm_model *m) { return m->frozen ? m->n_ttab : m->n_tensors; }
 
@@ -159,7 +190,7 @@ float *cllm_model_trainable_params(cllm_model *m) { return m->frozen ? m->tparam
  * the forward pass reads them. Only they can have changed among the
  * model's own parameters, so the low-precision copy is stale only then. */
 void model_trainable_sync(cllm_model *m) {
-    if (!m->frozen || !m->tcopies || !m->params) return;
+    if (!m->frozen || !m->tcopies || !m->params) return; /* in place: nothing to copy */
     for (int i = 0; i < m->n_ttab; i++)
         if (m->tbase[i] >= 0)
             memcpy(m->params + m->tensors[m->tbase[i]].offset, m->tparams + m->ttab[i].offset,

@@ -756,7 +756,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     }
     /* stages 2-3: layer hooks before prepare (no flat gradient buffer); at
      * stage 3 the model's flat parameters are freed here */
-    if (tr->zero.stage >= 2 && !cllm_model_has_frozen(tr->m) &&
+    if (tr->zero.stage >= 2 && !cllm_model_has_trainable_set(tr->m) &&
         (st = train_shard_init(&tr->shard, &tr->zero, tr->m, c, tr->ranges, tr->n_ranges)))
         goto done; /* a frozen base: stage 2 reduce-scatters the trainable buffer after the backward (zero.c) */
     cllm_model_set_recompute(tr->m, c->use_grad_ckpt);
@@ -780,7 +780,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
      * backward pass (one process, pipelines, tensor parallelism and 16-bit
      * sums keep the reduction after it) */
     if (tr->zero.stage <= 1 && tr->zero.size > 1 && !tr->pipe && !tr->tp && c->comm_dtype == CLLM_F32 &&
-        c->zero.overlap_comm && !cllm_model_has_frozen(tr->m) && (st = train_overlap_init(&tr->overlap, &tr->zero, tr->m)))
+        c->zero.overlap_comm && !cllm_model_has_trainable_set(tr->m) && (st = train_overlap_init(&tr->overlap, &tr->zero, tr->m)))
         goto done;
     const cllm_offload_config *oc = &c->zero.offload_optimizer;
     if (oc->device == CLLM_OFFLOAD_NVME) {
