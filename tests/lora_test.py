@@ -32,9 +32,11 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections import OrderedDict
 
 import torch
@@ -288,6 +290,29 @@ def test_train(cllm, tmp):
           os.path.exists(os.path.join(ck, "adapter_config.json")) and
           set(hm.load_safetensors(os.path.join(ck, "model.safetensors"))) ==
           set(hm.load_safetensors(os.path.join(full, "adapter_model.safetensors"))))
+    # SIGTERM: a checkpoint of the adapters at the last step, from which a run continues
+    sig = os.path.join(tmp, "sig")
+    proc = subprocess.Popen(train_cmd(cllm, d, data, sig, 1000000, ["--lora-r", "2"]), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    mpath = os.path.join(sig, "metrics.jsonl")
+    t0 = time.time()
+    while time.time() - t0 < 60 and not (os.path.exists(mpath) and len(open(mpath).read().splitlines()) >= 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        err = "no exit"
+    latest = os.path.join(sig, "latest")
+    ok = proc.returncode == 0 and os.path.exists(latest)
+    if check("SIGTERM: exits 0 with a checkpoint", ok, err.strip()[-200:]):
+        step = int(open(latest).read().strip().split("-")[1])
+        ck = os.path.join(sig, "checkpoint-%d" % step)
+        r = run(train_cmd(cllm, d, data, sig, step + 1, ["--lora-r", "2", "--resume", "auto"]))
+        check("SIGTERM: the checkpoint holds the adapters and the run resumes",
+              os.path.exists(os.path.join(ck, "adapter_config.json")) and r.returncode == 0 and
+              os.path.exists(os.path.join(sig, "adapter_model.safetensors")), r.stderr.strip()[-200:])
     rd = run([cllm, "eval", "--model", d, "--adapter", full, "--data", data, "--seq-len", "12", "--batch-size", "3"])
     rb = run([cllm, "eval", "--model", d, "--data", data, "--seq-len", "12", "--batch-size", "3"])
     check("eval --adapter: runs and differs from the base", rd.returncode == 0 and rb.returncode == 0 and
