@@ -162,7 +162,9 @@ typedef struct {
     bool no_decay;
 } cllm_trainable_spec;
 cllm_status cllm_model_set_trainable(cllm_model *m, const cllm_trainable_spec *views, int n);
-/* Back to training everything (drops the set and its buffers). */
+/* Back to training everything (drops the set and its buffers, and LoRA
+ * adapters with them: cllm_lora_merge first to keep what they learned).
+ * cllm_model_set_trainable is refused while adapters are attached. */
 void cllm_model_train_all(cllm_model *m);
 /* True when a trainable set is declared (frozen tensors or extra ones). */
 bool cllm_model_has_trainable_set(const cllm_model *m);

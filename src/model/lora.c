@@ -199,7 +199,6 @@ cllm_status cllm_lora_attach(cllm_model *m, const cllm_lora_config *c, uint64_t 
     char (*names)[192] = calloc(3 * (size_t)nt, sizeof *names);
     cllm_status st = pick && save && L && spec && names ? CLLM_OK : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     if (!st) st = cllm_lora_config_copy(&L->cfg, c);
-    else L->cfg.r = 0;
     if (!st) st = choose(m, c, pick);
     if (!st) st = choose_saved(m, c, save);
     for (int i = 0; i < c->n_rank_pattern + c->n_alpha_pattern && !st; i++) { /* bad expressions fail here */

@@ -47,6 +47,7 @@ cllm_status cllm_model_set_trainable(cllm_model *m, const cllm_trainable_spec *s
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a frozen subset of a model with layer hooks (ZeRO-3 or per-layer "
                          "reduction): use zero_optimization.stage 0-2");
     if (!m->params) return CLLM_FAIL(CLLM_ERR_ARG, "trainable set of a model without its parameters");
+    if (m->lora) return CLLM_FAIL(CLLM_ERR_ARG, "the model carries LoRA adapters: their views are its trainable set");
     cllm_tensor_info *tab = calloc(n > 0 ? (size_t)n : 1, sizeof *tab);
     int *base = calloc(n > 0 ? (size_t)n : 1, sizeof *base);
     size_t *goff = malloc((size_t)m->n_tensors * sizeof *goff);
@@ -150,6 +151,7 @@ cllm_status cllm_model_set_trainable(cllm_model *m, const cllm_trainable_spec *s
 
 void cllm_model_train_all(cllm_model *m) {
     if (!m->frozen) return;
+    model_lora_free(m); /* adapters live in the trainable buffer: they go with it */
     model_trainable_free(m); /* an in-place set leaves params as they are (extras unused at its end) */
     cllm_free(m->grads);
     m->grads = NULL;
