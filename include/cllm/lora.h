@@ -138,7 +138,11 @@ cllm_status cllm_lora_load(cllm_model *m, const char *dir);
  * (created if needed), atomically; base_model_name_or_path is `base` when
  * not NULL, else the config's. */
 cllm_status cllm_lora_save(const cllm_model *m, const char *dir, const char *base);
-/* The adapter_config.json object of m's adapters (a new reference). */
+/* A config as adapter_config.json keys (a new reference): target_modules
+ * as given (null for the architecture's default). */
+struct json_t *cllm_lora_config_to_json(const cllm_lora_config *c);
+/* The adapter_config.json object of m's adapters (a new reference), with
+ * "all-linear" and the default targets resolved to module names. */
 struct json_t *cllm_lora_config_json(const cllm_model *m, const char *base);
 
 /* Folds every adapter into its base weight (W += scale * B A, transposed

@@ -195,7 +195,7 @@ static cllm_status check_keys(const json_t *obj, const char *where, const char *
     json_t *v;
     json_object_foreach((json_t *)obj, k, v) {
         if (in_list(known_keys, k)) continue;
-        if (peft_file && in_list(peft_info_keys, k)) continue;
+        if (in_list(peft_info_keys, k)) continue; /* also in a printed config (cllm train --print-config) */
         if (peft_file && !strcmp(k, "qalora_group_size")) continue; /* a size, used only with use_qalora */
         if (in_list(peft_default_keys, k) || peft_file) {
             if (is_default_value(v)) continue;

@@ -51,19 +51,15 @@ static json_t *adapted_names(const cllm_model *m) {
     return a;
 }
 
-json_t *cllm_lora_config_json(const cllm_model *m, const char *base) {
-    const cllm_lora_config *c = cllm_lora_config_of(m);
-    if (!c) return NULL;
-    const cllm_model_config *mc = cllm_model_get_config(m);
+json_t *cllm_lora_config_to_json(const cllm_lora_config *c) {
     json_t *j = json_object();
     if (!j) return NULL;
-    const char *b = base ? base : c->base_model_name_or_path;
+    const char *b = c->base_model_name_or_path;
     json_object_set_new(j, "alpha_pattern", patterns(c->alpha_pattern, c->n_alpha_pattern, false));
     json_object_set_new(j, "auto_mapping", json_null());
     json_object_set_new(j, "base_model_name_or_path", b ? json_string(b) : json_null());
     json_object_set_new(j, "bias", json_string(bias_names[c->bias]));
-    /* PEFT sets it for Conv1D layers (and clears it for nn.Linear) whatever was asked */
-    json_object_set_new(j, "fan_in_fan_out", json_boolean(mc->arch == CLLM_ARCH_GPT2));
+    json_object_set_new(j, "fan_in_fan_out", json_boolean(c->fan_in_fan_out));
     json_object_set_new(j, "inference_mode", json_true());
     json_object_set_new(j, "init_lora_weights", c->init == CLLM_LORA_INIT_GAUSSIAN ? json_string("gaussian")
                                                 : json_boolean(c->init == CLLM_LORA_INIT_DEFAULT));
@@ -85,21 +81,35 @@ json_t *cllm_lora_config_json(const cllm_model *m, const char *base) {
     json_object_set_new(j, "r", json_integer(c->r));
     json_object_set_new(j, "rank_pattern", patterns(c->rank_pattern, c->n_rank_pattern, true));
     json_object_set_new(j, "revision", json_null());
-    json_t *tm;
-    switch (c->target_kind) {
-    case CLLM_LORA_TARGET_LIST: tm = str_list(c->targets, c->n_targets); break;
-    case CLLM_LORA_TARGET_REGEX: tm = json_string(c->target_regex); break;
-    case CLLM_LORA_TARGET_ALL_LINEAR: tm = adapted_names(m); break;
-    default: {
-        const char *const *d = cllm_lora_default_targets(mc->arch);
-        tm = json_array();
-        for (int i = 0; tm && d && d[i]; i++) json_array_append_new(tm, json_string(d[i]));
-    }
-    }
+    json_t *tm = json_null();
+    if (c->target_kind == CLLM_LORA_TARGET_LIST) tm = str_list(c->targets, c->n_targets);
+    else if (c->target_kind == CLLM_LORA_TARGET_REGEX) tm = json_string(c->target_regex);
+    else if (c->target_kind == CLLM_LORA_TARGET_ALL_LINEAR) tm = json_string("all-linear");
     json_object_set_new(j, "target_modules", tm);
     json_object_set_new(j, "task_type", json_string("CAUSAL_LM"));
     json_object_set_new(j, "use_dora", json_false());
     json_object_set_new(j, "use_rslora", json_boolean(c->use_rslora));
+    return j;
+}
+
+json_t *cllm_lora_config_json(const cllm_model *m, const char *base) {
+    const cllm_lora_config *c = cllm_lora_config_of(m);
+    if (!c) return NULL;
+    const cllm_model_config *mc = cllm_model_get_config(m);
+    json_t *j = cllm_lora_config_to_json(c);
+    if (!j) return NULL;
+    if (base) json_object_set_new(j, "base_model_name_or_path", json_string(base));
+    /* PEFT sets it for Conv1D layers (and clears it for nn.Linear) whatever was asked */
+    json_object_set_new(j, "fan_in_fan_out", json_boolean(mc->arch == CLLM_ARCH_GPT2));
+    /* the targets as PEFT writes them: "all-linear" and the default resolved to names */
+    if (c->target_kind == CLLM_LORA_TARGET_ALL_LINEAR) {
+        json_object_set_new(j, "target_modules", adapted_names(m));
+    } else if (c->target_kind == CLLM_LORA_TARGET_DEFAULT) {
+        const char *const *d = cllm_lora_default_targets(mc->arch);
+        json_t *tm = json_array();
+        for (int i = 0; tm && d && d[i]; i++) json_array_append_new(tm, json_string(d[i]));
+        json_object_set_new(j, "target_modules", tm);
+    }
     return j;
 }
 
