@@ -229,7 +229,8 @@ cllm_status cllm_lora_attach(cllm_model *m, const cllm_lora_config *c, uint64_t 
         }
         if (copy) {
             snprintf(names[nv], sizeof names[nv], LORA_PREFIX "%s", ti->name);
-            spec[nv++] = (cllm_trainable_spec){.name = names[nv - 1], .base = t};
+            spec[nv] = (cllm_trainable_spec){.name = names[nv], .base = t};
+            nv++;
         }
         if (!pick[t]) continue;
         bool conv = m->cfg.arch == CLLM_ARCH_GPT2 && t != m->gslot[G_HEAD]; /* Conv1D: [in, out] */
@@ -242,9 +243,11 @@ cllm_status cllm_lora_attach(cllm_model *m, const cllm_lora_config *c, uint64_t 
         lora_module_rank(c, mod, &ad->r, &alpha, &ad->scale);
         ad->a_view = nv;
         snprintf(names[nv], sizeof names[nv], LORA_PREFIX "%s.lora_A.weight", mod);
-        spec[nv++] = (cllm_trainable_spec){.name = names[nv - 1], .base = -1, .ndim = 2, .shape = {ad->r, ad->in}};
+        spec[nv] = (cllm_trainable_spec){.name = names[nv], .base = -1, .ndim = 2, .shape = {ad->r, ad->in}};
+        nv++;
         snprintf(names[nv], sizeof names[nv], LORA_PREFIX "%s.lora_B.weight", mod);
-        spec[nv++] = (cllm_trainable_spec){.name = names[nv - 1], .base = -1, .ndim = 2, .shape = {ad->out, ad->r}};
+        spec[nv] = (cllm_trainable_spec){.name = names[nv], .base = -1, .ndim = 2, .shape = {ad->out, ad->r}};
+        nv++;
         L->of_tensor[t] = L->n_ad++;
     }
     if (!st) st = cllm_model_set_trainable(m, spec, nv);
