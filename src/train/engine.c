@@ -25,7 +25,6 @@
 #include "cllm/checkpoint.h"
 #include "cllm/dist.h"
 #include "cllm/io.h"
-#include "cllm/json.h"
 #include "cllm/loader.h"
 #include "cllm/lora.h"
 #include "cllm/model.h"
@@ -40,17 +39,16 @@ void cllm_train_request_stop(void) { stop_requested = 1; }
 
 /* ------------------------------------------------------------ set-up */
 
-static bool lora_run(const cllm_train_config *c) { return c->lora.enabled || c->adapter_dir; }
-
-/* The base model of a LoRA run: the configured model (a checkpoint holds
- * only the adapters). */
-static cllm_status open_base(trainer *tr, const char *resume_dir);
-
 /* The starting weights: the model folder or a new model by the init spec. */
 static cllm_status open_start(trainer *tr);
 
+/* A LoRA run: the base from the model (a checkpoint holds only the
+ * adapters), then the adapters (lora_train.c). */
 static cllm_status open_model(trainer *tr, const char *resume_dir) {
-    if (lora_run(tr->cfg)) return open_base(tr, resume_dir);
+    if (train_lora_run(tr->cfg)) {
+        cllm_status st = open_start(tr);
+        return st ? st : train_lora_attach(tr->m, tr->cfg, resume_dir);
+    }
     if (resume_dir) return cllm_ckpt_load_model(&tr->m, resume_dir); /* either checkpoint format */
     return open_start(tr);
 }
@@ -68,49 +66,6 @@ static cllm_status open_start(trainer *tr) {
     st = cllm_model_init_random(&tr->m, conf, mi->has_seed ? mi->seed : c->seed);
     json_decref(conf);
     return st;
-}
-
-/* LoRA: the base, then the adapters: a checkpoint's (its adapter_config.json
- * gives the structure, its parameter files the values, either format), an
- * adapter folder to continue, or new ones from the "lora" section. */
-static cllm_status open_base(trainer *tr, const char *resume_dir) {
-    cllm_train_config *c = tr->cfg;
-    const char *resume = resume_dir;
-    cllm_status st = open_start(tr);
-    if (st) return st;
-    if (resume) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/adapter_config.json", resume);
-        json_t *j = NULL;
-        cllm_lora_config lc;
-        cllm_lora_config_default(&lc);
-        if (!(st = cllm_json_load_file(&j, path))) st = cllm_lora_config_parse(&lc, j, "adapter_config", path, true);
-        json_decref(j);
-        if (!st) st = cllm_lora_attach(tr->m, &lc, 0);
-        cllm_lora_config_free(&lc);
-        if (!st)
-            st = cllm_ckpt_read_range(resume, tr->m, CLLM_CKPT_PARAMS, 0, cllm_model_trainable_len(tr->m),
-                                      cllm_model_trainable_params(tr->m));
-        if (!st) cllm_model_params_updated(tr->m);
-        return st ? cllm_fail_context(st, "resuming the adapters of %s", resume) : CLLM_OK;
-    }
-    if (c->adapter_dir) return cllm_lora_load(tr->m, c->adapter_dir);
-    return cllm_lora_attach(tr->m, &c->lora, c->seed);
-}
-
-/* A frozen base works with data parallelism at ZeRO stages 0-2 (slices of
- * the trainable buffer); the other layouts shard or move the model's own
- * flat buffer. */
-static cllm_status lora_check_layout(const trainer *tr, bool piped, bool tensor) {
-    const cllm_train_config *c = tr->cfg;
-    const char *what = piped ? "pipeline parallelism (model_topo pipe > 1)"
-                       : tensor ? "tensor parallelism (model_topo tensor > 1)"
-                       : c->zero.stage >= 3 ? "zero_optimization.stage 3"
-                       : c->zero.offload_optimizer.device != CLLM_OFFLOAD_NONE ? "zero_optimization.offload_optimizer"
-                                                                              : NULL;
-    if (!what) return CLLM_OK;
-    return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "LoRA (a frozen base) with %s: not supported; use data parallelism with "
-                     "zero_optimization.stage 0-2 (the adapters are sliced across ranks from stage 1)", what);
 }
 
 static cllm_status open_data(trainer *tr) {
@@ -694,7 +649,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     /* the optimizer shards of a sharded checkpoint are checked when this
      * rank's slice of them is read (resume_from) */
     if (resume_dir && (st = cllm_ckpt_verify_range(resume_dir, true, 0, 0))) goto done;
-    if (lora_run(c) && (st = lora_check_layout(tr, piped, tensor))) goto done;
+    if (train_lora_run(c) && (st = train_lora_check_layout(c, piped, tensor))) goto done;
     if ((st = open_model(tr, resume_dir))) goto done;
     if ((st = open_data(tr))) goto done;
     /* the data were opened with the whole vocabulary; from here on tr->m is this rank's part */
