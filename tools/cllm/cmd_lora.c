@@ -10,27 +10,12 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/stat.h>
 
 #include "args.h"
 #include "cllm/io.h"
 #include "cllm/lora.h"
 #include "cllm/model.h"
 #include "commands.h"
-
-/* Copies dir/name into out/name when it exists. */
-static int copy_if_present(const char *dir, const char *out, const char *name) {
-    char src[4096], dst[4096];
-    snprintf(src, sizeof src, "%s/%s", dir, name);
-    snprintf(dst, sizeof dst, "%s/%s", out, name);
-    struct stat sb;
-    if (stat(src, &sb) != 0) return 0;
-    char *data = NULL;
-    size_t len = 0;
-    int rc = cllm_read_file(src, &data, &len) || cllm_write_file_atomic(dst, data, len) ? tool_fail("lora merge") : 0;
-    free(data);
-    return rc;
-}
 
 static int merge(int argc, char **argv) {
     const char *model_dir, *adapter, *out, *shard;
@@ -55,7 +40,8 @@ static int merge(int argc, char **argv) {
         if (cllm_lora_merge(m) || cllm_make_dirs(out) || cllm_model_save(m, out, max_shard)) rc = tool_fail("lora merge");
         static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                                             "generation_config.json"};
-        for (size_t i = 0; i < sizeof files / sizeof files[0] && !rc; i++) rc = copy_if_present(model_dir, out, files[i]);
+        for (size_t i = 0; i < sizeof files / sizeof files[0] && !rc; i++)
+            rc = tool_copy_if_present("lora merge", model_dir, out, files[i]);
         if (!rc)
             fprintf(stderr, "cllm lora merge: %s + %s (%zu adapter parameters) -> %s\n", model_dir, adapter, trained, out);
     }

@@ -37,4 +37,8 @@ int tool_dispatch(const char *cmd, const tool_subcommand *subs, int n, int argc,
 /* Prints "cllm <cmd>: <last error>" to stderr and returns 1. */
 int tool_fail(const char *cmd);
 
+/* Copies dir/name into out/name (atomically) when it exists: 0, or
+ * tool_fail(cmd)'s 1. */
+int tool_copy_if_present(const char *cmd, const char *dir, const char *out, const char *name);
+
 #endif
