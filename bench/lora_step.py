@@ -135,6 +135,7 @@ def main():
     ap.add_argument("--lora-target", default=None)
     ap.add_argument("--lora-alpha", type=float, default=32)
     ap.add_argument("--torch", action="store_true", help="also run the PyTorch peer (full and LoRA)")
+    ap.add_argument("--only", default=None, help="a subset of the runs: full,lora,torch-full,torch-lora")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--data", default=None, help=argparse.SUPPRESS)
@@ -156,6 +157,9 @@ def main():
         modes = [("full", []), ("LoRA r=%d%s" % (args.lora_r, " " + args.lora_target if args.lora_target else ""), lora)]
         if args.torch:
             modes += [("torch full", "torch-full"), ("torch LoRA r=%d" % args.lora_r, "torch-lora")]
+        if args.only:
+            keys = ["full", "lora", "torch-full", "torch-lora"]
+            modes = [m for k, m in zip(keys, modes) if k in args.only.split(",")]
         load0 = os.getloadavg()
         times = {m: [] for m, _ in modes}
         rss = {m: 0.0 for m, _ in modes}
@@ -166,11 +170,12 @@ def main():
                 rss[m] = max(rss[m], r_)
         load1 = os.getloadavg()
         est_lora = ["--lora-r", str(args.lora_r)] + (["--lora-target", args.lora_target] if args.lora_target else [])
-        est = {modes[0][0]: estimate(args.cllm, d, args.batch, args.seq_len, []),
-               modes[1][0]: estimate(args.cllm, d, args.batch, args.seq_len, est_lora)}
-        if args.torch:
-            tbase = statistics.median(times["torch full"])
-        base = statistics.median(times["full"])
+        est = {"full": estimate(args.cllm, d, args.batch, args.seq_len, [])}
+        for m, extra in modes:
+            if extra and not isinstance(extra, str):
+                est[m] = estimate(args.cllm, d, args.batch, args.seq_len, est_lora)
+        tbase = statistics.median(times["torch full"]) if "torch full" in times else float("nan")
+        base = statistics.median(times["full"]) if "full" in times else float("nan")
         print("%s B=%d T=%d, %d threads, %d steps x %d runs each (first step dropped), load average %.1f -> %.1f" %
               (args.preset, args.batch, args.seq_len, args.threads, args.steps, args.reps, load0[0], load1[0]))
         print()
@@ -182,10 +187,12 @@ def main():
             print("| %s | %.3f s | %.3f s | %.3f s | %.2fx | %.0f MiB | %s |" %
                   (m, med, min(times[m]), max(times[m]), ref / med, rss[m],
                    "%.0f MiB" % (est[m] / 1048576.0) if est.get(m) else ""))
-        if args.torch:
-            l_c, l_t = statistics.median(times[modes[1][0]]), statistics.median(times[modes[3][0]])
+        lc = [m for m, e in modes if e and not isinstance(e, str)]
+        lt = [m for m, e in modes if e == "torch-lora"]
+        if lc and lt:
             print()
-            print("cllm LoRA vs torch LoRA: %.2fx the throughput" % (l_t / l_c))
+            print("cllm LoRA vs torch LoRA: %.2fx the throughput" %
+                  (statistics.median(times[lt[0]]) / statistics.median(times[lc[0]])))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
