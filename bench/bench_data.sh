@@ -17,8 +17,15 @@ FIX=${CLLM_FIXTURES:-../shared/fixtures}/hf
 TOKS=("$@")
 ROUNDS=${BENCH_ROUNDS:-3}
 [ ${#TOKS[@]} -eq 0 ] && TOKS=("$FIX/gpt2" "$FIX/tinyllama-1.1b-chat-v1.0")
-WORK=${BENCH_DIR:-$(mktemp -d)}
-trap 'rm -f "$WORK"/bench.jsonl "$WORK"/out.* "$WORK"/runs.jsonl' EXIT
+# A folder of our own (mktemp) goes entirely; a BENCH_DIR given by the
+# caller keeps everything but this script's files.
+if [ -n "${BENCH_DIR:-}" ]; then
+  WORK=$BENCH_DIR
+  trap 'rm -f "$WORK"/bench.jsonl "$WORK"/out.* "$WORK"/runs.jsonl' EXIT
+else
+  WORK=$(mktemp -d)
+  trap 'rm -rf "$WORK"' EXIT
+fi
 /usr/bin/python3 bench/machine.py --cllm build/cllm
 : >"$WORK/runs.jsonl"
 python3 - "$WORK/bench.jsonl" "$MB" <<'PY'

@@ -32,10 +32,12 @@ set +o pipefail
 find /usr/share/doc -name '*.txt' -o -name 'README*' -o -name 'copyright' 2>/dev/null | head -3000 |
   xargs cat 2>/dev/null | clean_utf8 "$work/en-base.txt"
 : > "$work/en-all.txt"
+[ -s "$work/en-base.txt" ] || { echo "bench_tokenize: no English text found under /usr/share/doc" >&2; exit 1; }
 while [ "$(stat -c %s "$work/en-all.txt")" -lt $((MB * 1000000)) ]; do cat "$work/en-base.txt" >> "$work/en-all.txt"; done
 head -c $((MB * 1000000)) "$work/en-all.txt" | clean_utf8 "$work/en.txt"
 # Chinese: the seed notes' Chinese lines and sentences assembled from them
 cat ../shared/seeds/*.txt 2>/dev/null | grep -P '[\x{4e00}-\x{9fff}]' > "$work/zh-base.txt" || true
+[ -s "$work/zh-base.txt" ] || { echo "bench_tokenize: no Chinese lines in ../shared/seeds/*.txt" >&2; exit 1; }
 : > "$work/zh.txt"
 while [ "$(stat -c %s "$work/zh.txt")" -lt $((MB * 1000000)) ]; do
   shuf --random-source=<(yes) "$work/zh-base.txt" >> "$work/zh.txt"

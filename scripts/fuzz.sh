@@ -47,7 +47,11 @@ fi
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-FLAGS=(-rss_limit_mb=2048 -timeout=1 -malloc_limit_mb=2048 -print_final_stats=1)
+# FUZZ_TIMEOUT (seconds, default 1): the per-input limit; raise it for a
+# long run at low priority (nice) beside other work, where a starved process
+# would otherwise stop at a wall-clock "timeout" that is the machine's.
+FUZZ_TIMEOUT=${FUZZ_TIMEOUT:-1}
+FLAGS=(-rss_limit_mb=2048 -timeout="$FUZZ_TIMEOUT" -malloc_limit_mb=2048 -print_final_stats=1)
 # True when every finding in $2 is a timeout and each input runs within the
 # limit when run again: -timeout is wall-clock time, which a loaded machine
 # (other builds on few cores) can exceed for an input that is not slow.
@@ -101,7 +105,8 @@ for t in "${targets[@]}"; do
   fi
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | tail -1 | grep -o '[0-9]*$' || echo "?")
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*' || echo "?")
-  summary+=("$(printf '%-14s %10s execs  %6s edges  %s' "$t" "$execs" "$cov" "$ok")")
+  slow=$(grep -o 'stat::slowest_unit_time_sec: *[0-9]*' "$log" | tail -1 | grep -o '[0-9]*$' || echo "?")
+  summary+=("$(printf '%-14s %10s execs  %6s edges  slowest %3s s  %s' "$t" "$execs" "$cov" "$slow" "$ok")")
 done
 
 echo "== fuzz summary (${SECONDS_PER_TARGET}s per target)"

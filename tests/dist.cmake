@@ -18,8 +18,12 @@ if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
     set_tests_properties(pipe_${case} PROPERTIES TIMEOUT 180)
   endforeach()
   # tensor parallelism (tp_test.py): equivalence per family, and errors
-  foreach(case llama bloom gpt2 errors ckpt)
+  foreach(case llama bloom gpt2 errors ckpt vocab)
     cllm_add_py_test(tp_${case} tp_test.py LABELS mpi ARGS --case ${case})
     set_tests_properties(tp_${case} PROPERTIES TIMEOUT 180)
   endforeach()
+  # tensor-parallel inference (tp_infer_test.py): generate and serve against one process
+  cllm_add_py_test(tp_infer_generate tp_infer_test.py LABELS mpi generate ARGS --case generate)
+  cllm_add_py_test(tp_infer_serve tp_infer_test.py LABELS mpi serve ARGS --case serve --fixtures ${CLLM_FIXTURES}/hf)
+  set_tests_properties(tp_infer_generate tp_infer_serve PROPERTIES TIMEOUT 180)
 endif()

@@ -2,15 +2,19 @@
 
 Tiny random models (LLaMA with GQA and TinyLlama's SentencePiece-BPE
 tokenizer, 32000 ids; a LLaMA variant with a tied head and attention/MLP
-biases; GPT-2 with the GPT-2 byte-level tokenizer, 50257 ids) are exported
-as f32, f16 and q8_0 GGUF files. Then:
+biases; GPT-2 with the GPT-2 byte-level tokenizer, 50257 ids; BLOOM with
+ALiBi, its embedding LayerNorm and biases, on the GPT-2 tokenizer) are
+exported as f32, f16, q8_0 and q4_0 GGUF files (the tied LLaMA as f32, f16
+and q8_0, BLOOM as f32 and q4_0). Then:
   - a small GGUF reader written here from the spec (not cllm's code) checks
     the header, version 3, the key/value count, the hyperparameters, every
     tensor's name, dims, type, 32-byte aligned offset and the file size, and
     compares each tensor's data with the model's safetensors read here,
     transformed as llama.cpp's HF converter does (LLaMA q/k rows permuted
-    per head, GPT-2 Conv1D weights transposed, F16 rounding; Q8_0 blocks
-    within the format's error bound);
+    per head, GPT-2 Conv1D weights transposed, BLOOM's fused QKV rows
+    regrouped as q|k|v, F16 rounding; Q8_0 blocks within the format's error
+    bound; Q4_0 blocks equal bit for bit to ggml's reference quantizer,
+    written again here in torch);
   - the tokens, token types and ids of TinyLlama's vocabulary equal those of
     the vocabulary file llama.cpp's converter wrote (fixture);
   - llama.cpp (node-llama-cpp 3.x's prebuilt CPU build, pinned in
@@ -18,9 +22,13 @@ as f32, f16 and q8_0 GGUF files. Then:
     a few texts exactly as `cllm tokenize` does, and continues prompts with
     the same 16 greedy tokens as `cllm generate --greedy` (f16 and q8_0
     files: the same tokens up to a near-tie, where llama.cpp's token is in
-    cllm's top 5 within TIE nats of cllm's);
-  - bad input: a BLOOM model, an unknown --type or --to, a tokenizer with
-    more ids than the model: clear errors and no file left behind.
+    cllm's top 5 within TIE nats of cllm's). A q4_0 file is compared with
+    cllm running the model whose weights are the file's (Q4_0 blocks
+    dequantized, F16 tensors rounded), so 4-bit rounding is not mistaken
+    for an export error; llama.cpp still rounds its activations to 8 bits
+    in Q4_0 products, hence the same near-tie rule;
+  - bad input: an unknown --type or --to, a tokenizer with more ids than
+    the model: clear errors and no file left behind.
 Prints "skipped:" and exits 0 when npm cannot install node-llama-cpp (the
 reader checks still run first).
 """
@@ -41,7 +49,10 @@ import npm_clients  # noqa: E402
 failures = 0
 N_NEW = 16
 # the largest log-probability gap (nats, by cllm's f32 model) that rounded weights may flip
-TIE = {"f16": 0.05, "q8_0": 0.25}
+TIE = {"f16": 0.05, "q8_0": 0.25, "q4_0": 0.25}
+TYPES = ("f32", "f16", "q8_0", "q4_0")
+# BLOOM adds an architecture, not a storage type: f32 and q4_0 only (the run time)
+MODEL_TYPES = {"llama_tied_bias": ("f32", "f16", "q8_0"), "bloom": ("f32", "q4_0")}
 TEXTS = ["Hello world, this is a test.", "The quick brown fox jumps over the lazy dog",
          "  two leading spaces, numbers 12345 and 3.14", "Ünïcödé ✓ 日本語 text", "line one\nline two\ttab",
          "don't stop believin'"]
@@ -127,6 +138,14 @@ def tensor_values(g, name):
         n *= d
     start = g["data"] + t["offset"]
     shape = list(reversed(t["dims"]))
+    if t["type"] == 2:
+        # Q4_0 blocks of 32 values along dims[0]: f16 scale d, 16 bytes of nibbles
+        # (value j low, value j + 16 high); value = d * (q - 8)
+        raw = torch.frombuffer(bytearray(g["raw"][start:start + n // 32 * 18]), dtype=torch.uint8).reshape(-1, 18)
+        d = raw[:, :2].contiguous().view(torch.float16).float()
+        nib = raw[:, 2:].long()
+        q = torch.cat([nib & 15, nib >> 4], dim=1).float() - 8
+        return (d * q).reshape(shape), d.expand(-1, 32).reshape(shape), q.reshape(shape)
     if t["type"] == 8:
         # Q8_0 blocks of 32 values along dims[0]: f16 scale d, 32 int8 q; value = d * q
         raw = torch.frombuffer(bytearray(g["raw"][start:start + n // 32 * 34]), dtype=torch.uint8).reshape(-1, 34)
@@ -165,6 +184,19 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
+def q4_0_reference(w):
+    """ggml's reference Q4_0 quantizer, in torch float32, then dequantized:
+    per block of 32, m = the value of largest magnitude, d = m / -8,
+    q = min(15, trunc(x * (1/d) + 8.5)), value = f16(d) * (q - 8)."""
+    blk = w.reshape(-1, 32).float()
+    idx = blk.abs().argmax(dim=1, keepdim=True)  # the first of equal magnitudes, as the reference's strict >
+    m = blk.gather(1, idx)
+    d = m / -8.0
+    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.clamp(torch.trunc(blk * inv + 8.5), max=15)
+    return (d.half().float() * (q - 8)).reshape(w.shape)
+
+
 def permute(w, n_head):
     # llama.cpp's converter: rows [heads, 2, HS/2] -> [heads, HS/2, 2]
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -194,6 +226,25 @@ def expected_tensors(arch, cfg, st):
                     elif hf.endswith("k_proj"):
                         w = permute(w, nkv)
                     e[f"blk.{i}.{gg}{suf}"] = w
+    elif arch == "bloom":
+        nh, hs = cfg["n_head"], cfg["hidden_size"] // cfg["n_head"]
+        e["token_embd.weight"] = st["transformer.word_embeddings.weight"]
+        e["output.weight"] = st["transformer.word_embeddings.weight"]
+        e["token_embd_norm.weight"] = st["transformer.word_embeddings_layernorm.weight"]
+        e["token_embd_norm.bias"] = st["transformer.word_embeddings_layernorm.bias"]
+        e["output_norm.weight"] = st["transformer.ln_f.weight"]
+        e["output_norm.bias"] = st["transformer.ln_f.bias"]
+        for i in range(cfg["n_layer"]):
+            p = f"transformer.h.{i}."
+            m = {"input_layernorm": "attn_norm", "self_attention.query_key_value": "attn_qkv",
+                 "self_attention.dense": "attn_output", "post_attention_layernorm": "ffn_norm",
+                 "mlp.dense_h_to_4h": "ffn_up", "mlp.dense_4h_to_h": "ffn_down"}
+            for hf, gg in m.items():
+                for suf in (".weight", ".bias"):
+                    w = st[p + hf + suf]
+                    if gg == "attn_qkv":  # rows [head, 3, HS] -> [3, head, HS], as llama.cpp's converter
+                        w = w.reshape(nh, 3, hs, *w.shape[1:]).transpose(0, 1).reshape(w.shape)
+                    e[f"blk.{i}.{gg}{suf}"] = w
     else:
         e["token_embd.weight"] = st["transformer.wte.weight"]
         e["output.weight"] = st["transformer.wte.weight"]
@@ -220,8 +271,9 @@ def check_file(path, arch, model_dir, ty):
     check(g["n_kv"] == len(kv), f"{tag}: key count")
     check(kv["general.architecture"] == arch, f"{tag}: architecture {kv['general.architecture']}")
     check(kv["general.alignment"] == 32 and g["types"]["general.alignment"] == 4, f"{tag}: alignment key")
-    check(kv["general.file_type"] == {"f32": 0, "f16": 1, "q8_0": 7}[ty], f"{tag}: file_type")
-    check(kv.get("general.quantization_version") == (2 if ty == "q8_0" else None), f"{tag}: quantization_version")
+    check(kv["general.file_type"] == {"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2}[ty], f"{tag}: file_type")
+    check(kv.get("general.quantization_version") == (2 if ty in ("q8_0", "q4_0") else None),
+          f"{tag}: quantization_version")
     if arch == "llama":
         want = {"context_length": cfg["max_position_embeddings"], "embedding_length": cfg["hidden_size"],
                 "block_count": cfg["num_hidden_layers"], "feed_forward_length": cfg["intermediate_size"],
@@ -233,6 +285,11 @@ def check_file(path, arch, model_dir, ty):
         check(kv["llama.rope.freq_base"] == cfg["rope_theta"], f"{tag}: rope freq base")
         check(kv["tokenizer.ggml.model"] == "llama", f"{tag}: tokenizer model")
         check(len(kv["tokenizer.ggml.scores"]) == cfg["vocab_size"], f"{tag}: scores")
+    elif arch == "bloom":
+        want = {"context_length": 2048, "embedding_length": cfg["hidden_size"], "block_count": cfg["n_layer"],
+                "feed_forward_length": 4 * cfg["hidden_size"], "attention.head_count": cfg["n_head"],
+                "attention.head_count_kv": cfg["n_head"], "vocab_size": cfg["vocab_size"]}
+        check(abs(kv["bloom.attention.layer_norm_epsilon"] - cfg["layer_norm_epsilon"]) < 1e-9, f"{tag}: ln eps")
     else:
         want = {"context_length": cfg["n_positions"], "embedding_length": cfg["n_embd"],
                 "block_count": cfg["n_layer"], "feed_forward_length": cfg.get("n_inner") or 4 * cfg["n_embd"],
@@ -265,8 +322,8 @@ def check_file(path, arch, model_dir, ty):
         want_type = 0
         if w.dim() == 2 and ty == "f16":
             want_type = 1
-        elif w.dim() == 2 and ty == "q8_0" and name != "position_embd.weight":
-            want_type = 8 if w.shape[-1] % 32 == 0 else 1  # rows not a multiple of 32: F16
+        elif w.dim() == 2 and ty in ("q8_0", "q4_0") and name != "position_embd.weight":
+            want_type = {"q8_0": 8, "q4_0": 2}[ty] if w.shape[-1] % 32 == 0 else 1  # rows not a multiple of 32: F16
         check(t["type"] == want_type, f"{tag}: {name} type {t['type']}, want {want_type}")
         got, d, q = tensor_values(g, name)
         if want_type == 8:
@@ -278,6 +335,12 @@ def check_file(path, arch, model_dir, ty):
             check(bool((d - dref).abs().le(dref * 2 ** -10).all()), f"{tag}: {name} Q8_0 scales")
             check(bool(q.abs().max() <= 127), f"{tag}: {name} Q8_0 values beyond 127")
             nbytes = w.numel() // 32 * 34
+        elif want_type == 2:
+            ref = q4_0_reference(w)
+            check(torch.equal(got, ref), f"{tag}: {name} Q4_0 differs from the reference quantizer "
+                                         f"(max {(got - ref).abs().max().item()})")
+            check(bool(q.min() >= -8 and q.max() <= 7), f"{tag}: {name} Q4_0 codes out of range")
+            nbytes = w.numel() // 32 * 18
         else:
             ref = w.half().float() if want_type == 1 else w
             check(torch.equal(got, ref), f"{tag}: {name} data differs (max {(got - ref).abs().max().item()})")
@@ -295,7 +358,8 @@ def make_models(cllm, fx, tmp):
              ("llama_tied_bias", "llama", ["--set", "vocab_size=32000", "--set", "tie_word_embeddings=true",
                                            "--set", "attention_bias=true", "--set", "mlp_bias=true",
                                            "--set", "num_key_value_heads=4", "--set", "initializer_range=0.1"], tl),
-             ("gpt2", "gpt2", ["--set", "vocab_size=50257", "--set", "initializer_range=0.3"], gp)]
+             ("gpt2", "gpt2", ["--set", "vocab_size=50257", "--set", "initializer_range=0.3"], gp),
+             ("bloom", "bloom", ["--set", "vocab_size=50257", "--set", "initializer_range=0.3"], gp)]
     for name, arch, sets, tokdir in specs:
         d = os.path.join(tmp, name)
         run([cllm, "init", "--arch", arch, "--preset", "tiny", "--seed", "7", *sets, "--out", d])
@@ -303,16 +367,45 @@ def make_models(cllm, fx, tmp):
             if f.startswith("tokenizer") or f in ("vocab.json", "merges.txt", "special_tokens_map.json"):
                 shutil.copyfile(os.path.join(tokdir, f), os.path.join(d, f))
         models[name] = (arch, d)
-    # init leaves biases at zero: give them values, so that a bias llama.cpp
-    # ignored or misplaced would change its output
-    d = models["llama_tied_bias"][1]
-    st = read_safetensors(os.path.join(d, "model.safetensors"))
-    g = torch.Generator().manual_seed(5)
-    for k in st:
-        if k.endswith(".bias"):
-            st[k] = torch.randn(st[k].shape, generator=g) * 0.05
-    write_safetensors(os.path.join(d, "model.safetensors"), st)
+    # init leaves biases at zero (and norm weights at one): give them values, so
+    # that a bias or norm llama.cpp ignored or misplaced would change its output
+    for name in ("llama_tied_bias", "bloom"):
+        d = models[name][1]
+        st = read_safetensors(os.path.join(d, "model.safetensors"))
+        g = torch.Generator().manual_seed(5)
+        for k in st:
+            if k.endswith(".bias"):
+                st[k] = torch.randn(st[k].shape, generator=g) * 0.05
+            elif name == "bloom" and "layernorm.weight" in k:
+                st[k] = 1 + torch.randn(st[k].shape, generator=g) * 0.1
+        write_safetensors(os.path.join(d, "model.safetensors"), st)
     return models
+
+
+def file_weights_model(g, arch, model_dir, out):
+    """An HF folder whose weights are those the GGUF file holds (Q4_0
+    dequantized, F16 rounded), mapped back to HF names and layouts, with the
+    model's config and tokenizer: what llama.cpp computes with."""
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    st = read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    # every element tagged with its position in one flat index, then laid out as
+    # for the file: each file tensor says where its values go back to
+    offs, tagged, total = {}, {}, 0
+    for k, w in st.items():
+        offs[k] = total
+        tagged[k] = (torch.arange(w.numel(), dtype=torch.float64) + total).reshape(w.shape)
+        total += w.numel()
+    flat = torch.full((total,), float("nan"))
+    for gg, where in expected_tensors(arch, cfg, tagged).items():
+        flat[where.reshape(-1).long()] = tensor_values(g, gg)[0].reshape(-1)
+    new = {k: flat[offs[k]:offs[k] + w.numel()].reshape(w.shape) for k, w in st.items()}
+    check(not any(bool(v.isnan().any()) for v in new.values()), f"{out}: a tensor not in the file")
+    os.makedirs(out, exist_ok=True)
+    for f in os.listdir(model_dir):
+        if f != "model.safetensors":
+            shutil.copyfile(os.path.join(model_dir, f), os.path.join(out, f))
+    write_safetensors(os.path.join(out, "model.safetensors"), new)
+    return out
 
 
 def checkpoint_export(cllm, tmp, models):
@@ -334,13 +427,8 @@ def checkpoint_export(cllm, tmp, models):
 
 def bad_input(cllm, tmp, models):
     out = os.path.join(tmp, "bad.gguf")
-    b = os.path.join(tmp, "bloom")
-    run([cllm, "init", "--arch", "bloom", "--preset", "tiny", "--out", b])
-    shutil.copyfile(os.path.join(models["gpt2"][1], "tokenizer.json"), os.path.join(b, "tokenizer.json"))
-    r = run([cllm, "convert", "--to", "gguf", "--model", b, "--out", out], ok=False)
-    check(r.returncode == 1 and "bloom" in r.stderr and not os.path.exists(out), f"bloom: {r.returncode} {r.stderr}")
-    r = run([cllm, "convert", "--to", "gguf", "--model", models["llama"][1], "--out", out, "--type", "q4_0"], ok=False)
-    check(r.returncode == 2 and "--type q4_0" in r.stderr, f"--type q4_0: {r.returncode} {r.stderr}")
+    r = run([cllm, "convert", "--to", "gguf", "--model", models["llama"][1], "--out", out, "--type", "q4_k"], ok=False)
+    check(r.returncode == 2 and "--type q4_k" in r.stderr, f"--type q4_k: {r.returncode} {r.stderr}")
     r = run([cllm, "convert", "--to", "onnx", "--model", models["llama"][1], "--out", out], ok=False)
     check(r.returncode == 2 and "--to onnx" in r.stderr, f"--to onnx: {r.returncode} {r.stderr}")
     # the GPT-2 tokenizer (50257 ids) on a 32000-id model
@@ -369,11 +457,13 @@ def main():
         models = make_models(a.cllm, a.fixtures, tmp)
         files = []
         for name, (arch, d) in models.items():
-            for ty in ("f32", "f16", "q8_0"):
+            for ty in MODEL_TYPES.get(name, TYPES):
                 out = os.path.join(tmp, f"{name}-{ty}.gguf")
                 run([a.cllm, "convert", "--to", "gguf", "--model", d, "--out", out, "--type", ty])
-                check_file(out, arch, d, ty)
-                files.append((name, ty, out))
+                g = check_file(out, arch, d, ty)
+                # q4_0: cllm runs what the file holds (see the top)
+                md = file_weights_model(g, arch, d, os.path.join(tmp, f"{name}-{ty}-weights")) if ty == "q4_0" else d
+                files.append((name, ty, out, md))
         # TinyLlama's vocabulary as llama.cpp's converter wrote it
         ref = read_gguf(os.path.join(a.fixtures, "llama.cpp-vocab-tests", "ggml-vocab-llama-spm.gguf"))["kv"]
         ours = read_gguf(os.path.join(tmp, "llama-f32.gguf"))["kv"]
@@ -392,8 +482,7 @@ def main():
             print(f"{failures} failures")
             return 1 if failures else 0
         runs, expect = [], []
-        for name, ty, path in files:
-            md = models[name][1]
+        for name, ty, path, md in files:
             prompts = [cllm_ids(a.cllm, md, p, tmp, True) for p in PROMPTS]
             runs.append({"model": path, "texts": TEXTS, "prompts": prompts, "n_new": N_NEW})
             gens = []

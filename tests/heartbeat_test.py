@@ -24,7 +24,7 @@ import argparse, json, os, re, shutil, signal, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dist_test import SCALE, Env, metrics  # noqa: E402
-from launch_test import RUN, check, compare_weights, run, FAILS  # noqa: E402
+from launch_test import RUN, check, compare_weights, latest_step, run, FAILS  # noqa: E402
 
 LIMIT = 3 * SCALE         # heartbeat limit of these runs, seconds
 MARGIN = 6 + 2 * SCALE    # detection takes up to limit + limit / 8; mpirun then needs a moment to end the ranks
@@ -55,16 +55,6 @@ def alive(pid):
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def latest_step(out):
-    try:
-        with open(os.path.join(out, "latest")) as f:
-            name = f.read().strip()
-    except OSError:
-        return 0
-    m = re.fullmatch(r"checkpoint-(\d+)", name)
-    return int(m.group(1)) if m else -1
 
 
 def stop(env, n, victim, resume_ranks):

@@ -5,11 +5,12 @@ cllm_add_c_test(test_launch LABELS launch)
 # launch_test.py: `cli` checks printed mpirun commands and usage errors and
 # runs 2 local ranks; `fail` hangs and kills ranks (collective timeout,
 # checkpoint + resume); `netns` runs 2 ranks on two network namespaces over
-# TCP (needs root: skipped with exit 77 otherwise). MPI runs: label mpi
+# TCP, and `partition` cuts that link mid-run (both need root: skipped with
+# exit 77 otherwise). MPI runs: label mpi
 # (see dist.cmake).
 find_program(CLLM_MPIRUN mpirun)
 if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
-  foreach(case cli fail netns)
+  foreach(case cli fail netns partition)
     cllm_add_py_test(launch_${case} launch_test.py LABELS launch mpi ARGS --case ${case})
     set_tests_properties(launch_${case} PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77)
   endforeach()

@@ -17,14 +17,21 @@ netns: two "hosts" built as network namespaces joined by a veth pair
        veth's byte counters show the gradients crossed it. Without root or
        CAP_NET_ADMIN the case prints why and exits 77 (ctest's skip).
 
-Usage: launch_test.py --cllm BIN --build DIR --case {cli,fail,netns}
+partition: the same two hosts, 2 ranks training with a heartbeat limit of 3 s
+       (x the sanitizer time scale) and a checkpoint every 2 steps; after
+       checkpoint-4 both ends of the veth go down (packets dropped: no
+       reset reaches either side). The job must end non-zero within the
+       limit + a margin with a heartbeat message naming the rank across the
+       cut, and `--resume auto` continues from the last checkpoint.
+
+Usage: launch_test.py --cllm BIN --build DIR --case {cli,fail,netns,partition}
 """
 import argparse, json, os, re, shutil, signal, subprocess, sys, time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dist_test import Env, metrics, rel, tensors  # noqa: E402
+from dist_test import SCALE, Env, metrics, rel, tensors  # noqa: E402
 
 FAILS = []
 SKIP = 77
@@ -174,36 +181,44 @@ def fail(env):
         print(f"killed and resumed: ok (worst weight rel diff {w[0]:.1e})")
 
 
-def netns(env):
-    if os.geteuid() != 0:
-        print("skip: network namespaces need root (or CAP_NET_ADMIN); not running as root")
-        return SKIP
-    if not shutil.which("ip"):
-        print("skip: the ip command (iproute2) is not installed")
-        return SKIP
-    tag = f"c{os.getpid() % 100000}"
-    ns = [f"{tag}a", f"{tag}b"]
-    veth = [f"{tag}va", f"{tag}vb"]
-    addrs = ["10.77.0.1", "10.77.0.2"]
+class TwoHosts:
+    """Two "hosts": network namespaces joined by a veth pair, with an
+    OpenMPI rsh agent that starts daemons inside them and a hostfile.
+    `skip` is set (with a reason) when this machine cannot build them."""
 
+    def __init__(self, env):
+        self.env, self.skip, self.ok = env, None, False
+        tag = f"c{os.getpid() % 100000}"
+        self.ns = [f"{tag}a", f"{tag}b"]
+        self.veth = [f"{tag}va", f"{tag}vb"]
+        self.addrs = ["10.77.0.1", "10.77.0.2"]
+
+    @staticmethod
     def ip(*args):
         return subprocess.run(["ip"] + list(args), capture_output=True, text=True)
 
-    try:
-        p = ip("netns", "add", ns[0])
+    def __enter__(self):
+        if os.geteuid() != 0:
+            self.skip = "network namespaces need root (or CAP_NET_ADMIN); not running as root"
+            return self
+        if not shutil.which("ip"):
+            self.skip = "the ip command (iproute2) is not installed"
+            return self
+        ns, veth, addrs, env = self.ns, self.veth, self.addrs, self.env
+        p = self.ip("netns", "add", ns[0])
         if p.returncode != 0:
-            print(f"skip: cannot create a network namespace: {p.stderr.strip()}")
-            return SKIP
+            self.skip = f"cannot create a network namespace: {p.stderr.strip()}"
+            return self
         steps = [("netns", "add", ns[1]), ("link", "add", veth[0], "type", "veth", "peer", "name", veth[1])]
         for i in (0, 1):
             steps += [("link", "set", veth[i], "netns", ns[i]),
                       ("-n", ns[i], "addr", "add", addrs[i] + "/24", "dev", veth[i]),
                       ("-n", ns[i], "link", "set", "lo", "up"), ("-n", ns[i], "link", "set", veth[i], "up")]
         for s in steps:
-            p = ip(*s)
+            p = self.ip(*s)
             if p.returncode != 0:
                 check(False, f"ip {' '.join(s)}: {p.stderr.strip()}")
-                return 1
+                return self
         agent = env.path("netns_agent.sh")
         with open(agent, "w") as f:
             f.write("#!/bin/sh\n# OpenMPI's rsh agent for hosts that are network namespaces: $1 is the host,\n"
@@ -214,25 +229,62 @@ def netns(env):
                     f"echo \"netns agent: $host -> $ns\" >> {env.path('agent.log')}\n"
                     "exec ip netns exec \"$ns\" sh -c \"$*\"\n")
         os.chmod(agent, 0o755)
-        hf = env.path("hostfile")
-        with open(hf, "w") as f:
+        self.hostfile = env.path("hostfile")
+        with open(self.hostfile, "w") as f:
             f.write("# two hosts: network namespaces joined by a veth pair\n")
             for a in addrs:
                 f.write(f"{a} slots=1\n")
+        self.launcher_args = ("--mca plm_rsh_agent " + agent + " --mca btl tcp,self --mca btl_tcp_if_include "
+                              "10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24")
+        self.ok = True
+        return self
+
+    def launch(self, *args, heartbeat=None):
+        """The command that runs `cllm launch ARGS` from the first host."""
+        hb = ["--heartbeat-timeout", str(heartbeat)] if heartbeat is not None else []
+        return (["ip", "netns", "exec", self.ns[0], self.env.cllm, "launch", "--hostfile", self.hostfile,
+                 "--timeout", "60"] + hb + ["--launcher-args", self.launcher_args, "--"] + list(args))
+
+    def agent_log(self):
+        p = self.env.path("agent.log")
+        return open(p).read() if os.path.exists(p) else ""
+
+    def leftovers(self):
+        """Processes still running inside the namespaces (pids)."""
+        pids = []
+        for n in self.ns:
+            pids += [int(x) for x in self.ip("netns", "pids", n).stdout.split()]
+        return pids
+
+    def __exit__(self, *exc):
+        for pid in self.leftovers():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for n in self.ns:
+            self.ip("netns", "del", n)
+        self.ip("link", "del", self.veth[0])  # gone with its namespace unless creation stopped half-way
+        return False
+
+
+def netns(env):
+    with TwoHosts(env) as h:
+        if h.skip:
+            print("skip: " + h.skip)
+            return SKIP
+        if not h.ok:
+            return 1
         model = env.init("llama")
         ref = env.path("ref")
         cfg = env.config("c.json", model)
         p = run([env.cllm, "train", "--config", cfg, "--out", ref], env=RUN)
         check(p.returncode == 0, f"reference run failed: {p.stderr[-2000:]}")
         out = env.path("two_hosts")
-        largs = ("--mca plm_rsh_agent " + agent + " --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24"
-                 " --mca oob_tcp_if_include 10.77.0.0/24")
-        p = run(["ip", "netns", "exec", ns[0], env.cllm, "launch", "--hostfile", hf, "--timeout", "60",
-                 "--launcher-args", largs, "--", "train", "--config", cfg, "--out", out],
-                env=RUN, timeout=120)
+        p = run(h.launch("train", "--config", cfg, "--out", out), env=RUN, timeout=120)
         check(p.returncode == 0, f"two hosts: rc {p.returncode}:\n{p.stdout[-2000:]}{p.stderr[-3000:]}")
-        log = open(env.path("agent.log")).read() if os.path.exists(env.path("agent.log")) else ""
-        check(f"{addrs[1]} -> {ns[1]}" in log, f"two hosts: the agent did not start a daemon in {ns[1]}: {log}")
+        check(f"{h.addrs[1]} -> {h.ns[1]}" in h.agent_log(),
+              f"two hosts: the agent did not start a daemon in {h.ns[1]}: {h.agent_log()}")
         if p.returncode != 0:
             return 1
         m, rm = metrics(os.path.join(out, "metrics.jsonl")), metrics(os.path.join(ref, "metrics.jsonl"))
@@ -244,7 +296,7 @@ def netns(env):
         w = compare_weights("two hosts", out, ref)
         # stage 0 all-reduces every gradient each step: at least the gradient
         # bytes of 10 steps went through the veth (each way)
-        stats = json.loads(ip("-j", "-s", "-n", ns[1], "link", "show", veth[1]).stdout)[0]["stats64"]
+        stats = json.loads(h.ip("-j", "-s", "-n", h.ns[1], "link", "show", h.veth[1]).stdout)[0]["stats64"]
         grad_bytes = 10 * 4 * sum(v.size for v in tensors(os.path.join(out, "model.safetensors")).values())
         check(stats["tx"]["bytes"] >= grad_bytes / 2 and stats["rx"]["bytes"] >= grad_bytes / 2,
               f"two hosts: veth moved tx {stats['tx']['bytes']} rx {stats['rx']['bytes']} bytes, "
@@ -252,10 +304,103 @@ def netns(env):
         print(f"two hosts over TCP: ok (worst weight rel diff {w[0]:.1e}; veth tx {stats['tx']['bytes']} "
               f"rx {stats['rx']['bytes']} bytes)")
         return 0
-    finally:
-        for n in ns:
-            ip("netns", "del", n)
-        ip("link", "del", veth[0])  # gone with its namespace unless creation stopped half-way
+
+
+def partition(env):
+    """The network between the two hosts goes away mid-run (every packet on
+    the veth dropped): the heartbeat must end the job within its limit,
+    naming the rank on the other side, and the last checkpoint must resume."""
+    with TwoHosts(env) as h:
+        if h.skip:
+            print("skip: " + h.skip)
+            return SKIP
+        if not h.ok:
+            return 1
+        limit = 3 * SCALE
+        model = env.init("llama")
+        cfg = env.config("c.json", model, train_iters=100000, save_interval=2, save_total_limit=2)
+        out = env.path("out")
+        e = {k: v for k, v in os.environ.items() if not k.startswith(("CLLM_", "OMP_"))}
+        e.update(RUN)
+        # output to files: a daemon left on the far side of the cut would keep
+        # pipes open after the job has ended
+        logs = [open(env.path("job.out"), "w+"), open(env.path("job.err"), "w+")]
+        p = subprocess.Popen(h.launch("train", "--config", cfg, "--out", out, heartbeat=limit), env=e,
+                             stdout=logs[0], stderr=logs[1], text=True, start_new_session=True)
+        try:
+            t0 = time.monotonic()
+            while latest_step(out) < 4 and p.poll() is None and time.monotonic() - t0 < 120 * SCALE:
+                time.sleep(0.05)
+            check(p.poll() is None, f"partition: the run ended before the cut (rc {p.poll()})")
+            if p.poll() is not None:
+                logs[1].seek(0)
+                print(logs[1].read()[-3000:], file=sys.stderr)
+                return 1
+            ranks = {}
+            for pid in h.leftovers():
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if b"train" in f.read():
+                            ranks[pid] = True
+                except OSError:
+                    pass
+            # the cut: both ends of the link stop passing packets (no RST, no
+            # FIN: to TCP, the peer simply goes silent, as behind a dead switch)
+            for i in (0, 1):
+                q = h.ip("-n", h.ns[i], "link", "set", h.veth[i], "down")
+                check(q.returncode == 0, f"partition: link down: {q.stderr}")
+            t_cut = time.monotonic()
+            try:
+                p.wait(timeout=limit + 60 * SCALE)
+            except subprocess.TimeoutExpired:
+                check(False, f"partition: the job still runs {limit + 60 * SCALE} s after the cut")
+            took = time.monotonic() - t_cut
+            # the ranks themselves must be gone on both sides of the cut
+            # (OpenMPI's daemon on the far side may wait for its launcher)
+            time.sleep(1)
+            left = [pid for pid in ranks if os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read()
+                    .split(")")[-1].split()[0] != "Z"]
+            check(not left, f"partition: training ranks still running after the job ended: {left}")
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        logs[1].seek(0)
+        err = logs[1].read()
+        for f in logs:
+            f.close()
+        check(p.returncode != 0, "partition: exit 0 after the network was cut")
+        named = re.search(r"cllm dist: rank (\d+) \(host [^,]+, pid \d+\): no heartbeat from rank (\d+)", err)
+        check(named is not None and named.group(1) != named.group(2),
+              f"partition: no heartbeat message naming the rank across the cut:\n{err[-3000:]}")
+        # detection (limit + limit / 8), then mpirun waits for the daemon across
+        # the cut until `cllm launch` stops it (15 s, LAUNCH_GRACE_S)
+        check(took <= limit + 15 + 6 + 2 * SCALE,
+              f"partition: the job ended {took:.1f} s after the cut (heartbeat limit {limit} s + 15 s)")
+        check("cllm launch: mpirun did not end the job within 15 s" in err,
+              f"partition: no message from the launcher about stopping mpirun:\n{err[-2000:]}")
+        print(f"partition: cut after checkpoint-{latest_step(out)}; job ended {took:.1f} s later (limit {limit} s), "
+              f"rc {p.returncode}" + (f", rank {named.group(1)} named rank {named.group(2)}" if named else ""))
+        step = latest_step(out)
+        check(step >= 4 and step % 2 == 0, f"partition: latest names step {step}")
+        if step <= 0:
+            return 1
+        q = run([env.cllm, "train", "--config", cfg, "--out", out, "--resume", "auto", "--steps", str(step + 2)],
+                env=RUN, timeout=120 * SCALE)
+        check(q.returncode == 0 and "(resumed)" in q.stderr, f"partition: resume: rc {q.returncode}: {q.stderr[-2000:]}")
+        if q.returncode == 0:
+            print(f"partition: resumed from checkpoint-{step} in one process to step {step + 2}: ok")
+        return 0
+
+
+def latest_step(out):
+    try:
+        with open(os.path.join(out, "latest")) as f:
+            name = f.read().strip()
+    except OSError:
+        return 0
+    m = re.fullmatch(r"checkpoint-(\d+)", name)
+    return int(m.group(1)) if m else -1
 
 
 def main():
@@ -264,13 +409,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cllm", required=True)
     ap.add_argument("--build", required=True)
-    ap.add_argument("--case", required=True, choices=["cli", "fail", "netns"])
+    ap.add_argument("--case", required=True, choices=["cli", "fail", "netns", "partition"])
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
     env = Env(os.path.abspath(a.cllm), os.path.abspath(a.build), "launch_" + a.case)
     rc = 0
     try:
-        rc = {"cli": cli, "fail": fail, "netns": netns}[a.case](env) or 0
+        rc = {"cli": cli, "fail": fail, "netns": netns, "partition": partition}[a.case](env) or 0
     finally:
         if not a.keep and not FAILS:
             shutil.rmtree(env.dir, ignore_errors=True)

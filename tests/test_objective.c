@@ -12,7 +12,8 @@
  *   no LM head, the gradient of sum(D * hidden) against a central finite
  *   difference; with it, the LM gradient plus that one;
  * - the language-modelling objective's loss and gradient equal the plain
- *   pass's.
+ *   pass's;
+ * - the score head of a reward model (check_score).
  */
 #include <jansson.h>
 #include <math.h>
@@ -168,7 +169,7 @@ static void check_family(const char *name, cllm_arch arch) {
     /* the language-modelling objective is the plain pass */
     cllm_objective *o = NULL;
     CHECK(cllm_objective_lm_init(&o) == CLLM_OK && !strcmp(cllm_objective_name(o), "lm"), "%s: lm objective", name);
-    cllm_objective_batch batch = {tokens, targets, B, T};
+    cllm_objective_batch batch = {tokens, targets, B, T, NULL};
     double so = 0;
     long ko = 0;
     cllm_model_zero_grads(m);
@@ -191,9 +192,95 @@ static void check_family(const char *name, cllm_arch arch) {
     cllm_model_free(m);
 }
 
+/* score_grad for check_score: fixed d(objective)/d(score) per row */
+static cllm_status fixed_dscores(void *ctx, const float *scores, float *dscores, int n) {
+    (void)scores;
+    memcpy(dscores, ctx, (size_t)n * sizeof *dscores);
+    return CLLM_OK;
+}
+
+/* The score head (reward models): a causal LM made a reward model keeps
+ * its body and has score.weight [1, C] instead of an LM head; HF's scored
+ * position; scores = score.weight . hidden at those positions; the
+ * backward pass of fixed d(score) equals the hidden-state path with
+ * dhidden = d(score) * w at those rows, and score.weight's gradient is
+ * sum d(score) * h. */
+static void check_score(const char *name, cllm_arch arch) {
+    cllm_model *m = tiny_model(arch, "{\"initializer_range\": 0.2, \"pad_token_id\": 7}", 31);
+    CHECK(m != NULL, "%s: model", name);
+    if (!m) return;
+    const int C = cllm_model_get_config(m)->n_embd, V = cllm_model_get_config(m)->vocab_size, N = B * T;
+    int32_t tokens[B * T], pos[B] = {T - 1, 4, 0};
+    for (int i = 0; i < N; i++) tokens[i] = (int32_t)((i * 37 + 11) % V);
+    float scores[B], dsc[B] = {0.5f, -1.25f, 2.0f}, buf[B];
+    cllm_token_io sio = {.score_pos = pos, .scores = scores, .dscores = buf, .score_grad = fixed_dscores,
+                         .score_ctx = dsc};
+    double s = 0;
+    long k = 0;
+    CHECK(cllm_model_prepare(m, B, T, true) == CLLM_OK, "%s: prepare", name);
+    CHECK(cllm_model_forward_backward_ex(m, tokens, NULL, B, T, false, 1.0f, &sio, &s, &k) == CLLM_ERR_ARG,
+          "%s: score positions on a causal LM are refused", name);
+    const float *e0 = cllm_model_params(m) + cllm_model_tensor(m, 0)->offset;
+    float first = e0[0];
+    CHECK(cllm_model_to_reward(&m, 3) == CLLM_OK, "%s: to_reward: %s", name, cllm_last_error());
+    const cllm_tensor_info *sw = cllm_model_find_tensor(m, "score.weight");
+    CHECK(cllm_model_get_config(m)->num_labels == 1 && sw && sw->shape[0] == 1 && sw->shape[1] == C &&
+          !cllm_model_find_tensor(m, "lm_head.weight") && cllm_model_params(m)[cllm_model_tensor(m, 0)->offset] == first,
+          "%s: reward model layout", name);
+    const char *a0 = json_string_value(json_array_get(json_object_get(cllm_model_config_json(m), "architectures"), 0));
+    CHECK(a0 && strstr(a0, "ForSequenceClassification"), "%s: architectures %s", name, a0 ? a0 : "?");
+    int32_t row[5] = {4, 9, 7, 7, 7}, allpad[2] = {7, 7};
+    CHECK(cllm_model_score_position(m, row, 5) == 1 && cllm_model_score_position(m, row, 2) == 1 &&
+          cllm_model_score_position(m, allpad, 2) == 0, "%s: HF's last non-pad token", name);
+    if (!sw) {
+        cllm_model_free(m);
+        return;
+    }
+    const size_t P = cllm_model_buffer_len(m);
+    float *hid = malloc((size_t)N * C * sizeof *hid), *D = calloc((size_t)N * C, sizeof *D);
+    float *g = malloc(P * sizeof *g), *want = malloc(P * sizeof *want);
+    CHECK(cllm_model_prepare(m, B, T, true) == CLLM_OK, "%s: prepare the reward model", name);
+    CHECK(cllm_model_forward_backward(m, tokens, tokens, B, T, false, 1.0f, &s, &k) == CLLM_ERR_UNSUPPORTED,
+          "%s: an LM pass on a reward model is refused", name);
+    cllm_model_zero_grads(m);
+    CHECK(cllm_model_forward_backward_ex(m, tokens, NULL, B, T, true, 1.0f, &sio, &s, &k) == CLLM_OK && s == 0 &&
+          k == 0, "%s: score pass: %s", name, cllm_last_error());
+    memcpy(g, cllm_model_grads(m), P * sizeof *g);
+    cllm_token_io hio = {.hidden = hid, .dhidden = D, .no_lm_head = true};
+    const float *w = cllm_model_params(m) + sw->offset;
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < C; i++) D[((size_t)b * T + pos[b]) * C + i] = dsc[b] * w[i];
+    cllm_model_zero_grads(m);
+    CHECK(cllm_model_forward_backward_ex(m, tokens, NULL, B, T, true, 1.0f, &hio, &s, &k) == CLLM_OK,
+          "%s: hidden pass", name);
+    memcpy(want, cllm_model_grads(m), P * sizeof *want);
+    double worst = 0;
+    for (int b = 0; b < B; b++) {
+        const float *h = hid + ((size_t)b * T + pos[b]) * C;
+        double r = 0;
+        for (int i = 0; i < C; i++) {
+            r += (double)w[i] * h[i];
+            want[sw->offset + i] += dsc[b] * h[i];
+        }
+        worst = fmax(worst, fabs(r - scores[b]));
+    }
+    CHECK(worst < 1e-5, "%s: scores = w . hidden at the scored positions (max diff %.3g)", name, worst);
+    double e = rel_l2(g, want, P);
+    CHECK(e < 1e-6, "%s: score-head backward = hidden path + score.weight gradient: relative L2 %.3g", name, e);
+    printf("%-6s score head: relative L2 %.2e\n", name, e);
+    free(hid);
+    free(D);
+    free(g);
+    free(want);
+    cllm_model_free(m);
+}
+
 int main(void) {
     check_family("gpt2", CLLM_ARCH_GPT2);
     check_family("llama", CLLM_ARCH_LLAMA);
     check_family("bloom", CLLM_ARCH_BLOOM);
+    check_score("gpt2", CLLM_ARCH_GPT2);
+    check_score("llama", CLLM_ARCH_LLAMA);
+    check_score("bloom", CLLM_ARCH_BLOOM);
     return check_summary();
 }

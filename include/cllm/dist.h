@@ -136,6 +136,12 @@ cllm_status cllm_dist_g_allgather_f32(const cllm_dist_group *g, float *buf, cons
 cllm_status cllm_dist_g_gather_f32(const cllm_dist_group *g, float *buf, const size_t *counts, int root);
 /* root is a group rank. */
 cllm_status cllm_dist_g_bcast(const cllm_dist_group *g, void *buf, size_t bytes, int root);
+/* A broadcast (at most INT_MAX bytes) that the other ranks may wait in for
+ * as long as root takes to send it (a rank following rank 0's commands
+ * while a server idles): they poll, sleeping between polls after a few
+ * milliseconds, so waiting costs no CPU. Group collectives have no
+ * collective timeout; a root that dies is caught by the heartbeat. */
+cllm_status cllm_dist_g_bcast_wait(const cllm_dist_group *g, void *buf, size_t bytes, int root);
 
 /* ---- point to point (world ranks) ----
  * Sends are nonblocking: the buffer must stay untouched until

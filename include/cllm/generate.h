@@ -97,7 +97,8 @@ cllm_kv_cache_params cllm_kv_cache_params_default(void);
  * plus for bf16 on CPUs without a native bf16 GEMM a widening workspace of
  * at most 32 MiB (cllm_matmul_bf16_scratch_bound). `m` is borrowed: it must outlive the
  * cache, and its parameters must not change while the cache holds keys
- * computed from them. A tensor-parallel part is CLLM_ERR_UNSUPPORTED.
+ * computed from them. Over a tensor-parallel part see "tensor-parallel
+ * inference" below.
  * Returns CLLM_OK, CLLM_ERR_ARG or CLLM_ERR_NOMEM; *out is NULL on failure. */
 cllm_status cllm_kv_cache_init_paged(cllm_kv_cache **out, const cllm_model *m, const cllm_kv_cache_params *p);
 
@@ -151,6 +152,24 @@ cllm_status cllm_kv_cache_rewind(cllm_kv_cache *kv, int pos);
 /* The same for one sequence; its blocks past `pos` go back to the pool
  * (pos 0: the slot is free for a new sequence). */
 cllm_status cllm_kv_cache_seq_rewind(cllm_kv_cache *kv, int seq, int pos);
+
+/* ---- tensor-parallel inference ----
+ * Caches work over a tensor part (cllm_tp_model_load, then
+ * cllm_model_set_tensor_parallel): each rank's cache holds its own
+ * key/value heads (n_kv_head / tp), and the forward is collective over the
+ * tensor group. Rank 0 uses its caches as usual (every call above, the
+ * generation loop and the serving engine on top of them); its logits are
+ * the whole model's, gathered from every rank (vocabulary padding
+ * dropped). Every other rank calls cllm_kv_cache_follow, which runs each of
+ * rank 0's cache calls (open, forward, rewind, free) on a cache of its own
+ * until rank 0 calls cllm_kv_cache_stop_followers. Rank 0's caches must be
+ * used by one thread at a time between them (one command stream). Greedy
+ * output equals the whole model's up to the order of the partial sums.
+ * A failed command ends the job (the ranks' caches would no longer
+ * agree). Without tensor parallelism follow is CLLM_ERR_ARG and stop is a
+ * no-op. */
+cllm_status cllm_kv_cache_follow(const cllm_model *part);
+cllm_status cllm_kv_cache_stop_followers(const cllm_model *part);
 
 /* ------------------------------------------------------------- sampling */
 

@@ -59,6 +59,10 @@ typedef struct {
      * any even run of the stream starting at an even g holds whole pairs.
      * Blends and prepared datasets are refused. */
     bool pairs;
+    /* With pairs: a record of one text ({"text"}, {"prompt", "completion"}
+     * or {"input_ids"}, rendered as a pair's row would be) is accepted too,
+     * as two equal rows (what `cllm score` reads); see cllm_loader_pair_info. */
+    bool singles;
 } cllm_loader_opts;
 
 typedef struct cllm_loader cllm_loader;
@@ -75,6 +79,12 @@ uint64_t cllm_loader_size(const cllm_loader *l);
  * the number of labels that are not -100. Thread-compatible: distinct
  * loaders may be used from distinct threads. */
 cllm_status cllm_loader_get(cllm_loader *l, uint64_t g, int32_t *tokens, int32_t *labels, long *n_labels);
+
+/* Of the preference pair that sample g belongs to: its record's "margin"
+ * (trl's reward data; 0 when it has none or the data are not pairs) and,
+ * with opts.singles, whether the record was a single text (single may be
+ * NULL). */
+cllm_status cllm_loader_pair_info(cllm_loader *l, uint64_t g, float *margin, bool *single);
 
 #ifdef __cplusplus
 }

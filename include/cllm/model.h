@@ -75,6 +75,13 @@ typedef struct {
      * absent. Lists longer than CLLM_MAX_EOS_IDS are a format error. */
     int eos_token_ids[CLLM_MAX_EOS_IDS];
     int n_eos_token_ids;
+    /* 0: a causal LM (the LM head). 1: HF's *ForSequenceClassification
+     * with one label, a reward model: architectures names
+     * "...ForSequenceClassification", the head is `score.weight` [1, C]
+     * (no bias, no lm_head) read at each row's last non-padding token
+     * (cllm_model_score_position). The label count comes from id2label
+     * (else num_labels, else HF's default 2); any count but 1 is refused. */
+    int num_labels;
 } cllm_model_config;
 
 /* One named parameter tensor: a view into the flat buffers at `offset`. */
@@ -231,6 +238,22 @@ typedef struct {
     float *hidden;
     const float *dhidden;
     bool no_lm_head;
+    /* The score head of a sequence-classification model (num_labels 1) in
+     * place of the LM head (required for such a model; targets are not read
+     * and *loss_sum, *n_counted are 0):
+     * score_pos [B] in: the position scored in each row (see
+     *         cllm_model_score_position)
+     * scores  [B] out: score.weight . final-norm hidden state at that position
+     * score_grad: with backward, called once between the forward and the
+     *         backward pass with the scores; it writes dscores[B] =
+     *         d(objective)/d(score) (grad_scale already applied), which the
+     *         backward pass sends into score.weight's gradient and the model.
+     *         score_ctx is its first argument; dscores the caller's [B]. */
+    const int32_t *score_pos;
+    float *scores;
+    float *dscores;
+    cllm_status (*score_grad)(void *ctx, const float *scores, float *dscores, int B);
+    void *score_ctx;
 } cllm_token_io;
 
 /* cllm_model_forward_backward with per-token outputs and gradient scales
@@ -242,6 +265,23 @@ typedef struct {
 cllm_status cllm_model_forward_backward_ex(cllm_model *m, const int32_t *tokens, const int32_t *targets, int B, int T,
                                            bool backward, float grad_scale, const cllm_token_io *io,
                                            double *loss_sum, long *n_counted);
+
+/* ---- sequence classification (reward models) ----
+ * The position HF's *ForSequenceClassification reads in a row of `len`
+ * tokens: the last one that is not the config's pad_token_id (the last
+ * token when the config has none; 0 when every token is padding). */
+int cllm_model_score_position(const cllm_model *m, const int32_t *row, int len);
+
+/* Turns the causal LM *m into a reward model (a no-op when it already is
+ * one): same config and base tensors, architectures
+ * "<Family>ForSequenceClassification", id2label {"0": "LABEL_0"}, the LM
+ * head dropped, and a new score.weight [1, C] drawn from
+ * normal(0, initializer_range) (HF's init; default 0.02) with `seed`.
+ * pad_token_id, when the config has none, becomes eos_token_id (trl's
+ * usual pad = EOS), so that HF scores the same token on padded batches.
+ * On success *m is replaced (call cllm_model_prepare again); on failure it
+ * is untouched. */
+cllm_status cllm_model_to_reward(cllm_model **m, uint64_t seed);
 
 /* ---- pipeline stages ----
  * A stage runs units [u0, u1) of the layer sequence (0 the embedding,
@@ -277,9 +317,18 @@ cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, i
  * backward call is then collective over g: all its ranks call with the same
  * tokens and targets, and every rank gets the whole model's loss and its
  * part of the gradient. size 1 (the default) is the single-process code,
- * bit for bit. Generation (cllm_model_forward_logits) refuses a part. */
+ * bit for bit. cllm_model_forward_logits refuses a part; generation over
+ * parts runs through the key/value cache (cllm/generate.h, "Tensor-parallel
+ * inference"). */
 struct cllm_dist_group;
 cllm_status cllm_model_set_tensor_parallel(cllm_model *m, const struct cllm_dist_group *g, int rank, int size);
+/* The whole model's vocabulary: config vocab_size, or for a tensor part the
+ * unpadded vocabulary of the model it was cut from (its config holds the
+ * padded local ceil(V / tp)). Token ids and logits rows use this. */
+int cllm_model_vocab(const cllm_model *m);
+/* Tensor-parallel size and this part's rank (1 and 0 for a whole model). */
+int cllm_model_tensor_size(const cllm_model *m);
+int cllm_model_tensor_rank(const cllm_model *m);
 
 /* Logits of the last position of each row, for generation: logits[B,V]. */
 cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int B, int T,

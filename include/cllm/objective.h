@@ -2,7 +2,7 @@
  * cllm objective: what a training step minimises, behind one interface, so
  * the trainer's loop knows nothing of which objective runs. Language
  * modelling (the mean loss of every counted target) is the built-in one;
- * DPO (below) and further preference objectives (reward models, PPO) are
+ * DPO and reward modelling (below) and further preference objectives are
  * implementations of the same interface in src/tasks/, one file each.
  *
  * An objective receives a micro-batch and the model, runs the forward pass
@@ -30,10 +30,13 @@ extern "C" {
 #endif
 
 /* One micro-batch: tokens and shifted targets [B,T] (-100 = not counted),
- * ids already checked against the vocabulary. */
+ * ids already checked against the vocabulary. margin [B/2]: each pair's
+ * margin (a preference record's "margin", 0 without one), or NULL: all 0;
+ * read by the reward objective. */
 typedef struct {
     const int32_t *tokens, *targets;
     int B, T;
+    const float *margin;
 } cllm_objective_batch;
 
 typedef struct cllm_objective cllm_objective;
@@ -60,6 +63,9 @@ typedef struct {
      * micro-batches (backward set) run since the last call, returns how
      * many, and starts over. */
     int (*take_metrics)(cllm_objective *o, cllm_objective_metric *out, int cap);
+    /* Optional (NULL: none): the same for the forward-only micro-batches
+     * (evaluation), which the trainer records as "eval_" + name. */
+    int (*take_eval_metrics)(cllm_objective *o, cllm_objective_metric *out, int cap);
 } cllm_objective_ops;
 
 struct cllm_objective {
@@ -108,13 +114,42 @@ const char *cllm_dpo_loss_name(cllm_dpo_loss l);
  * row count or a row without counted targets fails naming the row. */
 cllm_status cllm_objective_dpo_init(cllm_objective **out, const cllm_dpo_params *p, cllm_model *ref);
 
+/* ---- reward modelling (src/tasks/reward.c, docs/alignment.md) ----
+ * trl's RewardTrainer on pairs of rows (2i chosen, 2i+1 rejected, as for
+ * DPO) of a sequence-classification model (cllm_model_config.num_labels
+ * 1). A row's reward r is the score head at its last non-padding token
+ * (cllm_model_score_position over the row up to its last counted target,
+ * i.e. the end of its completion). The loss of a pair with margin m:
+ *   -logsigmoid(r_c - r_r - m) + center_rewards_coefficient * (r_c + r_r)^2
+ * (the mean of which over a batch is trl's loss, centring term included);
+ * run reports the sum over pairs, n_counted = pairs. One forward + backward
+ * pass per micro-batch. Metrics (train and eval): accuracy (the share of
+ * pairs with r_c > r_r), rewards/chosen, rewards/rejected, rewards/margins
+ * (mean r_c - r_r). */
+typedef struct {
+    double center_rewards_coefficient; /* >= 0; 0 (trl's None): no centring term */
+} cllm_reward_params;
+
+cllm_reward_params cllm_reward_params_default(void);
+/* The scored position of each row of a pair micro-batch: the end of its
+ * completion (its last counted target + 1), then HF's last non-padding
+ * token before it (cllm_model_score_position). A row without counted
+ * targets fails naming it. */
+cllm_status cllm_reward_positions(const cllm_model *m, const int32_t *tokens, const int32_t *targets, int B, int T,
+                                  int32_t *pos);
+/* Fails on an odd row count or a row without counted targets, naming it;
+ * the model must be a reward model (cllm_model_to_reward). */
+cllm_status cllm_objective_reward_init(cllm_objective **out, const cllm_reward_params *p);
+
 /* Runs o on one micro-batch (see cllm_objective_ops.run). */
 cllm_status cllm_objective_run(cllm_objective *o, cllm_model *m, const cllm_objective_batch *b, bool backward,
                                float grad_scale, double *loss_sum, long *n_counted);
 /* The objective's metrics since the last call (see take_metrics); 0 when it
  * publishes none. */
 int cllm_objective_take_metrics(cllm_objective *o, cllm_objective_metric *out, int cap);
-/* "lm", "dpo" */
+/* The same for forward-only micro-batches (take_eval_metrics). */
+int cllm_objective_take_eval_metrics(cllm_objective *o, cllm_objective_metric *out, int cap);
+/* "lm", "dpo", "reward" */
 const char *cllm_objective_name(const cllm_objective *o);
 /* NULL is a no-op. */
 void cllm_objective_free(cllm_objective *o);

@@ -42,6 +42,13 @@ typedef struct {
     const char *split; /* default split weights stored for the loader ("950,30,20"), NULL = none */
     int workers;       /* tokenizing threads (>= 1) */
     long skip_bad;     /* bad records tolerated (skipped and counted) */
+    /* Preference pairs (docs/alignment.md): the inputs are preference
+     * .json/.jsonl files read as `cllm train --task dpo|reward` reads them
+     * (the same rows; seq_len: each row keeps its last seq_len tokens);
+     * each pair is one document of two sequences, chosen then rejected,
+     * the prompt out of the loss mask; margins go into the .mask. One
+     * thread; skip_bad, pack and the template do not apply. */
+    bool pairs;
     /* Polled between chunks; when it becomes non-zero the run stops with
      * CLLM_ERR_IO ("interrupted") and removes its temporary files. May be
      * NULL. A signal handler may set it. */

@@ -62,17 +62,30 @@ void cllm_tp_shape(const cllm_tensor_info *t, cllm_tp_rule rule, int tp, int64_t
 
 /* Copies rank r's part of full (t's whole tensor) into part, or (merge)
  * the part back into its place in full. tp must divide the cut dimension
- * per segment (cllm_topo_check_tensor checks the model). */
+ * per segment (cllm_topo_check_tensor checks the model), except for an
+ * unsegmented row cut (the vocabulary: token embedding, LM head), which is
+ * padded as Megatron pads it: each part has ceil(rows / tp) rows, rank r
+ * rows r * that.., and rows past the tensor's end are zeros in the part and
+ * dropped when merging. */
 void cllm_tp_slice(const cllm_tensor_info *t, cllm_tp_rule rule, int tp, int r, const float *full, float *part);
 void cllm_tp_unslice(const cllm_tensor_info *t, cllm_tp_rule rule, int tp, int r, const float *part, float *full);
 
 /* Tensor rank r's part of the whole model `full` cut over tp ranks: a model
- * whose config has n_head, n_kv_head, n_inner and vocab_size divided by tp
+ * whose config has n_head, n_kv_head and n_inner divided by tp, vocab_size
+ * ceil(vocab_size / tp) (padded: see cllm_tp_slice; the padded logits never
+ * count: cross-entropy and generation see the whole model's vocabulary)
  * (head_dim and n_embd whole) and whose tensors are the cllm_tp_slice parts,
  * same names, same order. It keeps full's config.json. Fails with
  * cllm_topo_check_tensor's message when the sizes do not divide. The part
  * still needs cllm_model_set_tensor_parallel to run. */
 cllm_status cllm_tp_model_part(cllm_model **out, const cllm_model *full, int tp, int r);
+
+/* The same part read straight from an HF folder (config.json +
+ * safetensors), without ever holding the whole model: each tensor is read
+ * (and converted to fp32) one at a time and only rank r's slice is kept, so
+ * the peak is the part plus the largest tensor. Values equal those of
+ * cllm_tp_model_part over cllm_model_load bit for bit; errors as both. */
+cllm_status cllm_tp_model_load(cllm_model **out, const char *dir, int tp, int r);
 
 /* Collective over the tensor group g: gathers every rank's part (of
  * cllm_tp_model_part(full, size of g, rank in g)) into full's parameters.

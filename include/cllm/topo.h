@@ -120,8 +120,9 @@ cllm_status cllm_topo_partition(const cllm_model_config *c, int n_stages, const 
                                 cllm_stage *stages, const char *where);
 
 /* Checks that a model can be split over `tensor` ranks in the Megatron way:
- * query heads, key/value heads, the FFN width and the vocabulary divisible
- * by it. The message names the config.json key and the sizes. */
+ * query heads, key/value heads and the FFN width divisible by it (the
+ * vocabulary need not be: it is padded, see cllm_tp_slice). The message
+ * names the config.json key and the sizes. */
 cllm_status cllm_topo_check_tensor(const cllm_model_config *c, int tensor, const char *where);
 
 #ifdef __cplusplus

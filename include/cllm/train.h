@@ -189,8 +189,10 @@ typedef struct {
                                             default true */
     bool save_final_checkpoint;          /* save_final_checkpoint: also write checkpoint-STEP at
                                             the end; default true */
-    const char *task;                    /* task: "lm" (default; language modelling) or "dpo"
-                                            (preference pairs, docs/alignment.md) */
+    const char *task;                    /* task: "lm" (default; language modelling), "dpo" or
+                                            "reward" (preference pairs, docs/alignment.md) */
+    cllm_reward_params reward;           /* reward: {"center_rewards_coefficient" (>= 0; 0 = none)}:
+                                            trl's RewardConfig name */
     cllm_dpo_params dpo;                 /* dpo: {"beta" (> 0, 0.1), "loss_type" ("sigmoid", "ipo",
                                             "hinge", "robust"), "label_smoothing" ([0, 0.5), 0),
                                             "reference_free" (false)}: trl's DPOConfig names */

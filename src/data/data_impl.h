@@ -68,9 +68,17 @@ void cllm_store_free(cllm_store *s);
  * mem as two rows per record, chosen then rejected, each the last T tokens
  * of prompt + completion with labels -100 on the prompt. tokenizer: folder
  * for text records (may be NULL when every record is pre-tokenized); *pad:
- * its padding id (else EOS, else 0). Bad records fail with FILE:LINE:COL. */
-cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, const char *path, const char *tokenizer, int vocab,
-                            int T);
+ * its padding id (else EOS, else 0). extra->margin: each record's
+ * "margin" (trl's reward data; 0 without), per row (free() both arrays).
+ * With `singles`, a record of one text ({"text"}, {"prompt",
+ * "completion"} or {"input_ids"}) is accepted as two equal rows, marked in
+ * extra->single (cllm score). Bad records fail with FILE:LINE:COL. */
+typedef struct {
+    float *margin;         /* per row, or NULL when no record has one */
+    unsigned char *single; /* per row: 1 for a single record's rows, or NULL when there is none */
+} cllm_pair_extra;
+cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, cllm_pair_extra *extra, bool singles, const char *path,
+                            const char *tokenizer, int vocab, int T);
 
 /* ------------------------------------------------ record -> tokens */
 /* Everything needed to turn a record into tokens. */
@@ -99,6 +107,10 @@ int cllm_split_index(const char *name);
 enum { MMI_U8 = 1, MMI_I8 = 2, MMI_I16 = 3, MMI_I32 = 4, MMI_I64 = 5, MMI_F64 = 6, MMI_F32 = 7, MMI_U16 = 8 };
 
 #define CLLM_MASK_FLAG_PACKED 1u
+/* preference pairs: every document is two sequences, chosen then rejected */
+#define CLLM_MASK_FLAG_PAIRS 2u
+/* with PAIRS: one f32 margin per pair follows the bitmap */
+#define CLLM_MASK_FLAG_MARGINS 4u
 
 /* An opened PREFIX.bin / .idx (/ .mask) by mmap, validated. */
 typedef struct {
@@ -112,6 +124,7 @@ typedef struct {
     const unsigned char *bin; /* token bytes */
     uint64_t bin_bytes, n_tokens;
     const unsigned char *mask; /* bitmap, NULL when there is no .mask file */
+    const unsigned char *margins; /* CLLM_MASK_FLAG_MARGINS: f32 per pair (little-endian), else NULL */
     uint32_t flags, seq_len;
     int32_t pad_id;
     double split[3]; /* from prepare --split; all 0 when not given */
@@ -123,6 +136,7 @@ typedef struct {
 cllm_status cllm_indexed_open(cllm_indexed *d, const char *prefix);
 void cllm_indexed_close(cllm_indexed *d);
 int32_t cllm_indexed_token(const cllm_indexed *d, uint64_t i); /* token i of the .bin */
+float cllm_indexed_margin(const cllm_indexed *d, uint64_t pair); /* 0 without margins */
 bool cllm_indexed_loss(const cllm_indexed *d, uint64_t i);
 
 /* FNV-1a 64 of the sequence lengths as little-endian int32 bytes: the .mask

@@ -215,10 +215,21 @@ static cllm_status check_mask(cllm_indexed *d, const char *path, const unsigned 
                          "%s does not belong to %s.idx/.bin (sequence count, token count, size or length checksum "
                          "differ); prepare the dataset again",
                          path, d->prefix);
-    if (len - CLLM_MASK_HEADER != (n_tok + 7) / 8)
-        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: bitmap holds %zu bytes, expected %llu", path,
-                         len - CLLM_MASK_HEADER, (unsigned long long)((n_tok + 7) / 8));
+    const bool pairs = (d->flags & CLLM_MASK_FLAG_PAIRS) != 0;
+    uint64_t tail = pairs && (d->flags & CLLM_MASK_FLAG_MARGINS) ? 4 * (n_seq / 2) : 0;
+    if (len - CLLM_MASK_HEADER != (n_tok + 7) / 8 + tail)
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: bitmap%s holds %zu bytes, expected %llu", path,
+                         tail ? " and margins" : "", len - CLLM_MASK_HEADER,
+                         (unsigned long long)((n_tok + 7) / 8 + tail));
+    if (pairs) { /* documents are pairs of sequences */
+        bool ok = d->n_seq % 2 == 0 && d->n_doc == d->n_seq / 2;
+        for (uint64_t i = 0; ok && i <= d->n_doc; i++) ok = (uint64_t)d->docs[i] == 2 * i;
+        if (!ok)
+            return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: a preference dataset whose documents are not pairs of sequences",
+                             path);
+    }
     d->mask = p + CLLM_MASK_HEADER;
+    if (tail) d->margins = d->mask + (n_tok + 7) / 8;
     return CLLM_OK;
 }
 
@@ -269,3 +280,11 @@ int32_t cllm_indexed_token(const cllm_indexed *d, uint64_t i) {
 }
 
 bool cllm_indexed_loss(const cllm_indexed *d, uint64_t i) { return !d->mask || (d->mask[i >> 3] >> (i & 7) & 1); }
+
+float cllm_indexed_margin(const cllm_indexed *d, uint64_t pair) {
+    if (!d->margins) return 0;
+    uint32_t u = cllm_get_u32(d->margins + 4 * pair);
+    float v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}

@@ -33,6 +33,7 @@ typedef struct {
     bool indexed, packed, pairs;
     cllm_indexed idx;
     cllm_store mem;
+    cllm_pair_extra extra; /* pairs: per-row margins and single-record flags */
     int32_t pad;
     uint64_t seq_begin, seq_end; /* selected split, in sequences */
     uint64_t tok_begin, tok_end; /* packed: token range of the split */
@@ -56,6 +57,8 @@ static void source_free(source *s) {
     free(s->name);
     cllm_indexed_close(&s->idx);
     cllm_store_free(&s->mem);
+    free(s->extra.margin);
+    free(s->extra.single);
     free(s->perm[0]);
     free(s->perm[1]);
 }
@@ -146,6 +149,26 @@ static cllm_status open_raw(source *s, const char *path, const cllm_loader_opts 
 
 /* ---------------------------------------------------------- one source */
 
+/* A prepared dataset and the loader's mode must agree on pairs; a
+ * prepared preference dataset keeps its margins per row as the JSONL
+ * reader does. */
+static cllm_status indexed_pairs(source *s, const cllm_loader_opts *o) {
+    bool pairs = (s->idx.flags & CLLM_MASK_FLAG_PAIRS) != 0;
+    if (pairs && !o->pairs)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s is a preference dataset (prepared with --pairs): train on it with task "
+                         "\"dpo\" or \"reward\"", s->name);
+    if (!pairs && o->pairs)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s is not a preference dataset: prepare the pairs with cllm data prepare "
+                         "--pairs, or give the .jsonl file", s->name);
+    if (!pairs) return CLLM_OK;
+    s->pairs = true;
+    if (!s->idx.margins) return CLLM_OK;
+    s->extra.margin = malloc((size_t)s->idx.n_seq * sizeof *s->extra.margin);
+    if (!s->extra.margin) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    for (uint64_t q = 0; q < s->idx.n_seq; q++) s->extra.margin[q] = cllm_indexed_margin(&s->idx, q / 2);
+    return CLLM_OK;
+}
+
 static cllm_status open_source(source *s, const char *spec, const cllm_loader_opts *o, uint64_t seed) {
     memset(s, 0, sizeof *s);
     s->perm_epoch[0] = s->perm_epoch[1] = -1;
@@ -163,19 +186,22 @@ static cllm_status open_source(source *s, const char *spec, const cllm_loader_op
     cllm_status st;
     uint64_t n_doc;
     const double *stored = NULL;
-    if (is_idx && !o->pairs) {
+    if (is_idx) {
         s->indexed = true;
         if ((st = cllm_indexed_open(&s->idx, s->name))) return st;
         s->packed = (s->idx.flags & CLLM_MASK_FLAG_PACKED) != 0;
         s->pad = s->idx.pad_id >= 0 ? s->idx.pad_id : 0;
         n_doc = s->idx.n_doc;
         if (s->idx.split[0] + s->idx.split[1] + s->idx.split[2] > 0) stored = s->idx.split;
+        if ((st = indexed_pairs(s, o))) return st;
     } else if (o->pairs) {
         if (!ends_with(spec, ".json") && !ends_with(spec, ".jsonl"))
             return CLLM_FAIL(CLLM_ERR_ARG, "%s: preference data must be a .json or .jsonl file of {\"prompt\", "
                              "\"chosen\", \"rejected\"} records", spec);
         s->pairs = true;
-        if ((st = cllm_pairs_load(&s->mem, &s->pad, spec, o->tokenizer, o->vocab_size, o->seq_len))) return st;
+        if ((st = cllm_pairs_load(&s->mem, &s->pad, &s->extra, o->singles, spec, o->tokenizer, o->vocab_size,
+                                  o->seq_len)))
+            return st;
         n_doc = s->mem.n;
     } else if (ends_with(spec, ".json") || ends_with(spec, ".jsonl") || ends_with(spec, ".txt")) {
         if ((st = open_raw(s, spec, o))) return st;
@@ -204,9 +230,11 @@ static cllm_status open_source(source *s, const char *spec, const cllm_loader_op
             memcpy(w, stored, sizeof w);
         }
         uint64_t b[4];
-        cllm_split_bounds(w, s->pairs ? n_doc / 2 : n_doc, b);
-        db = s->pairs ? 2 * b[k] : b[k];
-        de = s->pairs ? 2 * b[k + 1] : b[k + 1];
+        /* pairs split whole: documents of a prepared dataset are pairs already */
+        const bool rows = s->pairs && !s->indexed;
+        cllm_split_bounds(w, rows ? n_doc / 2 : n_doc, b);
+        db = rows ? 2 * b[k] : b[k];
+        de = rows ? 2 * b[k + 1] : b[k + 1];
     }
     s->seq_begin = s->indexed ? (uint64_t)s->idx.docs[db] : db;
     s->seq_end = s->indexed ? (uint64_t)s->idx.docs[de] : de;
@@ -414,4 +442,19 @@ cllm_status cllm_loader_get(cllm_loader *l, uint64_t g, int32_t *tokens, int32_t
     source *s = &l->src[j];
     if ((st = source_pick(s, l->shuffle, k, &i))) return st;
     return fill_row(s, i, l->T, l->vocab, tokens, labels, n_labels);
+}
+
+cllm_status cllm_loader_pair_info(cllm_loader *l, uint64_t g, float *margin, bool *single) {
+    *margin = 0;
+    if (single) *single = false;
+    int j = 0;
+    uint64_t k = g, i = 0;
+    cllm_status st;
+    if (l->blend.n > 0 && (st = cllm_blend_get(&l->blend, g, &j, &k))) return st;
+    source *s = &l->src[j];
+    if (!s->extra.margin && !s->extra.single) return CLLM_OK;
+    if ((st = source_pick(s, l->shuffle, k, &i))) return st;
+    if (s->extra.margin) *margin = s->extra.margin[s->seq_begin + i];
+    if (s->extra.single && single) *single = s->extra.single[s->seq_begin + i] != 0;
+    return CLLM_OK;
 }

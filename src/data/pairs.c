@@ -9,15 +9,22 @@
  *       encode(completion) + [EOS] (when the tokenizer has one); texts are
  *       encoded without the post-processor's special tokens: the rows
  *       trl's DPO trainer builds for `prompt + chosen`.
+ *       Without "prompt" (trl's implicit prompt, the reward trainer's
+ *       format) the prompt is [BOS] alone (or nothing).
  *   {"prompt_input_ids": [...], "chosen_input_ids": [...],
  *    "rejected_input_ids": [...]}
- *       used as given: nothing added.
+ *       used as given: nothing added; prompt_input_ids may be left out.
+ *   {"input_ids_chosen": [...], "input_ids_rejected": [...]}
+ *       trl's tokenized reward pairs: whole rows, used as given.
+ * An optional "margin" number (trl's reward data) is kept per pair.
  *
  * Labels are -100 on the prompt (and, from fill_row, on padding), the ids
  * on the completion. A row longer than T keeps its last T tokens (trl's
  * truncation_mode "keep_end"): the prompt is cut from its start first.
  */
+#include <float.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,9 +108,54 @@ static cllm_status append_row(cllm_store *mem, const cllm_token_buf *p, const cl
     return st ? st : cllm_store_append(mem, ids->ids, labels->ids, ids->n);
 }
 
-cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, const char *path, const char *tokenizer, int vocab,
-                            int T) {
+/* Per-row extras being read: grown to hold rows [0, n_rows + 2). */
+typedef struct {
+    cllm_pair_extra x;
+    size_t cap;
+    bool any_margin, any_single;
+} extras;
+
+/* The record's "margin" (a finite number; 0 when absent) and single flag
+ * for the two rows from n_rows. */
+static cllm_status put_extras(extras *e, json_t *o, const cllm_loc *l, size_t n_rows, bool single) {
+    json_t *v = json_object_get(o, "margin");
+    double x = 0;
+    if (v && !json_is_null(v)) {
+        if (!json_is_number(v) || !(fabs(json_number_value(v)) <= FLT_MAX))
+            return cllm_fail_at(CLLM_ERR_FORMAT, l->file, l->line, l->col,
+                                "\"margin\": expected a finite number (within float range)");
+        x = json_number_value(v);
+        e->any_margin = true;
+    }
+    e->any_single |= single;
+    if (n_rows + 2 > e->cap) {
+        size_t c = e->cap ? 2 * e->cap : 128;
+        float *p = realloc(e->x.margin, c * sizeof *p);
+        if (p) e->x.margin = p;
+        unsigned char *q = p ? realloc(e->x.single, c) : NULL;
+        if (q) e->x.single = q;
+        if (!q) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        e->cap = c;
+    }
+    e->x.margin[n_rows] = e->x.margin[n_rows + 1] = (float)x;
+    e->x.single[n_rows] = e->x.single[n_rows + 1] = single;
+    return CLLM_OK;
+}
+
+/* A record of one text (cllm score): {"input_ids"}, {"text"} or
+ * {"prompt", "completion"}, with no "chosen". */
+static bool is_single(json_t *o) {
+    return !json_object_get(o, "chosen") && !json_object_get(o, "chosen_input_ids") &&
+           !json_object_get(o, "input_ids_chosen") &&
+           (json_object_get(o, "input_ids") || json_object_get(o, "text") || json_object_get(o, "completion"));
+}
+
+cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, cllm_pair_extra *extra, bool singles, const char *path,
+                            const char *tokenizer, int vocab, int T) {
     cllm_record_reader *rd = NULL;
+    extras ex;
+    memset(&ex, 0, sizeof ex);
+    memset(extra, 0, sizeof *extra);
     cllm_tokenizer *tok = NULL;
     cllm_token_buf p = {0}, c = {0}, r = {0}, ids = {0}, labels = {0};
     int bos_state = 0; /* 0 not known yet, 1 the tokenizer adds BOS, -1 it does not */
@@ -128,11 +180,22 @@ cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, const char *path, con
             break;
         }
         p.n = c.n = r.n = 0;
-        if (json_object_get(o, "prompt_input_ids") || json_object_get(o, "chosen_input_ids")) {
-            st = get_ids(o, "prompt_input_ids", l, vocab, &p);
+        const bool single = singles && is_single(o);
+        const char *kc = single ? "completion" : "chosen", *kr = single ? "completion" : "rejected";
+        st = put_extras(&ex, o, l, mem->n, single);
+        if (!st && single && json_object_get(o, "input_ids")) {
+            st = get_ids(o, "input_ids", l, vocab, &c);
+            if (!st) st = get_ids(o, "input_ids", l, vocab, &r);
+        } else if (!st && json_object_get(o, "input_ids_chosen")) { /* trl's tokenized reward pairs: whole rows */
+            st = get_ids(o, "input_ids_chosen", l, vocab, &c);
+            if (!st) st = get_ids(o, "input_ids_rejected", l, vocab, &r);
+        } else if (!st && (json_object_get(o, "prompt_input_ids") || json_object_get(o, "chosen_input_ids"))) {
+            /* no prompt_input_ids: an implicit prompt, the rows are the completions */
+            if (json_object_get(o, "prompt_input_ids") || !json_object_get(o, "chosen_input_ids"))
+                st = get_ids(o, "prompt_input_ids", l, vocab, &p);
             if (!st) st = get_ids(o, "chosen_input_ids", l, vocab, &c);
             if (!st) st = get_ids(o, "rejected_input_ids", l, vocab, &r);
-        } else {
+        } else if (!st) {
             if (!tokenizer)
                 st = cllm_fail_at(CLLM_ERR_ARG, l->file, l->line, l->col,
                                   "a text preference record needs a tokenizer (--tokenizer DIR)");
@@ -148,10 +211,12 @@ cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, const char *path, con
             int32_t eos = tok ? cllm_tokenizer_eos_id(tok) : -1;
             if (!st && bos_state == 0) st = adds_bos(tok, &bos_state);
             if (!st && bos_state > 0) st = push(&p, cllm_tokenizer_bos_id(tok));
-            if (!st) st = get_text(o, "prompt", l, tok, &p);
-            if (!st) st = get_text(o, "chosen", l, tok, &c);
+            /* no "prompt": trl's implicit prompt, inside chosen and rejected */
+            if (!st && json_object_get(o, "prompt")) st = get_text(o, "prompt", l, tok, &p);
+            if (single && json_object_get(o, "text")) kc = kr = "text";
+            if (!st) st = get_text(o, kc, l, tok, &c);
             if (!st && c.n && eos >= 0) st = push(&c, eos);
-            if (!st) st = get_text(o, "rejected", l, tok, &r);
+            if (!st) st = get_text(o, kr, l, tok, &r);
             if (!st && r.n && eos >= 0) st = push(&r, eos);
         }
         json_decref(o);
@@ -162,6 +227,16 @@ cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, const char *path, con
         if (!st) st = append_row(mem, &p, &r, T, l, "rejected", &ids, &labels);
     }
     if (!st && mem->n == 0) st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: no preference pairs", path);
+    if (!st && ex.any_margin) {
+        extra->margin = ex.x.margin;
+        ex.x.margin = NULL;
+    }
+    if (!st && ex.any_single) {
+        extra->single = ex.x.single;
+        ex.x.single = NULL;
+    }
+    free(ex.x.margin);
+    free(ex.x.single);
     if (tok) {
         int32_t pd = cllm_tokenizer_pad_id(tok), e = cllm_tokenizer_eos_id(tok);
         *pad = pd >= 0 ? pd : e >= 0 ? e : 0;

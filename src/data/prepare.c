@@ -211,7 +211,57 @@ typedef struct {
     uint64_t n_tok, cap_mask;
     unsigned char *buf;
     size_t buf_cap;
+    float *margins; /* pairs: per pair, when a record has one (NULL: none) */
 } writer;
+
+/* Appends one sequence: its tokens to the .bin, its loss bits (labels not
+ * -100) to the mask, its length to the index. *any: a token is trained. */
+static cllm_status write_row(writer *w, const int32_t *ids, const int32_t *lab, size_t n, bool *any) {
+    size_t item = w->dtype == MMI_U16 ? 2 : 4;
+    if (n * item > w->buf_cap) {
+        size_t cap = n * item * 2;
+        unsigned char *b = realloc(w->buf, cap);
+        if (!b) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        w->buf = b;
+        w->buf_cap = cap;
+    }
+    if (w->n_tok + n > w->cap_mask * 8) {
+        uint64_t cap = w->cap_mask ? w->cap_mask * 2 : 1 << 16;
+        while (cap * 8 < w->n_tok + n) cap *= 2;
+        unsigned char *m = realloc(w->mask, cap);
+        if (!m) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for the loss mask");
+        memset(m + w->cap_mask, 0, cap - w->cap_mask);
+        w->mask = m;
+        w->cap_mask = cap;
+    }
+    *any = false;
+    for (size_t k = 0; k < n; k++) {
+        uint32_t v = (uint32_t)ids[k];
+        if (item == 2) {
+            w->buf[2 * k] = (unsigned char)v;
+            w->buf[2 * k + 1] = (unsigned char)(v >> 8);
+        } else {
+            cllm_put_u32(w->buf + 4 * k, v);
+        }
+        if (lab[k] != -100) {
+            uint64_t t = w->n_tok + k;
+            w->mask[t >> 3] |= (unsigned char)(1u << (t & 7));
+            *any = true;
+        }
+    }
+    cllm_status st = cllm_io_atomic_write(&w->bin, w->buf, n * item);
+    if (st) return st;
+    if (w->n_seq == w->cap_seq) {
+        uint64_t cap = w->cap_seq ? w->cap_seq * 2 : 4096;
+        int32_t *l = realloc(w->lengths, cap * sizeof *l);
+        if (!l) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        w->lengths = l;
+        w->cap_seq = cap;
+    }
+    w->lengths[w->n_seq++] = (int32_t)n;
+    w->n_tok += n;
+    return CLLM_OK;
+}
 
 static cllm_status write_chunk(writer *w, const chunk *c) {
     const cllm_prepare_opts *o = w->o;
@@ -237,54 +287,55 @@ static cllm_status write_chunk(writer *w, const chunk *c) {
         }
         if (n > INT32_MAX) return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a record has more than 2^31 tokens");
         const int32_t *ids = c->ids.ids + rs->tok_off, *lab = c->labels.ids + rs->tok_off;
-        size_t item = w->dtype == MMI_U16 ? 2 : 4;
-        if (n * item > w->buf_cap) {
-            size_t cap = n * item * 2;
-            unsigned char *b = realloc(w->buf, cap);
-            if (!b) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
-            w->buf = b;
-            w->buf_cap = cap;
-        }
-        if (w->n_tok + n > w->cap_mask * 8) {
-            uint64_t cap = w->cap_mask ? w->cap_mask * 2 : 1 << 16;
-            while (cap * 8 < w->n_tok + n) cap *= 2;
-            unsigned char *m = realloc(w->mask, cap);
-            if (!m) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for the loss mask");
-            memset(m + w->cap_mask, 0, cap - w->cap_mask);
-            w->mask = m;
-            w->cap_mask = cap;
-        }
         bool any = false;
-        for (size_t k = 0; k < n; k++) {
-            uint32_t v = (uint32_t)ids[k];
-            if (item == 2) {
-                w->buf[2 * k] = (unsigned char)v;
-                w->buf[2 * k + 1] = (unsigned char)(v >> 8);
-            } else {
-                cllm_put_u32(w->buf + 4 * k, v);
-            }
-            if (lab[k] != -100) {
-                uint64_t t = w->n_tok + k;
-                w->mask[t >> 3] |= (unsigned char)(1u << (t & 7));
-                any = true;
-            }
-        }
-        cllm_status st = cllm_io_atomic_write(&w->bin, w->buf, n * item);
+        cllm_status st = write_row(w, ids, lab, n, &any);
         if (st) return st;
-        if (w->n_seq == w->cap_seq) {
-            uint64_t cap = w->cap_seq ? w->cap_seq * 2 : 4096;
-            int32_t *l = realloc(w->lengths, cap * sizeof *l);
-            if (!l) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
-            w->lengths = l;
-            w->cap_seq = cap;
-        }
-        w->lengths[w->n_seq++] = (int32_t)n;
-        w->n_tok += n;
         w->r->records++;
         w->r->by_type[rs->type]++;
         w->r->no_loss += !any;
     }
     return CLLM_OK;
+}
+
+/* Preference pairs (o->pairs): each input read as the trainer reads a
+ * preference file (src/data/pairs.c: the same rows, keep_end at seq_len),
+ * each pair written as two sequences, chosen then rejected; margins kept. */
+static cllm_status write_pairs(writer *w, int vocab) {
+    const cllm_prepare_opts *o = w->o;
+    cllm_status st = CLLM_OK;
+    uint64_t cap = 0;
+    for (int f = 0; f < o->n_inputs && !st; f++) {
+        cllm_store mem = {0};
+        cllm_pair_extra ex = {NULL, NULL};
+        int32_t pad;
+        if (o->cancel && *o->cancel) st = CLLM_FAIL(CLLM_ERR_IO, "interrupted; %s was left as it was", o->out_prefix);
+        if (!st) st = cllm_pairs_load(&mem, &pad, &ex, false, o->inputs[f], o->tokenizer, vocab,
+                                      o->seq_len > 0 ? o->seq_len : INT32_MAX);
+        for (size_t i = 0; i < mem.n && !st; i++) {
+            uint64_t a = mem.offsets[i], n = mem.offsets[i + 1] - a;
+            bool any;
+            st = write_row(w, mem.tokens + a, mem.labels + a, (size_t)n, &any);
+            if (st || i % 2) continue;
+            uint64_t pair = (w->n_seq - 1) / 2;
+            if (pair >= cap) {
+                uint64_t c = cap ? 2 * cap : 1024;
+                float *m = realloc(w->margins, c * sizeof *m);
+                if (!m) {
+                    st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+                    break;
+                }
+                memset(m + cap, 0, (c - cap) * sizeof *m);
+                w->margins = m;
+                cap = c;
+            }
+            w->margins[pair] = ex.margin ? ex.margin[i] : 0.0f;
+            w->r->records++;
+        }
+        free(ex.margin);
+        free(ex.single);
+        cllm_store_free(&mem);
+    }
+    return st;
 }
 
 static cllm_status put_u32(cllm_io_atomic *a, uint32_t v) {
@@ -310,14 +361,15 @@ static cllm_status write_idx(const writer *w, const char *path, cllm_io_atomic *
     st = cllm_io_atomic_write(a, "MMIDIDX\0\0", 9);
     if (!st) st = put_u64(a, 1);
     if (!st) st = cllm_io_atomic_write(a, &code, 1);
+    const uint64_t per_doc = w->o->pairs ? 2 : 1; /* pairs: a document is (chosen, rejected) */
     if (!st) st = put_u64(a, n);
-    if (!st) st = put_u64(a, n + 1);
+    if (!st) st = put_u64(a, n / per_doc + 1);
     for (uint64_t i = 0; i < n && !st; i++) st = put_u32(a, (uint32_t)w->lengths[i]);
     for (uint64_t i = 0; i < n && !st; i++) {
         st = put_u64(a, pos);
         pos += (uint64_t)w->lengths[i] * item;
     }
-    for (uint64_t i = 0; i <= n && !st; i++) st = put_u64(a, i); /* one document per sequence */
+    for (uint64_t i = 0; i <= n / per_doc && !st; i++) st = put_u64(a, i * per_doc);
     if (st) cllm_io_atomic_abort(a);
     return st;
 }
@@ -329,7 +381,12 @@ static cllm_status write_mask(const writer *w, const char *path, int32_t pad, co
     if (st) return st;
     st = cllm_io_atomic_write(a, CLLM_MASK_MAGIC, 8);
     if (!st) st = put_u32(a, CLLM_MASK_VERSION);
-    if (!st) st = put_u32(a, w->o->pack ? CLLM_MASK_FLAG_PACKED : 0);
+    uint32_t flags = w->o->pack ? CLLM_MASK_FLAG_PACKED : 0;
+    if (w->o->pairs) flags |= CLLM_MASK_FLAG_PAIRS;
+    bool margins = false;
+    for (uint64_t i = 0; w->o->pairs && i < w->n_seq / 2 && !margins; i++) margins = w->margins[i] != 0.0f;
+    if (margins) flags |= CLLM_MASK_FLAG_MARGINS;
+    if (!st) st = put_u32(a, flags);
     if (!st) st = put_u32(a, (uint32_t)(w->o->seq_len > 0 ? w->o->seq_len : 0));
     if (!st) st = put_u32(a, (uint32_t)pad);
     if (!st) st = put_u64(a, w->n_seq);
@@ -342,6 +399,11 @@ static cllm_status write_mask(const writer *w, const char *path, int32_t pad, co
         st = put_u64(a, u);
     }
     if (!st) st = cllm_io_atomic_write(a, w->mask, (size_t)((w->n_tok + 7) / 8));
+    for (uint64_t i = 0; margins && i < w->n_seq / 2 && !st; i++) {
+        uint32_t u;
+        memcpy(&u, &w->margins[i], sizeof u);
+        st = put_u32(a, u);
+    }
     if (st) cllm_io_atomic_abort(a);
     return st;
 }
@@ -399,6 +461,14 @@ cllm_status cllm_prepare(const cllm_prepare_opts *o, cllm_prepare_report *rep) {
     if ((st = cllm_io_atomic_begin(&w.bin, bin))) goto done;
     w.bin_open = true;
 
+    if (o->pairs) {
+        if (o->pack) {
+            st = CLLM_FAIL(CLLM_ERR_ARG, "preference pairs cannot be packed");
+            goto done;
+        }
+        if ((st = write_pairs(&w, vocab))) goto done;
+        goto written;
+    }
     p.enc = (cllm_encoder){tok, &tmpl, vocab};
     p.n_slots = 2 * o->workers;
     p.slots = calloc((size_t)p.n_slots, sizeof *p.slots);
@@ -452,6 +522,7 @@ stop:
     for (int i = 0; i < n_th; i++) pthread_join(th[i], NULL);
     if (st) goto done;
     r->bytes_in = in.bytes_done;
+written:
     if (w.n_seq == 0) {
         st = CLLM_FAIL(CLLM_ERR_FORMAT, "no records to write (%llu bad)", (unsigned long long)r->bad);
         goto done;
@@ -486,7 +557,7 @@ stop:
     r->tokens = w.n_tok;
     if (o->split) {
         uint64_t b[4];
-        cllm_split_bounds(split, w.n_seq, b);
+        cllm_split_bounds(split, o->pairs ? w.n_seq / 2 : w.n_seq, b);
         for (int i = 0; i < 3; i++) r->split_docs[i] = b[i + 1] - b[i];
     }
     r->seconds = cllm_time_sec() - t0;
@@ -504,6 +575,7 @@ done:
     free(w.lengths);
     free(w.mask);
     free(w.buf);
+    free(w.margins);
     cllm_template_free(&tmpl);
     cllm_tokenizer_free(tok);
     free(bin);

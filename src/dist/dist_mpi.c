@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cllm/dist.h"
 #include "dist/watchdog.h"
@@ -436,6 +437,32 @@ cllm_status cllm_dist_g_bcast(const cllm_dist_group *g, void *buf, size_t bytes,
         bytes -= (size_t)k;
     }
     return CLLM_OK;
+}
+
+cllm_status cllm_dist_g_bcast_wait(const cllm_dist_group *g, void *buf, size_t bytes, int root) {
+    MPI_Comm c = comm_of(g);
+    if (c == MPI_COMM_NULL) return CLLM_OK;
+    if (root < 0 || root >= cllm_dist_group_size(g)) return CLLM_FAIL(CLLM_ERR_ARG, "root %d outside the group", root);
+    if (bytes > (size_t)INT_MAX) return CLLM_FAIL(CLLM_ERR_ARG, "a waiting broadcast of %zu bytes", bytes);
+    MPI_Request r;
+    MPI_TRY(MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, c, &r));
+    if (cllm_dist_group_rank(g) == root) {
+        MPI_TRY(MPI_Wait(&r, MPI_STATUS_IGNORE));
+        return CLLM_OK;
+    }
+    /* poll: spin for a few milliseconds (back-to-back decode steps), then
+     * sleep between tests so that an idle rank costs no CPU */
+    double t0 = cllm_time_sec();
+    long nap_ns = 0;
+    for (;;) {
+        int done = 0;
+        MPI_TRY(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+        if (done) return CLLM_OK;
+        if (cllm_time_sec() - t0 < 0.005) continue;
+        nap_ns = nap_ns < 1000000 ? nap_ns + 20000 : 1000000;
+        struct timespec ts = {0, nap_ns};
+        nanosleep(&ts, NULL);
+    }
 }
 
 /* ------------------------------------------------------ point to point */

@@ -76,6 +76,7 @@ cllm_status cllm_dist_g_reduce_scatter_sum_f32(const cllm_dist_group *g, const f
 cllm_status cllm_dist_g_allgather_f32(const cllm_dist_group *g, float *buf, const size_t *counts) { (void)g, (void)buf, (void)counts; return CLLM_OK; }
 cllm_status cllm_dist_g_gather_f32(const cllm_dist_group *g, float *buf, const size_t *counts, int root) { (void)g, (void)buf, (void)counts, (void)root; return CLLM_OK; }
 cllm_status cllm_dist_g_bcast(const cllm_dist_group *g, void *buf, size_t bytes, int root) { (void)g, (void)buf, (void)bytes, (void)root; return CLLM_OK; }
+cllm_status cllm_dist_g_bcast_wait(const cllm_dist_group *g, void *buf, size_t bytes, int root) { return cllm_dist_g_bcast(g, buf, bytes, root); }
 
 cllm_status cllm_dist_isend_f32(const float *buf, size_t n, int dest, int tag, cllm_dist_req *req) {
     (void)buf, (void)n, (void)tag;

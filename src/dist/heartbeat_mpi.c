@@ -19,6 +19,10 @@
  *   (host node-b, pid 977) for 3.4 s (...); ending the job
  * and calls MPI_Abort, which ends every rank, the stopped one included
  * (mpirun kills it with SIGKILL, which a stopped process cannot ignore).
+ * Behind a network partition the abort cannot reach the launcher: a rank
+ * whose MPI_Abort has not ended it within DIST_ABORT_GRACE_S exits by
+ * itself (dist_abort_job), and `cllm launch` stops an mpirun that waits for
+ * a daemon it cannot reach (tools/cllm/launch_supervise.c).
  * Because a stopped or frozen process stops all its threads, its pings stop;
  * because the pings come from this thread, which neither computes nor waits
  * on the trainer, a rank that is busy or asleep inside a step keeps sending
@@ -136,8 +140,7 @@ static void report(double now) {
             "from the network; the limit is %g s: heartbeat_timeout, CLLM_HEARTBEAT_TIMEOUT); ending the job\n",
             me, host_of(me), (long long)pids[me], who, worst, at, limit_s);
     fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    _exit(1); /* not reached */
+    dist_abort_job(me);
 }
 
 static void *heartbeat_thread(void *arg) {
@@ -188,8 +191,8 @@ cllm_status dist_heartbeat_init(int rank, int size) {
     char name[MPI_MAX_PROCESSOR_NAME] = "";
     int len = 0;
     if (MPI_Get_processor_name(name, &len) != MPI_SUCCESS || len <= 0) snprintf(name, sizeof name, "?");
-    char mine[HOST_LEN];
-    snprintf(mine, sizeof mine, "%s", name);
+    char mine[HOST_LEN] = ""; /* the name cut to HOST_LEN - 1 bytes (on purpose) */
+    memcpy(mine, name, strnlen(name, HOST_LEN - 1));
     int64_t pid = (int64_t)getpid();
     if (MPI_Allgather(mine, HOST_LEN, MPI_CHAR, hosts, HOST_LEN, MPI_CHAR, hcomm) != MPI_SUCCESS ||
         MPI_Allgather(&pid, 1, MPI_INT64_T, pids, 1, MPI_INT64_T, hcomm) != MPI_SUCCESS)

@@ -283,8 +283,7 @@ cllm_status cllm_topo_check_tensor(const cllm_model_config *c, int tp, const cha
         long n;
     } need[] = {{"num_attention_heads (query heads)", c->n_head},
                 {"num_key_value_heads", c->n_kv_head},
-                {"intermediate_size (FFN width)", c->n_inner},
-                {"vocab_size", c->vocab_size}};
+                {"intermediate_size (FFN width)", c->n_inner}}; /* the vocabulary is padded */
     for (size_t i = 0; i < sizeof need / sizeof *need; i++)
         if (need[i].n % tp != 0)
             return CLLM_FAIL(CLLM_ERR_ARG,

@@ -36,6 +36,12 @@ cllm_status dist_watch_enter(const char *what, size_t n, const char *unit);
 /* After the collective returned. */
 void dist_watch_leave(void);
 
+/* watchdog_mpi.c: MPI_Abort on the world, and _exit(1) if it has not ended
+ * this process within DIST_ABORT_GRACE_S seconds: an abort must reach the
+ * launcher, and one cut off by the network never answers. Does not return. */
+#define DIST_ABORT_GRACE_S 10
+_Noreturn void dist_abort_job(int rank);
+
 /* heartbeat_mpi.c. init after MPI_Init and dist_watch_init (collective over
  * the world: duplicates it and gathers each rank's host name and pid);
  * starts the heartbeat thread when size > 1, the timeout is > 0 and MPI

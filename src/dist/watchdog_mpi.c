@@ -70,6 +70,34 @@ static bool thread_on, stopping, in_op;
 static double op_start;
 static char op_desc[160];
 
+static int abort_rank;
+
+static void *abort_fallback(void *arg) {
+    (void)arg;
+    struct timespec ts = {DIST_ABORT_GRACE_S, 0};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+    char msg[200];
+    int n = snprintf(msg, sizeof msg,
+                     "cllm dist: rank %d: MPI_Abort did not end this rank within %d s (the launcher is cut off?); "
+                     "exiting\n",
+                     abort_rank, DIST_ABORT_GRACE_S);
+    if (n > 0 && write(STDERR_FILENO, msg, (size_t)n) < 0) {
+    }
+    _exit(1);
+}
+
+_Noreturn void dist_abort_job(int rank) {
+    abort_rank = rank;
+    pthread_t t;
+    if (pthread_create(&t, NULL, abort_fallback, NULL) == 0)
+        pthread_detach(t);
+    else
+        alarm(DIST_ABORT_GRACE_S); /* no thread: SIGALRM's default action ends the process */
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    _exit(1); /* not reached */
+}
+
 static void parse_hook(const char *name, int *rank, long *step) {
     const char *v = getenv(name);
     int r;
@@ -238,8 +266,7 @@ cllm_status dist_watch_enter(const char *what, size_t n, const char *unit) {
                     "timeout is CLLM_DIST_TIMEOUT); ending the job\n",
                     me, desc, k == 1 ? "" : "s", missing, timeout_s);
             fflush(stderr);
-            MPI_Abort(MPI_COMM_WORLD, 1);
-            _exit(1); /* not reached */
+            dist_abort_job(me);
         }
         nap(it);
     }

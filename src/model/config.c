@@ -197,6 +197,35 @@ static cllm_status parse_bloom(cllm_model_config *c, const json_t *j, const char
     return CLLM_OK;
 }
 
+/* HF's *ForSequenceClassification (architectures[0]): num_labels is the
+ * size of id2label, else the num_labels key, else HF's default of 2; a
+ * reward model has exactly one. */
+static cllm_status parse_labels(cllm_model_config *c, const json_t *j, const char *path) {
+    const json_t *a = json_object_get(j, "architectures");
+    const char *name = json_is_array(a) ? json_string_value(json_array_get(a, 0)) : NULL;
+    const char *suffix = "ForSequenceClassification";
+    size_t n = name ? strlen(name) : 0, k = strlen(suffix);
+    if (!name || n < k || strcmp(name + n - k, suffix) != 0) return CLLM_OK;
+    const json_t *ids = json_object_get(j, "id2label"), *nl = json_object_get(j, "num_labels");
+    long labels = 2;
+    const char *from = "HF's default when config.json has neither id2label nor num_labels";
+    if (json_is_object(ids)) {
+        labels = (long)json_object_size(ids);
+        from = "the entries of id2label";
+    } else if (nl) {
+        if (!json_is_integer(nl))
+            return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: num_labels: expected an integer", path);
+        labels = (long)json_integer_value(nl);
+        from = "num_labels";
+    }
+    if (labels != 1)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: %s with %ld labels (%s): cllm's sequence-classification models "
+                         "are reward models with one label (num_labels 1, a score head [1, hidden])", path, name,
+                         labels, from);
+    c->num_labels = 1;
+    return CLLM_OK;
+}
+
 cllm_status cllm_model_config_from_json(cllm_model_config *cfg, const json_t *j, const char *path) {
     memset(cfg, 0, sizeof *cfg);
     if (!json_is_object(j)) return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: config is not a JSON object", path);
@@ -237,7 +266,7 @@ cllm_status cllm_model_config_from_json(cllm_model_config *cfg, const json_t *j,
         (st = opt_token_id(j, "eos_token_id", &cfg->eos_token_id, path)) ||
         (st = opt_token_id(j, "pad_token_id", &cfg->pad_token_id, path)) || (st = eos_list(j, cfg, path)))
         return st;
-    return CLLM_OK;
+    return parse_labels(cfg, j, path);
 }
 
 /* ------------------------------------------------------------ presets */

@@ -150,7 +150,7 @@ cllm_status cllm_generate_init(cllm_generation **out, const cllm_model *m, const
     if (!g) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     g->m = m;
     g->tok = tok;
-    g->V = cllm_model_get_config(m)->vocab_size;
+    g->V = cllm_model_vocab(m); /* a tensor part: the whole vocabulary */
     g->max_new = p->max_new_tokens;
     g->n_top = p->top_n < g->V ? p->top_n : g->V;
     g->ignore_eos = p->ignore_eos;

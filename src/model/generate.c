@@ -33,9 +33,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cllm/dist.h"
 #include "cllm/generate.h"
 #include "cllm/kernels.h"
 #include "model_impl.h"
+
+#define TRY(x)                          \
+    do {                                \
+        cllm_status st_ = (x);          \
+        if (st_ != CLLM_OK) return st_; \
+    } while (0)
 
 /* Default capacity for models without a position limit (BLOOM). */
 enum { DEFAULT_MAX_POS = 2048, DEFAULT_BLOCK = 64 };
@@ -61,6 +68,12 @@ struct cllm_kv_cache {
     float *lmean, *lrstd;     /* [n_seq] */
     float *rope_cos, *rope_sin; /* [S,HS/2] llama */
     float *alibi;             /* [NH] bloom */
+    /* tensor parallelism (model a part): the logits of every rank gathered
+     * at rank 0, and the command rank 0 sends the other ranks' caches */
+    int tp_id;                /* the cache's id in the commands */
+    float *tp_gather;         /* [tp][n_seq * V_local] */
+    size_t *tp_counts;        /* [tp] */
+    int32_t *tp_msg;          /* [n_seq + max_rows] a forward's n_new and tokens */
 };
 
 static size_t carve(float **p, float *base, size_t used, size_t n) {
@@ -86,7 +99,7 @@ static size_t assign(cllm_kv_cache *kv, float *base) {
     u = carve(&a->act, base, u, N * F);
     u = carve(&kv->last, base, u, (size_t)kv->n_seq * C);
     u = carve(&kv->lnf, base, u, (size_t)kv->n_seq * C);
-    u = carve(&kv->head_out, base, u, kv->n_seq > 1 ? (size_t)kv->n_seq * (size_t)c->vocab_size : 0);
+    u = carve(&kv->head_out, base, u, kv->n_seq > 1 && kv->m->tp_size <= 1 ? (size_t)kv->n_seq * (size_t)c->vocab_size : 0);
     u = carve(&kv->lmean, base, u, (size_t)kv->n_seq);
     u = carve(&kv->lrstd, base, u, (size_t)kv->n_seq);
     size_t half = c->arch == CLLM_ARCH_LLAMA ? (size_t)kv->S * (c->head_dim / 2) : 0;
@@ -114,10 +127,10 @@ static const char *limit_name(const cllm_model_config *c) {
 cllm_status cllm_kv_cache_init_paged(cllm_kv_cache **out, const cllm_model *m, const cllm_kv_cache_params *p) {
     *out = NULL;
     const cllm_model_config *c = &m->cfg;
-    if (m->tp_size > 1)
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a key/value cache over a tensor-parallel part (rank %d of %d): "
-                         "generate with the whole model", m->tp_rank, m->tp_size);
     if (!m->params) return CLLM_FAIL(CLLM_ERR_ARG, "the model holds no parameters");
+    if (c->num_labels > 0)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a sequence-classification (reward) model has no LM head to generate "
+                         "with; score texts with `cllm score`");
     if (p->max_seqs < 1 || p->max_pos < 0 || p->max_rows < 0 || p->block_size < 1 || p->n_blocks < 0)
         return CLLM_FAIL(CLLM_ERR_ARG, "max_seqs %d, max_pos %d, max_rows %d, block_size %d, n_blocks %d: need "
                          "max_seqs >= 1, block_size >= 1 and sizes >= 0", p->max_seqs, p->max_pos, p->max_rows,
@@ -158,6 +171,16 @@ cllm_status cllm_kv_cache_init_paged(cllm_kv_cache **out, const cllm_model *m, c
     kv->kc = cllm_alloc(kv_floats * sizeof(float), "key cache");
     kv->vc = kv->kc ? cllm_alloc(kv_floats * sizeof(float), "value cache") : NULL;
     kv->buf = kv->vc ? cllm_alloc(scratch * sizeof(float), "generation scratch") : NULL;
+    if (kv->buf && m->tp_size > 1) {
+        size_t part = (size_t)kv->n_seq * (size_t)c->vocab_size;
+        kv->tp_gather = cllm_alloc((size_t)m->tp_size * part * sizeof(float), "tensor-parallel logits");
+        kv->tp_counts = malloc((size_t)m->tp_size * sizeof *kv->tp_counts);
+        kv->tp_msg = malloc((ns + rows) * sizeof *kv->tp_msg);
+        if (!kv->tp_gather || !kv->tp_counts || !kv->tp_msg) {
+            cllm_kv_cache_free(kv);
+            return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for the tensor-parallel buffers");
+        }
+    }
     if (kv->buf && model_lp_scratch_init(&kv->lp, m, kv->max_rows, kv->n_seq)) {
         cllm_kv_cache_free(kv);
         return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for the operand scratch of %d rows", kv->max_rows);
@@ -173,7 +196,22 @@ cllm_status cllm_kv_cache_init_paged(cllm_kv_cache **out, const cllm_model *m, c
     kv->n_free = kv->n_blocks;
     assign(kv, kv->buf);
     if (c->arch == CLLM_ARCH_LLAMA) cllm_rope_tables(kv->rope_cos, kv->rope_sin, S, c->head_dim, c->rope_theta);
-    if (c->arch == CLLM_ARCH_BLOOM) cllm_alibi_slopes(kv->alibi, c->n_head);
+    if (c->arch == CLLM_ARCH_BLOOM && model_tp_alibi(m, kv->alibi)) {
+        cllm_kv_cache_free(kv);
+        return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    }
+    /* tensor parallelism: the other ranks open the same cache (rank 0 sends
+     * the resolved sizes, so every rank's cache has the same pool) */
+    if (m->tp_size > 1 && m->tp_rank == 0) {
+        kv->tp_id = model_tp_next_id();
+        int32_t cmd[TP_CMD_LEN] = {TP_OP_INIT, kv->tp_id, kv->n_seq, kv->S, kv->max_rows, kv->block_size,
+                                   kv->n_blocks};
+        cllm_status st = model_tp_announce(m, cmd, NULL, 0);
+        if (st) {
+            cllm_kv_cache_free(kv);
+            return st;
+        }
+    }
     *out = kv;
     return CLLM_OK;
 }
@@ -197,6 +235,13 @@ cllm_status cllm_kv_cache_init(cllm_kv_cache **out, const cllm_model *m, int B, 
 
 void cllm_kv_cache_free(cllm_kv_cache *kv) {
     if (!kv) return;
+    if (kv->tp_id) { /* the other ranks free theirs (a failure here ends the job: see model_tp_announce) */
+        int32_t cmd[TP_CMD_LEN] = {TP_OP_FREE, kv->tp_id};
+        model_tp_announce(kv->m, cmd, NULL, 0);
+    }
+    cllm_free(kv->tp_gather);
+    free(kv->tp_counts);
+    free(kv->tp_msg);
     cllm_free(kv->kc);
     cllm_free(kv->vc);
     cllm_free(kv->buf);
@@ -237,6 +282,10 @@ cllm_status cllm_kv_cache_seq_rewind(cllm_kv_cache *kv, int seq, int pos) {
     if (pos < 0 || pos > kv->past[seq])
         return CLLM_FAIL(CLLM_ERR_ARG, "cannot rewind sequence %d to position %d (filled: %d)", seq, pos,
                          kv->past[seq]);
+    if (kv->tp_id) {
+        int32_t cmd[TP_CMD_LEN] = {TP_OP_REWIND, kv->tp_id, seq, pos};
+        TRY(model_tp_announce(kv->m, cmd, NULL, 0));
+    }
     release_from(kv, seq, pos);
     kv->past[seq] = pos;
     return CLLM_OK;
@@ -250,18 +299,12 @@ cllm_status cllm_kv_cache_rewind(cllm_kv_cache *kv, int pos) {
     return CLLM_OK;
 }
 
-#define TRY(x)                          \
-    do {                                \
-        cllm_status st_ = (x);          \
-        if (st_ != CLLM_OK) return st_; \
-    } while (0)
-
 /* Checks a call and takes the blocks it needs; on failure nothing has
  * changed. Builds kv->rows / call_past / seq_of for the n_call sequences
  * that add rows. */
 static cllm_status plan(cllm_kv_cache *kv, const int32_t *tokens, const int *n_new, int *n_call) {
     const cllm_model_config *c = &kv->m->cfg;
-    const int V = c->vocab_size;
+    const int V = cllm_model_vocab(kv->m); /* a tensor part: the whole vocabulary */
     long total = 0;
     int k = 0;
     kv->rows[0] = 0;
@@ -311,6 +354,27 @@ static cllm_status plan(cllm_kv_cache *kv, const int32_t *tokens, const int *n_n
     return CLLM_OK;
 }
 
+/* The head of a tensor part: this rank's vocabulary columns of the call's
+ * rows, gathered at rank 0 into logits (whole vocabulary, padding dropped);
+ * the other ranks pass logits NULL. */
+static cllm_status tp_head(cllm_kv_cache *kv, const float *W, int n_call, float *logits) {
+    const cllm_model *m = kv->m;
+    const int C = m->cfg.n_embd, Vl = m->cfg.vocab_size, V = cllm_model_vocab(m), tp = m->tp_size;
+    const size_t part = (size_t)n_call * (size_t)Vl;
+    TRY(model_linear_forward(m, &kv->lp, kv->tp_gather + (size_t)m->tp_rank * part, kv->lnf, W, NULL, n_call, C, Vl,
+                             false));
+    for (int r = 0; r < tp; r++) kv->tp_counts[r] = part;
+    TRY(cllm_dist_g_gather_f32(m->tp_grp, kv->tp_gather, kv->tp_counts, 0));
+    if (m->tp_rank != 0 || !logits) return CLLM_OK;
+    for (int r = 0; r < tp; r++) {
+        int n = V - r * Vl < Vl ? V - r * Vl : Vl; /* real columns of rank r */
+        for (int j = 0; n > 0 && j < n_call; j++)
+            memcpy(logits + (size_t)kv->seq_of[j] * V + (size_t)r * Vl, kv->tp_gather + r * part + (size_t)j * Vl,
+                   (size_t)n * sizeof(float));
+    }
+    return CLLM_OK;
+}
+
 /* Runs the planned rows: embeddings, every block, and the head on the
  * last new row of each sequence that added rows. */
 static cllm_status run_rows(cllm_kv_cache *kv, const int32_t *tokens, int n_call, float *logits) {
@@ -335,6 +399,7 @@ static cllm_status run_rows(cllm_kv_cache *kv, const int32_t *tokens, int n_call
                        model_param(m, m->gslot[G_LNF_B]), n_call);
     int head = m->gslot[G_HEAD] >= 0 ? m->gslot[G_HEAD] : m->gslot[G_WTE];
     const float *W = model_param(m, head);
+    if (m->tp_size > 1) return tp_head(kv, W, n_call, logits);
     /* one GEMM for every sequence of the call (the head weight is read
      * once); with some sequences idle, their rows of `logits` stay as they
      * were, so the rows go through the scratch and are placed after */
@@ -345,11 +410,26 @@ static cllm_status run_rows(cllm_kv_cache *kv, const int32_t *tokens, int n_call
     return CLLM_OK;
 }
 
+int32_t model_kv_state(const cllm_kv_cache *kv) {
+    uint32_t h = (uint32_t)kv->n_free;
+    for (int i = 0; i < kv->n_seq; i++) h = h * 2654435761u + (uint32_t)kv->past[i];
+    return (int32_t)(h & 0x7fffffffu);
+}
+
 cllm_status cllm_kv_cache_forward_ragged(cllm_kv_cache *kv, const int32_t *tokens, const int *n_new, float *logits) {
     int n_call = 0;
+    const int32_t state = kv->tp_id ? model_kv_state(kv) : 0; /* before this call */
     TRY(plan(kv, tokens, n_new, &n_call));
     if (n_call == 0) return CLLM_OK;
-    cllm_status st = run_rows(kv, tokens, n_call, logits);
+    cllm_status st = CLLM_OK;
+    if (kv->tp_id) { /* rank 0 of a part: the other ranks run the same call */
+        int total = kv->rows[n_call];
+        for (int i = 0; i < kv->n_seq; i++) kv->tp_msg[i] = n_new[i];
+        memcpy(kv->tp_msg + kv->n_seq, tokens, (size_t)total * sizeof *tokens);
+        int32_t cmd[TP_CMD_LEN] = {TP_OP_FORWARD, kv->tp_id, kv->n_seq + total, state};
+        st = model_tp_announce(kv->m, cmd, kv->tp_msg, (size_t)(kv->n_seq + total));
+    }
+    if (!st) st = run_rows(kv, tokens, n_call, logits);
     if (st) { /* keep the positions: return the blocks this call took */
         for (int j = 0; j < n_call; j++) release_from(kv, kv->seq_of[j], kv->past[kv->seq_of[j]]);
         return st;

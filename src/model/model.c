@@ -16,6 +16,10 @@
 #include "model_impl.h"
 
 cllm_status model_from_config(cllm_model **out, const json_t *config, const char *path) {
+    return model_from_config_ex(out, config, path, true);
+}
+
+cllm_status model_from_config_ex(cllm_model **out, const json_t *config, const char *path, bool alloc) {
     *out = NULL;
     cllm_model *m = calloc(1, sizeof *m);
     if (!m) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
@@ -27,6 +31,10 @@ cllm_status model_from_config(cllm_model **out, const json_t *config, const char
         goto fail;
     }
     if ((st = model_build_layout(m))) goto fail;
+    if (!alloc) {
+        *out = m;
+        return CLLM_OK;
+    }
     m->params = cllm_calloc(m->n_params, sizeof(float), "model parameters");
     if (!m->params) {
         st = CLLM_ERR_NOMEM;
@@ -86,18 +94,11 @@ static int find_index(const cllm_model *m, const char *name) {
     return t ? (int)(t - m->tensors) : -1;
 }
 
-cllm_status cllm_model_load(cllm_model **out, const char *dir) {
-    *out = NULL;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    json_t *config = NULL;
-    cllm_model *m = NULL;
+cllm_status model_load_tensors(const cllm_model *m, const char *dir, model_tensor_fn put, void *ctx) {
     cllm_st_set *set = NULL;
     bool *seen = NULL;
-    cllm_status st = cllm_json_load_file(&config, path);
+    cllm_status st = cllm_st_set_open(&set, dir);
     if (st) return st;
-    if ((st = model_from_config(&m, config, path))) goto done;
-    if ((st = cllm_st_set_open(&set, dir))) goto done;
     seen = calloc((size_t)m->n_tensors, sizeof *seen);
     if (!seen) {
         st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
@@ -131,17 +132,36 @@ cllm_status cllm_model_load(cllm_model **out, const char *dir) {
             st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: tensor '%s' appears twice", t->file, ti->name);
             goto done;
         }
-        if ((st = cllm_st_read_f32(t, m->params + ti->offset, (int64_t)ti->numel))) goto done;
+        if ((st = put(ctx, idx, t))) goto done;
         seen[idx] = true;
     }
     for (int i = 0; i < m->n_tensors; i++)
         if (!seen[i]) {
-            st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: missing tensor '%s'", dir, m->tensors[i].name);
+            st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: missing tensor '%s'%s", dir, m->tensors[i].name,
+                           i == m->gslot[G_SCORE] ? " (the score head [1, hidden] that config.json's "
+                           "*ForSequenceClassification architecture needs)" : "");
             goto done;
         }
 done:
     free(seen);
     cllm_st_set_close(set);
+    return st;
+}
+
+static cllm_status put_whole(void *ctx, int idx, const cllm_st_tensor *t) {
+    cllm_model *m = ctx;
+    return cllm_st_read_f32(t, m->params + m->tensors[idx].offset, (int64_t)m->tensors[idx].numel);
+}
+
+cllm_status cllm_model_load(cllm_model **out, const char *dir) {
+    *out = NULL;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *config = NULL;
+    cllm_model *m = NULL;
+    cllm_status st = cllm_json_load_file(&config, path);
+    if (st) return st;
+    if (!(st = model_from_config(&m, config, path))) st = model_load_tensors(m, dir, put_whole, m);
     json_decref(config);
     if (st) {
         cllm_model_free(m);
@@ -511,7 +531,7 @@ long cllm_model_make_targets(int32_t *targets, const int32_t *labels, int B, int
 }
 
 cllm_status cllm_model_check_ids(const cllm_model *m, const int32_t *tokens, const int32_t *targets, size_t n) {
-    int V = m->cfg.vocab_size * (m->tp_size > 1 ? m->tp_size : 1); /* a tensor part: the whole vocabulary */
+    int V = cllm_model_vocab(m); /* a tensor part: the whole vocabulary */
     for (size_t i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= V)
             return CLLM_FAIL(CLLM_ERR_ARG, "token id %d at position %zu is outside the vocabulary [0, %d)", tokens[i], i, V);

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdatomic.h>
 
+#include "cllm/io.h"
 #include "cllm/model.h"
 
 /* Parameter slots of one transformer block. Each family fills the ones it
@@ -21,8 +22,10 @@ enum {
     L_O_W, L_O_B, L_LN2_W, L_LN2_B, L_FC_W, L_FC_B, L_UP_W, L_UP_B, L_DOWN_W, L_DOWN_B,
     L_NSLOTS
 };
-/* Slots outside the blocks. G_HEAD is -1 when the head is tied to G_WTE. */
-enum { G_WTE, G_WPE, G_EMB_LN_W, G_EMB_LN_B, G_LNF_W, G_LNF_B, G_HEAD, G_NSLOTS };
+/* Slots outside the blocks. G_HEAD is -1 when the head is tied to G_WTE
+ * and in a sequence-classification model, whose head is G_SCORE (HF's
+ * score.weight [num_labels, C]; -1 in a causal LM). */
+enum { G_WTE, G_WPE, G_EMB_LN_W, G_EMB_LN_B, G_LNF_W, G_LNF_B, G_HEAD, G_SCORE, G_NSLOTS };
 
 /* Operand scratch of the bf16/fp16 linear layers (precision.c): where
  * activations and gradients are rounded on their way into a matmul. It is
@@ -135,6 +138,7 @@ struct cllm_model {
      * model cut over tp_size ranks (cllm_tp_model_part); tp_size 1 = whole */
     const struct cllm_dist_group *tp_grp;
     int tp_rank, tp_size;
+    int tp_vocab;    /* the whole model's vocabulary (the part's rows past it are padding) */
     float *tp_max;   /* [logit chunk] per-row maximum of the logits */
     double *tp_sum;  /* [2 * logit chunk] per-row sum of exp, target logit */
     int tp_rows;     /* rows of tp_max / tp_sum */
@@ -170,7 +174,8 @@ void model_norm_forward(const cllm_model *m, float *out, float *mean, float *rst
                         const float *b, int N);
 
 /* Tensor-parallel pieces of the forward and backward passes (tp.c). */
-cllm_status model_tp_embed_forward(const cllm_model *m, float *out, const int32_t *tokens, int N, int T);
+cllm_status model_tp_embed_forward(const cllm_model *m, float *out, const int32_t *tokens, int N, int T,
+                                   const model_rows *rows);
 void model_tp_embed_backward(cllm_model *m, float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int N,
                              int T);
 /* out[N,C] <- all-reduce(out) + bias (bias may be NULL): a row-parallel output */
@@ -181,12 +186,45 @@ cllm_status model_tp_allreduce(const cllm_model *m, float *buf, size_t n);
  * as cllm_xent_forward(_backward) over the whole vocabulary. */
 cllm_status model_tp_xent(cllm_model *m, float *losses, float *logits, const int32_t *targets, int rows, bool backward,
                           float dscale, long *counted);
+/* Local vocabulary columns of a tensor part that are real tokens (the rest
+ * are padding): cfg.vocab_size without tensor parallelism. */
+int model_tp_real_cols(const cllm_model *m);
+/* ALiBi slopes of this part's heads (the whole model's heads r * NH ..), or
+ * of all heads without tensor parallelism: out[cfg.n_head]. */
+cllm_status model_tp_alibi(const cllm_model *m, float *out);
+
+/* Tensor-parallel inference (tp_infer.c): rank 0's caches over a part send
+ * each call that changes them to the other ranks, which run the same call on
+ * theirs (cllm_kv_cache_follow), so every rank's cache holds the same
+ * positions and block tables, each with its own heads. A command is
+ * TP_CMD_LEN int32s {op, cache id, args...}; a forward's n_new and tokens
+ * follow it. */
+enum { TP_CMD_LEN = 8 };
+enum { TP_OP_STOP = 0, TP_OP_INIT, TP_OP_FREE, TP_OP_FORWARD, TP_OP_REWIND };
+/* Rank 0 only (a no-op elsewhere and without tensor parallelism). A
+ * failure here leaves the ranks out of step: the job is ended. */
+cllm_status model_tp_announce(const cllm_model *m, const int32_t *cmd, int32_t *payload, size_t n);
+/* A fresh cache id (> 0). */
+int model_tp_next_id(void);
+/* A digest of a cache's positions and free blocks (generate.c): a forward's
+ * command carries rank 0's, and a follower whose cache disagrees ends the
+ * job instead of computing with other block tables. */
+struct cllm_kv_cache;
+int32_t model_kv_state(const struct cllm_kv_cache *kv);
 /* After the activations are (re)allocated: the cross-entropy statistics
  * buffers and the ALiBi slopes of this rank's heads. */
 cllm_status model_tp_prepare(cllm_model *m);
 
-/* A model with zeroed parameters from an HF config object (model.c). */
+/* A model with zeroed parameters from an HF config object (model.c);
+ * _ex with alloc false: the layout only, params NULL. */
 cllm_status model_from_config(cllm_model **out, const json_t *config, const char *path);
+cllm_status model_from_config_ex(cllm_model **out, const json_t *config, const char *path, bool alloc);
+/* Reads the safetensors of HF folder `dir` against m's tensor table (names
+ * with or without the family prefix, shapes checked, ignored buffers
+ * skipped, every tensor exactly once): put(ctx, tensor index, file tensor)
+ * for each (model.c). */
+typedef cllm_status (*model_tensor_fn)(void *ctx, int idx, const cllm_st_tensor *t);
+cllm_status model_load_tensors(const cllm_model *m, const char *dir, model_tensor_fn put, void *ctx);
 
 /* Builds m->tensors, slots and n_params from m->cfg (layout.c). */
 cllm_status model_build_layout(cllm_model *m);

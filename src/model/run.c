@@ -19,6 +19,7 @@
  * ZeRO-3 gathers a group's parameters into a working buffer and the
  * per-layer gradient reduction takes a block's gradient when it is done.
  */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -91,8 +92,7 @@ cllm_status model_embed_forward(const cllm_model *m, float *x0, float *emb, floa
     const float *wte = model_param(m, m->gslot[G_WTE]);
     const float *wpe = c->arch == CLLM_ARCH_GPT2 ? model_param(m, m->gslot[G_WPE]) : NULL;
     if (m->tp_size > 1) { /* vocabulary-parallel lookup, summed over the tensor group */
-        if (rows) return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a cached forward pass of a tensor-parallel part");
-        TRY(model_tp_embed_forward(m, e, tokens, N, T));
+        TRY(model_tp_embed_forward(m, e, tokens, N, T, rows));
     } else if (!rows) {
         cllm_embedding_forward(e, tokens, wte, wpe, N, T, C);
     } else { /* sequence i's rows start at position past[i]: wpe rows from there */
@@ -396,6 +396,39 @@ static cllm_status head_run(cllm_model *m, const int32_t *targets, int N, bool b
     return CLLM_OK;
 }
 
+/* The score head of a sequence-classification model over the final norm's
+ * output: scores[b] = w . lnf[b, pos[b]]; with backward, the caller's
+ * dscores go into w's gradient and the rows of dlnf (zero elsewhere). */
+static cllm_status score_run(cllm_model *m, const cllm_token_io *io, int B, int T, bool backward) {
+    const int C = m->cfg.n_embd;
+    const float *w = model_param(m, m->gslot[G_SCORE]);
+    for (int b = 0; b < B; b++) {
+        int t = io->score_pos[b];
+        if (t < 0 || t >= T) return CLLM_FAIL(CLLM_ERR_ARG, "score position %d of row %d is outside [0, %d)", t, b, T);
+        const float *h = m->lnf + ((size_t)b * T + (size_t)t) * C;
+        double acc = 0;
+        for (int i = 0; i < C; i++) acc += (double)w[i] * (double)h[i];
+        io->scores[b] = acc > FLT_MAX ? INFINITY : acc < -FLT_MAX ? -INFINITY : (float)acc;
+    }
+    if (!backward) return CLLM_OK;
+    memset(m->dlnf, 0, (size_t)B * T * C * sizeof(float));
+    if (!io->score_grad || !io->dscores)
+        return CLLM_FAIL(CLLM_ERR_ARG, "a backward pass through the score head needs score_grad and dscores");
+    TRY(io->score_grad(io->score_ctx, io->scores, io->dscores, B));
+    float *dw = model_grad(m, m->gslot[G_SCORE]);
+    for (int b = 0; b < B; b++) {
+        const float g = io->dscores[b];
+        size_t row = ((size_t)b * T + (size_t)io->score_pos[b]) * C;
+        const float *h = m->lnf + row;
+        float *dh = m->dlnf + row;
+        for (int i = 0; i < C; i++) {
+            dw[i] += g * h[i];
+            dh[i] = g * w[i];
+        }
+    }
+    return CLLM_OK;
+}
+
 static cllm_status check_prepared(const cllm_model *m, int B, int T, bool backward) {
     if (!m->acts || B > m->act_B || T > m->act_T)
         return CLLM_FAIL(CLLM_ERR_ARG, "model prepared for %d x %d tokens, called with %d x %d (call cllm_model_prepare)",
@@ -431,8 +464,17 @@ static cllm_status forward_backward(cllm_model *m, const int32_t *tokens, const 
     const float *tscale = io ? io->token_scale : NULL;
     const cllm_model_config *c = &m->cfg;
     int N = B * T, C = c->n_embd, L = c->n_layer;
+    const bool score = io && io->score_pos, lm = !(io && (io->no_lm_head || score));
+    if (c->num_labels > 0 && !score && !(io && io->no_lm_head))
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a sequence-classification (reward) model has a score head, not an LM "
+                         "head: train it with task \"reward\", score with `cllm score`");
+    if (score && (c->num_labels != 1 || !io->scores))
+        return CLLM_FAIL(CLLM_ERR_ARG, c->num_labels != 1 ? "score positions given for a model without a score head "
+                         "(a causal LM; see cllm_model_to_reward)" : "score positions given without a scores buffer");
+    if (score && m->tp_size > 1)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "the score head of a tensor-parallel part");
     int hs = head_slot(m);
-    bool tied = m->tgroup[hs] == 0; /* the head is the embedding: group 0 again */
+    bool tied = lm && m->tgroup[hs] == 0; /* the head is the embedding: group 0 again */
     TRY(forward_blocks(m, tokens, B, T));
     TRY(fetch(m, L + 1, tied ? 0 : backward ? L : -1));
     if (tied) TRY(fetch(m, 0, backward ? L : -1));
@@ -440,16 +482,18 @@ static cllm_status forward_backward(cllm_model *m, const int32_t *tokens, const 
         TRY(fetch_grads(m, L + 1));
         if (tied) TRY(fetch_grads(m, 0));
     }
-    const bool lm = !(io && io->no_lm_head);
     if (lm) {
         TRY(head_run(m, targets, N, backward, grad_scale, tscale, loss_sum, n_counted));
         if (io && io->token_loss) memcpy(io->token_loss, m->losses, (size_t)N * sizeof(float));
-    } else { /* the final norm only: another head (a reward score) reads it */
+    } else { /* the final norm only: another head (the score head, a value head) reads it */
         model_norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, model_param(m, m->gslot[G_LNF_W]),
                            model_param(m, m->gslot[G_LNF_B]), N);
         *loss_sum = 0;
         *n_counted = 0;
-        if (backward) memset(m->dlnf, 0, (size_t)N * C * sizeof(float));
+        if (score)
+            TRY(score_run(m, io, B, T, backward));
+        else if (backward)
+            memset(m->dlnf, 0, (size_t)N * C * sizeof(float));
     }
     if (io && io->hidden) memcpy(io->hidden, m->lnf, (size_t)N * C * sizeof(float));
     if (backward && io && io->dhidden) cllm_add(m->dlnf, m->dlnf, io->dhidden, (long)N * C);
@@ -487,6 +531,9 @@ cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, i
         return CLLM_FAIL(CLLM_ERR_ARG, "stage units [%d, %d) outside the model's %d", u0, u1, L + 2);
     TRY(check_prepared(m, B, T, io->backward));
     const bool embed = u0 == 0, head = u1 == L + 2;
+    if (head && c->num_labels > 0)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a pipeline stage with the score head of a sequence-classification "
+                         "model: not supported");
     const int l0 = u0 < 1 ? 0 : u0 - 1, l1 = u1 > L + 1 ? L : u1 - 1; /* blocks [l0, l1) */
     const int N = B * T, C = c->n_embd;
     const size_t NC = (size_t)N * C;
@@ -528,6 +575,8 @@ cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int 
     if (m->tp_size > 1)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "logits of a tensor-parallel part (rank %d of %d): generate with the "
                          "whole model", m->tp_rank, m->tp_size);
+    if (m->cfg.num_labels > 0)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "logits of a sequence-classification (reward) model: it has no LM head");
     const cllm_model_config *c = &m->cfg;
     int N = B * T, C = c->n_embd, V = c->vocab_size, L = c->n_layer;
     int hs = head_slot(m);

@@ -76,7 +76,9 @@ static void dims(const cllm_tensor_info *t, int64_t *R, int64_t *C) {
 void cllm_tp_shape(const cllm_tensor_info *t, cllm_tp_rule rule, int tp, int64_t *out) {
     out[0] = t->shape[0];
     out[1] = t->ndim > 1 ? t->shape[1] : 0;
-    if (rule.cut == CLLM_TP_ROWS) out[0] /= tp;
+    /* an unsegmented row cut that tp does not divide (the vocabulary) is
+     * padded: every part has ceil(R / tp) rows, the last ones zero */
+    if (rule.cut == CLLM_TP_ROWS) out[0] = rule.segments == 1 ? (out[0] + tp - 1) / tp : out[0] / tp;
     if (rule.cut == CLLM_TP_COLS) out[1] /= tp;
 }
 
@@ -91,11 +93,21 @@ static void move(const cllm_tensor_info *t, cllm_tp_rule rule, int tp, int r, fl
     }
     int g = rule.segments;
     if (rule.cut == CLLM_TP_ROWS) {
-        int64_t seg = R / g, pr = seg / tp;
+        int64_t seg = R / g, pr = g == 1 ? (R + tp - 1) / tp : seg / tp;
+        /* rows of the whole tensor this part holds; the padded rest (past R,
+         * the vocabulary's padding) are zeros in the part and dropped on the
+         * way back */
+        int64_t have = g == 1 ? R - r * pr : pr;
+        if (have > pr) have = pr;
+        if (have < 0) have = 0;
         for (int s = 0; s < g; s++) {
-            float *f = full + (s * seg + r * pr) * C, *p = part + s * pr * C;
-            if (to_part) memcpy(p, f, (size_t)(pr * C) * sizeof(float));
-            else memcpy(f, p, (size_t)(pr * C) * sizeof(float));
+            float *p = part + s * pr * C;
+            if (to_part) {
+                if (have) memcpy(p, full + (s * seg + r * pr) * C, (size_t)(have * C) * sizeof(float));
+                if (have < pr) memset(p + have * C, 0, (size_t)((pr - have) * C) * sizeof(float));
+            } else if (have) {
+                memcpy(full + (s * seg + r * pr) * C, p, (size_t)(have * C) * sizeof(float));
+            }
         }
         return;
     }
@@ -218,6 +230,7 @@ cllm_status cllm_split_save(const cllm_model *m, int tp, const char *src_dir, co
         int64_t R, C;
         dims(t, &R, &C);
         int64_t d = rule.cut == CLLM_TP_ROWS ? R : rule.cut == CLLM_TP_COLS ? C : 0;
+        if (rule.cut == CLLM_TP_ROWS && rule.segments == 1) d = 0; /* the vocabulary: padded */
         if (d && (d % rule.segments != 0 || (d / rule.segments) % tp != 0))
             return CLLM_FAIL(CLLM_ERR_ARG, "%s: dimension %lld cannot be cut into %d tensor-parallel parts", t->name,
                              (long long)d, tp);

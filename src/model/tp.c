@@ -25,10 +25,12 @@
  * rank because their inputs and output gradients are.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cllm/dist.h"
+#include "cllm/json.h"
 #include "cllm/kernels.h"
 #include "cllm/split.h"
 #include "cllm/topo.h"
@@ -36,7 +38,9 @@
 
 /* ------------------------------------------------------------ parts */
 
-cllm_status cllm_tp_model_part(cllm_model **out, const cllm_model *full, int tp, int r) {
+/* The part's layout with zeroed parameters, its shapes checked against the
+ * cut shapes of full's tensors (full may hold no parameters). */
+static cllm_status part_layout(cllm_model **out, const cllm_model *full, int tp, int r) {
     *out = NULL;
     if (tp < 1 || r < 0 || r >= tp) return CLLM_FAIL(CLLM_ERR_ARG, "tensor rank %d of %d", r, tp);
     cllm_status st = cllm_topo_check_tensor(&full->cfg, tp, "config.json");
@@ -47,7 +51,7 @@ cllm_status cllm_tp_model_part(cllm_model **out, const cllm_model *full, int tp,
     m->cfg.n_head /= tp;
     m->cfg.n_kv_head /= tp;
     m->cfg.n_inner /= tp;
-    m->cfg.vocab_size /= tp;
+    m->cfg.vocab_size = (full->cfg.vocab_size + tp - 1) / tp; /* padded, as Megatron pads it */
     m->config_json = json_deep_copy(full->config_json);
     if (!m->config_json) {
         st = CLLM_FAIL(CLLM_ERR_NOMEM, "cannot copy config");
@@ -65,24 +69,91 @@ cllm_status cllm_tp_model_part(cllm_model **out, const cllm_model *full, int tp,
     }
     for (int i = 0; i < m->n_tensors; i++) {
         const cllm_tensor_info *t = &full->tensors[i], *p = &m->tensors[i];
-        cllm_tp_rule rule = cllm_tp_rule_of(full, i);
         int64_t shape[2];
-        cllm_tp_shape(t, rule, tp, shape);
+        cllm_tp_shape(t, cllm_tp_rule_of(full, i), tp, shape);
         if (strcmp(t->name, p->name) != 0 || shape[0] != p->shape[0] || (p->ndim > 1 && shape[1] != p->shape[1])) {
             st = CLLM_FAIL(CLLM_ERR_INTERNAL, "tensor part of %s: cut shape [%lld, %lld], layout [%lld, %lld]",
                            t->name, (long long)shape[0], (long long)shape[1], (long long)p->shape[0],
                            (long long)p->shape[1]);
             goto fail;
         }
-        cllm_tp_slice(t, rule, tp, r, full->params + t->offset, m->params + p->offset);
     }
     m->tp_rank = r;
     m->tp_size = tp;
+    m->tp_vocab = full->cfg.vocab_size;
     *out = m;
     return CLLM_OK;
 fail:
     cllm_model_free(m);
     return st;
+}
+
+cllm_status cllm_tp_model_part(cllm_model **out, const cllm_model *full, int tp, int r) {
+    cllm_status st = part_layout(out, full, tp, r);
+    if (st) return st;
+    cllm_model *m = *out;
+    for (int i = 0; i < m->n_tensors; i++)
+        cllm_tp_slice(&full->tensors[i], cllm_tp_rule_of(full, i), tp, r, full->params + full->tensors[i].offset,
+                      m->params + m->tensors[i].offset);
+    return CLLM_OK;
+}
+
+/* Loading a part straight from the files: each tensor is read (converted
+ * to fp32 in a scratch buffer unless the file holds aligned fp32, which is
+ * cut from the mapping) and only this rank's slice is kept. */
+typedef struct {
+    const cllm_model *whole;
+    cllm_model *part;
+    float *tmp;
+    size_t tmp_len;
+} part_loader;
+
+static cllm_status put_slice(void *ctx, int idx, const cllm_st_tensor *t) {
+    part_loader *pl = ctx;
+    const cllm_tensor_info *ti = &pl->whole->tensors[idx];
+    const float *src;
+    if (t->dtype == CLLM_F32 && (uintptr_t)t->data % sizeof(float) == 0) {
+        src = t->data;
+    } else {
+        if (ti->numel > pl->tmp_len) {
+            cllm_free(pl->tmp);
+            pl->tmp = cllm_alloc(ti->numel * sizeof(float), "tensor being cut");
+            pl->tmp_len = pl->tmp ? ti->numel : 0;
+            if (!pl->tmp) return CLLM_ERR_NOMEM;
+        }
+        cllm_status st = cllm_st_read_f32(t, pl->tmp, (int64_t)ti->numel);
+        if (st) return st;
+        src = pl->tmp;
+    }
+    cllm_tp_slice(ti, cllm_tp_rule_of(pl->whole, idx), pl->part->tp_size, pl->part->tp_rank, src,
+                  pl->part->params + pl->part->tensors[idx].offset);
+    return CLLM_OK;
+}
+
+cllm_status cllm_tp_model_load(cllm_model **out, const char *dir, int tp, int r) {
+    *out = NULL;
+    char path[4096];
+    int n = snprintf(path, sizeof path, "%s/config.json", dir);
+    if (n < 0 || (size_t)n >= sizeof path) return CLLM_FAIL(CLLM_ERR_ARG, "path too long: %s", dir);
+    json_t *config = NULL;
+    cllm_status st = cllm_json_load_file(&config, path);
+    if (st) return st;
+    part_loader pl = {0};
+    cllm_model *whole = NULL;
+    if (!(st = model_from_config_ex(&whole, config, path, false)) &&
+        !(st = part_layout(&pl.part, whole, tp, r))) {
+        pl.whole = whole;
+        st = model_load_tensors(whole, dir, put_slice, &pl);
+    }
+    cllm_free(pl.tmp);
+    cllm_model_free(whole);
+    json_decref(config);
+    if (st) {
+        cllm_model_free(pl.part);
+        return st;
+    }
+    *out = pl.part;
+    return CLLM_OK;
 }
 
 cllm_status cllm_tp_gather_buffer(const cllm_model *full, const cllm_model *part, const cllm_dist_group *g,
@@ -131,6 +202,17 @@ void cllm_tp_cut_buffer(const cllm_model *full, const cllm_model *part, int tp, 
                       part_buf + part->tensors[i].offset);
 }
 
+int model_tp_real_cols(const cllm_model *m) {
+    const int V = m->cfg.vocab_size;
+    if (m->tp_size <= 1) return V;
+    int n = m->tp_vocab - m->tp_rank * V;
+    return n < 0 ? 0 : n > V ? V : n;
+}
+
+int cllm_model_vocab(const cllm_model *m) { return m->tp_size > 1 ? m->tp_vocab : m->cfg.vocab_size; }
+int cllm_model_tensor_size(const cllm_model *m) { return m->tp_size > 1 ? m->tp_size : 1; }
+int cllm_model_tensor_rank(const cllm_model *m) { return m->tp_size > 1 ? m->tp_rank : 0; }
+
 cllm_status cllm_model_set_tensor_parallel(cllm_model *m, const cllm_dist_group *g, int rank, int size) {
     if (size < 1 || rank < 0 || rank >= size)
         return CLLM_FAIL(CLLM_ERR_ARG, "tensor rank %d of %d", rank, size);
@@ -140,6 +222,7 @@ cllm_status cllm_model_set_tensor_parallel(cllm_model *m, const cllm_dist_group 
     m->tp_grp = g;
     m->tp_rank = rank;
     m->tp_size = size;
+    if (!m->tp_vocab) m->tp_vocab = m->cfg.vocab_size * size;
     return m->acts ? model_tp_prepare(m) : CLLM_OK;
 }
 
@@ -157,14 +240,21 @@ cllm_status model_tp_prepare(cllm_model *m) {
         m->tp_rows = m->tp_max && m->tp_sum ? rows : 0;
         if (!m->tp_rows) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     }
-    if (c->arch == CLLM_ARCH_BLOOM) { /* the slopes of heads r * NH .. (r + 1) * NH - 1 of the whole model */
-        int NH = c->n_head;
-        float *all = malloc((size_t)NH * (size_t)m->tp_size * sizeof *all);
-        if (!all) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
-        cllm_alibi_slopes(all, NH * m->tp_size);
-        memcpy(m->alibi, all + (size_t)m->tp_rank * NH, (size_t)NH * sizeof *all);
-        free(all);
+    return c->arch == CLLM_ARCH_BLOOM ? model_tp_alibi(m, m->alibi) : CLLM_OK;
+}
+
+cllm_status model_tp_alibi(const cllm_model *m, float *out) {
+    int NH = m->cfg.n_head, tp = m->tp_size > 1 ? m->tp_size : 1;
+    if (tp == 1) {
+        cllm_alibi_slopes(out, NH);
+        return CLLM_OK;
     }
+    /* the slopes of heads r * NH .. (r + 1) * NH - 1 of the whole model */
+    float *all = malloc((size_t)NH * (size_t)tp * sizeof *all);
+    if (!all) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    cllm_alibi_slopes(all, NH * tp);
+    memcpy(out, all + (size_t)m->tp_rank * NH, (size_t)NH * sizeof *all);
+    free(all);
     return CLLM_OK;
 }
 
@@ -173,18 +263,25 @@ cllm_status model_tp_allreduce(const cllm_model *m, float *buf, size_t n) {
     return cllm_dist_g_allreduce_sum_f32(m->tp_grp, buf, n);
 }
 
-cllm_status model_tp_embed_forward(const cllm_model *m, float *out, const int32_t *tokens, int N, int T) {
+cllm_status model_tp_embed_forward(const cllm_model *m, float *out, const int32_t *tokens, int N, int T,
+                                   const model_rows *rows) {
     const cllm_model_config *c = &m->cfg;
     const int C = c->n_embd, V = c->vocab_size;
     cllm_embedding_vp_forward(out, tokens, model_param(m, m->gslot[G_WTE]), N, C, m->tp_rank * V, V);
     cllm_status st = model_tp_allreduce(m, out, (size_t)N * C);
     if (st) return st;
     const float *wpe = model_param(m, m->gslot[G_WPE]);
-    if (wpe) {
+    if (wpe) { /* row n stands at position n % T, or at the cache's position */
 #pragma omp parallel for schedule(static)
         for (int n = 0; n < N; n++) {
+            int pos = n % (T > 0 ? T : 1);
+            if (rows) {
+                int i = 0;
+                while (n >= rows->rows[i + 1]) i++;
+                pos = rows->past[i] + n - rows->rows[i];
+            }
             float *o = out + (size_t)n * C;
-            const float *p = wpe + (size_t)(n % T) * C;
+            const float *p = wpe + (size_t)pos * C;
 #pragma omp simd
             for (int k = 0; k < C; k++) o[k] += p[k];
         }
@@ -224,11 +321,19 @@ cllm_status model_tp_xent(cllm_model *m, float *losses, float *logits, const int
                           float dscale, long *counted) {
     const int V = m->cfg.vocab_size, v0 = m->tp_rank * V;
     if (rows > m->tp_rows) return CLLM_FAIL(CLLM_ERR_INTERNAL, "%d logit rows, statistics for %d", rows, m->tp_rows);
+    /* padded vocabulary columns (ids past the whole vocabulary) take no
+     * probability: -inf before the statistics, zero gradient after */
+    const int pad0 = model_tp_real_cols(m);
+    if (pad0 < V)
+        for (int i = 0; i < rows; i++)
+            for (int v = pad0; v < V; v++) logits[(size_t)i * V + v] = -INFINITY;
     cllm_xent_vp_max(m->tp_max, logits, rows, V);
     cllm_status st = cllm_dist_g_allreduce_max_f32(m->tp_grp, m->tp_max, (size_t)rows);
     if (st) return st;
     cllm_xent_vp_sum(m->tp_sum, logits, targets, m->tp_max, rows, V, v0, backward);
     if ((st = cllm_dist_g_allreduce_sum_f64(m->tp_grp, m->tp_sum, 2 * (size_t)rows))) return st;
     *counted = cllm_xent_vp_finish(losses, backward ? logits : NULL, targets, m->tp_max, m->tp_sum, rows, V, v0, dscale);
+    if (backward && pad0 < V)
+        for (int i = 0; i < rows; i++) memset(logits + (size_t)i * V + pad0, 0, (size_t)(V - pad0) * sizeof(float));
     return CLLM_OK;
 }

@@ -12,14 +12,15 @@
  *       u32 element type, u64 count, the elements
  *       tensor infos: name (string), u32 n_dims, u64 dims[n_dims]
  *       (dims[0] the fastest-varying: a row-major [rows, cols] matrix is
- *       {cols, rows}), u32 ggml type (0 F32, 1 F16, 8 Q8_0), u64 offset of its
+ *       {cols, rows}), u32 ggml type (0 F32, 1 F16, 2 Q4_0, 8 Q8_0), u64 offset of its
  *       data from the start of the data section (a multiple of the
  *       alignment)
  *       zero padding to general.alignment (32)
  *       data section: each tensor's data, zero-padded to the alignment
  *
- * The tensor names, the metadata keys and the permutation of LLaMA's q/k
- * rows follow llama.cpp's HF converter, so llama.cpp treats the file as one
+ * The tensor names, the metadata keys, the permutation of LLaMA's q/k rows
+ * and the reordering of BLOOM's fused QKV rows follow llama.cpp's HF
+ * converter, so llama.cpp treats the file as one
  * it produced itself. Tensors are converted one at a time into a scratch
  * buffer and streamed through the atomic writer; the model is never copied.
  */
@@ -32,8 +33,8 @@
 #include "io/io_impl.h"
 
 enum { GGUF_ALIGN = 32, GGUF_VERSION = 3 };
-/* ggml tensor types, and Q8_0's block: 32 values as an f16 scale + 32 int8 */
-enum { G_F32 = 0, G_F16 = 1, G_Q8_0 = 8, QK8_0 = 32, Q8_0_BYTES = 2 + QK8_0 };
+/* ggml tensor types (the blocks are in ggml_blocks.c) */
+enum { G_F32 = 0, G_F16 = 1, G_Q4_0 = 2, G_Q8_0 = 8, QK = CLLM_GGML_QK };
 enum { T_U32 = 4, T_I32 = 5, T_F32 = 6, T_BOOL = 7, T_STR = 8, T_ARR = 9 };
 
 bool cllm_gguf_type_from_name(const char *name, cllm_gguf_type *out) {
@@ -41,12 +42,17 @@ bool cllm_gguf_type_from_name(const char *name, cllm_gguf_type *out) {
     if (strcmp(name, "f32") == 0) *out = CLLM_GGUF_F32;
     else if (strcmp(name, "f16") == 0) *out = CLLM_GGUF_F16;
     else if (strcmp(name, "q8_0") == 0) *out = CLLM_GGUF_Q8_0;
+    else if (strcmp(name, "q4_0") == 0) *out = CLLM_GGUF_Q4_0;
     else return false;
     return true;
 }
 
 const char *cllm_gguf_type_name(cllm_gguf_type t) {
-    return t == CLLM_GGUF_F32 ? "f32" : t == CLLM_GGUF_F16 ? "f16" : t == CLLM_GGUF_Q8_0 ? "q8_0" : NULL;
+    return t == CLLM_GGUF_F32    ? "f32"
+           : t == CLLM_GGUF_F16  ? "f16"
+           : t == CLLM_GGUF_Q8_0 ? "q8_0"
+           : t == CLLM_GGUF_Q4_0 ? "q4_0"
+                                 : NULL;
 }
 
 cllm_gguf_params cllm_gguf_params_default(void) { return (cllm_gguf_params){CLLM_GGUF_F32, NULL}; }
@@ -121,14 +127,14 @@ static void arr(buf *b, const char *k, uint32_t elem, uint64_t n) {
 }
 
 /* ---- tensors ---- */
-typedef enum { X_COPY, X_TRANSPOSE, X_PERMUTE } xform;
+typedef enum { X_COPY, X_TRANSPOSE, X_PERMUTE, X_QKV_SPLIT } xform;
 typedef struct {
     char name[64];
     const float *src; /* HF layout, row-major [rows, cols] (cols = 1 for vectors) */
     int64_t rows, cols;
     int ndim;
     xform x;
-    int n_head;       /* X_PERMUTE: heads the rows are grouped in */
+    int n_head;       /* X_PERMUTE, X_QKV_SPLIT: heads the rows are grouped in */
     uint32_t type;    /* ggml type */
     uint64_t offset;  /* in the data section */
     size_t bytes;
@@ -159,7 +165,8 @@ static cllm_status add_tensor(tlist *l, cllm_model *m, const char *hf, const cha
     t->cols = ti->ndim == 2 ? ti->shape[1] : 1;
     t->x = x;
     t->n_head = n_head;
-    if (x == X_PERMUTE && (n_head <= 0 || t->rows % (2 * n_head) != 0))
+    if ((x == X_PERMUTE && (n_head <= 0 || t->rows % (2 * n_head) != 0)) ||
+        (x == X_QKV_SPLIT && (n_head <= 0 || t->rows % (3 * n_head) != 0)))
         return CLLM_FAIL(CLLM_ERR_ARG, "%s: %lld rows do not split into %d heads of an even size", hf,
                          (long long)t->rows, n_head);
     /* GGUF's row (dims[0]) is the stored matrix's column count */
@@ -167,12 +174,17 @@ static cllm_status add_tensor(tlist *l, cllm_model *m, const char *hf, const cha
     const size_t numel = (size_t)(t->rows * t->cols);
     t->type = G_F32;
     if (t->ndim == 2 && mtype == CLLM_GGUF_F16) t->type = G_F16;
-    /* Q8_0 blocks run along rows: a row length that is not a multiple of
-     * 32 falls back to F16, and position embeddings stay F32, as llama.cpp's
-     * converter does */
-    if (t->ndim == 2 && mtype == CLLM_GGUF_Q8_0)
-        t->type = strcmp(gg, "position_embd.weight") == 0 ? G_F32 : ne0 % QK8_0 == 0 ? G_Q8_0 : G_F16;
-    t->bytes = t->type == G_Q8_0 ? numel / QK8_0 * Q8_0_BYTES : numel * (t->type == G_F16 ? 2u : 4u);
+    /* Q8_0 and Q4_0 blocks run along rows: a row length that is not a
+     * multiple of 32 falls back to F16, and position embeddings stay F32, as
+     * llama.cpp's converter does */
+    if (t->ndim == 2 && (mtype == CLLM_GGUF_Q8_0 || mtype == CLLM_GGUF_Q4_0))
+        t->type = strcmp(gg, "position_embd.weight") == 0 ? G_F32
+                  : ne0 % QK != 0                          ? G_F16
+                  : mtype == CLLM_GGUF_Q8_0                ? G_Q8_0
+                                                           : G_Q4_0;
+    t->bytes = t->type == G_Q8_0   ? numel / QK * CLLM_GGML_Q8_0_BYTES
+               : t->type == G_Q4_0 ? numel / QK * CLLM_GGML_Q4_0_BYTES
+                                   : numel * (t->type == G_F16 ? 2u : 4u);
     return CLLM_OK;
 }
 
@@ -192,24 +204,16 @@ static void convert(const gtensor *t, float *dst) {
                 for (int64_t j = 0; j < 2; j++)
                     memcpy(dst + (h * HS + 2 * i + j) * C, t->src + (h * HS + j * half + i) * C,
                            (size_t)C * sizeof *dst);
+    } else if (t->x == X_QKV_SPLIT) {
+        /* BLOOM's fused rows [heads, 3, HS] -> [3, heads, HS]: all queries,
+         * then all keys, then all values (llama.cpp splits them so) */
+        const int64_t HS = R / (3 * t->n_head);
+        for (int64_t h = 0; h < t->n_head; h++)
+            for (int64_t k = 0; k < 3; k++)
+                memcpy(dst + ((k * t->n_head + h) * HS) * C, t->src + ((h * 3 + k) * HS) * C,
+                       (size_t)(HS * C) * sizeof *dst);
     } else {
         memcpy(dst, t->src, (size_t)(R * C) * sizeof *dst);
-    }
-}
-
-/* Q8_0 (ggml's reference quantizer): per block of 32 values, d = max|x| /
- * 127 (f32), q = round(x / d) half away from zero (0 when d is 0), stored as
- * f16(d) and the 32 int8 q. out holds numel / 32 * 34 bytes (numel is a
- * multiple of 32; 34 / 32 bytes per value fit in the 2 of an F16 buffer). */
-static void q8_0_blocks(const float *x, size_t numel, unsigned char *out) {
-    for (size_t b = 0; b < numel / QK8_0; b++, x += QK8_0, out += Q8_0_BYTES) {
-        float amax = 0.0f;
-        for (int i = 0; i < QK8_0; i++) amax = fmaxf(amax, fabsf(x[i]));
-        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        uint16_t h = cllm_f32_to_f16(d);
-        out[0] = (unsigned char)h;
-        out[1] = (unsigned char)(h >> 8);
-        for (int i = 0; i < QK8_0; i++) out[2 + i] = (unsigned char)(int8_t)roundf(x[i] * id);
     }
 }
 
@@ -234,7 +238,8 @@ static void put_tensor_info(buf *b, const gtensor *t) {
 static void put_hparams(buf *b, const cllm_model_config *c, const char *a) {
     char k[96];
 #define KEY(suffix) (snprintf(k, sizeof k, "%s." suffix, a), k)
-    kv_u32(b, KEY("context_length"), (uint32_t)c->n_ctx);
+    /* BLOOM has no position limit: llama.cpp still wants a training context */
+    kv_u32(b, KEY("context_length"), (uint32_t)(c->n_ctx > 0 ? c->n_ctx : 2048));
     kv_u32(b, KEY("embedding_length"), (uint32_t)c->n_embd);
     kv_u32(b, KEY("block_count"), (uint32_t)c->n_layer);
     kv_u32(b, KEY("feed_forward_length"), (uint32_t)c->n_inner);
@@ -250,6 +255,7 @@ static void put_hparams(buf *b, const cllm_model_config *c, const char *a) {
             kv_u32(b, KEY("attention.value_length"), (uint32_t)c->head_dim);
         }
     } else {
+        if (c->arch == CLLM_ARCH_BLOOM) kv_u32(b, KEY("attention.head_count_kv"), (uint32_t)c->n_head);
         kv_f32(b, KEY("attention.layer_norm_epsilon"), c->norm_eps);
     }
 #undef KEY
@@ -376,6 +382,29 @@ static cllm_status build_tensors(tlist *l, cllm_model *m, cllm_gguf_type ty) {
         T("model.norm.weight", "output_norm.weight", X_COPY, 0);
         /* a tied head has no output.weight: llama.cpp then reads token_embd */
         if (!c->tie_embeddings) T("lm_head.weight", "output.weight", X_COPY, 0);
+    } else if (c->arch == CLLM_ARCH_BLOOM) {
+        T("transformer.word_embeddings.weight", "token_embd.weight", X_COPY, 0);
+        T("transformer.word_embeddings_layernorm.weight", "token_embd_norm.weight", X_COPY, 0);
+        T("transformer.word_embeddings_layernorm.bias", "token_embd_norm.bias", X_COPY, 0);
+        for (int L = 0; L < c->n_layer; L++) {
+            TL("transformer.h.%d.input_layernorm.weight", "blk.%d.attn_norm.weight", X_COPY, 0);
+            TL("transformer.h.%d.input_layernorm.bias", "blk.%d.attn_norm.bias", X_COPY, 0);
+            TL("transformer.h.%d.self_attention.query_key_value.weight", "blk.%d.attn_qkv.weight", X_QKV_SPLIT,
+               c->n_head);
+            TL("transformer.h.%d.self_attention.query_key_value.bias", "blk.%d.attn_qkv.bias", X_QKV_SPLIT, c->n_head);
+            TL("transformer.h.%d.self_attention.dense.weight", "blk.%d.attn_output.weight", X_COPY, 0);
+            TL("transformer.h.%d.self_attention.dense.bias", "blk.%d.attn_output.bias", X_COPY, 0);
+            TL("transformer.h.%d.post_attention_layernorm.weight", "blk.%d.ffn_norm.weight", X_COPY, 0);
+            TL("transformer.h.%d.post_attention_layernorm.bias", "blk.%d.ffn_norm.bias", X_COPY, 0);
+            TL("transformer.h.%d.mlp.dense_h_to_4h.weight", "blk.%d.ffn_up.weight", X_COPY, 0);
+            TL("transformer.h.%d.mlp.dense_h_to_4h.bias", "blk.%d.ffn_up.bias", X_COPY, 0);
+            TL("transformer.h.%d.mlp.dense_4h_to_h.weight", "blk.%d.ffn_down.weight", X_COPY, 0);
+            TL("transformer.h.%d.mlp.dense_4h_to_h.bias", "blk.%d.ffn_down.bias", X_COPY, 0);
+        }
+        T("transformer.ln_f.weight", "output_norm.weight", X_COPY, 0);
+        T("transformer.ln_f.bias", "output_norm.bias", X_COPY, 0);
+        /* the converter writes the tied head as its own copy */
+        T("transformer.word_embeddings.weight", "output.weight", X_COPY, 0);
     } else {
         T("transformer.wte.weight", "token_embd.weight", X_COPY, 0);
         T("transformer.wpe.weight", "position_embd.weight", X_COPY, 0);
@@ -411,9 +440,12 @@ static uint64_t align_up(uint64_t x) { return (x + GGUF_ALIGN - 1) / GGUF_ALIGN 
 cllm_status cllm_gguf_export(cllm_model *m, const cllm_tokenizer *tok, const cllm_gguf_params *p, const char *path) {
     const cllm_model_config *c = cllm_model_get_config(m);
     cllm_gguf_params prm = p ? *p : cllm_gguf_params_default();
-    if (c->arch != CLLM_ARCH_LLAMA && c->arch != CLLM_ARCH_GPT2)
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: GGUF export supports llama and gpt2 models, not %s", path,
+    if (c->arch != CLLM_ARCH_LLAMA && c->arch != CLLM_ARCH_GPT2 && c->arch != CLLM_ARCH_BLOOM)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: GGUF export supports llama, gpt2 and bloom models, not %s", path,
                          cllm_arch_name(c->arch));
+    if (c->num_labels > 0)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: GGUF export of a sequence-classification (reward) model: it has "
+                         "no LM head", path);
     if (!cllm_gguf_type_name(prm.type)) return CLLM_FAIL(CLLM_ERR_ARG, "%s: unknown GGUF type %d", path, prm.type);
     if (!cllm_model_params(m)) return CLLM_FAIL(CLLM_ERR_ARG, "%s: the model has no parameters in memory", path);
     const char *arch = cllm_arch_name(c->arch);
@@ -429,9 +461,12 @@ cllm_status cllm_gguf_export(cllm_model *m, const cllm_tokenizer *tok, const cll
     kv_str(&kv, "general.architecture", arch);
     kv_str(&kv, "general.name", prm.name ? prm.name : arch);
     kv_u32(&kv, "general.alignment", GGUF_ALIGN);
-    /* llama_ftype: 0 all F32, 1 mostly F16, 7 mostly Q8_0 */
-    kv_u32(&kv, "general.file_type", prm.type == CLLM_GGUF_F16 ? 1u : prm.type == CLLM_GGUF_Q8_0 ? 7u : 0u);
-    if (prm.type == CLLM_GGUF_Q8_0) kv_u32(&kv, "general.quantization_version", 2);
+    /* llama_ftype: 0 all F32, 1 mostly F16, 2 mostly Q4_0, 7 mostly Q8_0 */
+    kv_u32(&kv, "general.file_type", prm.type == CLLM_GGUF_F16    ? 1u
+                                     : prm.type == CLLM_GGUF_Q8_0 ? 7u
+                                     : prm.type == CLLM_GGUF_Q4_0 ? 2u
+                                                                  : 0u);
+    if (prm.type == CLLM_GGUF_Q8_0 || prm.type == CLLM_GGUF_Q4_0) kv_u32(&kv, "general.quantization_version", 2);
     put_hparams(&kv, c, arch);
     if ((st = put_tokenizer(&kv, tok, c))) goto done;
 
@@ -481,8 +516,9 @@ cllm_status cllm_gguf_export(cllm_model *m, const cllm_tokenizer *tok, const cll
         size_t numel = (size_t)(t->rows * t->cols);
         convert(t, scratch);
         const void *data = scratch;
-        if (t->type == G_Q8_0) {
-            q8_0_blocks(scratch, numel, (unsigned char *)half);
+        if (t->type == G_Q8_0 || t->type == G_Q4_0) { /* fewer than 2 bytes per value: fit in `half` */
+            if (t->type == G_Q8_0) cllm_ggml_quantize_q8_0(scratch, numel, (unsigned char *)half);
+            else cllm_ggml_quantize_q4_0(scratch, numel, (unsigned char *)half);
             data = half;
         } else if (t->type == G_F16) {
             for (size_t k = 0; k < numel; k++) {

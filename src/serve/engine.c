@@ -57,7 +57,7 @@ cllm_status cllm_engine_init(cllm_engine **out, const cllm_model *m, const cllm_
     if (!e) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     e->m = m;
     e->tok = tok;
-    e->V = cllm_model_get_config(m)->vocab_size;
+    e->V = cllm_model_vocab(m);
     e->max_seqs = p->max_seqs ? p->max_seqs : 8;
     e->max_rows = p->max_batch_tokens ? p->max_batch_tokens : (e->max_seqs > 512 ? e->max_seqs : 512);
     e->next_id = 1;

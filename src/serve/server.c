@@ -401,7 +401,7 @@ cllm_status cllm_server_init(cllm_server **out, cllm_model *m, const cllm_tokeni
     s->m = m;
     s->tok = tok;
     s->tmpl = tmpl;
-    s->vocab = mc->vocab_size;
+    s->vocab = cllm_model_vocab(m);
     s->n_ctx = mc->n_ctx > 0 ? mc->n_ctx : 2048;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->work, NULL);
@@ -488,7 +488,7 @@ void cllm_server_pool(const cllm_server *s, int *tokens, size_t *bytes) {
     if (tokens) *tokens = blocks * s->p.block_size;
     int kvh = c->n_kv_head > 0 ? c->n_kv_head : c->n_head;
     if (bytes) *bytes = 2ull * (size_t)c->n_layer * (size_t)blocks * (size_t)s->p.block_size * (size_t)kvh *
-                        (size_t)(c->n_embd / c->n_head) * sizeof(float);
+                        (size_t)c->head_dim * sizeof(float); /* a tensor part: its own heads */
 }
 
 cllm_status cllm_server_start(cllm_server *s) {

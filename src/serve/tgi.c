@@ -230,5 +230,13 @@ enum MHD_Result srv_tgi_info(cllm_server *s, struct MHD_Connection *c) {
         s->p.max_input_tokens, "max_total_tokens", s->p.max_total_tokens, "max_batch_total_tokens", tokens,
         "max_batch_size", s->p.max_batch_size, "max_client_batch_size", 1, "validation_workers", 1, "router", "cllm",
         "version", s->p.version ? s->p.version : "", "sha", "docker_label");
+    /* tensor parallelism: the ranks and what each holds (weights, KV cache) */
+    size_t pool_bytes = 0;
+    cllm_server_pool(s, NULL, &pool_bytes);
+    if (j) {
+        json_object_set_new(j, "tensor_parallel_size", json_integer(cllm_model_tensor_size(s->m)));
+        json_object_set_new(j, "rank_weight_bytes", json_integer((json_int_t)(cllm_model_buffer_len(s->m) * sizeof(float))));
+        json_object_set_new(j, "rank_kv_cache_bytes", json_integer((json_int_t)pool_bytes));
+    }
     return srv_reply_json(c, 200, j);
 }

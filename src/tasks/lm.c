@@ -16,7 +16,7 @@ static cllm_status lm_run(cllm_objective *o, cllm_model *m, const cllm_objective
 
 static void lm_free(cllm_objective *o) { free(o); }
 
-static const cllm_objective_ops lm_ops = {"lm", lm_run, lm_free, NULL};
+static const cllm_objective_ops lm_ops = {"lm", lm_run, lm_free, NULL, NULL};
 
 cllm_status cllm_objective_lm_init(cllm_objective **out) {
     *out = calloc(1, sizeof **out);
@@ -32,6 +32,10 @@ cllm_status cllm_objective_run(cllm_objective *o, cllm_model *m, const cllm_obje
 
 int cllm_objective_take_metrics(cllm_objective *o, cllm_objective_metric *out, int cap) {
     return o && o->ops->take_metrics ? o->ops->take_metrics(o, out, cap) : 0;
+}
+
+int cllm_objective_take_eval_metrics(cllm_objective *o, cllm_objective_metric *out, int cap) {
+    return o && o->ops->take_eval_metrics ? o->ops->take_eval_metrics(o, out, cap) : 0;
 }
 
 const char *cllm_objective_name(const cllm_objective *o) { return o->ops->name; }

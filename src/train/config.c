@@ -33,8 +33,8 @@ static const char *const top_keys[] = {
     /* cllm */
     "model", "data", "train_iters", "epochs", "eval_interval", "eval_iters", "save_interval", "save_total_limit",
     "output_dir", "seed", "log", "weight_decay_skip", "max_consecutive_skips", "shuffle", "peak_gflops",
-    "max_shard_size", "async_save", "save_final_checkpoint", "task", "dpo", "heartbeat_timeout", "lora", "adapter",
-    NULL};
+    "max_shard_size", "async_save", "save_final_checkpoint", "task", "dpo", "reward", "heartbeat_timeout", "lora",
+    "adapter", NULL};
 
 /* DeepSpeed keys accepted without effect on a single-process CPU fp32 run. */
 static const char *const top_ignored[] = {
@@ -585,11 +585,27 @@ static cllm_status parse_data(cllm_train_config *c, const json_t *j, const char 
     return CLLM_OK;
 }
 
+/* The "reward" section (trl's RewardConfig name). */
+static cllm_status parse_reward(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
+    json_t *d = NULL;
+    TRY(get_obj(j, "reward", &d, "", path));
+    if (!d) return CLLM_OK;
+    if (strcmp(c->task, "reward") != 0)
+        cllm_log(CLLM_LOG_WARN, "%s: the \"reward\" section is ignored with task \"%s\"", path, c->task);
+    static const char *const k[] = {"center_rewards_coefficient", NULL};
+    TRY(check_keys(d, k, NULL, "reward", path, strict));
+    /* null (trl's default None) or 0: no centring term */
+    TRY(get_num(d, "center_rewards_coefficient", &c->reward.center_rewards_coefficient, 0.0, "reward", path));
+    return CLLM_OK;
+}
+
 /* "task" and its "dpo" section (trl's DPOConfig names). */
 static cllm_status parse_task(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
     TRY(get_str(j, "task", &c->task, "", path));
-    if (strcmp(c->task, "lm") != 0 && strcmp(c->task, "dpo") != 0)
-        return CLLM_FAIL(CLLM_ERR_ARG, "%s: task: expected \"lm\" or \"dpo\", got \"%s\"", path, c->task);
+    if (strcmp(c->task, "lm") != 0 && strcmp(c->task, "dpo") != 0 && strcmp(c->task, "reward") != 0)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: task: expected \"lm\", \"dpo\" or \"reward\", got \"%s\"", path,
+                         c->task);
+    TRY(parse_reward(c, j, path, strict));
     json_t *d = NULL;
     TRY(get_obj(j, "dpo", &d, "", path));
     if (!d) return CLLM_OK;
@@ -714,6 +730,7 @@ static void set_defaults(cllm_train_config *c) {
     c->task = "lm";
     c->dpo = cllm_dpo_params_default();
     cllm_lora_config_default(&c->lora);
+    c->reward = cllm_reward_params_default();
 }
 
 cllm_status cllm_train_config_parse(cllm_train_config *cfg, json_t *j, const char *path, bool strict) {

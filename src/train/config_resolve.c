@@ -280,6 +280,9 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
                                                 "ref_model", c->ref_model_dir));
     if (c->lora.enabled) json_object_set_new(j, "lora", cllm_lora_config_to_json(&c->lora));
     if (c->adapter_dir) json_object_set_new(j, "adapter", json_string(c->adapter_dir));
+    if (c->task && strcmp(c->task, "reward") == 0)
+        json_object_set_new(j, "reward", json_pack("{sf}", "center_rewards_coefficient",
+                                                   c->reward.center_rewards_coefficient));
     return j;
 }
 
@@ -320,6 +323,12 @@ uint64_t cllm_train_config_hash(const cllm_train_config *c) {
     if (lora) {
         s = json_dumps(lora, JSON_COMPACT | JSON_SORT_KEYS);
         h = fnv1a(fnv1a(h, "lora"), s ? s : "");
+        free(s);
+    }
+    json_t *rw = json_object_get(j, "reward");
+    if (rw) {
+        s = json_dumps(rw, JSON_COMPACT | JSON_SORT_KEYS);
+        h = fnv1a(fnv1a(h, "reward"), s ? s : "");
         free(s);
     }
     json_decref(j);

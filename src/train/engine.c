@@ -84,7 +84,7 @@ static cllm_status open_data(trainer *tr) {
                           .split = "train",
                           .splits = c->splits,
                           .skip_bad = c->skip_bad,
-                          .pairs = c->task && strcmp(c->task, "dpo") == 0};
+                          .pairs = c->task && (strcmp(c->task, "dpo") == 0 || strcmp(c->task, "reward") == 0)};
     cllm_status st = cllm_loader_open(&tr->train, &o);
     if (st) return st;
     if (c->data_eval || c->splits) {
@@ -122,6 +122,24 @@ static cllm_status open_dpo(trainer *tr, bool piped, bool tensor) {
     cllm_objective *o = NULL;
     cllm_status st = cllm_objective_dpo_init(&o, &c->dpo, ref);
     if (st) return st;
+    cllm_objective_free(tr->obj);
+    tr->obj = o;
+    return CLLM_OK;
+}
+
+/* task "reward": trl's RewardTrainer objective on a sequence-classification
+ * model; a causal LM (the "model" folder, or an init spec) gets a new score
+ * head first, a reward model (or a resumed checkpoint of one) is used as
+ * it is. */
+static cllm_status open_reward(trainer *tr, bool piped, bool tensor) {
+    cllm_train_config *c = tr->cfg;
+    if (piped || tensor)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "task \"reward\" with %s parallelism: not supported; use data "
+                         "parallelism (any ZeRO stage)", piped ? "pipeline" : "tensor");
+    cllm_status st = cllm_model_to_reward(&tr->m, c->seed);
+    if (st) return cllm_fail_context(st, "task \"reward\"");
+    cllm_objective *o = NULL;
+    if ((st = cllm_objective_reward_init(&o, &c->reward))) return st;
     cllm_objective_free(tr->obj);
     tr->obj = o;
     return CLLM_OK;
@@ -270,10 +288,13 @@ static cllm_status run_eval(trainer *tr, long step) {
             st = cllm_loader_get(tr->eval, first + (uint64_t)r, tr->tokens + (size_t)r * T, tr->labels + (size_t)r * T,
                                  NULL);
         if (st) break;
+        for (int r = 0; r < rows / 2 && !st && tr->margins; r++)
+            st = cllm_loader_pair_info(tr->eval, first + 2 * (uint64_t)r, &tr->margins[r], NULL);
+        if (st) break;
         cllm_model_make_targets(tr->targets, tr->labels, rows, T);
         double sum = 0;
         long k = 0;
-        cllm_objective_batch b = {tr->tokens, tr->targets, rows, T};
+        cllm_objective_batch b = {tr->tokens, tr->targets, rows, T, tr->margins};
         st = cllm_objective_run(tr->obj, tr->m, &b, false, 0.0f, &sum, &k);
         total += sum;
         count += k;
@@ -289,6 +310,14 @@ static cllm_status run_eval(trainer *tr, long step) {
     rec_int(&r, "eval_tokens", count);
     rec_int(&r, "eval_batches", (long long)batches);
     rec_num(&r, "eval_time", dt);
+    /* the objective's own evaluation metrics (reward: eval_accuracy, ...) */
+    cllm_objective_metric om[16];
+    int n_om = cllm_objective_take_eval_metrics(tr->obj, om, 16);
+    for (int i = 0; i < n_om; i++) {
+        char key[96];
+        snprintf(key, sizeof key, "eval_%s", om[i].name);
+        rec_num(&r, key, om[i].value);
+    }
     if (tr->cfg->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0) {
         train_end_line(tr);
         fprintf(stderr, "eval  %5ld | loss %.4f | ppl %.3f | %ld tokens | %.2f s\n", step, loss, exp(loss), count, dt);
@@ -411,7 +440,11 @@ static cllm_status load_rows(trainer *tr, uint64_t g0, long *count) {
         if (st) return st;
     }
     *count = cllm_model_make_targets(tr->targets, tr->labels, (int)tr->local, T);
-    if (tr->pairs) *count = tr->local / 2; /* DPO: the loss is a mean over pairs */
+    if (tr->pairs) *count = tr->local / 2; /* DPO, reward: the loss is a mean over pairs */
+    for (long i = 0; i < tr->local / 2 && tr->margins; i++) {
+        cllm_status st = cllm_loader_pair_info(tr->train, base + 2 * (uint64_t)i, &tr->margins[i], NULL);
+        if (st) return st;
+    }
     return cllm_model_check_ids(tr->m, tr->tokens, tr->targets, (size_t)tr->local * (size_t)T);
 }
 
@@ -653,8 +686,16 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if ((st = open_model(tr, resume_dir))) goto done;
     if ((st = open_data(tr))) goto done;
     /* the data were opened with the whole vocabulary; from here on tr->m is this rank's part */
-    tr->pairs = c->task && strcmp(c->task, "dpo") == 0;
-    if (tr->pairs && (st = open_dpo(tr, piped, tensor))) goto done;
+    const bool reward = c->task && strcmp(c->task, "reward") == 0;
+    tr->pairs = reward || (c->task && strcmp(c->task, "dpo") == 0);
+    if (reward) st = open_reward(tr, piped, tensor);
+    else if (tr->pairs) st = open_dpo(tr, piped, tensor);
+    if (st) goto done;
+    if (!reward && cllm_model_get_config(tr->m)->num_labels > 0) {
+        st = CLLM_FAIL(CLLM_ERR_ARG, "task \"%s\" on a sequence-classification (reward) model: it has no LM head; "
+                       "train it with task \"reward\"", c->task ? c->task : "lm");
+        goto done;
+    }
     if (tensor && (st = train_tp_init(&tr->tp, &tr->m, &tr->topo))) goto done;
     /* DPO: batch sizes count pairs; from here on they count rows (2 a pair) */
     if ((st = cllm_train_config_resolve(c, cllm_loader_size(tr->train) / (tr->pairs ? 2 : 1)))) goto done;
@@ -672,7 +713,8 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     tr->tokens = malloc(rows * sizeof(int32_t));
     tr->labels = malloc(rows * sizeof(int32_t));
     tr->targets = malloc(rows * sizeof(int32_t));
-    if (!tr->tokens || !tr->labels || !tr->targets) {
+    if (reward) tr->margins = calloc((size_t)tr->local / 2 + 1, sizeof *tr->margins);
+    if (!tr->tokens || !tr->labels || !tr->targets || (reward && !tr->margins)) {
         st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for %zu batch rows", rows);
         goto done;
     }
@@ -922,6 +964,7 @@ cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks
     free(tr.tokens);
     free(tr.labels);
     free(tr.targets);
+    free(tr.margins);
     free(tr.ranges);
     cllm_optim_free(tr.opt);
     train_shard_free(tr.shard);

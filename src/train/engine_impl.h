@@ -22,7 +22,8 @@ typedef struct {
     const cllm_train_hooks *hooks;
     cllm_model *m;
     cllm_objective *obj;    /* what a step minimises (src/tasks/); the loop does not know which */
-    bool pairs;             /* task "dpo": rows come in (chosen, rejected) pairs; counts are pairs */
+    bool pairs;             /* task "dpo", "reward": rows come in (chosen, rejected) pairs; counts are pairs */
+    float *margins;         /* [local / 2] pairs: each pair's margin (the reward objective reads them) */
     cllm_loader *train, *eval;
     cllm_optimizer *opt;
     cllm_param_range *ranges;

@@ -77,7 +77,7 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
         local.n_head /= TP;
         local.n_kv_head /= TP;
         local.n_inner /= TP;
-        local.vocab_size /= TP;
+        local.vocab_size = (local.vocab_size + TP - 1) / TP; /* padded */
         full_len = len;
         size_t whole_params = n_params;
         if ((st = cllm_model_config_params(&local, &n_params, &len))) return st;

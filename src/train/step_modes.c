@@ -35,7 +35,8 @@ static cllm_status local_run(trainer *tr, float scale, double *loss_sum) {
         if (tr->overlap) train_overlap_arm(tr->overlap, j + 1 == c->gradient_accumulation_steps);
         double s = 0;
         long k = 0;
-        cllm_objective_batch b = {tr->tokens + off, tr->targets + off, mb, T};
+        cllm_objective_batch b = {tr->tokens + off, tr->targets + off, mb, T,
+                                  tr->margins ? tr->margins + (size_t)j * (size_t)mb / 2 : NULL};
         /* LoRA dropout masks: a function of the seed, step, micro-batch and rank (the same after a resume) */
         cllm_lora_set_dropout_key(tr->m, (c->seed * 0x9e3779b97f4a7c15ULL) ^ ((uint64_t)tr->state.global_step << 24) ^
                                              ((uint64_t)j << 8) ^ (uint64_t)c->dp_rank);

@@ -94,7 +94,7 @@ static int to_gguf(cllm_model *m, const char *src, const char *tok_dir, const ch
                    const char *type, const char *out) {
     cllm_gguf_params p = cllm_gguf_params_default();
     if (!cllm_gguf_type_from_name(type, &p.type)) {
-        fprintf(stderr, "cllm convert: --type %s: expected f32, f16 or q8_0\n", type);
+        fprintf(stderr, "cllm convert: --type %s: expected f32, f16, q8_0 or q4_0\n", type);
         return 2;
     }
     const char *dir = tok_dir;
@@ -132,8 +132,8 @@ int cmd_convert(int argc, char **argv) {
         {"tensor", ARG_INT, &tensor, "1", false, "with --model: tensor-parallel ranks the layout is cut for"},
         {"out", ARG_STR, &out, NULL, true, "folder to write (created if needed); with --to gguf the file"},
         {"to", ARG_STR, &to, NULL, false,
-         "gguf: write --model or --checkpoint and its tokenizer as one GGUF file (llama, gpt2) for llama.cpp"},
-        {"type", ARG_STR, &type, "f32", false, "with --to gguf: f32, f16 or q8_0 matrices (norms and biases stay f32)"},
+         "gguf: write --model or --checkpoint and its tokenizer as one GGUF file (llama, gpt2, bloom) for llama.cpp"},
+        {"type", ARG_STR, &type, "f32", false, "with --to gguf: f32, f16, q8_0 or q4_0 matrices (norms and biases stay f32)"},
         {"tokenizer", ARG_STR, &tok_arg, NULL, false,
          "with --to gguf: tokenizer folder (default: the model or checkpoint folder)"},
         {"max-shard-size", ARG_STR, &shard, "2GB", false,

@@ -41,7 +41,7 @@ static int data_prepare(int argc, char **argv) {
     const char *tok, *out, *split, *tmpl;
     int seq_len, workers;
     long long skip_bad;
-    bool pack;
+    bool pack, pairs;
     arg_spec specs[] = {
         {"input", ARG_LIST, &inputs, NULL, true, "data files (.json array, .jsonl, .txt), read in order"},
         {"tokenizer", ARG_STR, &tok, NULL, true, "folder with tokenizer.json"},
@@ -52,6 +52,8 @@ static int data_prepare(int argc, char **argv) {
         {"workers", ARG_INT, &workers, "1", false, "tokenizing threads (output is identical for any count)"},
         {"skip-bad", ARG_I64, &skip_bad, "0", false, "skip up to N bad records instead of stopping"},
         {"template", ARG_STR, &tmpl, NULL, false, "prompt template file (JSON; see docs/data.md)"},
+        {"pairs", ARG_FLAG, &pairs, NULL, false,
+         "preference pairs for cllm train --task dpo|reward (docs/alignment.md); --seq-len keeps each row's end"},
     };
     int rc = args_parse("data prepare", "Tokenizes data files into a Megatron-compatible indexed dataset.", argc,
                         argv, specs, ARGS_COUNT(specs));
@@ -70,7 +72,7 @@ static int data_prepare(int argc, char **argv) {
     cllm_prepare_opts o = {
         .inputs = inputs.items, .n_inputs = inputs.n, .tokenizer = tok, .template_path = tmpl, .out_prefix = out,
         .seq_len = seq_len, .pack = pack, .split = split, .workers = workers, .skip_bad = (long)skip_bad,
-        .cancel = &g_stop,
+        .cancel = &g_stop, .pairs = pairs,
     };
     cllm_prepare_report r;
     cllm_status st = cllm_prepare(&o, &r);
@@ -80,14 +82,19 @@ static int data_prepare(int argc, char **argv) {
         rc = tool_fail("data prepare");
         goto done;
     }
+    if (pairs)
+        fprintf(stderr, "cllm data prepare: %llu preference pairs, %llu tokens (%s) in %.2f s\n",
+                (unsigned long long)r.records, (unsigned long long)r.tokens, r.dtype == 8 ? "uint16" : "int32",
+                r.seconds);
     double mb = (double)r.bytes_in / 1e6;
-    fprintf(stderr, "cllm data prepare: %llu records (%llu pretrain, %llu instruct, %llu conversation, %llu ref_qa, "
+    if (!pairs)
+        fprintf(stderr, "cllm data prepare: %llu records (%llu pretrain, %llu instruct, %llu conversation, %llu ref_qa, "
                     "%llu tokenized), %llu tokens (%s) from %.1f MB in %.2f s (%.2f MB/s)\n",
             (unsigned long long)r.records, (unsigned long long)r.by_type[0], (unsigned long long)r.by_type[1],
             (unsigned long long)r.by_type[2], (unsigned long long)r.by_type[3], (unsigned long long)r.by_type[4],
             (unsigned long long)r.tokens, r.dtype == 8 ? "uint16" : "int32", mb, r.seconds,
             r.seconds > 0 ? mb / r.seconds : 0.0);
-    if (seq_len > 0 && !pack)
+    if (seq_len > 0 && !pack && !pairs)
         fprintf(stderr, "cllm data prepare: %llu samples truncated to %d tokens (%llu tokens cut in all, at most %llu "
                         "from one sample); %llu samples have no trained token left\n",
                 (unsigned long long)r.truncated, seq_len, (unsigned long long)r.tokens_cut,

@@ -28,6 +28,7 @@
 
 #include "args.h"
 #include "cllm/core.h"
+#include "cllm/dist.h"
 #include "cllm/generate.h"
 #include "cllm/lora.h"
 #include "cllm/model.h"
@@ -105,7 +106,7 @@ static bool write_out(const char *s, size_t n) {
 
 int cmd_generate(int argc, char **argv) {
     const char *model_dir, *tok_dir, *prompt, *prompt_ids, *output, *adapter;
-    int max_new, top_k, top_n;
+    int max_new, top_k, top_n, tensor;
     double temperature, top_p, rep, typical_p, freq_pen, pres_pen;
     long long seed;
     bool greedy = false, ignore_eos = false;
@@ -136,6 +137,8 @@ int cmd_generate(int argc, char **argv) {
         {"stop", ARG_LIST, &stops, NULL, false,
          "stop strings (repeatable): the text ends right before the first one generated (needs a tokenizer)"},
         {"output", ARG_STR, &output, "auto", false, "text, ids, or auto (text when a tokenizer is available)"},
+        {"tensor", ARG_INT, &tensor, "1", false,
+         "tensor-parallel ranks: under mpirun -np N each rank holds 1/N of the weights (HF folder)"},
     };
     const char *summary = "Continue a prompt with a model, streaming text to stdout.";
     int rc = args_parse("generate", summary, argc, argv, specs, ARGS_COUNT(specs));
@@ -194,7 +197,14 @@ int cmd_generate(int argc, char **argv) {
     cllm_generation *gen = NULL;
     cllm_token_buf enc = {0};
     rc = 1;
-    if (cllm_model_load(&m, model_dir) || (adapter && cllm_lora_load(m, adapter))) goto fail;
+    if (tool_tp_load(&m, model_dir, tensor, "generate")) goto fail;
+    if (tool_tp_follower(m)) { /* ranks > 0 follow rank 0's forward passes */
+        rc = tool_tp_follow(m, "generate");
+        m = NULL;
+        goto done;
+    }
+    if (!m && cllm_model_load(&m, model_dir)) goto fail;
+    if (adapter && cllm_lora_load(m, adapter)) goto fail;
     const cllm_model_config *c = cllm_model_get_config(m);
     const char *tdir = tok_dir ? tok_dir : model_dir;
     bool want_tok = prompt || tok_dir || file_exists(tdir, "tokenizer.json");
@@ -253,9 +263,9 @@ int cmd_generate(int argc, char **argv) {
     int32_t eos[CLLM_MAX_EOS_IDS + 1];
     size_t n_eos = 0;
     for (int i = 0; i < c->n_eos_token_ids; i++)
-        if (c->eos_token_ids[i] < c->vocab_size) eos[n_eos++] = c->eos_token_ids[i];
+        if (c->eos_token_ids[i] < cllm_model_vocab(m)) eos[n_eos++] = c->eos_token_ids[i];
     int32_t tok_eos = tok ? cllm_tokenizer_eos_id(tok) : -1;
-    if (tok_eos >= 0 && tok_eos < c->vocab_size) eos[n_eos++] = tok_eos;
+    if (tok_eos >= 0 && tok_eos < cllm_model_vocab(m)) eos[n_eos++] = tok_eos;
     gp.eos_ids = eos;
     gp.n_eos = n_eos;
     if (cllm_generate_init(&gen, m, text_out || stops.n ? tok : NULL, &gp)) goto fail;
@@ -302,8 +312,10 @@ done:
     free(bias_vals);
     cllm_token_buf_free(&enc);
     cllm_generate_free(gen);
+    tool_tp_end(m);
     cllm_tokenizer_free(tok);
     cllm_model_free(m);
+    cllm_dist_finalize();
     args_free(specs, ARGS_COUNT(specs));
     return rc;
 }

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "args.h"
+#include "launch_supervise.h"
 #include "cllm/io.h"
 #include "cllm/launch.h"
 #include "commands.h"
@@ -289,9 +290,7 @@ int cmd_launch(int argc, char **argv) {
     fflush(stdout);
     fflush(stderr);
     if (dry) goto done;
-    execvp(cmd.v[0], cmd.v);
-    fprintf(stderr, "cllm launch: cannot run %s: %s (install openmpi-bin, or give --mpirun PATH)\n", cmd.v[0], strerror(errno));
-    rc = 1;
+    rc = launch_supervise(cmd.v, LAUNCH_GRACE_S);
 done:
     strvec_free(&cmd);
     cllm_launch_env_free(envkv, n_env);

@@ -25,6 +25,7 @@
 #include "cllm/chat_template.h"
 #include "cllm/checkpoint.h"
 #include "cllm/core.h"
+#include "cllm/dist.h"
 #include "cllm/server.h"
 #include "commands.h"
 
@@ -50,7 +51,7 @@ static const char *base_name(const char *dir, char *buf, size_t n) {
 
 int cmd_serve(int argc, char **argv) {
     const char *model_dir, *tok_dir, *host, *model_id, *api_key;
-    int port, max_conc, max_batch, max_prefill, max_in, max_total, kv_tokens, threads, drain, timeout;
+    int port, max_conc, max_batch, max_prefill, max_in, max_total, kv_tokens, threads, drain, timeout, tensor;
     long long max_body;
     arg_spec specs[] = {
         {"model", ARG_STR, &model_dir, NULL, true, "HF model folder, checkpoint folder or run folder"},
@@ -72,6 +73,8 @@ int cmd_serve(int argc, char **argv) {
         {"max-body-bytes", ARG_I64, &max_body, "1048576", false, "larger request bodies get 413"},
         {"timeout", ARG_INT, &timeout, "30", false, "seconds before an idle connection is closed"},
         {"drain-seconds", ARG_INT, &drain, "30", false, "on SIGTERM, how long requests in flight may take"},
+        {"tensor", ARG_INT, &tensor, "1", false,
+         "tensor-parallel ranks: under mpirun -np N each rank holds 1/N of the weights; rank 0 serves HTTP"},
     };
     int rc = args_parse("serve", "Serves a model over HTTP: TGI and OpenAI APIs with continuous batching.", argc,
                         argv, specs, ARGS_COUNT(specs));
@@ -108,7 +111,13 @@ int cmd_serve(int argc, char **argv) {
         if (cllm_ckpt_verify(ckpt)) goto fail;
         weights = ckpt;
     }
-    if (cllm_ckpt_load_model(&m, weights)) goto fail;
+    if (tool_tp_load(&m, weights, tensor, "serve")) goto fail;
+    if (tool_tp_follower(m)) { /* ranks > 0 follow rank 0's forward passes */
+        rc = tool_tp_follow(m, "serve");
+        m = NULL;
+        goto done;
+    }
+    if (!m && cllm_ckpt_load_model(&m, weights)) goto fail;
     const char *tdir = tok_dir ? tok_dir : has_file(weights, "tokenizer.json") ? weights : model_dir;
     char parent[4096];
     if (!tok_dir && !has_file(tdir, "tokenizer.json")) {
@@ -150,6 +159,9 @@ int cmd_serve(int argc, char **argv) {
     int pool_tokens;
     size_t pool_bytes;
     cllm_server_pool(srv, &pool_tokens, &pool_bytes);
+    if (tensor > 1)
+        fprintf(stderr, "cllm serve: %d tensor-parallel ranks; per rank %.1f MiB of weights and %.1f MiB of KV cache\n",
+                tensor, (double)cllm_model_buffer_len(m) * sizeof(float) / (1 << 20), (double)pool_bytes / (1 << 20));
     const char *shown_host = strchr(host, ':') ? NULL : host;
     if (shown_host)
         fprintf(stderr, "cllm serve: %s: KV cache pool %d tokens (%.1f MiB)%s; listening on http://%s:%d\n",
@@ -171,9 +183,11 @@ fail:
     rc = tool_fail("serve");
 done:
     cllm_server_free(srv);
+    tool_tp_end(m);
     cllm_chat_template_free(tmpl);
     cllm_tokenizer_free(tok);
     cllm_model_free(m);
+    cllm_dist_finalize();
     free(ckpt);
     free(bos);
     free(eos);

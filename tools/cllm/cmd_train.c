@@ -134,7 +134,7 @@ typedef struct {
     const char *config, *model, *data, *eval_data, *out, *steps, *batch, *micro, *accum, *seq_len, *save_interval,
         *save_limit, *eval_interval, *eval_iters, *resume, *seed, *optimizer, *lr, *wd, *clip, *log_every, *shard,
         *log, *peak, *tokenizer, *splits, *skip_bad, *task, *ref_model, *beta, *loss_type, *smoothing, *heartbeat,
-        *lora_r, *lora_alpha, *lora_dropout, *lora_target, *adapter;
+        *lora_r, *lora_alpha, *lora_dropout, *lora_target, *adapter, *center;
     bool no_shuffle, strict, print_config, sync_save, grad_ckpt, reference_free;
 } train_flags;
 
@@ -266,6 +266,15 @@ static int apply_flags(json_t *j, const train_flags *f) {
             cllm_lora_config_free(&t);
         }
     }
+    if (f->center) {
+        json_t *d = json_object_get(j, "reward");
+        if (d && !json_is_object(d)) {
+            fprintf(stderr, "cllm train: reward: expected an object\n");
+            return 2;
+        }
+        rc = rc ? rc : set_num(sub_object(j, "reward"), "center_rewards_coefficient", "center-rewards-coefficient",
+                               f->center);
+    }
     return rc;
 }
 
@@ -283,7 +292,7 @@ int cmd_train(int argc, char **argv) {
         {"eval-data", ARG_STR, &f.eval_data, NULL, false, "evaluation data spec (data.eval)"},
         {"out", ARG_STR, &f.out, NULL, false, "output folder: model, checkpoints, metrics.jsonl (output_dir)"},
         {"steps", ARG_STR, &f.steps, NULL, false, "total optimizer steps of the run; a resumed run continues up to it (train_iters)"},
-        {"batch-size", ARG_STR, &f.batch, NULL, false, "samples (dpo: pairs) per optimizer step (train_batch_size; default 8 without --config)"},
+        {"batch-size", ARG_STR, &f.batch, NULL, false, "samples (dpo, reward: pairs) per optimizer step (train_batch_size; default 8 without --config)"},
         {"micro-batch-size", ARG_STR, &f.micro, NULL, false, "samples per forward/backward (train_micro_batch_size_per_gpu)"},
         {"grad-accum", ARG_STR, &f.accum, NULL, false, "micro-batches per step (gradient_accumulation_steps)"},
         {"seq-len", ARG_STR, &f.seq_len, NULL, false, "tokens per sample, longer truncated, shorter padded (data.seq_len; default 128)"},
@@ -305,12 +314,15 @@ int cmd_train(int argc, char **argv) {
         {"sync-save", ARG_FLAG, &f.sync_save, NULL, false, "write checkpoints on the training thread (async_save false)"},
         {"grad-ckpt", ARG_FLAG, &f.grad_ckpt, NULL, false,
          "activation checkpointing: recompute block activations in backward (use_grad_ckpt; docs/memory.md)"},
-        {"task", ARG_STR, &f.task, NULL, false, "lm (language modelling, default) or dpo (preference pairs; docs/alignment.md)"},
+        {"task", ARG_STR, &f.task, NULL, false,
+         "lm (language modelling, default), dpo or reward (preference pairs; docs/alignment.md)"},
         {"ref-model", ARG_STR, &f.ref_model, NULL, false, "dpo: reference model folder (dpo.ref_model; default: --model)"},
         {"beta", ARG_STR, &f.beta, NULL, false, "dpo: beta (dpo.beta; default 0.1)"},
         {"loss-type", ARG_STR, &f.loss_type, NULL, false, "dpo: sigmoid, ipo, hinge or robust (dpo.loss_type; default sigmoid)"},
         {"label-smoothing", ARG_STR, &f.smoothing, NULL, false, "dpo: label smoothing in [0, 0.5) (dpo.label_smoothing; default 0)"},
         {"reference-free", ARG_FLAG, &f.reference_free, NULL, false, "dpo: no reference model (dpo.reference_free)"},
+        {"center-rewards-coefficient", ARG_STR, &f.center, NULL, false,
+         "reward: weight of trl's centring term mean((r_c + r_r)^2) (reward.center_rewards_coefficient; default none)"},
         {"heartbeat-timeout", ARG_STR, &f.heartbeat, NULL, false,
          "under mpirun: seconds without a heartbeat before a rank counts as hung and the job ends "
          "(heartbeat_timeout; default 30; 0 = off; env CLLM_HEARTBEAT_TIMEOUT wins)"},

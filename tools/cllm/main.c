@@ -25,6 +25,7 @@ static const command commands[] = {
     {"init", cmd_init, "write a randomly initialised HF model folder (gpt2, llama, bloom)"},
     {"train", cmd_train, "train a model (DeepSpeed-style config, checkpoints, resume, eval)"},
     {"eval", cmd_eval, "report loss and perplexity of a model (or checkpoint) on data"},
+    {"score", cmd_score, "rewards of texts or preference pairs under a reward model (JSON lines, pairwise accuracy)"},
     {"generate", cmd_generate, "continue a prompt with a model (KV cache, sampling), streaming text"},
     {"serve", cmd_serve, "serve a model over HTTP: TGI and OpenAI APIs, continuous batching, streaming"},
     {"plot", cmd_plot, "draw loss and learning-rate curves of a training run as SVG"},
