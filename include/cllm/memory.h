@@ -70,6 +70,10 @@ typedef struct {
     int pipe;              /* pipeline stages (0 or 1: none); 1F1B, parts by parameters */
     int tensor;            /* tensor-parallel ranks (0 or 1: none) */
     int threads;           /* OpenMP threads of the run (0: this process's omp_get_max_threads()) */
+    size_t trainable;      /* > 0: a frozen base (LoRA) whose trainable buffer has this many floats
+                              (cllm_lora_count): gradients, optimizer state and snapshots cover it
+                              alone, the base stays whole on every rank; ZeRO 0-2 only */
+    int lora_rank;         /* with trainable: the largest adapter rank (its per-layer scratch) */
 } cllm_mem_setup;
 
 /* The estimate for one rank, in bytes. total is the sum of every line

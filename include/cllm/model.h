@@ -173,8 +173,56 @@ size_t cllm_model_n_params(const cllm_model *m); /* parameters (sum of numel) */
  * them, so this is slightly more than n_params; the gaps stay zero). */
 size_t cllm_model_buffer_len(const cllm_model *m);
 float *cllm_model_params(cllm_model *m);
-/* NULL until cllm_model_prepare() has allocated training buffers. */
+/* The gradients of the trainable buffer (below): NULL until
+ * cllm_model_prepare() has allocated training buffers. */
 float *cllm_model_grads(cllm_model *m);
+
+/* ---- the trainable set ----
+ * By default every tensor trains and the trainable buffer is the flat
+ * parameter buffer (cllm_model_params, same length and offsets). A
+ * trainable set freezes the rest: the trainable buffer is then a compact
+ * allocation of its own, and gradients (and an optimizer's state) exist
+ * for it only. Its views are either trained copies of model tensors
+ * (`base` >= 0: copied in at declaration, copied back into the model's
+ * parameters by cllm_model_params_updated, so call that after every
+ * update) or extra tensors that live only there (`base` -1: LoRA's A and
+ * B, a new head; zero until the caller writes them through
+ * cllm_model_trainable_params). A set that lists every model tensor
+ * first (view i copying tensor i) keeps them in place instead: the flat
+ * parameter buffer grows by the extra tensors and is the trainable buffer,
+ * with the model's own offsets (full training plus a new head, no copy).
+ * Frozen tensors get no gradient: the backward pass skips their weight
+ * gradients and computes only what flows through them. A view's name must be unique and shorter than 96
+ * characters; the shape of a copy is its tensor's (ndim/shape ignored).
+ * Frees the gradient buffer (the next prepare allocates one of the new
+ * length). Refused with layer hooks set (ZeRO-3, per-layer reductions). */
+typedef struct {
+    const char *name;
+    int base;          /* model tensor index, or -1 for an extra tensor */
+    int ndim;          /* extra tensors: 1 or 2 */
+    int64_t shape[2];
+    bool no_decay;
+} cllm_trainable_spec;
+cllm_status cllm_model_set_trainable(cllm_model *m, const cllm_trainable_spec *views, int n);
+/* Back to training everything (drops the set and its buffers, and LoRA
+ * adapters with them: cllm_lora_merge first to keep what they learned).
+ * cllm_model_set_trainable is refused while adapters are attached. */
+void cllm_model_train_all(cllm_model *m);
+/* True when a trainable set is declared (frozen tensors or extra ones). */
+bool cllm_model_has_trainable_set(const cllm_model *m);
+/* The views of the trainable buffer (every model tensor without a set):
+ * names, shapes and offsets into cllm_model_trainable_params / grads. */
+int cllm_model_n_trainable(const cllm_model *m);
+const cllm_tensor_info *cllm_model_trainable(const cllm_model *m, int i);
+/* The model tensor view i copies, or -1 for an extra tensor. */
+int cllm_model_trainable_base(const cllm_model *m, int i);
+int cllm_model_find_trainable(const cllm_model *m, const char *name); /* -1: none */
+/* Floats of the trainable buffer (alignment gaps included) and the
+ * trainable parameters it holds (sum of numel). */
+size_t cllm_model_trainable_len(const cllm_model *m);
+size_t cllm_model_trainable_numel(const cllm_model *m);
+/* The trainable buffer: cllm_model_params(m) without a set. */
+float *cllm_model_trainable_params(cllm_model *m);
 
 /* ---- running ---- */
 

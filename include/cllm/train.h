@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "cllm/core.h"
+#include "cllm/lora.h"
 #include "cllm/model.h"
 #include "cllm/objective.h"
 #include "cllm/optim.h"
@@ -201,6 +202,12 @@ typedef struct {
                                             which a rank counts as hung and the job ends
                                             (cllm_dist_set_heartbeat_timeout); >= 0; default 30;
                                             0 = no heartbeat. CLLM_HEARTBEAT_TIMEOUT overrides it */
+    cllm_lora_config lora;               /* lora: PEFT LoraConfig keys (cllm/lora.h, docs/lora.md);
+                                            lora.enabled when the section is present. The base is then
+                                            frozen and only the adapters (and modules_to_save, biases)
+                                            train */
+    const char *adapter_dir;             /* adapter: a PEFT adapter folder to continue training
+                                            (its own adapter_config.json; not with a "lora" section) */
     const char *resume;                  /* not a key (--resume): NULL, "auto" or a checkpoint folder */
     int dp_size, dp_rank;                /* data-parallel world: set by cllm_train_run from cllm_dist
                                           * (1, 0 without MPI); ranks > 0 write no files */

@@ -34,7 +34,7 @@ void cllm_embedding_forward(float *out, const int32_t *tokens, const float *wte,
 }
 
 /* dwte[V,C] += sum over n with tokens[n]==v of dout[n,:]
- * dwpe[T,C] += sum over n with n%T==t of dout[n,:]   (dwpe may be NULL)
+ * dwpe[T,C] += sum over n with n%T==t of dout[n,:]   (either may be NULL)
  * dout[N,C]. V is the row count of dwte (documentation of the shape only). */
 void cllm_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                              int N, int T, int C, int V) {
@@ -48,7 +48,7 @@ void cllm_embedding_backward(float *dwte, float *dwpe, const float *dout, const 
         int c0 = (int)((long)groups * id / nt) * 16;
         int c1 = (int)((long)groups * (id + 1) / nt) * 16;
         if (c1 > C) c1 = C;
-        for (int n = 0; n < N && c0 < c1; n++) {
+        for (int n = 0; n < N && c0 < c1 && dwte; n++) {
             float *w = dwte + (size_t)tokens[n] * C;
             const float *d = dout + (size_t)n * C;
 #pragma omp simd

@@ -59,6 +59,8 @@ void cllm_model_free(cllm_model *m) {
     cllm_free(m->acts);
     model_lp_release(m);
     model_weights_free(m);
+    model_trainable_free(m);
+    model_lora_free(m);
     free(m->layers);
     free(m->tp_max);
     free(m->tp_sum);
@@ -351,7 +353,7 @@ void cllm_model_set_params(cllm_model *m, float *params) {
 }
 
 void cllm_model_zero_grads(cllm_model *m) {
-    if (m->grads) memset(m->grads, 0, m->n_params * sizeof(float));
+    if (m->grads) memset(m->grads, 0, cllm_model_trainable_len(m) * sizeof(float));
 }
 
 /* ------------------------------------------------------------ buffers */
@@ -584,7 +586,7 @@ cllm_status cllm_model_prepare(cllm_model *m, int B, int T, bool train) {
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a model with %s weights runs forwards only: train from fp32 weights",
                          cllm_wfmt_name(cllm_model_weights(m)));
     if (train && !m->grads && !m->hooks.fetch_grads) {
-        m->grads = cllm_calloc(m->n_params, sizeof(float), "gradients");
+        m->grads = cllm_calloc(cllm_model_trainable_len(m), sizeof(float), "gradients");
         if (!m->grads) return CLLM_ERR_NOMEM;
     }
     if (m->acts && B <= m->act_B && T <= m->act_T && (!train || m->has_backward) && m->acts_recompute == m->recompute)

@@ -7,6 +7,7 @@
 #define CLLM_MODEL_IMPL_H
 
 #include <jansson.h>
+#include <stdint.h>
 #include <stdatomic.h>
 
 #include "cllm/io.h"
@@ -77,8 +78,29 @@ struct cllm_model {
     int gslot[G_NSLOTS];
 
     float *params;            /* flat parameters; NULL after cllm_model_drop_params */
-    float *grads;             /* flat gradients; not allocated when hooks.fetch_grads is set */
+    float *grads;             /* gradients of the trainable buffer (below); not allocated when hooks.fetch_grads is set */
     size_t n_params;
+
+    /* The trainable set (trainable.c). Without one (`frozen` false: no set declared) every
+     * tensor trains and the trainable buffer is `params` itself. With one,
+     * the trainable buffer `tparams` [tlen] is a compact allocation of its
+     * own: trained copies of some model tensors (copied back into params
+     * after each update) and extra tensors (adapters, new heads) that live
+     * there alone; grads has its length, optimizer state its slices.
+     * ttab[i] are its views (offsets into tparams), tbase[i] the model
+     * tensor a view copies (-1: an extra tensor), goff[t] the offset of
+     * model tensor t's gradient (SIZE_MAX: frozen, no gradient). */
+    bool frozen;
+    float *tparams;
+    size_t tlen;
+    cllm_tensor_info *ttab;
+    int *tbase;
+    int n_ttab;
+    size_t *goff;
+    bool tcopies;             /* some views copy model tensors */
+    bool tshared;             /* every model tensor in place: tparams is params (grown by the extras) */
+    /* LoRA adapters on linear layers (lora.c): NULL without */
+    struct model_lora *lora;
 
     /* parameter groups (cllm_model_n_groups): 0 = before the blocks, 1..L =
      * blocks, L+1 = after them; each a contiguous range of the flat buffer.
@@ -266,6 +288,9 @@ void model_lp_scratch_free(model_lp_scratch *lp);
  * index w (its matrix in the weight store, else model_param(m, w)); the
  * backward a pointer into m->params. Rows up to WEIGHTS_SMALL_ROWS of an
  * fp32 model run on cllm_qmatmul, the others on oneDNN.
+ * A layer that carries a LoRA adapter (found by its weight) adds the
+ * adapter's output, and in the backward pass its input gradient and its
+ * A/B gradients; dw NULL skips the (frozen) weight's gradient.
  * Thread-safe over one model with a different lp per thread. */
 cllm_status model_linear_forward(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp, int w,
                                  const float *bias, int N, int IN, int OUT, bool w_in_out);
@@ -323,7 +348,28 @@ static inline float *model_grad(const cllm_model *m, int idx) {
     if (idx < 0) return NULL;
     const struct model_group *g = &m->groups[m->tgroup[idx]];
     if (g->g) return g->g + (m->tensors[idx].offset - g->begin);
-    return m->grads ? m->grads + m->tensors[idx].offset : NULL;
+    if (!m->grads) return NULL;
+    if (!m->frozen) return m->grads + m->tensors[idx].offset;
+    return m->goff[idx] == SIZE_MAX ? NULL : m->grads + m->goff[idx];
 }
+
+/* The trainable set's part of cllm_model_free (trainable.c). */
+void model_trainable_free(cllm_model *m);
+/* After an update: trained copies of model tensors back into params. */
+void model_trainable_sync(cllm_model *m);
+
+/* LoRA (lora.c). model_lora_find: the adapter on the linear layer whose
+ * weight starts at w (a pointer into m->params), or NULL. The forward adds
+ * scale * B (A drop(x)) to out; the backward adds the adapter's part of
+ * dinp and accumulates dA, dB into the trainable gradients. Adapters run in
+ * fp32 whatever the model's precision. */
+struct model_adapter;
+const struct model_adapter *model_lora_find(const cllm_model *m, const float *w);
+cllm_status model_lora_forward(const cllm_model *m, const struct model_adapter *ad, float *out, const float *inp, int N);
+cllm_status model_lora_backward(const cllm_model *m, const struct model_adapter *ad, float *dinp, const float *dout,
+                                const float *inp, int N);
+void model_lora_free(cllm_model *m);
+/* Dropout applies only in training passes: set around them (run.c). */
+void model_lora_set_training(cllm_model *m, bool on);
 
 #endif

@@ -214,7 +214,13 @@ cllm_status cllm_model_set_precision(cllm_model *m, cllm_precision p) {
 
 cllm_precision cllm_model_precision(const cllm_model *m) { return m->prec; }
 
-void cllm_model_params_updated(cllm_model *m) { atomic_store(&m->lp_stale, true); }
+void cllm_model_params_updated(cllm_model *m) {
+    if (m->frozen) { /* frozen weights never change: only trained copies of model tensors can */
+        model_trainable_sync(m);
+        if (!m->tcopies && !m->tshared) return;
+    }
+    atomic_store(&m->lp_stale, true);
+}
 
 /* Brings the low-precision weights up to date after the parameters
  * changed. The copy is derived from the weights, not run state: it is
@@ -257,8 +263,8 @@ static void add_bias(float *out, const float *bias, int N, int OUT) {
     }
 }
 
-cllm_status model_linear_forward(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp, int widx,
-                                 const float *bias, int N, int IN, int OUT, bool w_in_out) {
+static cllm_status linear_forward(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp, int widx,
+                                  const float *bias, int N, int IN, int OUT, bool w_in_out) {
     const cllm_qweight *q = model_weights_get(m, widx);
     if (q) return model_weights_linear(m, lp, out, inp, q, bias, N);
     const float *w = model_param(m, widx);
@@ -291,9 +297,9 @@ cllm_status model_linear_forward(const cllm_model *m, model_lp_scratch *lp, floa
     return st;
 }
 
-cllm_status model_linear_backward(const cllm_model *m, model_lp_scratch *lp, float *dinp, float *dw, float *dbias,
-                                  const float *dout, const float *inp, const float *w, int N, int IN, int OUT,
-                                  bool w_in_out) {
+static cllm_status linear_backward(const cllm_model *m, model_lp_scratch *lp, float *dinp, float *dw, float *dbias,
+                                   const float *dout, const float *inp, const float *w, int N, int IN, int OUT,
+                                   bool w_in_out) {
     if (m->prec == CLLM_PREC_FP32) return cllm_linear_backward(dinp, dw, dbias, dout, inp, w, N, IN, OUT, w_in_out);
     size_t off = 0, nin = (size_t)N * IN, nout = (size_t)N * OUT;
     cllm_status st = weight_offset(m, w, (size_t)IN * OUT, &off);
@@ -324,4 +330,21 @@ cllm_status model_linear_backward(const cllm_model *m, model_lp_scratch *lp, flo
     st = cllm_linear_backward(dinp, dw, dbias, d, x, (const float *)m->lp_params + off, N, IN, OUT, w_in_out);
     if (!st && dinp) cllm_round_f16(dinp, dinp, (long)nin);
     return st;
+}
+
+/* The linear seam: the base layer in the model's precision, then the
+ * layer's LoRA adapter (lora.c) when it carries one. */
+cllm_status model_linear_forward(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp, int w,
+                                 const float *bias, int N, int IN, int OUT, bool w_in_out) {
+    cllm_status st = linear_forward(m, lp, out, inp, w, bias, N, IN, OUT, w_in_out);
+    const struct model_adapter *ad = st || !m->lora ? NULL : model_lora_find(m, model_param(m, w));
+    return ad ? model_lora_forward(m, ad, out, inp, N) : st;
+}
+
+cllm_status model_linear_backward(const cllm_model *m, model_lp_scratch *lp, float *dinp, float *dw, float *dbias,
+                                  const float *dout, const float *inp, const float *w, int N, int IN, int OUT,
+                                  bool w_in_out) {
+    cllm_status st = linear_backward(m, lp, dinp, dw, dbias, dout, inp, w, N, IN, OUT, w_in_out);
+    const struct model_adapter *ad = st || !m->lora ? NULL : model_lora_find(m, w);
+    return ad ? model_lora_backward(m, ad, dinp, dout, inp, N) : st;
 }

@@ -299,12 +299,15 @@ static void embed_backward(cllm_model *m, const int32_t *tokens, int B, int T) {
     float *dwte = model_grad(m, m->gslot[G_WTE]);
     float *dwpe = model_grad(m, m->gslot[G_WPE]);
     const float *dout = m->dx;
+    float *dlw = model_grad(m, m->gslot[G_EMB_LN_W]), *dlb = model_grad(m, m->gslot[G_EMB_LN_B]);
+    if (!dwte && !dwpe && !dlw && !dlb) return; /* frozen embeddings: nothing to accumulate */
     if (c->arch == CLLM_ARCH_BLOOM) {
         memset(m->dln, 0, (size_t)N * C * sizeof(float));
-        cllm_layernorm_backward(m->dln, model_grad(m, m->gslot[G_EMB_LN_W]), model_grad(m, m->gslot[G_EMB_LN_B]), m->dx,
-                                m->emb, model_param(m, m->gslot[G_EMB_LN_W]), m->emb_mean, m->emb_rstd, N, C);
+        cllm_layernorm_backward(dwte ? m->dln : NULL, dlw, dlb, m->dx, m->emb, model_param(m, m->gslot[G_EMB_LN_W]),
+                                m->emb_mean, m->emb_rstd, N, C);
         dout = m->dln;
     }
+    if (!dwte && !dwpe) return;
     if (m->tp_size > 1)
         model_tp_embed_backward(m, dwte, dwpe, dout, tokens, N, T);
     else
@@ -458,9 +461,23 @@ cllm_status cllm_model_forward_backward(cllm_model *m, const int32_t *tokens, co
     return cllm_model_forward_backward_ex(m, tokens, targets, B, T, backward, grad_scale, NULL, loss_sum, n_counted);
 }
 
+static cllm_status forward_backward(cllm_model *m, const int32_t *tokens, const int32_t *targets, int B, int T,
+                                    bool backward, float grad_scale, const cllm_token_io *io, double *loss_sum,
+                                    long *n_counted);
+
+/* Adapter dropout is on in the passes that train (those with a backward). */
 cllm_status cllm_model_forward_backward_ex(cllm_model *m, const int32_t *tokens, const int32_t *targets, int B, int T,
                                            bool backward, float grad_scale, const cllm_token_io *io,
                                            double *loss_sum, long *n_counted) {
+    model_lora_set_training(m, backward);
+    cllm_status st = forward_backward(m, tokens, targets, B, T, backward, grad_scale, io, loss_sum, n_counted);
+    model_lora_set_training(m, false);
+    return st;
+}
+
+static cllm_status forward_backward(cllm_model *m, const int32_t *tokens, const int32_t *targets, int B, int T,
+                                    bool backward, float grad_scale, const cllm_token_io *io, double *loss_sum,
+                                    long *n_counted) {
     TRY(check_prepared(m, B, T, backward));
     const float *tscale = io ? io->token_scale : NULL;
     const cllm_model_config *c = &m->cfg;

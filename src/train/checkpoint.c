@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cllm/checkpoint.h"
+#include "cllm/lora.h"
 #include "cllm/io.h"
 #include "cllm/json.h"
 #include "train_impl.h"
@@ -379,11 +380,13 @@ done:
 
 static cllm_status write_tensors(const char *tmp, const cllm_model *m, const cllm_ckpt_tensors *t,
                                  size_t max_shard_bytes) {
-    int nt = cllm_model_n_tensors(m);
-    cllm_st_entry *e = calloc((size_t)nt, sizeof *e);
+    /* the trainable views: every tensor, or a LoRA run's adapters (under
+     * their PEFT names, with adapter_config.json beside them) */
+    int nt = cllm_model_n_trainable(m);
+    cllm_st_entry *e = calloc(nt > 0 ? (size_t)nt : 1, sizeof *e);
     if (!e) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     for (int i = 0; i < nt; i++) {
-        const cllm_tensor_info *ti = cllm_model_tensor(m, i);
+        const cllm_tensor_info *ti = cllm_model_trainable(m, i);
         e[i] = (cllm_st_entry){.name = ti->name, .dtype = CLLM_F32, .ndim = ti->ndim, .data = t->params + ti->offset};
         e[i].shape[0] = ti->shape[0];
         e[i].shape[1] = ti->shape[1];
@@ -394,6 +397,13 @@ static cllm_status write_tensors(const char *tmp, const cllm_model *m, const cll
     char path[4096];
     join(path, sizeof path, tmp, "config.json");
     if ((st = cllm_json_save_file(cllm_model_config_json(m), path))) return st;
+    if (cllm_lora_attached(m)) {
+        json_t *a = cllm_lora_config_json(m, NULL);
+        join(path, sizeof path, tmp, "adapter_config.json");
+        st = a ? cllm_json_save_file(a, path) : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        json_decref(a);
+        if (st) return st;
+    }
     cllm_st_entry o[2];
     int no = 0;
     const float *bufs[2] = {t->state0, t->state1};

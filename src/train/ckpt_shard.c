@@ -26,6 +26,7 @@
 #include "cllm/dist.h"
 #include "cllm/io.h"
 #include "cllm/json.h"
+#include "cllm/lora.h"
 #include "train_impl.h"
 
 #define LAYOUT_NAME "layout.json"
@@ -134,14 +135,14 @@ fail:
 
 /* The layout's tensors must be the model's: same names, shapes, offsets. */
 static cllm_status layout_check_model(const layout *L, const cllm_model *m, const char *dir) {
-    int nt = cllm_model_n_tensors(m);
-    if (L->n != cllm_model_buffer_len(m) || json_array_size(L->tensors) != (size_t)nt)
+    int nt = cllm_model_n_trainable(m);
+    if (L->n != cllm_model_trainable_len(m) || json_array_size(L->tensors) != (size_t)nt)
         return CLLM_FAIL(CLLM_ERR_FORMAT,
                          "%s/%s: %zu elements in %zu tensors, but the model has %zu in %d (a checkpoint of another "
                          "model?)",
-                         dir, LAYOUT_NAME, L->n, json_array_size(L->tensors), cllm_model_buffer_len(m), nt);
+                         dir, LAYOUT_NAME, L->n, json_array_size(L->tensors), cllm_model_trainable_len(m), nt);
     for (int i = 0; i < nt; i++) {
-        const cllm_tensor_info *ti = cllm_model_tensor(m, i);
+        const cllm_tensor_info *ti = cllm_model_trainable(m, i);
         json_t *t = json_array_get(L->tensors, (size_t)i), *shape = json_object_get(t, "shape");
         const char *name = json_string_value(json_object_get(t, "name"));
         size_t off = 0;
@@ -172,8 +173,8 @@ static json_t *layout_json(const cllm_model *m, size_t n, int size, const uint64
         json_array_append_new(shards, json_pack("{sIsIssss}", "begin", (json_int_t)a[1], "end", (json_int_t)a[2],
                                                 "params", p, "optim", o));
     }
-    for (int i = 0; i < cllm_model_n_tensors(m); i++) {
-        const cllm_tensor_info *ti = cllm_model_tensor(m, i);
+    for (int i = 0; i < cllm_model_n_trainable(m); i++) {
+        const cllm_tensor_info *ti = cllm_model_trainable(m, i);
         json_t *shape = json_array();
         for (int d = 0; d < ti->ndim; d++) json_array_append_new(shape, json_integer((json_int_t)ti->shape[d]));
         json_array_append_new(tensors, json_pack("{sssosI}", "name", ti->name, "shape", shape, "offset",
@@ -239,12 +240,14 @@ static cllm_status write_common(const char *tmp, const cllm_model *m, const cllm
     char path[4096];
     uint64_t has = 0;
     for (int r = 0; r < size; r++) has |= all[(size_t)r * G_STRIDE + G_HAS];
-    json_t *files[3] = {json_incref((json_t *)cllm_model_config_json(m)), layout_json(m, n, size, all, G_STRIDE,
-                        has & 1, has & 2), train_ckpt_state_json(cs)};
-    const char *names[3] = {"config.json", LAYOUT_NAME, "trainer_state.json"};
+    /* a LoRA run's checkpoint also says which adapters its buffer holds */
+    json_t *files[4] = {json_incref((json_t *)cllm_model_config_json(m)), layout_json(m, n, size, all, G_STRIDE,
+                        has & 1, has & 2), train_ckpt_state_json(cs), cllm_lora_config_json(m, NULL)};
+    const char *names[4] = {"config.json", LAYOUT_NAME, "trainer_state.json", "adapter_config.json"};
+    int nfiles = cllm_lora_attached(m) ? 4 : 3;
     json_t *list = json_array();
     cllm_status st = CLLM_OK;
-    for (int i = 0; i < 3 && !st; i++) {
+    for (int i = 0; i < nfiles && !st; i++) {
         join(path, sizeof path, tmp, names[i]);
         st = files[i] ? cllm_json_save_file(files[i], path) : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
         uint32_t crc;
@@ -252,7 +255,7 @@ static cllm_status write_common(const char *tmp, const cllm_model *m, const cllm
         if (!st) st = cllm_crc32_file(path, &crc, &bytes);
         if (!st) json_array_append_new(list, manifest_row(names[i], bytes, crc));
     }
-    for (int i = 0; i < 3; i++) json_decref(files[i]);
+    for (int i = 0; i < 4; i++) json_decref(files[i]);
     for (int r = 0; r < size && !st; r++) {
         const uint64_t *a = all + (size_t)r * G_STRIDE;
         char name[64];
@@ -423,7 +426,7 @@ done:
  * optimizer buffers from optimizer.safetensors. */
 static cllm_status read_single(const char *dir, const cllm_model *m, cllm_ckpt_buffer which, size_t begin,
                                size_t end, float *dst) {
-    size_t n = cllm_model_buffer_len(m);
+    size_t n = cllm_model_trainable_len(m);
     if (end > n || begin > end)
         return CLLM_FAIL(CLLM_ERR_ARG, "range [%zu, %zu) outside the model's %zu elements", begin, end, n);
     cllm_status st = CLLM_OK;
@@ -445,8 +448,8 @@ static cllm_status read_single(const char *dir, const cllm_model *m, cllm_ckpt_b
     memset(dst, 0, (end - begin) * sizeof(float)); /* the alignment gaps between tensors */
     cllm_st_set *set = NULL;
     if ((st = cllm_st_set_open(&set, dir))) return st;
-    for (int i = 0; i < cllm_model_n_tensors(m) && !st; i++) {
-        const cllm_tensor_info *ti = cllm_model_tensor(m, i);
+    for (int i = 0; i < cllm_model_n_trainable(m) && !st; i++) {
+        const cllm_tensor_info *ti = cllm_model_trainable(m, i);
         size_t lo = begin > ti->offset ? begin : ti->offset;
         size_t hi = end < ti->offset + ti->numel ? end : ti->offset + ti->numel;
         if (lo >= hi) continue;

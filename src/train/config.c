@@ -33,7 +33,8 @@ static const char *const top_keys[] = {
     /* cllm */
     "model", "data", "train_iters", "epochs", "eval_interval", "eval_iters", "save_interval", "save_total_limit",
     "output_dir", "seed", "log", "weight_decay_skip", "max_consecutive_skips", "shuffle", "peak_gflops",
-    "max_shard_size", "async_save", "save_final_checkpoint", "task", "dpo", "reward", "heartbeat_timeout", NULL};
+    "max_shard_size", "async_save", "save_final_checkpoint", "task", "dpo", "reward", "heartbeat_timeout", "lora",
+    "adapter", NULL};
 
 /* DeepSpeed keys accepted without effect on a single-process CPU fp32 run. */
 static const char *const top_ignored[] = {
@@ -628,8 +629,22 @@ static cllm_status parse_task(cllm_train_config *c, const json_t *j, const char 
     return CLLM_OK;
 }
 
+/* "lora" (PEFT's LoraConfig keys, read by the LoRA module's one reader;
+ * unknown keys are always errors there) and "adapter". */
+static cllm_status parse_lora(cllm_train_config *c, const json_t *j, const char *path) {
+    TRY(get_str(j, "adapter", &c->adapter_dir, "", path));
+    json_t *l = NULL;
+    TRY(get_obj(j, "lora", &l, "", path));
+    if (!l) return CLLM_OK;
+    if (c->adapter_dir)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: lora: not with \"adapter\" (--adapter): a saved adapter brings its own "
+                         "adapter_config.json", path);
+    return cllm_lora_config_parse(&c->lora, l, "lora", path, false);
+}
+
 static cllm_status parse_ours(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
     TRY(parse_task(c, j, path, strict));
+    TRY(parse_lora(c, j, path));
     TRY(parse_model(c, j, path, strict));
     TRY(parse_data(c, j, path, strict));
     TRY(get_long(j, "train_iters", &c->train_iters, 0, "", path));
@@ -714,6 +729,7 @@ static void set_defaults(cllm_train_config *c) {
     c->dp_size = 1;
     c->task = "lm";
     c->dpo = cllm_dpo_params_default();
+    cllm_lora_config_default(&c->lora);
     c->reward = cllm_reward_params_default();
 }
 
@@ -747,6 +763,7 @@ cllm_status cllm_train_config_parse(cllm_train_config *cfg, json_t *j, const cha
 
 void cllm_train_config_free(cllm_train_config *cfg) {
     if (!cfg) return;
+    cllm_lora_config_free(&cfg->lora);
     json_decref(cfg->json);
     cfg->json = NULL;
 }

@@ -278,6 +278,8 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
                                                 cllm_dpo_loss_name(c->dpo.loss_type), "label_smoothing",
                                                 c->dpo.label_smoothing, "reference_free", c->dpo.reference_free,
                                                 "ref_model", c->ref_model_dir));
+    if (c->lora.enabled) json_object_set_new(j, "lora", cllm_lora_config_to_json(&c->lora));
+    if (c->adapter_dir) json_object_set_new(j, "adapter", json_string(c->adapter_dir));
     if (c->task && strcmp(c->task, "reward") == 0)
         json_object_set_new(j, "reward", json_pack("{sf}", "center_rewards_coefficient",
                                                    c->reward.center_rewards_coefficient));
@@ -314,6 +316,13 @@ uint64_t cllm_train_config_hash(const cllm_train_config *c) {
     if (dpo) {
         s = json_dumps(dpo, JSON_COMPACT | JSON_SORT_KEYS);
         h = fnv1a(fnv1a(h, "dpo"), s ? s : "");
+        free(s);
+    }
+    /* adapters (their dropout changes the math; the rest the buffer) */
+    json_t *lora = json_object_get(j, "lora");
+    if (lora) {
+        s = json_dumps(lora, JSON_COMPACT | JSON_SORT_KEYS);
+        h = fnv1a(fnv1a(h, "lora"), s ? s : "");
         free(s);
     }
     json_t *rw = json_object_get(j, "reward");

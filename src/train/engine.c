@@ -26,6 +26,7 @@
 #include "cllm/dist.h"
 #include "cllm/io.h"
 #include "cllm/loader.h"
+#include "cllm/lora.h"
 #include "cllm/model.h"
 #include "cllm/objective.h"
 #include "cllm/split.h"
@@ -38,9 +39,22 @@ void cllm_train_request_stop(void) { stop_requested = 1; }
 
 /* ------------------------------------------------------------ set-up */
 
+/* The starting weights: the model folder or a new model by the init spec. */
+static cllm_status open_start(trainer *tr);
+
+/* A LoRA run: the base from the model (a checkpoint holds only the
+ * adapters), then the adapters (lora_train.c). */
 static cllm_status open_model(trainer *tr, const char *resume_dir) {
-    cllm_train_config *c = tr->cfg;
+    if (train_lora_run(tr->cfg)) {
+        cllm_status st = open_start(tr);
+        return st ? st : train_lora_attach(tr->m, tr->cfg, resume_dir);
+    }
     if (resume_dir) return cllm_ckpt_load_model(&tr->m, resume_dir); /* either checkpoint format */
+    return open_start(tr);
+}
+
+static cllm_status open_start(trainer *tr) {
+    cllm_train_config *c = tr->cfg;
     if (c->model_dir) return cllm_model_load(&tr->m, c->model_dir);
     const cllm_model_init_spec *mi = &c->model_init;
     if (!c->has_model_init)
@@ -134,11 +148,11 @@ static cllm_status open_reward(trainer *tr, bool piped, bool tensor) {
 /* Weight-decay ranges: biases and norm weights are skipped by default
  * (weight_decay_skip); everything else decays. */
 static cllm_status make_ranges(trainer *tr) {
-    int nt = cllm_model_n_tensors(tr->m);
-    tr->ranges = calloc((size_t)nt, sizeof *tr->ranges);
+    int nt = cllm_model_n_trainable(tr->m);
+    tr->ranges = calloc(nt > 0 ? (size_t)nt : 1, sizeof *tr->ranges);
     if (!tr->ranges) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     for (int i = 0; i < nt; i++) {
-        const cllm_tensor_info *t = cllm_model_tensor(tr->m, i);
+        const cllm_tensor_info *t = cllm_model_trainable(tr->m, i);
         size_t len = strlen(t->name);
         bool is_bias = len >= 5 && strcmp(t->name + len - 5, ".bias") == 0;
         bool skip = t->no_decay && (is_bias ? tr->cfg->decay_skip_bias : tr->cfg->decay_skip_norm);
@@ -371,7 +385,7 @@ static cllm_status save_sharded(trainer *tr) {
     if (tr->shard) train_shard_ckpt_fill(tr->shard, s0, s1);
     size_t b, e;
     ckpt_range(tr, &b, &e);
-    cllm_ckpt_slice s = {pslice ? pslice : cllm_model_params(tr->m) + b, s0, s1, b, e, z->n_total};
+    cllm_ckpt_slice s = {pslice ? pslice : cllm_model_trainable_params(tr->m) + b, s0, s1, b, e, z->n_total};
     st = cllm_ckpt_write_sharded(tr->output_dir, tr->m, &s, &tr->state, tr->cfg->save_total_limit);
     train_offload_unmap(tr->offload);
     double wait = cllm_time_sec() - t0;
@@ -402,7 +416,7 @@ static cllm_status save_checkpoint(trainer *tr, bool sync) {
     float *s0 = cllm_optim_state(tr->opt, 0), *s1 = cllm_optim_state(tr->opt, 1);
     cllm_status st = tr->offload ? train_offload_map(tr->offload, false, &s0, &s1) : CLLM_OK;
     if (!st)
-        st = train_saver_save(tr->saver, c->output_dir, tr->m, cllm_model_params(tr->m), s0, s1, &tr->state,
+        st = train_saver_save(tr->saver, c->output_dir, tr->m, cllm_model_trainable_params(tr->m), s0, s1, &tr->state,
                               c->max_shard_bytes, c->save_total_limit, &wait);
     train_offload_unmap(tr->offload);
     if (!st && sync) st = train_saver_wait(tr->saver, &wait);
@@ -506,7 +520,7 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     }
     double lr = cllm_sched_lr(&c->sched, c->optim.lr, tr->state.sched_iter);
     if (finite && count > 0) {
-        if ((st = tr->smode->update(tr, g, lr)) || (st = tr->exec->sync_params(tr, cllm_model_params(tr->m))))
+        if ((st = tr->smode->update(tr, g, lr)) || (st = tr->exec->sync_params(tr, cllm_model_trainable_params(tr->m))))
             return cllm_fail_context(st, "step %ld", step);
         cllm_model_params_updated(tr->m); /* refreshes the bf16/fp16 weight copy */
         tr->state.sched_iter++;
@@ -668,6 +682,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     /* the optimizer shards of a sharded checkpoint are checked when this
      * rank's slice of them is read (resume_from) */
     if (resume_dir && (st = cllm_ckpt_verify_range(resume_dir, true, 0, 0))) goto done;
+    if (train_lora_run(c) && (st = train_lora_check_layout(c, piped, tensor))) goto done;
     if ((st = open_model(tr, resume_dir))) goto done;
     if ((st = open_data(tr))) goto done;
     /* the data were opened with the whole vocabulary; from here on tr->m is this rank's part */
@@ -703,7 +718,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for %zu batch rows", rows);
         goto done;
     }
-    size_t n = cllm_model_buffer_len(tr->m);
+    size_t n = cllm_model_trainable_len(tr->m); /* the model's flat buffer, or a LoRA run's adapters */
     if ((st = make_ranges(tr))) goto done;
     /* the optimizer keeps state for this rank's slice only (all of it at ZeRO stage 0) */
     if (piped) {
@@ -738,8 +753,9 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     }
     /* stages 2-3: layer hooks before prepare (no flat gradient buffer); at
      * stage 3 the model's flat parameters are freed here */
-    if (tr->zero.stage >= 2 && (st = train_shard_init(&tr->shard, &tr->zero, tr->m, c, tr->ranges, tr->n_ranges)))
-        goto done;
+    if (tr->zero.stage >= 2 && !cllm_model_has_trainable_set(tr->m) &&
+        (st = train_shard_init(&tr->shard, &tr->zero, tr->m, c, tr->ranges, tr->n_ranges)))
+        goto done; /* a frozen base: stage 2 reduce-scatters the trainable buffer after the backward (zero.c) */
     cllm_model_set_recompute(tr->m, c->use_grad_ckpt);
     cllm_precision prec = c->bf16_enabled ? CLLM_PREC_BF16 : c->fp16_enabled ? CLLM_PREC_FP16 : CLLM_PREC_FP32;
     /* CLLM_TRAIN_PRECISION overrides the matmul precision alone (fp16 loss
@@ -761,7 +777,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
      * backward pass (one process, pipelines, tensor parallelism and 16-bit
      * sums keep the reduction after it) */
     if (tr->zero.stage <= 1 && tr->zero.size > 1 && !tr->pipe && !tr->tp && c->comm_dtype == CLLM_F32 &&
-        c->zero.overlap_comm && (st = train_overlap_init(&tr->overlap, &tr->zero, tr->m)))
+        c->zero.overlap_comm && !cllm_model_has_trainable_set(tr->m) && (st = train_overlap_init(&tr->overlap, &tr->zero, tr->m)))
         goto done;
     const cllm_offload_config *oc = &c->zero.offload_optimizer;
     if (oc->device == CLLM_OFFLOAD_NVME) {
@@ -819,6 +835,12 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     tr->progress = c->log == CLLM_LOG_MODE_PROGRESS || (c->log == CLLM_LOG_MODE_AUTO && isatty(2));
     tr->last_save_step = tr->last_eval_step = -1;
     long first = tr->state.global_step;
+    if (c->log != CLLM_LOG_MODE_QUIET && cllm_lora_attached(tr->m) && cllm_dist_rank() == 0)
+        fprintf(stderr, "cllm train: LoRA r=%d alpha=%g: %zu trainable parameters (%.3f%% of %zu) in %d views, the "
+                "base frozen\n", cllm_lora_config_of(tr->m)->r, cllm_lora_config_of(tr->m)->lora_alpha,
+                cllm_model_trainable_numel(tr->m),
+                100.0 * (double)cllm_model_trainable_numel(tr->m) / (double)cllm_model_n_params(tr->m),
+                cllm_model_n_params(tr->m), cllm_model_n_trainable(tr->m));
     if (c->log != CLLM_LOG_MODE_QUIET)
         fprintf(stderr,
                 "cllm train: %zu parameters, %llu samples, steps %ld..%ld of %ld x %d tokens "
@@ -897,7 +919,11 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         if (tr->tp && cllm_dist_rank() == 0 && c->log != CLLM_LOG_MODE_QUIET)
             fprintf(stderr, "cllm train: replicated tensors differ by at most %.3g over the %d tensor ranks\n",
                     (double)diff, tr->topo.dims[CLLM_AXIS_TENSOR]);
-        if (c->output_dir && (st = cllm_model_save(whole, c->output_dir, c->max_shard_bytes))) goto done;
+        if (c->output_dir && cllm_lora_attached(whole))
+            st = cllm_lora_save(whole, c->output_dir, c->model_dir);
+        else if (c->output_dir)
+            st = cllm_model_save(whole, c->output_dir, c->max_shard_bytes);
+        if (st) goto done;
         /* the tokenizer and a chat template of the format trained on, so that
          * `cllm serve` prompts the model as it was trained */
         if (c->output_dir && cllm_dist_rank() == 0 && (st = write_chat_template(c))) goto done;

@@ -82,6 +82,14 @@ struct train_state_mode {
     double (*comm_seconds)(const trainer *tr); /* communication so far, start to completion */
     double (*wait_seconds)(const trainer *tr); /* the part of it the computation waited for */
 };
+/* lora_train.c: a LoRA run (a "lora" section or "adapter"), the layouts it
+ * refuses (pipeline, tensor, ZeRO-3, optimizer offload: a message naming
+ * the option), and its adapters on the base model m: a resumed
+ * checkpoint's, an adapter folder's, or new ones seeded with c->seed. */
+bool train_lora_run(const cllm_train_config *c);
+cllm_status train_lora_check_layout(const cllm_train_config *c, bool piped, bool tensor);
+cllm_status train_lora_attach(cllm_model *m, const cllm_train_config *c, const char *resume_dir);
+
 /* Sets tr->exec and tr->smode from the set-up (tr->pipe, tr->shard). */
 void train_modes_pick(trainer *tr);
 

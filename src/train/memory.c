@@ -65,6 +65,8 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     if ((P > 1 || TP > 1) && s->zero_stage >= 2)
         return CLLM_FAIL(CLLM_ERR_ARG, "ZeRO stage %d with pipeline or tensor parallelism (use stage 0 or 1)",
                          s->zero_stage);
+    if (s->trainable && (P > 1 || TP > 1 || s->zero_stage >= 3 || s->offload_optimizer || s->offload_param))
+        return CLLM_FAIL(CLLM_ERR_ARG, "a frozen base (LoRA) trains with data parallelism at ZeRO stage 0-2 only");
     size_t n_params, len, full_len = 0;
     cllm_status st = cllm_model_config_params(c, &n_params, &len);
     if (st) return st;
@@ -119,7 +121,12 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
         out->params_disk = out->params; /* mapped from a file; pages dropped after each use */
         out->params = 0;
     }
-    out->grads = s->zero_stage >= 2 ? shard(len, s->dp) * sizeof(float) : bytes;
+    if (s->trainable) { /* the frozen base whole; the trainable buffer beside it */
+        opt_len = s->trainable;
+        bytes = s->trainable * sizeof(float);
+        out->params += bytes;
+    }
+    out->grads = s->zero_stage >= 2 ? shard(opt_len, s->dp) * sizeof(float) : bytes;
     out->optim = (size_t)states * (s->zero_stage >= 1 ? shard(opt_len, s->dp) : opt_len) * sizeof(float);
     if (s->offload_optimizer) {
         if (s->offload_buffer_count < 3 || s->offload_buffer_size < 1) {
@@ -134,7 +141,12 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
         out->optim = 0;
         out->offload_buffer = (size_t)s->offload_buffer_count * (size_t)states * chunk * sizeof(float);
     }
-    if (s->zero_stage >= 2) {
+    if (s->trainable) {
+        /* a frozen base reduces after the backward (no per-group buffers);
+         * an adapter's pass holds its rank-r activations and their gradient */
+        out->work = 2 * (size_t)s->micro_batch * (size_t)s->seq_len * (size_t)(s->lora_rank > 0 ? s->lora_rank : 8) *
+                    sizeof(float);
+    } else if (s->zero_stage >= 2) {
         /* stages 2-3 reduce per group: a group's gradient is written into a
          * working buffer (group 0, last group, blocks); stage 3 also gathers
          * parameters into working buffers (group 0, last group, two blocks) */
@@ -146,7 +158,7 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     cllm_model_activation_bytes(c, s->micro_batch, s->seq_len, true, s->grad_ckpt, &out->act);
     out->logits = out->act.logits;
     out->activations = out->act.total - out->act.logits;
-    out->snapshot = s->async_save && !s->offload_optimizer ? out->params + out->optim : 0;
+    out->snapshot = s->async_save && !s->offload_optimizer ? (s->trainable ? bytes : out->params) + out->optim : 0;
     out->other = 3 * (size_t)s->micro_batch * (size_t)s->grad_accum * (size_t)s->seq_len * sizeof(int32_t);
     /* the head's chunk rows, from the logits chunk the carving code sized */
     int rows = c->vocab_size > 0 ? (int)(out->act.logits / sizeof(float) / (size_t)c->vocab_size) : 0;

@@ -20,6 +20,7 @@
  */
 #include <math.h>
 
+#include "cllm/lora.h"
 #include "engine_impl.h"
 
 /* ------------------------------------------------------------ execution */
@@ -38,6 +39,9 @@ static cllm_status local_run(trainer *tr, float scale, double *loss_sum) {
         long k = 0;
         cllm_objective_batch b = {tr->tokens + off, tr->targets + off, mb, T,
                                   tr->margins ? tr->margins + (size_t)j * (size_t)mb / 2 : NULL};
+        /* LoRA dropout masks: a function of the seed, step, micro-batch and rank (the same after a resume) */
+        cllm_lora_set_dropout_key(tr->m, (c->seed * 0x9e3779b97f4a7c15ULL) ^ ((uint64_t)tr->state.global_step << 24) ^
+                                             ((uint64_t)j << 8) ^ (uint64_t)c->dp_rank);
         cllm_status st = cllm_objective_run(tr->obj, tr->m, &b, true, scale, &s, &k);
         if (st) return st;
         *loss_sum += s;
@@ -101,7 +105,7 @@ static cllm_status rep_clip(trainer *tr, float *g, double max_norm, double *norm
 
 static cllm_status rep_update(trainer *tr, float *g, double lr) {
     double t0 = cllm_time_sec();
-    cllm_status st = train_zero_step(&tr->zero, tr->opt, cllm_model_params(tr->m) + tr->base, g, lr);
+    cllm_status st = train_zero_step(&tr->zero, tr->opt, cllm_model_trainable_params(tr->m) + tr->base, g, lr);
     tr->comm_seconds += cllm_time_sec() - t0; /* the update is small next to the gather */
     return st;
 }

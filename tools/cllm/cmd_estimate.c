@@ -14,6 +14,7 @@
 #include "args.h"
 #include "cllm/io.h"
 #include "cllm/json.h"
+#include "cllm/lora.h"
 #include "cllm/memory.h"
 #include "cllm/model.h"
 #include "commands.h"
@@ -114,8 +115,8 @@ static json_t *to_json(const cllm_mem_estimate *e) {
 }
 
 int cmd_estimate(int argc, char **argv) {
-    const char *model, *arch_name, *preset, *opt_name, *precision, *overhead_s, *memory_s;
-    int B, T, accum, stage, dp, off_count, off_size, pipe, tensor, threads;
+    const char *model, *arch_name, *preset, *opt_name, *precision, *overhead_s, *memory_s, *lora_target;
+    int B, T, accum, stage, dp, off_count, off_size, pipe, tensor, threads, lora_r;
     bool grad_ckpt = false, momentum = false, async_save = false, as_json = false, offload = false, offload_p = false;
     arg_list sets;
     arg_spec specs[] = {
@@ -145,6 +146,9 @@ int cmd_estimate(int argc, char **argv) {
          "OpenMP threads of the run, for the GEMM workspace (0: OMP_NUM_THREADS / all cores, as cllm train)"},
         {"overhead", ARG_STR, &overhead_s, DEFAULT_OVERHEAD, false, "fixed process memory to add"},
         {"memory", ARG_STR, &memory_s, NULL, false, "budget per rank (e.g. 16GB): suggest the cheapest setup that fits"},
+        {"lora-r", ARG_INT, &lora_r, "0", false, "LoRA rank: a frozen base with rank-r adapters (0 = full training)"},
+        {"lora-target", ARG_STR, &lora_target, NULL, false,
+         "LoRA target modules (q_proj,v_proj, a regular expression or all-linear; default: PEFT's per architecture)"},
         {"json", ARG_FLAG, &as_json, NULL, false, "print the estimate as JSON (bytes)"},
     };
     int rc = args_parse("estimate", "Estimates the per-rank memory of a training run.", argc, argv, specs,
@@ -179,6 +183,27 @@ int cmd_estimate(int argc, char **argv) {
         rc = tool_fail("estimate");
         goto done;
     }
+    if (lora_r < 0 || (lora_target && lora_r == 0)) {
+        fprintf(stderr, "cllm estimate: --lora-r must be positive (--lora-target needs it)\n");
+        rc = 2;
+        goto done;
+    }
+    size_t lora_numel = 0;
+    int lora_n = 0;
+    if (lora_r > 0) {
+        cllm_lora_config lc;
+        cllm_lora_config_default(&lc);
+        lc.r = lora_r;
+        cllm_status lst = lora_target ? cllm_lora_config_set_targets(&lc, lora_target) : CLLM_OK;
+        if (!lst) lst = cllm_lora_count(&cfg, &lc, &lora_n, &lora_numel, &s.trainable);
+        cllm_lora_config_free(&lc);
+        if (lst) {
+            fprintf(stderr, "cllm estimate: %s\n", cllm_last_error());
+            rc = 2;
+            goto done;
+        }
+        s.lora_rank = lora_r;
+    }
     cllm_mem_estimate e;
     if (cllm_memory_estimate(&cfg, &s, &e)) {
         fprintf(stderr, "cllm estimate: %s\n", cllm_last_error());
@@ -204,6 +229,9 @@ int cmd_estimate(int argc, char **argv) {
     }
     printf("%s, %zu parameters (%d layers, hidden %d, vocab %d), %s matmuls, fp32 master weights\n",
            cfg.n_experts ? "mixtral" : cllm_arch_name(cfg.arch), e.n_params, cfg.n_layer, cfg.n_embd, cfg.vocab_size, cllm_precision_name(s.precision));
+    if (lora_r > 0)
+        printf("LoRA r=%d: %d adapted layers, %zu trainable parameters (%.3f%%); the base is frozen (no gradient or "
+               "optimizer state)\n", lora_r, lora_n, lora_numel, 100.0 * (double)lora_numel / (double)e.n_params);
     print_setup(&s);
     print_table(&e);
     if (memory_s) {

@@ -30,6 +30,7 @@
 #include "cllm/core.h"
 #include "cllm/dist.h"
 #include "cllm/generate.h"
+#include "cllm/lora.h"
 #include "cllm/model.h"
 #include "cllm/tokenizer.h"
 #include "commands.h"
@@ -104,7 +105,7 @@ static bool write_out(const char *s, size_t n) {
 }
 
 int cmd_generate(int argc, char **argv) {
-    const char *model_dir, *tok_dir, *prompt, *prompt_ids, *output, *weights;
+    const char *model_dir, *tok_dir, *prompt, *prompt_ids, *output, *weights, *adapter;
     int max_new, top_k, top_n, tensor;
     double temperature, top_p, rep, typical_p, freq_pen, pres_pen;
     long long seed;
@@ -112,6 +113,7 @@ int cmd_generate(int argc, char **argv) {
     arg_list stops = {0}, bias = {0};
     arg_spec specs[] = {
         {"model", ARG_STR, &model_dir, NULL, true, "HF model folder (config.json + safetensors)"},
+        {"adapter", ARG_STR, &adapter, NULL, false, "PEFT LoRA adapter folder applied to the model (docs/lora.md)"},
         {"prompt", ARG_STR, &prompt, NULL, false, "prompt text (encoded with the tokenizer)"},
         {"prompt-ids", ARG_STR, &prompt_ids, NULL, false, "prompt as comma-separated token ids, e.g. \"1,2,3\""},
         {"tokenizer", ARG_STR, &tok_dir, NULL, false, "folder with tokenizer.json (default: the model folder)"},
@@ -208,6 +210,7 @@ int cmd_generate(int argc, char **argv) {
         goto done;
     }
     if (!m && cllm_model_load_weights(&m, model_dir, weights)) goto fail;
+    if (adapter && cllm_lora_load(m, adapter)) goto fail;
     const cllm_model_config *c = cllm_model_get_config(m);
     const char *tdir = tok_dir ? tok_dir : model_dir;
     bool want_tok = prompt || tok_dir || file_exists(tdir, "tokenizer.json");

@@ -6,7 +6,10 @@
  * embedding's). --grad-ckpt runs the same batch with activation
  * checkpointing (the gradients must not change). --precision bf16|fp16
  * runs the matmuls in that precision; --logits-out also writes the logits
- * of the last position of each row ("logits", F32 [rows,V]).
+ * of the last position of each row ("logits", F32 [rows,V]). --adapter
+ * loads a PEFT LoRA adapter folder onto the model: the base is frozen and
+ * the gradients written are those of the trainable views (lora_A, lora_B,
+ * trained biases and modules_to_save) under their PEFT names.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,11 +18,12 @@
 #include "batch.h"
 #include "cllm/data.h"
 #include "cllm/io.h"
+#include "cllm/lora.h"
 #include "cllm/model.h"
 #include "commands.h"
 
 int cmd_grad(int argc, char **argv) {
-    const char *model_dir, *data_path, *out, *prec_name, *logits_out;
+    const char *model_dir, *data_path, *out, *prec_name, *logits_out, *adapter;
     int B, T;
     bool grad_ckpt = false;
     arg_spec specs[] = {
@@ -32,6 +36,7 @@ int cmd_grad(int argc, char **argv) {
          "activation checkpointing: keep block inputs only, recompute in backward (same gradients)"},
         {"precision", ARG_STR, &prec_name, "fp32", false, "matmul precision: fp32, bf16 or fp16"},
         {"logits-out", ARG_STR, &logits_out, NULL, false, "safetensors file for the last position's logits"},
+        {"adapter", ARG_STR, &adapter, NULL, false, "PEFT LoRA adapter folder: gradients of its tensors only"},
     };
     int rc = args_parse("grad", "Computes loss and parameter gradients for one batch.", argc, argv, specs,
                         ARGS_COUNT(specs));
@@ -48,7 +53,7 @@ int cmd_grad(int argc, char **argv) {
         args_free(specs, ARGS_COUNT(specs));
         return 2;
     }
-    if (cllm_model_load(&m, model_dir) || cllm_model_set_precision(m, prec)) {
+    if (cllm_model_load(&m, model_dir) || cllm_model_set_precision(m, prec) || (adapter && cllm_lora_load(m, adapter))) {
         cllm_model_free(m);
         args_free(specs, ARGS_COUNT(specs));
         return tool_fail("grad");
@@ -81,14 +86,14 @@ int cmd_grad(int argc, char **argv) {
         rc = tool_fail("grad");
         goto done;
     }
-    int nt = cllm_model_n_tensors(m);
+    int nt = cllm_model_n_trainable(m);
     e = calloc((size_t)nt, sizeof *e);
     if (!e) {
         rc = 1;
         goto done;
     }
     for (int i = 0; i < nt; i++) {
-        const cllm_tensor_info *t = cllm_model_tensor(m, i);
+        const cllm_tensor_info *t = cllm_model_trainable(m, i);
         e[i] = (cllm_st_entry){.name = t->name, .dtype = CLLM_F32, .ndim = t->ndim,
                                .shape = {t->shape[0], t->shape[1]}, .data = cllm_model_grads(m) + t->offset};
     }

@@ -12,30 +12,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "args.h"
 #include "cllm/io.h"
 #include "cllm/model.h"
 #include "cllm/tokenizer.h"
 #include "commands.h"
-
-/* Copies dir/name into out/name when it exists. */
-static int copy_if_present(const char *dir, const char *out, const char *name) {
-    char src[4096], dst[4096];
-    snprintf(src, sizeof src, "%s/%s", dir, name);
-    snprintf(dst, sizeof dst, "%s/%s", out, name);
-    struct stat sb;
-    if (stat(src, &sb) != 0) return 0;
-    char *data = NULL;
-    size_t len = 0;
-    if (cllm_read_file(src, &data, &len) || cllm_write_file_atomic(dst, data, len)) {
-        free(data);
-        return tool_fail("model resize-vocab");
-    }
-    free(data);
-    return 0;
-}
 
 static int resize_vocab(int argc, char **argv) {
     const char *model_dir, *tok_dir, *out;
@@ -86,8 +68,9 @@ static int resize_vocab(int argc, char **argv) {
         goto done;
     }
     static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"};
-    for (size_t i = 0; i < sizeof files / sizeof files[0] && !rc; i++) rc = copy_if_present(tok_dir, out, files[i]);
-    if (!rc) rc = copy_if_present(model_dir, out, "generation_config.json");
+    for (size_t i = 0; i < sizeof files / sizeof files[0] && !rc; i++)
+        rc = tool_copy_if_present("model resize-vocab", tok_dir, out, files[i]);
+    if (!rc) rc = tool_copy_if_present("model resize-vocab", model_dir, out, "generation_config.json");
     if (!rc)
         fprintf(stderr, "cllm model resize-vocab: vocabulary %d -> %lld rows, written to %s\n", old, want, out);
 done:

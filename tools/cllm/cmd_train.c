@@ -21,6 +21,7 @@
 #include "args.h"
 #include "cllm/dist.h"
 #include "cllm/json.h"
+#include "cllm/lora.h"
 #include "cllm/optim.h"
 #include "cllm/train.h"
 #include "commands.h"
@@ -133,7 +134,7 @@ typedef struct {
     const char *config, *model, *data, *eval_data, *out, *steps, *batch, *micro, *accum, *seq_len, *save_interval,
         *save_limit, *eval_interval, *eval_iters, *resume, *seed, *optimizer, *lr, *wd, *clip, *log_every, *shard,
         *log, *peak, *tokenizer, *splits, *skip_bad, *task, *ref_model, *beta, *loss_type, *smoothing, *heartbeat,
-        *center;
+        *lora_r, *lora_alpha, *lora_dropout, *lora_target, *adapter, *center;
     bool no_shuffle, strict, print_config, sync_save, grad_ckpt, reference_free;
 } train_flags;
 
@@ -237,6 +238,34 @@ static int apply_flags(json_t *j, const train_flags *f) {
         if (f->smoothing) rc = rc ? rc : set_num(d, "label_smoothing", "label-smoothing", f->smoothing);
         if (f->reference_free) json_object_set_new(d, "reference_free", json_true());
     }
+    if (f->adapter) json_object_set_new(j, "adapter", json_string(f->adapter));
+    if (f->lora_r || f->lora_alpha || f->lora_dropout || f->lora_target) {
+        json_t *l = json_object_get(j, "lora");
+        if (l && !json_is_object(l)) {
+            fprintf(stderr, "cllm train: lora: expected an object\n");
+            return 2;
+        }
+        l = sub_object(j, "lora");
+        if (f->lora_r) rc = rc ? rc : set_int(l, "r", "lora-r", f->lora_r);
+        if (f->lora_alpha) rc = rc ? rc : set_num(l, "lora_alpha", "lora-alpha", f->lora_alpha);
+        if (f->lora_dropout) rc = rc ? rc : set_num(l, "lora_dropout", "lora-dropout", f->lora_dropout);
+        if (f->lora_target) {
+            /* as the config key: "all-linear", a list, or a regular expression */
+            cllm_lora_config t;
+            cllm_lora_config_default(&t);
+            if (cllm_lora_config_set_targets(&t, f->lora_target)) {
+                fprintf(stderr, "cllm train: %s\n", cllm_last_error());
+                rc = rc ? rc : 2;
+            } else if (t.target_kind == CLLM_LORA_TARGET_LIST) {
+                json_t *a = json_array();
+                for (int i = 0; i < t.n_targets; i++) json_array_append_new(a, json_string(t.targets[i]));
+                json_object_set_new(l, "target_modules", a);
+            } else {
+                json_object_set_new(l, "target_modules", json_string(f->lora_target));
+            }
+            cllm_lora_config_free(&t);
+        }
+    }
     if (f->center) {
         json_t *d = json_object_get(j, "reward");
         if (d && !json_is_object(d)) {
@@ -297,6 +326,13 @@ int cmd_train(int argc, char **argv) {
         {"heartbeat-timeout", ARG_STR, &f.heartbeat, NULL, false,
          "under mpirun: seconds without a heartbeat before a rank counts as hung and the job ends "
          "(heartbeat_timeout; default 30; 0 = off; env CLLM_HEARTBEAT_TIMEOUT wins)"},
+        {"lora-r", ARG_STR, &f.lora_r, NULL, false, "LoRA: train rank-r adapters on a frozen base (lora.r; default 8; docs/lora.md)"},
+        {"lora-alpha", ARG_STR, &f.lora_alpha, NULL, false, "LoRA: scale numerator, scale = alpha / r (lora.lora_alpha; default 8)"},
+        {"lora-dropout", ARG_STR, &f.lora_dropout, NULL, false, "LoRA: dropout on the adapters' input (lora.lora_dropout; default 0)"},
+        {"lora-target", ARG_STR, &f.lora_target, NULL, false,
+         "LoRA: modules such as q_proj,v_proj, a regular expression or all-linear (lora.target_modules; default: "
+         "PEFT's per architecture)"},
+        {"adapter", ARG_STR, &f.adapter, NULL, false, "LoRA: continue training this PEFT adapter folder (adapter)"},
         {"strict", ARG_FLAG, &f.strict, NULL, false, "unknown config keys are errors instead of warnings"},
         {"print-config", ARG_FLAG, &f.print_config, NULL, false, "print the resolved config as JSON and exit"},
     };

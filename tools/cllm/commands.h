@@ -18,6 +18,7 @@ int cmd_data(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_tokenizer(int argc, char **argv);
 int cmd_model(int argc, char **argv);
+int cmd_lora(int argc, char **argv);
 int cmd_estimate(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_launch(int argc, char **argv);
@@ -36,6 +37,10 @@ int tool_dispatch(const char *cmd, const tool_subcommand *subs, int n, int argc,
 
 /* Prints "cllm <cmd>: <last error>" to stderr and returns 1. */
 int tool_fail(const char *cmd);
+
+/* Copies dir/name into out/name (atomically) when it exists: 0, or
+ * tool_fail(cmd)'s 1. */
+int tool_copy_if_present(const char *cmd, const char *dir, const char *out, const char *name);
 
 /* --tensor N (tensor.c). tool_tp_load: N == 1 leaves *m NULL (load the
  * whole model as usual); N > 1 joins the MPI job (which must have N

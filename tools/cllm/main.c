@@ -5,10 +5,13 @@
  */
 #include <malloc.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cllm/core.h"
 #include "cllm/cpu.h"
+#include "cllm/io.h"
 #include "cllm/kernels.h"
 #include "commands.h"
 
@@ -34,6 +37,7 @@ static const command commands[] = {
     {"tokenize", cmd_tokenize, "encode text to token ids with an HF tokenizer.json"},
     {"detokenize", cmd_detokenize, "decode token ids to text"},
     {"model", cmd_model, "model folder operations (cllm model resize-vocab)"},
+    {"lora", cmd_lora, "LoRA adapter folders (cllm lora merge: fold an adapter into its base)"},
     {"tokenizer", cmd_tokenizer, "train or extend a BPE tokenizer (cllm tokenizer train|extend)"},
 };
 
@@ -61,6 +65,19 @@ int tool_dispatch(const char *cmd, const tool_subcommand *subs, int n, int argc,
 int tool_fail(const char *cmd) {
     fprintf(stderr, "cllm %s: %s\n", cmd, cllm_last_error());
     return 1;
+}
+
+int tool_copy_if_present(const char *cmd, const char *dir, const char *out, const char *name) {
+    char src[4096], dst[4096];
+    snprintf(src, sizeof src, "%s/%s", dir, name);
+    snprintf(dst, sizeof dst, "%s/%s", out, name);
+    struct stat sb;
+    if (stat(src, &sb) != 0) return 0;
+    char *data = NULL;
+    size_t len = 0;
+    int rc = cllm_read_file(src, &data, &len) || cllm_write_file_atomic(dst, data, len) ? tool_fail(cmd) : 0;
+    free(data);
+    return rc;
 }
 
 static void usage(FILE *f) {

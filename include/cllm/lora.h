@@ -1,0 +1,161 @@
+/*
+ * cllm lora: low-rank adapters (LoRA) on the linear layers of a frozen
+ * model, compatible with HF PEFT's LoraConfig, adapter files and math.
+ *
+ * An adapter on a linear layer y = W x + b adds (B A drop(x)) * scale:
+ * A [r, in], B [out, r], scale = lora_alpha / r (lora_alpha / sqrt(r) with
+ * use_rslora), dropout (lora_dropout) on the adapter's input only and only
+ * in training passes. The layer's module path is its weight's HF name
+ * without ".weight" ("model.layers.0.self_attn.q_proj"); GPT-2's Conv1D
+ * layers (weights [in, out]) and BLOOM's fused query_key_value are single
+ * modules, as in PEFT: one adapter on the whole fused projection.
+ *
+ * Attaching adapters (cllm_lora_attach) declares the model's trainable set
+ * (cllm/model.h): A and B of every adapter, the trained copies of
+ * modules_to_save and, with bias "all" / "lora_only", the biases; every
+ * other tensor is frozen (no gradient, no optimizer state). The forward
+ * and backward passes find an adapter through the linear layer they run,
+ * so training, evaluation and generation all see it. Adapters compute in
+ * fp32 whatever the model's matmul precision.
+ *
+ * Files (a PEFT adapter folder, what save_pretrained writes):
+ *   adapter_config.json        peft_type "LORA", task_type "CAUSAL_LM",
+ *                              base_model_name_or_path, r, lora_alpha, ...
+ *   adapter_model.safetensors  base_model.model.<module>.lora_A.weight [r, in]
+ *                              base_model.model.<module>.lora_B.weight [out, r]
+ *                              base_model.model.<module>.bias (bias all/lora_only)
+ *                              base_model.model.<module>.modules_to_save.weight
+ * docs/lora.md has the keys, flags and limits.
+ */
+#ifndef CLLM_LORA_H
+#define CLLM_LORA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cllm/core.h"
+#include "cllm/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { CLLM_LORA_BIAS_NONE = 0, CLLM_LORA_BIAS_ALL, CLLM_LORA_BIAS_LORA_ONLY } cllm_lora_bias;
+/* init_lora_weights: true (A kaiming-uniform(a = sqrt(5)), B zero),
+ * "gaussian" (A normal(0, 1/r), B zero), false (A and B both as nn.Linear
+ * initialises them: kaiming-uniform(a = sqrt(5)); the adapter starts
+ * non-zero, for tests) */
+typedef enum { CLLM_LORA_INIT_DEFAULT = 0, CLLM_LORA_INIT_GAUSSIAN, CLLM_LORA_INIT_RANDOM } cllm_lora_init;
+/* target_modules: absent (PEFT's default for the architecture), a list of
+ * names (a module matches when its path equals one or ends with "." + it),
+ * a regular expression (the whole path must match), or "all-linear"
+ * (every linear layer but the LM head) */
+typedef enum {
+    CLLM_LORA_TARGET_DEFAULT = 0,
+    CLLM_LORA_TARGET_LIST,
+    CLLM_LORA_TARGET_REGEX,
+    CLLM_LORA_TARGET_ALL_LINEAR
+} cllm_lora_target_kind;
+
+/* rank_pattern / alpha_pattern entry: a module matching `pattern` (as a
+ * regular expression against the end of its path, PEFT's rule) takes
+ * `value` as its r or lora_alpha. */
+typedef struct {
+    char *pattern;
+    double value;
+} cllm_lora_pattern;
+
+/* The "lora" section of a training config, or an adapter_config.json.
+ * Strings and arrays are owned (cllm_lora_config_free). */
+typedef struct {
+    bool enabled;              /* the section (or a --lora-* flag) is present */
+    int r;                     /* 8 */
+    double lora_alpha;         /* 8 */
+    double lora_dropout;       /* 0, in [0, 1) */
+    cllm_lora_target_kind target_kind;
+    char **targets;            /* LIST: n_targets names */
+    int n_targets;
+    char *target_regex;        /* REGEX */
+    cllm_lora_bias bias;       /* "none" */
+    char **modules_to_save;    /* names matched like a target list */
+    int n_modules_to_save;
+    bool use_rslora;
+    bool fan_in_fan_out;       /* must agree with the layer type; GPT-2's Conv1D sets it (as PEFT warns and does) */
+    int *layers_to_transform;  /* NULL: every layer */
+    int n_layers_to_transform;
+    char **layers_pattern;     /* the path component before the layer index; NULL: "layers", "h" */
+    int n_layers_pattern;
+    cllm_lora_pattern *rank_pattern, *alpha_pattern;
+    int n_rank_pattern, n_alpha_pattern;
+    cllm_lora_init init;
+    char *base_model_name_or_path; /* adapter files: written as given, read as found */
+} cllm_lora_config;
+
+/* PEFT's defaults (r 8, lora_alpha 8, no dropout, default targets...). */
+void cllm_lora_config_default(cllm_lora_config *c);
+void cllm_lora_config_free(cllm_lora_config *c); /* NULL and defaults are no-ops */
+cllm_status cllm_lora_config_copy(cllm_lora_config *dst, const cllm_lora_config *src);
+
+/* Parses LoraConfig keys from obj (a json_t object) into c (which must hold
+ * defaults or earlier values). `where` is the object's key path in
+ * messages ("lora"), `path` the file. Unknown keys are errors naming them.
+ * With `peft_file` the other keys PEFT writes into adapter_config.json are
+ * accepted too (peft_type must be "LORA"; options cllm cannot honour, such
+ * as use_dora true, are refused naming the key). */
+struct json_t;
+cllm_status cllm_lora_config_parse(cllm_lora_config *c, const struct json_t *obj, const char *where, const char *path,
+                                   bool peft_file);
+/* Sets target_modules from a flag value: "all-linear", a comma-separated
+ * list ("q_proj,v_proj"), or a regular expression when it holds any of
+ * the characters .*+?[]()|^$\ . */
+cllm_status cllm_lora_config_set_targets(cllm_lora_config *c, const char *flag);
+/* PEFT's default target modules of an architecture ("c_attn" for GPT-2,
+ * "q_proj", "v_proj" for LLaMA, "query_key_value" for BLOOM). */
+const char *const *cllm_lora_default_targets(cllm_arch arch);
+
+/* Attaches adapters by config c to model m: resolves the targets (a target
+ * or modules_to_save name that matches no module is an error naming it),
+ * declares the trainable set and initialises A and B from `seed`
+ * (init_lora_weights). m must have no adapters yet. */
+cllm_status cllm_lora_attach(cllm_model *m, const cllm_lora_config *c, uint64_t seed);
+/* Whether m carries adapters, and their config (NULL without). */
+bool cllm_lora_attached(const cllm_model *m);
+const cllm_lora_config *cllm_lora_config_of(const cllm_model *m);
+/* Adapters, trainable parameters (sum of numel) and the trainable
+ * buffer's floats (alignment gaps included; may be NULL) the config would
+ * give a model of config mc, without allocating it (cllm estimate). */
+cllm_status cllm_lora_count(const cllm_model_config *mc, const cllm_lora_config *c, int *n_adapters,
+                            size_t *n_trainable, size_t *buffer_len);
+
+/* Loads a PEFT adapter folder (adapter_config.json and
+ * adapter_model.safetensors, or a checkpoint's model.safetensors) onto m:
+ * attach by its config, then every tensor of the file into the trainable
+ * buffer. A missing, unexpected or mis-shaped tensor is an error naming
+ * it; a file written for another architecture is refused by name. */
+cllm_status cllm_lora_load(cllm_model *m, const char *dir);
+/* Writes adapter_config.json and adapter_model.safetensors (F32) into dir
+ * (created if needed), atomically; base_model_name_or_path is `base` when
+ * not NULL, else the config's. */
+cllm_status cllm_lora_save(const cllm_model *m, const char *dir, const char *base);
+/* A config as adapter_config.json keys (a new reference): target_modules
+ * as given (null for the architecture's default). */
+struct json_t *cllm_lora_config_to_json(const cllm_lora_config *c);
+/* The adapter_config.json object of m's adapters (a new reference), with
+ * "all-linear" and the default targets resolved to module names. */
+struct json_t *cllm_lora_config_json(const cllm_model *m, const char *base);
+
+/* Folds every adapter into its base weight (W += scale * B A, transposed
+ * for Conv1D), the trained copies into the model's tensors, and drops the
+ * adapters and the trainable set: PEFT's merge_and_unload. */
+cllm_status cllm_lora_merge(cllm_model *m);
+
+/* Dropout masks of training passes are a pure function of this key, the
+ * layer and the element; the trainer sets it per micro-batch so that a
+ * resumed run draws the same masks. */
+void cllm_lora_set_dropout_key(cllm_model *m, uint64_t key);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
