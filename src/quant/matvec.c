@@ -101,12 +101,6 @@ static inline void widen_bf16(wide *w, const uint16_t *src) {
     w->a2 = bf16x8(src + 16);
     w->a3 = bf16x8(src + 24);
 }
-static inline void store_block(float *dst, const wide *w) {
-    _mm256_storeu_ps(dst, w->a0);
-    _mm256_storeu_ps(dst + 8, w->a1);
-    _mm256_storeu_ps(dst + 16, w->a2);
-    _mm256_storeu_ps(dst + 24, w->a3);
-}
 #else
 typedef struct {
     float a[QB];
@@ -125,7 +119,6 @@ static inline void widen_f32(wide *w, const float *src) { memcpy(w->a, src, size
 static inline void widen_bf16(wide *w, const uint16_t *src) {
     for (int i = 0; i < QB; i++) w->a[i] = cllm_bf16_to_f32(src[i]);
 }
-static inline void store_block(float *dst, const wide *w) { memcpy(dst, w->a, sizeof w->a); }
 #endif
 
 #define WBLOCK wide wb
