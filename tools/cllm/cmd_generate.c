@@ -198,12 +198,7 @@ int cmd_generate(int argc, char **argv) {
     cllm_generation *gen = NULL;
     cllm_token_buf enc = {0};
     rc = 1;
-    if (tensor > 1 && weights && strcmp(weights, "fp32") != 0) {
-        (void)CLLM_FAIL(CLLM_ERR_ARG, "--tensor %d runs fp32 weight slices; --weights %s is not supported with it",
-                        tensor, weights);
-        goto fail;
-    }
-    if (tool_tp_load(&m, model_dir, tensor, "generate")) goto fail;
+    if (tool_tp_load(&m, model_dir, tensor, weights, "generate")) goto fail;
     if (tool_tp_follower(m)) { /* ranks > 0 follow rank 0's forward passes */
         rc = tool_tp_follow(m, "generate");
         m = NULL;

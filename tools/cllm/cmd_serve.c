@@ -113,12 +113,7 @@ int cmd_serve(int argc, char **argv) {
         if (cllm_ckpt_verify(ckpt)) goto fail;
         weights = ckpt;
     }
-    if (tensor > 1 && wfmt && strcmp(wfmt, "fp32") != 0) {
-        (void)CLLM_FAIL(CLLM_ERR_ARG, "--tensor %d runs fp32 weight slices; --weights %s is not supported with it",
-                        tensor, wfmt);
-        goto fail;
-    }
-    if (tool_tp_load(&m, weights, tensor, "serve")) goto fail;
+    if (tool_tp_load(&m, weights, tensor, wfmt, "serve")) goto fail;
     if (tool_tp_follower(m)) { /* ranks > 0 follow rank 0's forward passes */
         rc = tool_tp_follow(m, "serve");
         m = NULL;

@@ -43,15 +43,15 @@ int tool_fail(const char *cmd);
 int tool_copy_if_present(const char *cmd, const char *dir, const char *out, const char *name);
 
 /* --tensor N (tensor.c). tool_tp_load: N == 1 leaves *m NULL (load the
- * whole model as usual); N > 1 joins the MPI job (which must have N
- * ranks), loads this rank's part of HF folder dir and logs its size; a
+ * whole model as usual); N > 1 refuses --weights other than fp32 (NULL:
+ * as stored), joins the MPI job (which must have N ranks), loads this rank's part of HF folder dir and logs its size; a
  * failure on any rank ends the job. tool_tp_follower: true on ranks > 0 of
  * a part, which then call tool_tp_follow (runs rank 0's cache calls until
  * it stops; frees m; returns the exit code). Rank 0 calls tool_tp_end
  * after freeing its caches and before freeing m (releases the followers),
  * then cllm_dist_finalize. */
 #include "cllm/model.h"
-cllm_status tool_tp_load(cllm_model **m, const char *dir, int tensor, const char *cmd);
+cllm_status tool_tp_load(cllm_model **m, const char *dir, int tensor, const char *weights, const char *cmd);
 bool tool_tp_follower(const cllm_model *m);
 int tool_tp_follow(cllm_model *m, const char *cmd);
 void tool_tp_end(const cllm_model *m);

@@ -4,6 +4,7 @@
  * held), rank 0 runs the command and the other ranks follow its cache calls
  * (cllm_kv_cache_follow) until rank 0 is done.
  */
+#include <string.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,10 +16,13 @@
 
 static cllm_dist_group *world;
 
-cllm_status tool_tp_load(cllm_model **m, const char *dir, int tensor, const char *cmd) {
+cllm_status tool_tp_load(cllm_model **m, const char *dir, int tensor, const char *weights, const char *cmd) {
     *m = NULL;
     if (tensor < 1) return CLLM_FAIL(CLLM_ERR_ARG, "--tensor %d: a positive number of ranks", tensor);
     if (tensor == 1) return CLLM_OK; /* the caller loads the whole model its usual way */
+    if (weights && strcmp(weights, "fp32") != 0)
+        return CLLM_FAIL(CLLM_ERR_ARG, "--tensor %d runs fp32 weight slices; --weights %s is not supported with it",
+                         tensor, weights);
     /* Every layer synchronises the ranks twice per token: a rank waiting in
      * a collective gives its core away rather than polling, so that on a
      * host shared with other work (or with more ranks than cores) the rank
