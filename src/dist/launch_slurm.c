@@ -152,7 +152,7 @@ cllm_status cllm_launch_slurm_hostlist(const char *list, const char *what, char 
             char buf[MAX_NAME + 1];
             st = expand(p, e, buf, 0, &l, what, list);
         }
-        if (!*e) break;
+        if (st || !*e) break;
         p = e + 1;
         if (!*p) st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s '%s': empty host name after the last ','", what, list);
     }
