@@ -156,7 +156,7 @@ int cmd_launch(int argc, char **argv) {
     const char *hostfile = NULL, *include = NULL, *exclude = NULL, *largs = NULL, *mpirun = "mpirun";
     bool dry = false;
     arg_spec specs[] = {
-        {"np", ARG_INT, &np, "0", false, "ranks (-n N); 0 = every selected slot, or this machine's cores without --hostfile"},
+        {"np", ARG_INT, &np, "0", false, "ranks (-n N); 0 = SLURM_NTASKS in a Slurm allocation, else every selected slot, or this machine's cores without --hostfile"},
         {"hostfile", ARG_STR, &hostfile, NULL, false,
          "DeepSpeed hostfile: 'HOST slots=N' lines (default: the Slurm allocation when SLURM_JOB_ID is set, else this machine)"},
         {"include", ARG_STR, &include, NULL, false, "only these hosts/slots: host1:0,2@host2"},
