@@ -11,7 +11,8 @@ cluster: a real one-node Slurm (Debian's slurmctld + slurmd, started here
          with a private slurm.conf: auth/none, no munge, no accounting, on
          free ports), then
            salloc -n 2 cllm launch -- train   (2 ranks through mpirun),
-           sbatch with `srun --mpi=pmix cllm train` (2 ranks started by srun),
+           sbatch with `srun --mpi=pmix cllm train` (2 ranks started by srun)
+             and then `cllm launch -- train` (from the batch step),
          each against the one-process run (losses and grad norms per step,
          final weights: 1e-5 relative), and `srun -n 2 cllm train` without
          PMIx (--mpi=none, --mpi=pmi2) refused by every task with the fix
@@ -282,12 +283,14 @@ def cluster(env):
             l, w = same_run("salloc + cllm launch", out, ref)
             print(f"salloc -n 2 cllm launch: {took:.1f} s, worst loss rel {l:.1e}, weights rel {w:.1e}")
 
-        # sbatch: the script a user writes, its ranks started by srun --mpi=pmix
-        out = env.path("sbatch")
+        # sbatch: the script a user writes, its ranks started by srun --mpi=pmix,
+        # then by cllm launch from the batch step
+        out, out2 = env.path("sbatch"), env.path("sbatch_launch")
         script = env.path("job.sh")
         with open(script, "w") as f:
-            f.write(f"#!/bin/sh\n#SBATCH --ntasks=2\n#SBATCH --output={env.path('job.out')}\n"
-                    f"export OMP_NUM_THREADS=1\nsrun --mpi=pmix {env.cllm} train --config {cfg} --out {out}\n")
+            f.write(f"#!/bin/sh\n#SBATCH --ntasks=2\n#SBATCH --output={env.path('job.out')}\nset -e\n"
+                    f"export OMP_NUM_THREADS=1\nsrun --mpi=pmix {env.cllm} train --config {cfg} --out {out}\n"
+                    f"{env.cllm} launch -- train --config {cfg} --out {out2}\n")
         t0 = time.monotonic()
         p = run(["sbatch", "--parsable", script], env=s.env, timeout=30, cwd=env.dir)
         job = p.stdout.strip().split(";")[0]
@@ -301,10 +304,15 @@ def cluster(env):
         log = open(env.path("job.out")).read() if os.path.exists(env.path("job.out")) else ""
         check("JobState=COMPLETED" in info and "ExitCode=0:0" in info,
               f"sbatch + srun --mpi=pmix: job {job} did not complete:\n{info}\n{log[-3000:]}\n{s.logs()}")
-        two_ranks("sbatch + srun --mpi=pmix", log)
+        srun_log, launch_log = log.split("cllm launch: Slurm job", 1) if "cllm launch: Slurm job" in log else (log, "")
+        two_ranks("sbatch + srun --mpi=pmix", srun_log)
+        two_ranks("sbatch + cllm launch", launch_log)
+        check(f"--host {s.node}:2 " in launch_log, f"sbatch + cllm launch: hosts not from Slurm:\n{launch_log[-2000:]}")
         if "JobState=COMPLETED" in info:
             l, w = same_run("sbatch + srun --mpi=pmix", out, ref)
-            print(f"sbatch, srun --mpi=pmix cllm train: {took:.1f} s, worst loss rel {l:.1e}, weights rel {w:.1e}")
+            l2, w2 = same_run("sbatch + cllm launch", out2, ref)
+            print(f"sbatch (srun --mpi=pmix cllm train, then cllm launch): {took:.1f} s, worst loss rel "
+                  f"{max(l, l2):.1e}, weights rel {max(w, w2):.1e}")
 
         # srun without PMIx: every task refuses instead of training alone
         for mpi, how in (("none", "no process-management interface (srun --mpi=none)"),
