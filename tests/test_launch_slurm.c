@@ -131,6 +131,7 @@ int main(void) {
     alloc("a,b", "2", NULL, NULL, NULL, "SLURM_TASKS_PER_NODE '2' gives 1 count for 2 hosts");
     alloc("a,b", "1(x2)", NULL, "4", NULL, "SLURM_JOB_CPUS_PER_NODE '4' gives 1 count for 2 hosts");
     alloc("a[", "1", NULL, NULL, NULL, "SLURM_JOB_NODELIST 'a['");
+    alloc("n[1-20]", "65536(x20)", NULL, NULL, NULL, "SLURM_TASKS_PER_NODE '65536(x20)' places 1310720 tasks, more than 1048576");
     /* a filter and a limit work on Slurm's hosts as on a hostfile's */
     cllm_launch_slurm env = {"n[1-3]", "2(x3)", NULL, "4(x3)"};
     cllm_launch_hosts h;

@@ -9,7 +9,8 @@
  * `rack[1-2]-n[1-2]`), expanded as a product with the last group varying
  * fastest. A range keeps the width of its first number (`[08-10]` gives
  * 08 09 10). Counts: comma-separated `N` or `N(xM)` (N repeated M times).
- * At most 65536 hosts or counts, numbers of at most 9 digits.
+ * At most 65536 hosts or counts, 2^20 tasks in all, numbers of at most 9
+ * digits.
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -20,11 +21,12 @@
 
 #define MAX_ITEMS 65536
 #define MAX_NAME 255
+#define MAX_TASKS (1 << 20) /* tasks of a whole allocation: rank counts stay ints */
 
 /* The growing list of expanded names. */
 typedef struct {
     char **v;
-    int n;
+    int n, cap;
 } names;
 
 /* Parses the decimal number spanning exactly [s, e) (1..9 digits). */
@@ -42,9 +44,14 @@ static bool parse_num(const char *s, const char *e, long *v) {
 static cllm_status push_name(names *l, const char *s, size_t len, const char *what, const char *list) {
     if (l->n >= MAX_ITEMS)
         return CLLM_FAIL(CLLM_ERR_FORMAT, "%s '%s': more than %d hosts", what, list, MAX_ITEMS);
-    char **v = realloc(l->v, (size_t)(l->n + 1) * sizeof *v);
-    if (!v) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
-    l->v = v;
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 16;
+        char **v = realloc(l->v, (size_t)cap * sizeof *v);
+        if (!v) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        l->v = v;
+        l->cap = cap;
+    }
+    char **v = l->v;
     if (!(v[l->n] = malloc(len + 1))) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     memcpy(v[l->n], s, len);
     v[l->n][len] = '\0';
@@ -209,6 +216,9 @@ cllm_status cllm_launch_hosts_slurm(const cllm_launch_slurm *env, cllm_launch_ho
     long total = 0;
     for (int i = 0; !st && i < n; i++) total += tasks[i];
     long want = total;
+    if (!st && total > MAX_TASKS)
+        st = CLLM_FAIL(CLLM_ERR_FORMAT, "SLURM_TASKS_PER_NODE '%s' places %ld tasks, more than %d", env->tasks_per_node,
+                       total, MAX_TASKS);
     if (!st && env->ntasks) {
         const char *s = env->ntasks;
         if (!parse_num(s, s + strlen(s), &want) || want < 1)
@@ -218,11 +228,12 @@ cllm_status cllm_launch_hosts_slurm(const cllm_launch_slurm *env, cllm_launch_ho
                            env->tasks_per_node, total, total == 1 ? "" : "s");
     }
     for (int i = 0; !st && i < n; i++) {
-        cllm_launch_host *hs = realloc(h.hosts, (size_t)(h.n + 1) * sizeof *hs);
+        if (!h.hosts && !(h.hosts = malloc((size_t)n * sizeof *h.hosts))) {
+            st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+            break;
+        }
         int *sel = malloc((size_t)tasks[i] * sizeof *sel);
-        if (hs) h.hosts = hs;
-        if (!hs || !sel) {
-            free(sel);
+        if (!sel) {
             st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
             break;
         }
