@@ -49,7 +49,8 @@ RUN = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def run(cmd, cwd=None, env=None, timeout=120):
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("CLLM_", "OMP_"))}
+    # Slurm's variables too: inside an allocation the launcher takes its hosts from them
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("CLLM_", "OMP_", "SLURM_"))}
     e.update(env or {})
     t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=e, timeout=timeout)

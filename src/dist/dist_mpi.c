@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "cllm/dist.h"
+#include "dist/srun.h"
 #include "dist/watchdog.h"
 
 static bool started;  /* we called MPI_Init */
@@ -42,7 +43,10 @@ static cllm_status mpi_fail(int rc, const char *func, const char *what) {
     } while (0)
 
 cllm_status cllm_dist_init(void) {
-    if (started || !launched_by_mpi()) return CLLM_OK;
+    if (started) return CLLM_OK;
+    cllm_status st = dist_srun_check(true);
+    if (st) return st;
+    if (!launched_by_mpi()) return CLLM_OK;
     int already = 0;
     MPI_Initialized(&already);
     /* threads: a progress thread may test nonblocking collectives (async_mpi.c) */
@@ -55,7 +59,7 @@ cllm_status cllm_dist_init(void) {
     MPI_TRY(MPI_Comm_size(MPI_COMM_WORLD, &w_size));
     /* every collective below is announced to the watchdog (watchdog_mpi.c);
      * a thread pings the other ranks (heartbeat_mpi.c) */
-    cllm_status st = dist_watch_init(w_rank, w_size);
+    st = dist_watch_init(w_rank, w_size);
     return st ? st : dist_heartbeat_init(w_rank, w_size);
 }
 

@@ -7,8 +7,9 @@
 #include <string.h>
 
 #include "cllm/dist.h"
+#include "dist/srun.h"
 
-cllm_status cllm_dist_init(void) { return CLLM_OK; }
+cllm_status cllm_dist_init(void) { return dist_srun_check(false); }
 void cllm_dist_finalize(void) {}
 void cllm_dist_abort(int code) { (void)code; }
 int cllm_dist_rank(void) { return 0; }
