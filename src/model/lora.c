@@ -40,6 +40,7 @@ struct model_lora {
     int *of_tensor;      /* [n_tensors] adapter index or -1 */
     uint64_t key;        /* dropout masks */
     bool training;       /* dropout on (set by the training passes) */
+    bool disabled;       /* cllm_lora_set_enabled(m, false): the base alone */
 };
 
 /* ------------------------------------------------------------ modules */
@@ -183,6 +184,10 @@ const cllm_lora_config *cllm_lora_config_of(const cllm_model *m) { return m->lor
 
 void cllm_lora_set_dropout_key(cllm_model *m, uint64_t key) {
     if (m->lora) m->lora->key = key;
+}
+
+void cllm_lora_set_enabled(cllm_model *m, bool on) {
+    if (m->lora) m->lora->disabled = !on;
 }
 
 void model_lora_set_training(cllm_model *m, bool on) {
@@ -334,7 +339,7 @@ cllm_status cllm_lora_count(const cllm_model_config *mc, const cllm_lora_config 
 
 const struct model_adapter *model_lora_find(const cllm_model *m, const float *w) {
     const struct model_lora *L = m->lora;
-    if (!L || !m->params) return NULL;
+    if (!L || L->disabled || !m->params) return NULL;
     uintptr_t base = (uintptr_t)m->params, p = (uintptr_t)w;
     if (p < base || (p - base) / sizeof(float) >= m->n_params) return NULL;
     size_t off = (p - base) / sizeof(float);

@@ -283,6 +283,19 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
     if (c->task && strcmp(c->task, "reward") == 0)
         json_object_set_new(j, "reward", json_pack("{sf}", "center_rewards_coefficient",
                                                    c->reward.center_rewards_coefficient));
+    if (c->task && strcmp(c->task, "ppo") == 0) {
+        const cllm_ppo_params *p = &c->ppo;
+        json_t *g = json_pack("{sisfsisf}", "max_new_tokens", p->max_new_tokens, "temperature", p->temperature,
+                              "top_k", p->top_k, "top_p", p->top_p);
+        json_object_set_new(j, "ppo", json_pack("{sfsbsfsfsfsfsfsfsfsisisbsfss?ss?ss?so}", "init_kl_coef",
+                                                p->init_kl_coef, "adap_kl_ctrl", p->adap_kl_ctrl, "target", p->target,
+                                                "horizon", p->horizon, "gamma", p->gamma, "lam", p->lam, "cliprange",
+                                                p->cliprange, "cliprange_value", p->cliprange_value, "vf_coef",
+                                                p->vf_coef, "ppo_epochs", p->ppo_epochs, "batch_size", p->batch_size,
+                                                "whiten_rewards", p->whiten_rewards, "ratio_threshold",
+                                                p->ratio_threshold, "reward_model", c->reward_model_dir, "ref_model",
+                                                c->ref_model_dir, "rollouts", c->ppo_rollouts, "generation_kwargs", g));
+    }
     return j;
 }
 

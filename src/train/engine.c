@@ -39,6 +39,8 @@ void cllm_train_request_stop(void) { stop_requested = 1; }
 
 /* ------------------------------------------------------------ set-up */
 
+static bool task_is(const cllm_train_config *c, const char *t) { return c->task && strcmp(c->task, t) == 0; }
+
 /* The starting weights: the model folder or a new model by the init spec. */
 static cllm_status open_start(trainer *tr);
 
@@ -49,11 +51,23 @@ static cllm_status open_model(trainer *tr, const char *resume_dir) {
         cllm_status st = open_start(tr);
         return st ? st : train_lora_attach(tr->m, tr->cfg, resume_dir);
     }
-    if (resume_dir) return cllm_ckpt_load_model(&tr->m, resume_dir); /* either checkpoint format */
+    if (resume_dir) {
+        cllm_status st = cllm_ckpt_load_model(&tr->m, resume_dir); /* either checkpoint format */
+        return st || !task_is(tr->cfg, "ppo") ? st : cllm_model_add_value_head(&tr->m, tr->cfg->seed);
+    }
     return open_start(tr);
 }
 
+static cllm_status open_start_weights(trainer *tr);
+
+/* PPO's policy carries a value head (before any adapters go on). */
 static cllm_status open_start(trainer *tr) {
+    cllm_status st = open_start_weights(tr);
+    if (!st && task_is(tr->cfg, "ppo")) st = cllm_model_add_value_head(&tr->m, tr->cfg->seed);
+    return st;
+}
+
+static cllm_status open_start_weights(trainer *tr) {
     cllm_train_config *c = tr->cfg;
     if (c->model_dir) return cllm_model_load(&tr->m, c->model_dir);
     const cllm_model_init_spec *mi = &c->model_init;
@@ -70,7 +84,16 @@ static cllm_status open_start(trainer *tr) {
 
 static cllm_status open_data(trainer *tr) {
     cllm_train_config *c = tr->cfg;
+    if (task_is(c, "ppo") && c->ppo_rollouts) {
+        if (c->data_train || c->data_eval || c->splits)
+            return CLLM_FAIL(CLLM_ERR_ARG, "ppo.rollouts (--rollouts): the rollouts are the training data; leave "
+                             "data.train, data.eval and data.splits unset");
+        return CLLM_OK;
+    }
     if (!c->data_train) return CLLM_FAIL(CLLM_ERR_ARG, "no training data: set data.train (or --data)");
+    if (task_is(c, "ppo") && (c->data_eval || c->splits))
+        return CLLM_FAIL(CLLM_ERR_ARG, "task \"ppo\": no evaluation (it trains on its own rollouts); leave data.eval "
+                         "and data.splits unset");
     /* Training always reads the "train" split: all of a dataset without
      * split weights, and never the valid/test documents of one prepared
      * with --split. Raw text is tokenized with data.tokenizer, else with the
@@ -140,6 +163,67 @@ static cllm_status open_reward(trainer *tr, bool piped, bool tensor) {
     if (st) return cllm_fail_context(st, "task \"reward\"");
     cllm_objective *o = NULL;
     if ((st = cllm_objective_reward_init(&o, &c->reward))) return st;
+    cllm_objective_free(tr->obj);
+    tr->obj = o;
+    return CLLM_OK;
+}
+
+/* A model folder for PPO's reward or reference model, checked against the
+ * policy's vocabulary. */
+static cllm_status load_side_model(trainer *tr, const char *dir, const char *what, cllm_model **out) {
+    cllm_status st = cllm_ckpt_load_model(out, dir);
+    if (st) return cllm_fail_context(st, "%s %s", what, dir);
+    int v = cllm_model_get_config(*out)->vocab_size, pv = cllm_model_get_config(tr->m)->vocab_size;
+    if (v != pv) {
+        cllm_model_free(*out);
+        *out = NULL;
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s %s: vocabulary of %d, the policy's is %d", what, dir, v, pv);
+    }
+    return CLLM_OK;
+}
+
+/* task "ppo": trl's PPOTrainer objective, rollouts from ppo.rollouts or
+ * generated from the data's prompts and scored by ppo.reward_model; the
+ * reference is ppo.ref_model, else the base without adapters (LoRA), else
+ * the starting weights. */
+static cllm_status open_ppo(trainer *tr, bool piped, bool tensor) {
+    cllm_train_config *c = tr->cfg;
+    if (piped || tensor)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "task \"ppo\" with %s parallelism: not supported; use data "
+                         "parallelism", piped ? "pipeline" : "tensor");
+    if (c->eval_interval > 0)
+        return CLLM_FAIL(CLLM_ERR_ARG, "task \"ppo\": eval_interval: PPO has no evaluation pass; leave it unset");
+    long mini = c->train_batch_size / c->dp_size;
+    if (c->ppo_mini_batch_size && c->ppo_mini_batch_size != mini)
+        return CLLM_FAIL(CLLM_ERR_ARG, "ppo.mini_batch_size: %d, but each rank trains on %ld rollouts per step "
+                         "(train_batch_size %ld over %d ranks); set train_batch_size to mini_batch_size x ranks",
+                         c->ppo_mini_batch_size, mini, c->train_batch_size, c->dp_size);
+    cllm_status st = CLLM_OK;
+    cllm_ppo_source *src = NULL;
+    cllm_model *ref = NULL, *rm = NULL;
+    if (c->ppo_rollouts) {
+        st = cllm_ppo_source_file(&src, c->ppo_rollouts, cllm_model_get_config(tr->m)->vocab_size);
+    } else if (!c->reward_model_dir) {
+        st = CLLM_FAIL(CLLM_ERR_ARG, "task \"ppo\": no reward model: set ppo.reward_model (--reward-model), or "
+                       "ppo.rollouts (--rollouts) for fixed rollouts");
+    } else if (!(st = load_side_model(tr, c->reward_model_dir, "reward model", &rm))) {
+        st = cllm_ppo_source_generate(&src, tr->train, rm, c->seed);
+    }
+    if (st) return st;
+    bool lora = cllm_lora_attached(tr->m);
+    const char *dir = c->ref_model_dir ? c->ref_model_dir : lora ? NULL : c->model_dir;
+    if (dir) st = load_side_model(tr, dir, "reference model", &ref);
+    else if (!lora)
+        st = CLLM_FAIL(CLLM_ERR_ARG, "task \"ppo\": no reference model: \"model\" is not an HF folder; set "
+                       "ppo.ref_model (--ref-model)");
+    if (st) {
+        cllm_ppo_source_free(src);
+        return st;
+    }
+    cllm_objective *o = NULL;
+    if ((st = cllm_objective_ppo_init(&o, &c->ppo, src, ref, (int)c->train_micro_batch_size_per_gpu, (int)mini,
+                                      c->seed)))
+        return st;
     cllm_objective_free(tr->obj);
     tr->obj = o;
     return CLLM_OK;
@@ -434,7 +518,12 @@ static cllm_status save_checkpoint(trainer *tr, bool sync) {
 static cllm_status load_rows(trainer *tr, uint64_t g0, long *count) {
     int T = tr->cfg->seq_len;
     uint64_t base = g0 + (uint64_t)tr->cfg->dp_rank * (uint64_t)tr->local;
-    for (long i = 0; i < tr->local; i++) {
+    if (cllm_objective_has_rows(tr->obj)) { /* the objective's own rows (PPO's rollouts) */
+        cllm_status st = cllm_objective_rows(tr->obj, tr->m, tr->state.global_step + 1, (int)tr->local, T, tr->tokens,
+                                             tr->labels);
+        if (st) return st;
+    }
+    for (long i = 0; i < tr->local && !cllm_objective_has_rows(tr->obj); i++) {
         cllm_status st = cllm_loader_get(tr->train, base + (uint64_t)i, tr->tokens + (size_t)i * T,
                                          tr->labels + (size_t)i * T, NULL);
         if (st) return st;
@@ -691,6 +780,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if (reward) st = open_reward(tr, piped, tensor);
     else if (tr->pairs) st = open_dpo(tr, piped, tensor);
     if (st) goto done;
+    const uint64_t n_data = tr->train ? cllm_loader_size(tr->train) : 0;
     if (!reward && cllm_model_get_config(tr->m)->num_labels > 0) {
         st = CLLM_FAIL(CLLM_ERR_ARG, "task \"%s\" on a sequence-classification (reward) model: it has no LM head; "
                        "train it with task \"reward\"", c->task ? c->task : "lm");
@@ -698,11 +788,12 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     }
     if (tensor && (st = train_tp_init(&tr->tp, &tr->m, &tr->topo))) goto done;
     /* DPO: batch sizes count pairs; from here on they count rows (2 a pair) */
-    if ((st = cllm_train_config_resolve(c, cllm_loader_size(tr->train) / (tr->pairs ? 2 : 1)))) goto done;
+    if ((st = cllm_train_config_resolve(c, n_data / (tr->pairs ? 2 : 1)))) goto done;
     if (tr->pairs) {
         c->train_batch_size *= 2;
         c->train_micro_batch_size_per_gpu *= 2;
     }
+    if (task_is(c, "ppo") && (st = open_ppo(tr, piped, tensor))) goto done;
     const cllm_model_config *mc = cllm_model_get_config(tr->m);
     if (mc->n_ctx > 0 && c->seq_len > mc->n_ctx) {
         st = CLLM_FAIL(CLLM_ERR_ARG, "seq_len %d exceeds the model's %d positions", c->seq_len, mc->n_ctx);
@@ -738,7 +829,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         goto done;
     }
     if (tensor && (st = tp_norm_skip(tr))) goto done;
-    if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), cllm_loader_size(tr->train)))) goto done;
+    if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), n_data))) goto done;
     if (tr->zero.stage == 3 && (c->bf16_enabled || c->fp16_enabled)) {
         st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s with zero_optimization.stage 3: the 16-bit weight copy is made from "
                        "the whole flat parameter buffer, which stage 3 does not keep; use stage 0-2, or fp32",
@@ -845,7 +936,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         fprintf(stderr,
                 "cllm train: %zu parameters, %llu samples, steps %ld..%ld of %ld x %d tokens "
                 "(micro %ld x accumulation %ld x dp %d), %s, %s lr %g, peak %.1f GFLOP/s (%s)%s\n",
-                cllm_model_n_params(tr->m), (unsigned long long)cllm_loader_size(tr->train), first + 1,
+                cllm_model_n_params(tr->m), (unsigned long long)(tr->train ? cllm_loader_size(tr->train) : 0), first + 1,
                 c->train_iters, c->train_batch_size, c->seq_len, c->train_micro_batch_size_per_gpu,
                 c->gradient_accumulation_steps, c->dp_size, cllm_opt_name(c->optim.type),
                 cllm_sched_name(c->sched.type), c->optim.lr, tr->peak_gflops,
