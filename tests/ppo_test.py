@@ -355,6 +355,53 @@ def case_losses(cllm, tmp):
               "v_head.summary.weight" in names and "v_head.summary.bias" in names)
 
 
+def case_generate(cllm, tmp):
+    # a reward model whose score is large when the last token is 7: its
+    # blocks add nothing (o_proj, down_proj zero), so the final hidden state
+    # is the normed embedding of the last token, and the score head points
+    # along token 7's embedding
+    cfg = hm.make_config("llama")
+    pol_dir, rm_dir = os.path.join(tmp, "gen.pol"), os.path.join(tmp, "gen.rm")
+    hm.save_hf_folder(pol_dir, cfg, hm.init_params(cfg, seed=3))
+    rc = OrderedDict(cfg)
+    rc["architectures"] = ["LlamaForSequenceClassification"]
+    rc["id2label"] = {"0": "LABEL_0"}
+    rm = hm.init_params(dict(cfg, architectures=["x"]), seed=3)
+    rm.pop("lm_head.weight", None)
+    for n in rm:
+        if n.endswith("o_proj.weight") or n.endswith("down_proj.weight"):
+            rm[n].zero_()
+    e = rm["model.embed_tokens.weight"][7]
+    rm["score.weight"] = (e / e.norm() * 0.5).reshape(1, -1)
+    hm.save_hf_folder(rm_dir, rc, rm)
+    r = random.Random(1)
+    prompts = os.path.join(tmp, "gen.prompts.jsonl")
+    write_jsonl(prompts, [{"input_ids": [r.randrange(101) for _ in range(r.randint(2, 5))]} for _ in range(64)])
+    conf = os.path.join(tmp, "gen.json")
+    with open(conf, "w") as f:
+        json.dump({"task": "ppo", "ppo": {"init_kl_coef": 0.01, "ppo_epochs": 4, "batch_size": 16,
+                                          "generation_kwargs": {"max_new_tokens": 3}}}, f)
+    out = os.path.join(tmp, "gen.out")
+    r = run([cllm, "train", "--config", conf, "--model", pol_dir, "--reward-model", rm_dir, "--data", prompts,
+             "--out", out, "--steps", "48", "--batch-size", "8", "--seq-len", "12", "--optimizer", "adamw", "--lr",
+             "2e-2", "--log", "quiet", "--peak-gflops", "1"])
+    if not check("generate: exit 0", r.returncode == 0, r.stderr[-600:]):
+        return
+    ms = metrics_of(out)
+    names = ["ppo/loss/policy", "ppo/loss/value", "ppo/policy/clipfrac", "ppo/val/clipfrac", "objective/kl",
+             "objective/kl_coef", "objective/entropy", "env/reward_mean", "env/reward_std"]
+    check("generate: trl's metrics on every step", all(all(k in m for k in names) for m in ms))
+    check("generate: 3 response tokens a rollout (24 a step)", all(m["tokens"] == 24 for m in ms),
+          str(sorted(set(m["tokens"] for m in ms))))
+    first, last = ms[0]["env/reward_mean"], (ms[-1]["env/reward_mean"] + ms[-9]["env/reward_mean"]) / 2
+    check("generate: mean reward rises (%.3f -> %.3f over 6 PPO batches)" % (first, last), last > first + 1.0)
+    coefs = [m["objective/kl_coef"] for m in ms[::8]]
+    check("generate: the KL coefficient adapts (%s)" % ", ".join("%.5f" % c for c in coefs),
+          coefs[0] == 0.01 and len(set(coefs)) == len(coefs))
+    names = hm.load_safetensors(os.path.join(out, "model.safetensors"))
+    check("generate: the policy saved with its value head", "v_head.summary.weight" in names)
+
+
 def case_errors(cllm, tmp):
     cfg = hm.make_config("llama")
     T = 12
@@ -417,7 +464,7 @@ def main():
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="cllm-ppo-")
-    cases = {"losses": case_losses, "errors": case_errors}
+    cases = {"losses": case_losses, "generate": case_generate, "errors": case_errors}
     try:
         for name, fn in cases.items():
             if a.case == name or (a.case == "all" and name != "mpi"):
