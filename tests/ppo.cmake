@@ -7,7 +7,7 @@ foreach(case losses generate errors)
   cllm_add_py_test(ppo_${case} ppo_test.py LABELS train ARGS --case ${case})
   set_tests_properties(ppo_${case} PROPERTIES TIMEOUT 300)
 endforeach()
-# data parallelism (label mpi): 2 ranks at ZeRO 1 and 2 against torch
+# data parallelism (label mpi): 2 ranks at ZeRO 1, 2 and 3 against torch
 find_program(CLLM_MPIRUN mpirun)
 if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
   cllm_add_py_test(ppo_mpi ppo_test.py LABELS mpi ARGS --case mpi)

@@ -25,7 +25,7 @@ Cases (--case):
   errors  bad rollout lines (FILE:LINE and the key), bad ppo keys and
           values named, missing reward model, LoRA reference without
           adapters.
-  mpi     2 ranks at ZeRO 1 and 2 against the torch loss over both ranks'
+  mpi     2 ranks at ZeRO 1, 2 and 3 against the torch loss over both ranks'
           rollouts (each rank whitens its own batch, as trl's processes do).
 
 Run by ctest (label train; mpi: label mpi) as
@@ -402,6 +402,40 @@ def case_generate(cllm, tmp):
     check("generate: the policy saved with its value head", "v_head.summary.weight" in names)
 
 
+def case_mpi(cllm, tmp):
+    """2 ranks at ZeRO 1, 2 and 3, 2 rollouts each (rank r takes records
+    2r, 2r + 1 and whitens them alone, as each of trl's processes does): the
+    loss over both ranks' response tokens and the update against torch."""
+    T, LR = 12, 100.0
+    cfg = hm.make_config("gpt2")
+    pol_dir, ref_dir = os.path.join(tmp, "mpi.pol"), os.path.join(tmp, "mpi.ref")
+    hm.save_hf_folder(pol_dir, cfg, policy_params(cfg, 5))
+    hm.save_hf_folder(ref_dir, cfg, hm.init_params(cfg, seed=6))
+    pol, ref = load_st(pol_dir), hm.load_hf_folder(ref_dir)[1]
+    recs = make_rollouts(cfg, pol, T, 4, seed=3, given=True)
+    data = os.path.join(tmp, "mpi.jsonl")
+    write_jsonl(data, recs)
+    pad = cfg.get("eos_token_id") or 0
+    loss, metrics, grads = torch_step(cfg, pol, ref, recs, T, pad, HP, groups=[[0, 1], [2, 3]])
+    for stage in (1, 2, 3):
+        conf = os.path.join(tmp, "mpi.z%d.json" % stage)
+        write_config(conf, HP)
+        with open(conf) as f:
+            c = json.load(f)
+        c["zero_optimization"] = {"stage": stage}
+        with open(conf, "w") as f:
+            json.dump(c, f)
+        out = os.path.join(tmp, "mpi.z%d" % stage)
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        r = subprocess.run(["timeout", "-k", "5", "240", "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to",
+                            "none", "-np", "2"] + train_cmd(cllm, pol_dir, out, conf, T, LR, "--rollouts", data,
+                                                            "--steps", "1", "--batch-size", "4", "--ref-model",
+                                                            ref_dir), capture_output=True, text=True, env=env)
+        if not check("mpi: ZeRO %d on 2 ranks" % stage, r.returncode == 0, r.stderr[-400:]):
+            continue
+        compare("mpi ZeRO %d" % stage, out, pol, loss, metrics, grads, LR)
+
+
 def case_errors(cllm, tmp):
     cfg = hm.make_config("llama")
     T = 12
@@ -464,7 +498,7 @@ def main():
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="cllm-ppo-")
-    cases = {"losses": case_losses, "generate": case_generate, "errors": case_errors}
+    cases = {"losses": case_losses, "generate": case_generate, "errors": case_errors, "mpi": case_mpi}
     try:
         for name, fn in cases.items():
             if a.case == name or (a.case == "all" and name != "mpi"):

@@ -198,6 +198,9 @@ static cllm_status open_ppo(trainer *tr, bool piped, bool tensor) {
         return CLLM_FAIL(CLLM_ERR_ARG, "ppo.mini_batch_size: %d, but each rank trains on %ld rollouts per step "
                          "(train_batch_size %ld over %d ranks); set train_batch_size to mini_batch_size x ranks",
                          c->ppo_mini_batch_size, mini, c->train_batch_size, c->dp_size);
+    if (!c->ppo_rollouts && c->zero.stage == 3)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "task \"ppo\" with zero_optimization.stage 3: generating rollouts "
+                         "needs the whole policy on every rank; use stage 0-2 (stage 3 trains fixed ppo.rollouts)");
     cllm_status st = CLLM_OK;
     cllm_ppo_source *src = NULL;
     cllm_model *ref = NULL, *rm = NULL;
