@@ -2,8 +2,8 @@
 # implementation of trl's PPOTrainer formulas on tiny gpt2, llama and bloom
 # policies with a value head, from fixed rollouts (losses); generated
 # rollouts scored by a reward model (generate); bad rollouts, keys and
-# values named (errors).
-foreach(case losses generate errors)
+# values named (errors); LoRA with the base as reference (lora).
+foreach(case losses generate lora errors)
   cllm_add_py_test(ppo_${case} ppo_test.py LABELS train ARGS --case ${case})
   set_tests_properties(ppo_${case} PROPERTIES TIMEOUT 300)
 endforeach()

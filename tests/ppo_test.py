@@ -22,6 +22,10 @@ Cases (--case):
           scored by a reward model (`cllm train --task reward` output):
           runs, logs trl's metrics, saves the value head; the mean reward
           rises when the reward model prefers one token.
+  lora    LoRA adapters on a frozen base: the value head trains beside
+          them (saved in the adapter folder), the default reference is the
+          base with the adapters disabled (equal to the base folder as
+          --ref-model), and the first step equals the full model's.
   errors  bad rollout lines (FILE:LINE and the key), bad ppo keys and
           values named, missing reward model, LoRA reference without
           adapters.
@@ -436,6 +440,50 @@ def case_mpi(cllm, tmp):
         compare("mpi ZeRO %d" % stage, out, pol, loss, metrics, grads, LR)
 
 
+def case_lora(cllm, tmp):
+    """LoRA: the policy is the frozen base plus adapters, the value head
+    trains beside them, and the default reference is the base with the
+    adapters disabled."""
+    T, LR = 12, 0.05
+    cfg = hm.make_config("llama")
+    pol_dir = os.path.join(tmp, "lora.pol")
+    hm.save_hf_folder(pol_dir, cfg, policy_params(cfg, 5))
+    pol = load_st(pol_dir)
+    recs = make_rollouts(cfg, pol, T, 8, seed=4, given=False)
+    data = os.path.join(tmp, "lora.jsonl")
+    write_jsonl(data, recs)
+    conf = os.path.join(tmp, "lora.json")
+    write_config(conf, HP)
+    lora = ["--lora-r", "4", "--lora-target", "all-linear", "--rollouts", data, "--steps", "2", "--batch-size", "4"]
+    runs = {}
+    for name, extra in (("default", []), ("explicit", ["--ref-model", pol_dir])):
+        out = os.path.join(tmp, "lora.%s" % name)
+        cmd = train_cmd(cllm, pol_dir, out, conf, T, LR, *lora) + extra
+        cmd[cmd.index("sgd")] = "adamw"
+        r = run(cmd)
+        if not check("lora %s reference: exit 0" % name, r.returncode == 0, r.stderr[-400:]):
+            return
+        runs[name] = (out, metrics_of(out))
+    d, e = runs["default"][1], runs["explicit"][1]
+    check("lora: batch 1 KL 0 (new adapters: policy = base)", abs(d[0]["objective/kl"]) < 1e-6, str(d[0]["objective/kl"]))
+    check("lora: batch 2 KL against the base without adapters (%.6g) = against the base folder (%.6g), not 0"
+          % (d[1]["objective/kl"], e[1]["objective/kl"]),
+          abs(d[1]["objective/kl"] - e[1]["objective/kl"]) <= 1e-5 * max(1, abs(e[1]["objective/kl"])) and
+          abs(d[1]["objective/kl"]) > 1e-6)
+    t = hm.load_safetensors(os.path.join(runs["default"][0], "adapter_model.safetensors"))
+    vw = t.get("base_model.model.v_head.summary.weight")
+    check("lora: the adapter folder carries the trained value head",
+          vw is not None and float((vw - pol["v_head.summary.weight"]).abs().max()) > 0)
+    # without LoRA, the first step is the same computation (adapters start at B = 0)
+    out = os.path.join(tmp, "lora.full")
+    cmd = train_cmd(cllm, pol_dir, out, conf, T, LR, "--rollouts", data, "--steps", "1", "--batch-size", "4")
+    r = run(cmd)
+    if check("lora: full-model run exit 0", r.returncode == 0, r.stderr[-400:]):
+        f = metrics_of(out)[0]
+        check("lora: step 1 loss equals the full model's (%.9g vs %.9g)" % (d[0]["loss"], f["loss"]),
+              abs(d[0]["loss"] - f["loss"]) <= 1e-6 * max(1, abs(f["loss"])))
+
+
 def case_errors(cllm, tmp):
     cfg = hm.make_config("llama")
     T = 12
@@ -498,7 +546,8 @@ def main():
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="cllm-ppo-")
-    cases = {"losses": case_losses, "generate": case_generate, "errors": case_errors, "mpi": case_mpi}
+    cases = {"losses": case_losses, "generate": case_generate, "lora": case_lora, "errors": case_errors,
+             "mpi": case_mpi}
     try:
         for name, fn in cases.items():
             if a.case == name or (a.case == "all" and name != "mpi"):

@@ -206,6 +206,9 @@ cllm_status cllm_lora_attach(cllm_model *m, const cllm_lora_config *c, uint64_t 
     if (!st) st = cllm_lora_config_copy(&L->cfg, c);
     if (!st) st = choose(m, c, pick);
     if (!st) st = choose_saved(m, c, save);
+    /* PPO's value head trains beside the adapters (trl keeps it outside the
+     * PEFT model, trainable) */
+    if (!st && m->cfg.value_head) save[m->gslot[G_VHEAD_W]] = save[m->gslot[G_VHEAD_B]] = true;
     for (int i = 0; i < c->n_rank_pattern + c->n_alpha_pattern && !st; i++) { /* bad expressions fail here */
         lora_regex re;
         const char *p = i < c->n_rank_pattern ? c->rank_pattern[i].pattern : c->alpha_pattern[i - c->n_rank_pattern].pattern;
