@@ -105,6 +105,8 @@ typedef struct {
     cllm_dpo_loss loss_type;/* default CLLM_DPO_SIGMOID */
     double label_smoothing; /* [0, 0.5); 0 (sigmoid and robust only) */
     bool reference_free;    /* ref terms 0; no reference model */
+    bool precompute_ref_log_probs; /* the reference's log-probabilities of every row computed once
+                                      before training (cllm_dpo_precompute), then the model freed */
 } cllm_dpo_params;
 
 /* trl's defaults: beta 0.1, sigmoid, no smoothing, with a reference. */
@@ -113,8 +115,10 @@ cllm_dpo_params cllm_dpo_params_default(void);
 cllm_status cllm_dpo_loss_parse(const char *name, cllm_dpo_loss *out);
 const char *cllm_dpo_loss_name(cllm_dpo_loss l);
 
-/* The DPO objective. `ref` (taken over, freed with the objective; NULL only
- * with reference_free) is the frozen reference model, run forward only.
+/* The DPO objective. `ref` (taken over, freed with the objective) is the
+ * frozen reference model, run forward only; NULL with reference_free, or
+ * for the policy with its LoRA adapters disabled (the frozen base: a
+ * policy without adapters is then an error at the first micro-batch).
  * The policy runs two passes per training micro-batch: a forward for its
  * log-probabilities, then forward + backward with per-token scales
  * dloss/dtoken_loss. Metrics (trl's names): rewards/chosen
@@ -122,6 +126,14 @@ const char *cllm_dpo_loss_name(cllm_dpo_loss l);
  * rewards/margins, logps/chosen, logps/rejected. A micro-batch with an odd
  * row count or a row without counted targets fails naming the row. */
 cllm_status cllm_objective_dpo_init(cllm_objective **out, const cllm_dpo_params *p, cllm_model *ref);
+/* precompute_ref_log_probs: the reference's log-probabilities of rows
+ * [B, T] (pairs as for run), kept by the rows' contents (tokens and
+ * targets); policy is the model trained (the reference when it is the base
+ * without adapters). Then cllm_dpo_drop_reference frees the reference
+ * model; a later row that was not precomputed is an error naming it. */
+cllm_status cllm_dpo_precompute(cllm_objective *o, cllm_model *policy, const int32_t *tokens, const int32_t *targets,
+                                int B, int T);
+void cllm_dpo_drop_reference(cllm_objective *o);
 
 /* ---- reward modelling (src/tasks/reward.c, docs/alignment.md) ----
  * trl's RewardTrainer on pairs of rows (2i chosen, 2i+1 rejected, as for

@@ -676,7 +676,8 @@ static cllm_status parse_task(cllm_train_config *c, const json_t *j, const char 
     if (!d) return CLLM_OK;
     if (strcmp(c->task, "dpo") != 0)
         cllm_log(CLLM_LOG_WARN, "%s: the \"dpo\" section is ignored with task \"%s\"", path, c->task);
-    static const char *const k[] = {"beta", "loss_type", "label_smoothing", "reference_free", "ref_model", NULL};
+    static const char *const k[] = {"beta", "loss_type", "label_smoothing", "reference_free", "ref_model",
+                                    "precompute_ref_log_probs", NULL};
     TRY(check_keys(d, k, NULL, "dpo", path, strict));
     TRY(get_num(d, "beta", &c->dpo.beta, 0.0, "dpo", path));
     if (!(c->dpo.beta > 0)) return CLLM_FAIL(CLLM_ERR_ARG, "%s: dpo.beta: must be positive, got 0", path);
@@ -685,6 +686,7 @@ static cllm_status parse_task(cllm_train_config *c, const json_t *j, const char 
         return CLLM_FAIL(CLLM_ERR_ARG, "%s: dpo.label_smoothing: %g is out of range [0, 0.5)", path,
                          c->dpo.label_smoothing);
     TRY(get_bool(d, "reference_free", &c->dpo.reference_free, "dpo", path));
+    TRY(get_bool(d, "precompute_ref_log_probs", &c->dpo.precompute_ref_log_probs, "dpo", path));
     TRY(get_str(d, "ref_model", &c->ref_model_dir, "dpo", path));
     const char *lt = NULL;
     TRY(get_str(d, "loss_type", &lt, "dpo", path));

@@ -274,10 +274,11 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
     json_object_set_new(j, "dp_size", json_integer(c->dp_size));
     json_object_set_new(j, "task", json_string(c->task ? c->task : "lm"));
     if (c->task && strcmp(c->task, "dpo") == 0)
-        json_object_set_new(j, "dpo", json_pack("{sfsssfsbss?}", "beta", c->dpo.beta, "loss_type",
+        json_object_set_new(j, "dpo", json_pack("{sfsssfsbss?sb}", "beta", c->dpo.beta, "loss_type",
                                                 cllm_dpo_loss_name(c->dpo.loss_type), "label_smoothing",
                                                 c->dpo.label_smoothing, "reference_free", c->dpo.reference_free,
-                                                "ref_model", c->ref_model_dir));
+                                                "ref_model", c->ref_model_dir, "precompute_ref_log_probs",
+                                                c->dpo.precompute_ref_log_probs));
     if (c->lora.enabled) json_object_set_new(j, "lora", cllm_lora_config_to_json(&c->lora));
     if (c->adapter_dir) json_object_set_new(j, "adapter", json_string(c->adapter_dir));
     if (c->task && strcmp(c->task, "reward") == 0)

@@ -119,17 +119,41 @@ static cllm_status open_data(trainer *tr) {
     return CLLM_OK;
 }
 
+/* precompute_ref_log_probs: the reference's log-probabilities of every
+ * row of the training (and evaluation) data, once, in chunks of 8 pairs. */
+static cllm_status dpo_precompute(trainer *tr, cllm_objective *o, cllm_loader *l) {
+    const int T = tr->cfg->seq_len, R = 16;
+    uint64_t n = l ? cllm_loader_size(l) : 0;
+    int32_t *tok = malloc((size_t)R * T * sizeof *tok), *lab = malloc((size_t)R * T * sizeof *lab),
+            *tgt = malloc((size_t)R * T * sizeof *tgt);
+    cllm_status st = tok && lab && tgt ? CLLM_OK : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    for (uint64_t g = 0; g < n && !st; g += R) {
+        int rows = n - g < (uint64_t)R ? (int)(n - g) : R;
+        for (int r = 0; r < rows && !st; r++)
+            st = cllm_loader_get(l, g + (uint64_t)r, tok + (size_t)r * T, lab + (size_t)r * T, NULL);
+        if (st) break;
+        cllm_model_make_targets(tgt, lab, rows, T);
+        st = cllm_dpo_precompute(o, tr->m, tok, tgt, rows, T);
+    }
+    free(tok);
+    free(lab);
+    free(tgt);
+    return st ? cllm_fail_context(st, "precompute_ref_log_probs") : CLLM_OK;
+}
+
 /* task "dpo": the DPO objective, its reference model the starting weights
  * (the model folder, not a resumed checkpoint) or dpo.ref_model, loaded
- * whole and run forward only. */
+ * whole and run forward only; with LoRA and no dpo.ref_model, the base
+ * without the adapters (no second model). */
 static cllm_status open_dpo(trainer *tr, bool piped, bool tensor) {
     cllm_train_config *c = tr->cfg;
     if (piped || tensor)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "task \"dpo\" with %s parallelism: not supported; use data "
                          "parallelism (any ZeRO stage)", piped ? "pipeline" : "tensor");
+    const bool base = !c->ref_model_dir && cllm_lora_attached(tr->m);
     const char *dir = c->ref_model_dir ? c->ref_model_dir : c->model_dir;
     cllm_model *ref = NULL;
-    if (!c->dpo.reference_free) {
+    if (!c->dpo.reference_free && !base) {
         if (!dir)
             return CLLM_FAIL(CLLM_ERR_ARG, "task \"dpo\": no reference model: \"model\" is not an HF folder; set "
                              "dpo.ref_model (--ref-model) or dpo.reference_free");
@@ -147,6 +171,14 @@ static cllm_status open_dpo(trainer *tr, bool piped, bool tensor) {
     if (st) return st;
     cllm_objective_free(tr->obj);
     tr->obj = o;
+    if (c->dpo.precompute_ref_log_probs && !c->dpo.reference_free) {
+        if ((st = dpo_precompute(tr, o, tr->train)) || (st = dpo_precompute(tr, o, tr->eval))) return st;
+        cllm_dpo_drop_reference(o);
+        if (cllm_dist_rank() == 0)
+            fprintf(stderr, "cllm train: precompute_ref_log_probs: the reference log-probabilities of %llu rows "
+                    "computed, the reference model freed\n", (unsigned long long)(cllm_loader_size(tr->train) +
+                    (tr->eval ? cllm_loader_size(tr->eval) : 0)));
+    }
     return CLLM_OK;
 }
 

@@ -136,7 +136,7 @@ typedef struct {
         *log, *peak, *tokenizer, *splits, *skip_bad, *task, *ref_model, *beta, *loss_type, *smoothing, *heartbeat,
         *lora_r, *lora_alpha, *lora_dropout, *lora_target, *adapter, *center, *reward_model, *rollouts, *kl_coef,
         *ppo_epochs;
-    bool no_shuffle, strict, print_config, sync_save, grad_ckpt, reference_free;
+    bool no_shuffle, strict, print_config, sync_save, grad_ckpt, reference_free, precompute;
 } train_flags;
 
 /* Sets optimizer.type from a cllm optimizer name: "adam" keeps torch Adam's
@@ -244,7 +244,7 @@ static int apply_flags(json_t *j, const train_flags *f) {
     } else if (f->reward_model || f->rollouts || f->kl_coef || f->ppo_epochs) {
         fprintf(stderr, "cllm train: --reward-model, --rollouts, --init-kl-coef and --ppo-epochs apply to --task ppo\n");
         return 2;
-    } else if (f->ref_model || f->beta || f->loss_type || f->smoothing || f->reference_free) {
+    } else if (f->ref_model || f->beta || f->loss_type || f->smoothing || f->reference_free || f->precompute) {
         json_t *d = json_object_get(j, "dpo");
         if (d && !json_is_object(d)) {
             fprintf(stderr, "cllm train: dpo: expected an object\n");
@@ -256,6 +256,7 @@ static int apply_flags(json_t *j, const train_flags *f) {
         if (f->loss_type) json_object_set_new(d, "loss_type", json_string(f->loss_type));
         if (f->smoothing) rc = rc ? rc : set_num(d, "label_smoothing", "label-smoothing", f->smoothing);
         if (f->reference_free) json_object_set_new(d, "reference_free", json_true());
+        if (f->precompute) json_object_set_new(d, "precompute_ref_log_probs", json_true());
     }
     if (f->adapter) json_object_set_new(j, "adapter", json_string(f->adapter));
     if (f->lora_r || f->lora_alpha || f->lora_dropout || f->lora_target) {
@@ -341,6 +342,9 @@ int cmd_train(int argc, char **argv) {
         {"loss-type", ARG_STR, &f.loss_type, NULL, false, "dpo: sigmoid, ipo, hinge or robust (dpo.loss_type; default sigmoid)"},
         {"label-smoothing", ARG_STR, &f.smoothing, NULL, false, "dpo: label smoothing in [0, 0.5) (dpo.label_smoothing; default 0)"},
         {"reference-free", ARG_FLAG, &f.reference_free, NULL, false, "dpo: no reference model (dpo.reference_free)"},
+        {"precompute-ref-log-probs", ARG_FLAG, &f.precompute, NULL, false,
+         "dpo: the reference's log-probabilities of the data once before training, then the model freed "
+         "(dpo.precompute_ref_log_probs)"},
         {"reward-model", ARG_STR, &f.reward_model, NULL, false,
          "ppo: reward model folder scoring the rollouts (ppo.reward_model; a `--task reward` output)"},
         {"rollouts", ARG_STR, &f.rollouts, NULL, false,
