@@ -26,6 +26,7 @@ Cases (--case):
           them (saved in the adapter folder), the default reference is the
           base with the adapters disabled (equal to the base folder as
           --ref-model), and the first step equals the full model's.
+  estimate  `cllm estimate --task ppo` within 10% of a PPO run's peak RSS.
   errors  bad rollout lines (FILE:LINE and the key), bad ppo keys and
           values named, missing reward model, LoRA reference without
           adapters.
@@ -484,6 +485,43 @@ def case_lora(cllm, tmp):
               abs(d[0]["loss"] - f["loss"]) <= 1e-6 * max(1, abs(f["loss"])))
 
 
+PEAK = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(r.returncode)")
+
+
+def case_estimate(cllm, tmp):
+    """cllm estimate --task ppo within 10% of a PPO run's peak RSS (the
+    small LLaMA preset: policy, reference, reward model, rollouts)."""
+    sft, rm = os.path.join(tmp, "est.sft"), os.path.join(tmp, "est.rm")
+    r = run([cllm, "init", "--arch", "llama", "--preset", "small", "--seed", "1", "--out", sft])
+    pairs, prompts = os.path.join(tmp, "est.pairs.jsonl"), os.path.join(tmp, "est.prompts.jsonl")
+    rnd = random.Random(2)
+    write_jsonl(pairs, [{"chosen_input_ids": [rnd.randrange(10, 1000), 7],
+                         "rejected_input_ids": [rnd.randrange(10, 1000), 9]} for _ in range(8)])
+    write_jsonl(prompts, [{"input_ids": [rnd.randrange(10, 1000) for _ in range(4)]} for _ in range(64)])
+    r2 = run([cllm, "train", "--task", "reward", "--model", sft, "--data", pairs, "--out", rm, "--steps", "1",
+              "--batch-size", "4", "--seq-len", "16", "--log", "quiet"])
+    if not check("estimate: set-up", r.returncode == 0 and r2.returncode == 0, r.stderr[-300:] + r2.stderr[-300:]):
+        return
+    conf = os.path.join(tmp, "est.json")
+    with open(conf, "w") as f:
+        json.dump({"task": "ppo", "ppo": {"batch_size": 8, "ppo_epochs": 1, "generation_kwargs": {"max_new_tokens": 32}}},
+                  f)
+    r = run([sys.executable, "-c", PEAK, cllm, "train", "--config", conf, "--model", sft, "--reward-model", rm, "--data",
+             prompts, "--out", os.path.join(tmp, "est.out"), "--steps", "2", "--batch-size", "4", "--seq-len", "64",
+             "--log", "quiet", "--optimizer", "adamw", "--lr", "1e-5"])
+    if not check("estimate: PPO run", r.returncode == 0, r.stderr[-300:]):
+        return
+    peak = int(r.stdout.split()[-1]) * 1024
+    e = run([cllm, "estimate", "--model", sft, "--task", "ppo", "--micro-batch", "4", "--seq-len", "64", "--ppo-batch",
+             "8", "--json"])
+    j = json.loads(e.stdout)
+    rel = (j["total"] - peak) / peak
+    check("estimate: --task ppo %.1f MB (reference %.1f, reward model %.1f) vs peak RSS %.1f MB (%+.1f%%)"
+          % (j["total"] / 1e6, j["reference_model"] / 1e6, j["reward_model"] / 1e6, peak / 1e6, 100 * rel),
+          abs(rel) <= 0.10 and j["reference_model"] > 0 and j["reward_model"] > 0)
+
+
 def case_errors(cllm, tmp):
     cfg = hm.make_config("llama")
     T = 12
@@ -546,7 +584,8 @@ def main():
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="cllm-ppo-")
-    cases = {"losses": case_losses, "generate": case_generate, "lora": case_lora, "errors": case_errors,
+    cases = {"losses": case_losses, "generate": case_generate, "lora": case_lora, "estimate": case_estimate,
+             "errors": case_errors,
              "mpi": case_mpi}
     try:
         for name, fn in cases.items():
