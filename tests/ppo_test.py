@@ -14,7 +14,8 @@ Cases (--case):
           value head included (relative L2 1e-4). Variants: old
           log-probabilities and values given in the file (ratios away from
           1, both clips active), computed by cllm (whiten_rewards, the
-          default reference), gradient accumulation, 2 minibatches. Also the
+          default reference), gradient accumulation, 2 epochs over a batch
+          (two SGD steps against torch's two). Also the
           adaptive KL coefficient of the second batch against trl's
           controller, and the output folder keeping v_head.* with trl's
           names.
@@ -163,18 +164,38 @@ def values_of(cfg, p, ids):
     return (h @ p["v_head.summary.weight"].t())[..., 0] + p["v_head.summary.bias"][0]
 
 
-def torch_step(cfg, pol, ref, recs, T, pad, hp, groups=None):
+def torch_step(cfg, pol, ref, recs, T, pad, hp, groups=None, epochs=1, lr=None):
     """One step's loss, metrics and gradients. groups: lists of record
     indices prepared (whitened) separately (ranks), the loss a
-    token-weighted mean over all of them."""
+    token-weighted mean over all of them. epochs > 1: that many SGD steps
+    (lr) on the same batch, old log-probabilities, values and advantages
+    from its start; the last step's loss and metrics, the summed
+    gradients."""
     groups = groups or [list(range(len(recs)))]
-    leaves = {n: t.detach().double().requires_grad_(True) for n, t in pol.items()}
+    params = {n: t.detach().double() for n, t in pol.items()}
+    prepared = {}
+    gsum = None
+    for e in range(epochs):
+        loss, metrics, grads = _epoch(cfg, params, ref, recs, T, pad, hp, groups, prepared)
+        gsum = grads if gsum is None else {n: gsum[n] + grads[n] for n in grads}
+        if e + 1 < epochs:
+            params = {n: params[n] - lr * grads[n] for n in params}
+    return loss, metrics, gsum
+
+
+def _epoch(cfg, params, ref, recs, T, pad, hp, groups, prepared):
+    leaves = {n: t.clone().requires_grad_(True) for n, t in params.items()}
     total, ntok, metrics = 0.0, 0.0, {}
-    for g in groups:
+    for gi, g in enumerate(groups):
         rs = [recs[i] for i in g]
         ids = rows_tensor(rs, T, pad)
         lp = token_logps(cfg, leaves, ids)
         vp = values_of(cfg, leaves, ids)
+        if gi in prepared:
+            old_lp, old_v, adv, ret, mask, bstats = prepared[gi]
+            m = _losses(lp, vp, old_lp, old_v, adv, ret, mask, hp, bstats, rs)
+            total, ntok = _accumulate(total, ntok, m, metrics, mask, len(groups))
+            continue
         with torch.no_grad():
             ref_lp = token_logps(cfg, {n: t.double() for n, t in ref.items()}, ids)
         old_lp, old_v = lp.detach().clone(), vp.detach().clone()
@@ -186,18 +207,28 @@ def torch_step(cfg, pol, ref, recs, T, pad, hp, groups=None):
                 old_v[i, q - 1:q - 1 + n] = torch.tensor(r["values"], dtype=torch.float64)
         adv, ret, mask, bstats = prepare(rs, T, old_lp, old_v, ref_lp, hp["kl"], hp["gamma"], hp["lam"],
                                          hp["whiten"])
-        loss, m = ppo_loss(lp, vp, old_lp, old_v, adv, ret, mask, hp["cliprange"], hp["cliprange_value"],
-                           hp["vf_coef"])
-        k = float(mask.sum())
-        total = total + loss * k
-        ntok += k
-        m.update(bstats)
-        m["env/reward_mean"] = sum(r["score"] for r in rs) / len(rs)
-        for key, x in m.items():
-            metrics[key] = metrics.get(key, 0.0) + x / len(groups)
+        prepared[gi] = (old_lp, old_v, adv, ret, mask, bstats)
+        m = _losses(lp, vp, old_lp, old_v, adv, ret, mask, hp, bstats, rs)
+        total, ntok = _accumulate(total, ntok, m, metrics, mask, len(groups))
     total = total / ntok
     total.backward()
     return float(total), metrics, {n: t.grad for n, t in leaves.items()}
+
+
+def _losses(lp, vp, old_lp, old_v, adv, ret, mask, hp, bstats, rs):
+    loss, m = ppo_loss(lp, vp, old_lp, old_v, adv, ret, mask, hp["cliprange"], hp["cliprange_value"], hp["vf_coef"])
+    m.update(bstats)
+    m["env/reward_mean"] = sum(r["score"] for r in rs) / len(rs)
+    m["_loss"] = loss
+    return m
+
+
+def _accumulate(total, ntok, m, metrics, mask, n_groups):
+    k = float(mask.sum())
+    total = total + m.pop("_loss") * k
+    for key, x in m.items():
+        metrics[key] = metrics.get(key, 0.0) + x / n_groups
+    return total, ntok + k
 
 
 # ------------------------------------------------------------------- data
@@ -334,9 +365,24 @@ def case_losses(cllm, tmp):
             if name == "given":
                 check("%s: both clips active" % tag, 0 < m["ppo/policy/clipfrac"] < 1 and 0 < m["ppo/val/clipfrac"] < 1,
                       "policy %.3f value %.3f" % (m["ppo/policy/clipfrac"], m["ppo/val/clipfrac"]))
-        # two minibatches of 2 from a batch of 4; the second step's update
-        # starts from the first's weights, so compare step 1 alone via its
-        # loss on the permuted half: check the metrics' token count instead
+        # two epochs over one batch: step 2 trains on the same rollouts with
+        # the old log-probabilities, values and advantages of the batch's start
+        tag = "%s 2-epochs" % arch
+        recs = make_rollouts(cfg, pol, T, 4, seed=21, given=False)
+        data = os.path.join(tmp, arch + ".ep.jsonl")
+        write_jsonl(data, recs)
+        conf = os.path.join(tmp, arch + ".ep.json")
+        hp = dict(HP, epochs=2)
+        write_config(conf, hp)
+        out = os.path.join(tmp, arch + ".ep.out")
+        LR2 = 0.5
+        r = run(train_cmd(cllm, pol_dir, out, conf, T, LR2, "--rollouts", data, "--steps", "2", "--batch-size", "4",
+                          "--ref-model", ref_dir))
+        if check("%s: exit 0" % tag, r.returncode == 0, r.stderr[-600:]):
+            loss, metrics, grads = torch_step(cfg, pol, ref, recs, T, pad, hp, epochs=2, lr=LR2)
+            m = compare(tag, out, pol, loss, metrics, grads, LR2)
+            check("%s: step 2's ratios move off 1 (approxkl %.2e)" % (tag, m["ppo/policy/approxkl"]),
+                  m["ppo/policy/approxkl"] > 0 and metrics_of(out)[0]["ppo/policy/approxkl"] == 0)
         # the adaptive KL controller: batch 2's coefficient from batch 1's KL
         tag = "%s adaptive-kl" % arch
         recs = make_rollouts(cfg, pol, T, 8, seed=11, given=False)

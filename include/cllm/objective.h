@@ -198,7 +198,6 @@ typedef struct {
     int max_new_tokens;     /* 32 */
     double temperature, top_p; /* 1, 1 */
     int top_k;              /* 0: off */
-    int min_new_tokens;     /* 1 (no EOS before that many tokens) */
 } cllm_ppo_params;
 
 cllm_ppo_params cllm_ppo_params_default(void);

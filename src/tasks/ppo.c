@@ -64,7 +64,7 @@ cllm_ppo_params cllm_ppo_params_default(void) {
     cllm_ppo_params p = {.init_kl_coef = 0.2, .adap_kl_ctrl = true, .target = 6, .horizon = 10000, .gamma = 1,
                          .lam = 0.95, .cliprange = 0.2, .cliprange_value = 0.2, .vf_coef = 0.1, .ppo_epochs = 4,
                          .batch_size = 0, .whiten_rewards = false, .ratio_threshold = 10, .max_new_tokens = 32,
-                         .temperature = 1, .top_p = 1, .top_k = 0, .min_new_tokens = 1};
+                         .temperature = 1, .top_p = 1, .top_k = 0};
     return p;
 }
 
