@@ -312,7 +312,7 @@ int cmd_train(int argc, char **argv) {
         {"eval-data", ARG_STR, &f.eval_data, NULL, false, "evaluation data spec (data.eval)"},
         {"out", ARG_STR, &f.out, NULL, false, "output folder: model, checkpoints, metrics.jsonl (output_dir)"},
         {"steps", ARG_STR, &f.steps, NULL, false, "total optimizer steps of the run; a resumed run continues up to it (train_iters)"},
-        {"batch-size", ARG_STR, &f.batch, NULL, false, "samples (dpo, reward: pairs) per optimizer step (train_batch_size; default 8 without --config)"},
+        {"batch-size", ARG_STR, &f.batch, NULL, false, "samples (dpo, reward: pairs; ppo: rollouts) per optimizer step (train_batch_size; default 8 without --config)"},
         {"micro-batch-size", ARG_STR, &f.micro, NULL, false, "samples per forward/backward (train_micro_batch_size_per_gpu)"},
         {"grad-accum", ARG_STR, &f.accum, NULL, false, "micro-batches per step (gradient_accumulation_steps)"},
         {"seq-len", ARG_STR, &f.seq_len, NULL, false, "tokens per sample, longer truncated, shorter padded (data.seq_len; default 128)"},
