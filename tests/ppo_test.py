@@ -32,7 +32,8 @@ Cases (--case):
           values named, missing reward model, LoRA reference without
           adapters.
   mpi     2 ranks at ZeRO 1, 2 and 3 against the torch loss over both ranks'
-          rollouts (each rank whitens its own batch, as trl's processes do).
+          rollouts (each rank whitens its own batch, as trl's processes do);
+          LoRA at ZeRO 1 and 2 on 2 ranks.
 
 Run by ctest (label train; mpi: label mpi) as
   /usr/bin/python3 tests/ppo_test.py --cllm build/cllm --case CASE
@@ -485,6 +486,19 @@ def case_mpi(cllm, tmp):
         if not check("mpi: ZeRO %d on 2 ranks" % stage, r.returncode == 0, r.stderr[-400:]):
             continue
         compare("mpi ZeRO %d" % stage, out, pol, loss, metrics, grads, LR)
+        if stage == 3:
+            continue
+        # LoRA at the same stage: new adapters (B = 0) give the same first loss
+        lout = out + ".lora"
+        r = subprocess.run(["timeout", "-k", "5", "240", "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to",
+                            "none", "-np", "2"] + train_cmd(cllm, pol_dir, lout, conf, T, LR, "--rollouts", data,
+                                                            "--steps", "1", "--batch-size", "4", "--ref-model",
+                                                            ref_dir, "--lora-r", "4"),
+                           capture_output=True, text=True, env=env)
+        if check("mpi: LoRA at ZeRO %d on 2 ranks" % stage, r.returncode == 0, r.stderr[-400:]):
+            got = metrics_of(lout)[0]["loss"]
+            check("mpi: LoRA at ZeRO %d: first loss %.9g = torch's %.9g" % (stage, got, loss),
+                  abs(got - loss) <= LOSS_RTOL * abs(loss))
 
 
 def case_lora(cllm, tmp):
