@@ -62,6 +62,24 @@ EOF
 echo "   env/reward_mean: first batch $(metric "$D/ppo" env/reward_mean first), last batch $(metric "$D/ppo" env/reward_mean)"
 echo "   objective/kl to the reference: last batch $(metric "$D/ppo" objective/kl), kl_coef $(metric "$D/ppo" objective/kl_coef)"
 
+# The mean reward of a model's own samples and their KL to the SFT model:
+# the statistics of a first PPO batch (64 prompts, sampled before any update)
+cat > "$D/eval.json" <<'EOF'
+{"task": "ppo", "ppo": {"ppo_epochs": 1, "batch_size": 64, "adap_kl_ctrl": false,
+                        "generation_kwargs": {"max_new_tokens": 2}}}
+EOF
+evaluate() {
+    "$CLLM" train --config "$D/eval.json" --model "$1" --ref-model "$D/sft" --reward-model "$D/rm" \
+        --data "$D/prompts.jsonl" --out "$D/eval-$2" --steps 1 --batch-size 64 --micro-batch-size 8 --lr 1e-30 \
+        --seq-len 16 --log quiet --optimizer sgd --no-shuffle
+    printf "   %-4s mean reward of its samples %8.4f   KL to the SFT model %8.4f\n" "$2" \
+        "$(metric "$D/eval-$2" env/reward_mean)" "$(metric "$D/eval-$2" objective/kl)"
+}
+echo "== the reward model's score of each model's samples (64 prompts, 2 new tokens)"
+evaluate "$D/sft" sft
+evaluate "$D/dpo" dpo
+evaluate "$D/ppo" ppo
+
 echo "== SFT step for comparison (8 rows of 16 tokens)"
 "$CLLM" train --model "$D/sft" --data "$D/sft.jsonl" --out "$D/lm" --steps 20 --batch-size 8 --lr 1e-3 "${COMMON[@]}"
 LM=$(median_step "$D/lm")
