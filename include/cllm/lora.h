@@ -155,6 +155,12 @@ cllm_status cllm_lora_merge(cllm_model *m);
  * resumed run draws the same masks. */
 void cllm_lora_set_dropout_key(cllm_model *m, uint64_t key);
 
+/* Turns the adapters' low-rank products off (and on again): the passes then
+ * run the frozen base, as PEFT's disable_adapter() does for lora_A/lora_B
+ * (a PPO or DPO reference without a second model). Trained biases and
+ * modules_to_save keep their trained values. A no-op without adapters. */
+void cllm_lora_set_enabled(cllm_model *m, bool on);
+
 #ifdef __cplusplus
 }
 #endif

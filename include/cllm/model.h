@@ -92,6 +92,13 @@ typedef struct {
     bool router_aux;       /* output_router_logits: the load-balancing loss joins the loss */
     float router_aux_coef; /* router_aux_loss_coef */
     int sliding_window;    /* sliding_window: query i sees keys i - window < j <= i; 0 = all */
+    /* A value head beside the LM head (trl's AutoModelForCausalLMWithValueHead,
+     * for PPO): `v_head.summary.weight` [1, C] and `v_head.summary.bias` [1],
+     * the last tensors of the layout, read at every position of the final
+     * norm's output (cllm_token_io.values). Not a config.json key: set when
+     * the safetensors hold v_head.summary.weight, or by
+     * cllm_model_add_value_head. */
+    bool value_head;
 } cllm_model_config;
 
 /* One named parameter tensor: a view into the flat buffers at `offset`. */
@@ -289,6 +296,15 @@ typedef struct {
     float *dscores;
     cllm_status (*score_grad)(void *ctx, const float *scores, float *dscores, int B);
     void *score_ctx;
+    /* The value head of a model with one (cllm_model_config.value_head),
+     * beside the LM head or alone (no_lm_head):
+     * values  [B*T] out: v_head.summary.weight . h[n] + bias at every
+     *         position n of the final norm's output; NULL: not wanted
+     * dvalues [B*T] in: with backward, d(objective)/d(values[n]) (grad_scale
+     *         already applied), sent into the value head's gradient and the
+     *         model; NULL: none */
+    float *values;
+    const float *dvalues;
 } cllm_token_io;
 
 /* cllm_model_forward_backward with per-token outputs and gradient scales
@@ -317,6 +333,14 @@ int cllm_model_score_position(const cllm_model *m, const int32_t *row, int len);
  * On success *m is replaced (call cllm_model_prepare again); on failure it
  * is untouched. */
 cllm_status cllm_model_to_reward(cllm_model **m, uint64_t seed);
+
+/* Gives the causal LM *m a value head (a no-op when it has one): the same
+ * config and tensors plus v_head.summary.weight [1, C] and
+ * v_head.summary.bias [1], initialised as torch's nn.Linear(C, 1) is
+ * (uniform in +-1/sqrt(C), trl's default) from `seed`. cllm_model_save
+ * writes them under those names beside the model's (trl's layout). On
+ * success *m is replaced (call cllm_model_prepare again). */
+cllm_status cllm_model_add_value_head(cllm_model **m, uint64_t seed);
 
 /* ---- pipeline stages ----
  * A stage runs units [u0, u1) of the layer sequence (0 the embedding,

@@ -196,8 +196,15 @@ typedef struct {
     cllm_dpo_params dpo;                 /* dpo: {"beta" (> 0, 0.1), "loss_type" ("sigmoid", "ipo",
                                             "hinge", "robust"), "label_smoothing" ([0, 0.5), 0),
                                             "reference_free" (false)}: trl's DPOConfig names */
-    const char *ref_model_dir;           /* dpo.ref_model: the reference model's HF folder;
-                                            default NULL = the starting model's folder */
+    const char *ref_model_dir;           /* dpo.ref_model / ppo.ref_model: the reference model's HF
+                                            folder; default NULL = the starting model's folder (with
+                                            LoRA, PPO's default is the base without adapters) */
+    cllm_ppo_params ppo;                 /* ppo: trl's PPOConfig names (cllm/objective.h,
+                                            docs/alignment.md) */
+    int ppo_mini_batch_size;             /* ppo.mini_batch_size: rollouts per step per rank; 0 = unset
+                                            (must equal the rows each rank trains on per step) */
+    const char *reward_model_dir;        /* ppo.reward_model: the reward model's folder */
+    const char *ppo_rollouts;            /* ppo.rollouts: fixed rollouts (JSONL) instead of generated ones */
     double heartbeat_timeout;            /* heartbeat_timeout: seconds without a heartbeat after
                                             which a rank counts as hung and the job ends
                                             (cllm_dist_set_heartbeat_timeout); >= 0; default 30;

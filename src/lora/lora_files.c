@@ -196,6 +196,8 @@ cllm_status cllm_lora_load(cllm_model *m, const char *dir) {
             const char *name = cllm_st_at(f, k)->name;
             bool known = false;
             for (int i = 0; i < n && !known; i++) known = find_saved(f, cllm_model_trainable(m, i)->name) == cllm_st_at(f, k);
+            /* a PPO run's value head beside its adapters: not needed without one */
+            if (!known && !cllm_model_get_config(m)->value_head && strstr(name, "v_head.summary.")) continue;
             if (!known)
                 st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: unexpected tensor %s (not an adapter of this model by its config)",
                                path, name);

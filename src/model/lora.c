@@ -40,6 +40,7 @@ struct model_lora {
     int *of_tensor;      /* [n_tensors] adapter index or -1 */
     uint64_t key;        /* dropout masks */
     bool training;       /* dropout on (set by the training passes) */
+    bool disabled;       /* cllm_lora_set_enabled(m, false): the base alone */
 };
 
 /* ------------------------------------------------------------ modules */
@@ -185,6 +186,10 @@ void cllm_lora_set_dropout_key(cllm_model *m, uint64_t key) {
     if (m->lora) m->lora->key = key;
 }
 
+void cllm_lora_set_enabled(cllm_model *m, bool on) {
+    if (m->lora) m->lora->disabled = !on;
+}
+
 void model_lora_set_training(cllm_model *m, bool on) {
     if (m->lora) m->lora->training = on;
 }
@@ -201,6 +206,9 @@ cllm_status cllm_lora_attach(cllm_model *m, const cllm_lora_config *c, uint64_t 
     if (!st) st = cllm_lora_config_copy(&L->cfg, c);
     if (!st) st = choose(m, c, pick);
     if (!st) st = choose_saved(m, c, save);
+    /* PPO's value head trains beside the adapters (trl keeps it outside the
+     * PEFT model, trainable) */
+    if (!st && m->cfg.value_head) save[m->gslot[G_VHEAD_W]] = save[m->gslot[G_VHEAD_B]] = true;
     for (int i = 0; i < c->n_rank_pattern + c->n_alpha_pattern && !st; i++) { /* bad expressions fail here */
         lora_regex re;
         const char *p = i < c->n_rank_pattern ? c->rank_pattern[i].pattern : c->alpha_pattern[i - c->n_rank_pattern].pattern;
@@ -334,7 +342,7 @@ cllm_status cllm_lora_count(const cllm_model_config *mc, const cllm_lora_config 
 
 const struct model_adapter *model_lora_find(const cllm_model *m, const float *w) {
     const struct model_lora *L = m->lora;
-    if (!L || !m->params) return NULL;
+    if (!L || L->disabled || !m->params) return NULL;
     uintptr_t base = (uintptr_t)m->params, p = (uintptr_t)w;
     if (p < base || (p - base) / sizeof(float) >= m->n_params) return NULL;
     size_t off = (p - base) / sizeof(float);

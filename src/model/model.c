@@ -20,11 +20,22 @@ cllm_status model_from_config(cllm_model **out, const json_t *config, const char
 }
 
 cllm_status model_from_config_ex(cllm_model **out, const json_t *config, const char *path, bool alloc) {
+    return model_from_config_vh(out, config, path, alloc, false);
+}
+
+cllm_status model_from_config_vh(cllm_model **out, const json_t *config, const char *path, bool alloc,
+                                 bool value_head) {
     *out = NULL;
     cllm_model *m = calloc(1, sizeof *m);
     if (!m) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     cllm_status st = cllm_model_config_from_json(&m->cfg, config, path);
     if (st) goto fail;
+    if (value_head && m->cfg.num_labels > 0) {
+        st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: a value head (v_head.summary.weight) on a sequence-classification "
+                       "model", path);
+        goto fail;
+    }
+    m->cfg.value_head = value_head;
     m->config_json = json_deep_copy(config);
     if (!m->config_json) {
         st = CLLM_FAIL(CLLM_ERR_NOMEM, "cannot copy config");
@@ -231,9 +242,15 @@ cllm_status cllm_model_load_weights(cllm_model **out, const char *dir, const cha
     if (st) return st;
     /* the layout first, the flat buffer once the format is known */
     if ((st = model_from_config_ex(&m, config, path, false)) || (st = cllm_st_set_open(&set, dir))) goto done;
+    /* trl's value-head models keep v_head.summary.* beside the model's tensors */
+    if (cllm_st_set_find(set, "v_head.summary.weight")) {
+        cllm_model_free(m);
+        if ((st = model_from_config_vh(&m, config, path, false, true))) goto done;
+    }
     put_fmt_ctx pc = {m, CLLM_WFMT_FP32};
     st = stored_format(m, config, set, path, &pc.file_fmt);
     cllm_st_set_close(set);
+    set = NULL;
     if (st) goto done;
     cllm_wfmt fmt = pc.file_fmt;
     if (weights && !cllm_wfmt_from_name(weights, &fmt)) {
@@ -248,6 +265,7 @@ cllm_status cllm_model_load_weights(cllm_model **out, const char *dir, const cha
     }
     st = model_load_tensors(m, dir, put_weights, &pc);
 done:
+    cllm_st_set_close(set);
     json_decref(config);
     if (st) {
         cllm_model_free(m);

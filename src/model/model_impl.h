@@ -29,7 +29,7 @@ enum {
 /* Slots outside the blocks. G_HEAD is -1 when the head is tied to G_WTE
  * and in a sequence-classification model, whose head is G_SCORE (HF's
  * score.weight [num_labels, C]; -1 in a causal LM). */
-enum { G_WTE, G_WPE, G_EMB_LN_W, G_EMB_LN_B, G_LNF_W, G_LNF_B, G_HEAD, G_SCORE, G_NSLOTS };
+enum { G_WTE, G_WPE, G_EMB_LN_W, G_EMB_LN_B, G_LNF_W, G_LNF_B, G_HEAD, G_SCORE, G_VHEAD_W, G_VHEAD_B, G_NSLOTS };
 
 /* Operand scratch of the bf16/fp16 linear layers (precision.c): where
  * activations and gradients are rounded on their way into a matmul. It is
@@ -263,6 +263,9 @@ void model_moe_layout(cllm_model *m, int l, model_add_fn add, size_t *offset);
  * _ex with alloc false: the layout only, params NULL. */
 cllm_status model_from_config(cllm_model **out, const json_t *config, const char *path);
 cllm_status model_from_config_ex(cllm_model **out, const json_t *config, const char *path, bool alloc);
+/* The same with a value head (cllm_model_config.value_head) or without. */
+cllm_status model_from_config_vh(cllm_model **out, const json_t *config, const char *path, bool alloc,
+                                 bool value_head);
 /* Reads the safetensors of HF folder `dir` against m's tensor table (names
  * with or without the family prefix, shapes checked, ignored buffers
  * skipped, every tensor exactly once): put(ctx, tensor index, file tensor)

@@ -274,15 +274,29 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
     json_object_set_new(j, "dp_size", json_integer(c->dp_size));
     json_object_set_new(j, "task", json_string(c->task ? c->task : "lm"));
     if (c->task && strcmp(c->task, "dpo") == 0)
-        json_object_set_new(j, "dpo", json_pack("{sfsssfsbss?}", "beta", c->dpo.beta, "loss_type",
+        json_object_set_new(j, "dpo", json_pack("{sfsssfsbss?sb}", "beta", c->dpo.beta, "loss_type",
                                                 cllm_dpo_loss_name(c->dpo.loss_type), "label_smoothing",
                                                 c->dpo.label_smoothing, "reference_free", c->dpo.reference_free,
-                                                "ref_model", c->ref_model_dir));
+                                                "ref_model", c->ref_model_dir, "precompute_ref_log_probs",
+                                                c->dpo.precompute_ref_log_probs));
     if (c->lora.enabled) json_object_set_new(j, "lora", cllm_lora_config_to_json(&c->lora));
     if (c->adapter_dir) json_object_set_new(j, "adapter", json_string(c->adapter_dir));
     if (c->task && strcmp(c->task, "reward") == 0)
         json_object_set_new(j, "reward", json_pack("{sf}", "center_rewards_coefficient",
                                                    c->reward.center_rewards_coefficient));
+    if (c->task && strcmp(c->task, "ppo") == 0) {
+        const cllm_ppo_params *p = &c->ppo;
+        json_t *g = json_pack("{sisfsisf}", "max_new_tokens", p->max_new_tokens, "temperature", p->temperature,
+                              "top_k", p->top_k, "top_p", p->top_p);
+        json_object_set_new(j, "ppo", json_pack("{sfsbsfsfsfsfsfsfsfsisisbsfss?ss?ss?so}", "init_kl_coef",
+                                                p->init_kl_coef, "adap_kl_ctrl", p->adap_kl_ctrl, "target", p->target,
+                                                "horizon", p->horizon, "gamma", p->gamma, "lam", p->lam, "cliprange",
+                                                p->cliprange, "cliprange_value", p->cliprange_value, "vf_coef",
+                                                p->vf_coef, "ppo_epochs", p->ppo_epochs, "batch_size", p->batch_size,
+                                                "whiten_rewards", p->whiten_rewards, "ratio_threshold",
+                                                p->ratio_threshold, "reward_model", c->reward_model_dir, "ref_model",
+                                                c->ref_model_dir, "rollouts", c->ppo_rollouts, "generation_kwargs", g));
+    }
     return j;
 }
 

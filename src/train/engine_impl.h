@@ -90,6 +90,13 @@ bool train_lora_run(const cllm_train_config *c);
 cllm_status train_lora_check_layout(const cllm_train_config *c, bool piped, bool tensor);
 cllm_status train_lora_attach(cllm_model *m, const cllm_train_config *c, const char *resume_dir);
 
+/* task_open.c: the objective of task "dpo", "reward" (tr->m becomes a
+ * reward model) or "ppo" with its other models, in place of tr->obj;
+ * pipeline and tensor parallelism are refused by name. */
+cllm_status train_open_dpo(trainer *tr, bool piped, bool tensor);
+cllm_status train_open_reward(trainer *tr, bool piped, bool tensor);
+cllm_status train_open_ppo(trainer *tr, bool piped, bool tensor);
+
 /* Sets tr->exec and tr->smode from the set-up (tr->pipe, tr->shard). */
 void train_modes_pick(trainer *tr);
 

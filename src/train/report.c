@@ -71,7 +71,7 @@ cllm_status train_record_step(trainer *tr, const train_step_report *s) {
     rec_num(&r, "time_optim", s->t_optim);
     rec_num(&r, "time_save", tr->time_save_pending);
     rec_int(&r, "samples", (long long)tr->state.next_sample);
-    rec_num(&r, "epoch", (double)tr->state.next_sample / (double)cllm_loader_size(tr->train));
+    if (tr->train) rec_num(&r, "epoch", (double)tr->state.next_sample / (double)cllm_loader_size(tr->train));
     rec_num(&r, "tokens_seen", tr->state.tokens_seen);
     rec_int(&r, "state_bytes_params", (long long)tr->zero.mem.params);
     rec_int(&r, "state_bytes_grads", (long long)tr->zero.mem.grads);

@@ -100,6 +100,54 @@ static void print_table(const cllm_mem_estimate *e) {
                               (double)e->optim_disk / 1e6);
 }
 
+/* The alignment task's models beside the one trained (docs/alignment.md),
+ * all fp32 and forward only: a reference (dpo, ppo; none with LoRA, whose
+ * reference is the base without adapters, or reference-free DPO), PPO's
+ * reward model (a forward over a whole rollout batch) and its rollout
+ * buffers (the batch's per-token arrays, one sequence's key/value cache
+ * and logits). */
+typedef struct {
+    size_t ref, reward, rollouts;
+} side_bytes;
+
+static size_t forward_model(const cllm_model_config *c, int rows, int T) {
+    size_t n = 0, len = 0;
+    cllm_act_bytes a;
+    if (cllm_model_config_params(c, &n, &len)) return 0;
+    cllm_model_activation_bytes(c, rows, T, false, false, &a);
+    return len * sizeof(float) + a.total;
+}
+
+static int side_models(const char *task, const cllm_model_config *cfg, const char *ref_dir, const char *rm_dir,
+                       bool lora, int B, int T, int R, side_bytes *out) {
+    memset(out, 0, sizeof *out);
+    if (!strcmp(task, "lm") || !strcmp(task, "reward")) return 0;
+    if (strcmp(task, "dpo") && strcmp(task, "ppo")) {
+        fprintf(stderr, "cllm estimate: --task: expected lm, dpo, reward or ppo, got '%s'\n", task);
+        return 2;
+    }
+    const bool ppo = !strcmp(task, "ppo");
+    const char *dirs[2] = {ref_dir, rm_dir};
+    cllm_model_config c[2] = {*cfg, *cfg};
+    c[0].value_head = c[1].value_head = false;
+    for (int i = 0; i < 2; i++) {
+        json_t *j = NULL;
+        if (!dirs[i]) continue;
+        int rc = load_config(&j, dirs[i], NULL, NULL, &(arg_list){0});
+        if (!rc && cllm_model_config_from_json(&c[i], j, dirs[i])) rc = tool_fail("estimate");
+        json_decref(j);
+        if (rc) return rc;
+    }
+    c[1].num_labels = 1; /* a reward model: the score head instead of the LM head */
+    if (ref_dir || !lora) out->ref = forward_model(&c[0], ppo ? B : 2 * B, T);
+    if (!ppo) return 0;
+    out->reward = forward_model(&c[1], R, T);
+    size_t kv = (size_t)c[0].n_kv_head * (size_t)c[0].head_dim;
+    out->rollouts = (size_t)R * T * (2 * sizeof(int32_t) + 5 * sizeof(float)) +
+                    (2 * (size_t)cfg->n_layer * (size_t)T * kv + (size_t)cfg->vocab_size) * sizeof(float);
+    return 0;
+}
+
 static json_t *to_json(const cllm_mem_estimate *e) {
     return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsI}", "precision", (json_int_t)e->precision, "n_params",
                      (json_int_t)e->n_params, "params", (json_int_t)e->params,
@@ -115,8 +163,9 @@ static json_t *to_json(const cllm_mem_estimate *e) {
 }
 
 int cmd_estimate(int argc, char **argv) {
-    const char *model, *arch_name, *preset, *opt_name, *precision, *overhead_s, *memory_s, *lora_target;
-    int B, T, accum, stage, dp, off_count, off_size, pipe, tensor, threads, lora_r;
+    const char *model, *arch_name, *preset, *opt_name, *precision, *overhead_s, *memory_s, *lora_target, *task,
+        *ref_dir, *rm_dir;
+    int B, T, accum, stage, dp, off_count, off_size, pipe, tensor, threads, lora_r, ppo_batch;
     bool grad_ckpt = false, momentum = false, async_save = false, as_json = false, offload = false, offload_p = false;
     arg_list sets;
     arg_spec specs[] = {
@@ -150,6 +199,12 @@ int cmd_estimate(int argc, char **argv) {
         {"lora-target", ARG_STR, &lora_target, NULL, false,
          "LoRA target modules (q_proj,v_proj, a regular expression or all-linear; default: PEFT's per architecture)"},
         {"json", ARG_FLAG, &as_json, NULL, false, "print the estimate as JSON (bytes)"},
+        {"task", ARG_STR, &task, "lm", false,
+         "lm, reward, dpo or ppo: dpo and ppo add the reference model, ppo the reward model, value head and rollouts"},
+        {"ref-model", ARG_STR, &ref_dir, NULL, false, "dpo, ppo: the reference's folder (default: the model's shape; "
+         "none with --lora-r, whose reference is the base without adapters)"},
+        {"reward-model", ARG_STR, &rm_dir, NULL, false, "ppo: the reward model's folder (default: the model's shape)"},
+        {"ppo-batch", ARG_INT, &ppo_batch, "0", false, "ppo: rollouts per PPO batch per rank (ppo.batch_size; 0: --micro-batch)"},
     };
     int rc = args_parse("estimate", "Estimates the per-rank memory of a training run.", argc, argv, specs,
                         ARGS_COUNT(specs));
@@ -204,17 +259,27 @@ int cmd_estimate(int argc, char **argv) {
         }
         s.lora_rank = lora_r;
     }
+    side_bytes side;
+    if (!strcmp(task, "ppo")) cfg.value_head = true; /* v_head.summary: C + 1 trained parameters */
+    if ((rc = side_models(task, &cfg, ref_dir, rm_dir, lora_r > 0, B * accum, T, ppo_batch > 0 ? ppo_batch : B * accum,
+                          &side)))
+        goto done;
+    s.overhead += side.ref + side.reward + side.rollouts;
     cllm_mem_estimate e;
     if (cllm_memory_estimate(&cfg, &s, &e)) {
         fprintf(stderr, "cllm estimate: %s\n", cllm_last_error());
         rc = 2;
         goto done;
     }
+    e.overhead -= side.ref + side.reward + side.rollouts;
     cllm_mem_setup best;
     cllm_mem_estimate be;
     bool fits = memory_s && cllm_memory_suggest(&cfg, &s, budget, &best, &be);
     if (as_json) {
         json_t *j = to_json(&e);
+        json_object_set_new(j, "reference_model", json_integer((json_int_t)side.ref));
+        json_object_set_new(j, "reward_model", json_integer((json_int_t)side.reward));
+        json_object_set_new(j, "rollouts", json_integer((json_int_t)side.rollouts));
         if (memory_s) json_object_set_new(j, "fits", json_boolean(e.total <= budget));
         if (fits)
             json_object_set_new(j, "suggest",
@@ -234,6 +299,9 @@ int cmd_estimate(int argc, char **argv) {
                "optimizer state)\n", lora_r, lora_n, lora_numel, 100.0 * (double)lora_numel / (double)e.n_params);
     print_setup(&s);
     print_table(&e);
+    if (side.ref || side.reward)
+        printf("  of which %s: reference model %.1f MB, reward model %.1f MB, rollout buffers %.1f MB (fp32, forward "
+               "only)\n", task, (double)side.ref / 1e6, (double)side.reward / 1e6, (double)side.rollouts / 1e6);
     if (memory_s) {
         if (e.total <= budget) {
             printf("fits in %.1f MB as given\n", (double)budget / 1e6);
