@@ -152,6 +152,11 @@ typedef struct train_shard train_shard;
 cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, const cllm_train_config *c,
                              const cllm_param_range *ranges, int n_ranges);
 void train_shard_free(train_shard *s);
+/* Stage 3 with bf16/fp16 matmuls (the model's precision p): allocates a
+ * low-precision copy per working parameter buffer, handed to the model with
+ * each gathered group (fetch_params_lp), and counts it in z->mem.work.
+ * Nothing for fp32 or below stage 3. */
+cllm_status train_shard_set_precision(train_shard *s, cllm_precision p);
 /* mem.optim: the slice's state plus that of the replicated tensors. */
 void train_shard_count_optim(train_shard *s, cllm_optimizer *opt);
 /* Zeroes the summed gradient slice (once per optimizer step). */

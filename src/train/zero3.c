@@ -26,6 +26,15 @@
  * The gradient norm is the sum of the slices' squares (every element of the
  * flat buffer, persistent ones included, is in exactly one slice).
  *
+ * With bf16/fp16 compute (train_shard_set_precision) each gathered group
+ * also gets its low-precision copy, made from the gathered fp32 values the
+ * first time the passes fetch it after the gather (fetch_params_lp) and kept
+ * with it until the next optimizer step, so the matmuls read exactly the
+ * operands of the unpartitioned run's whole-buffer copy. With
+ * communication_data_type bf16/fp16 the reduce-scatters (and the replicated
+ * tensors' all-reduce) sum in that type (blocking: MPI has no nonblocking
+ * form of the user-defined 16-bit sum here).
+ *
  * With overlap_comm the per-group collectives are nonblocking: a group's
  * reduce-scatter is waited for only when its gradient buffer is needed
  * again (blocks alternate between two), and fetching a group at stage 3
@@ -83,6 +92,9 @@ struct train_shard {
     float *pslice;          /* [slice] this rank's parameters (a file mapping with offload_param) */
     size_t pmap_bytes;      /* offload_param: bytes of the mapping (0: pslice is ordinary memory) */
     float *pwork[N_PSLOTS]; /* working parameters */
+    void *plp[N_PSLOTS];    /* bf16/fp16: their low-precision copies (NULL for fp32) */
+    bool lp_ok[N_PSLOTS];   /* plp[k] matches pwork[k] */
+    cllm_precision prec;
     int slot_group[N_PSLOTS];
     inflight pfly[N_PSLOTS];  /* gathers in flight (prefetches) */
     bool slot_busy[N_PSLOTS];
@@ -212,6 +224,7 @@ static cllm_status pslot_load(train_shard *s, int k, int g) {
         if (st) return st;
     }
     s->slot_group[k] = -1;
+    s->lp_ok[k] = false;
     cllm_status st = gather_start(s, &s->pfly[k], s->pwork[k], s->gb[g], s->ge[g]);
     if (st) return st;
     s->slot_group[k] = g;
@@ -235,6 +248,20 @@ static cllm_status hook_fetch_params(void *ctx, int g, int next, float **out) {
         if (j >= 0 && !s->slot_busy[j] && (st = pslot_load(s, j, next))) return st;
     }
     return CLLM_OK;
+}
+
+/* The low-precision copy of a fetched group, made once per gather. */
+static cllm_status hook_fetch_params_lp(void *ctx, int g, const void **lp) {
+    train_shard *s = ctx;
+    for (int k = 0; k < N_PSLOTS; k++) {
+        if (s->slot_group[k] != g || !s->slot_busy[k] || !s->plp[k]) continue;
+        if (!s->lp_ok[k]) cllm_model_lp_copy(s->prec, s->plp[k], s->pwork[k], gsize(s, g));
+        s->lp_ok[k] = true;
+        *lp = s->plp[k];
+        return CLLM_OK;
+    }
+    return CLLM_FAIL(CLLM_ERR_INTERNAL, "low-precision copy of parameter group %d asked for while it is not fetched "
+                     "(or without train_shard_set_precision)", g);
 }
 
 static cllm_status hook_release_params(void *ctx, int g) {
@@ -268,8 +295,9 @@ static cllm_status reduce_start(train_shard *s, int i, int g) {
         size_t c1 = e - c0 > z->bucket ? c0 + z->bucket : e;
         parts(s, c0, c1);
         float *buf = w + (c0 - b);
-        cllm_status st = s->overlap && f->req ? cllm_dist_ireduce_scatter_sum_f32(buf, s->counts, &f->req[f->n++])
-                                              : cllm_dist_reduce_scatter_sum_f32(buf, buf, s->counts);
+        cllm_status st = s->overlap && f->req && z->comm == CLLM_F32
+                             ? cllm_dist_ireduce_scatter_sum_f32(buf, s->counts, &f->req[f->n++])
+                             : cllm_dist_reduce_scatter_sum_f32_as(buf, buf, s->counts, z->comm);
         if (st) return cllm_fail_context(st, "gradient reduce-scatter of group %d at %zu", g, c0);
     }
     f->pending = true;
@@ -518,6 +546,7 @@ cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, co
     if (s->stage == 3) {
         h.fetch_params = hook_fetch_params;
         h.release_params = hook_release_params;
+        h.fetch_params_lp = hook_fetch_params_lp;
     }
     cllm_model_set_hooks(m, &h);
     return CLLM_OK;
@@ -538,6 +567,7 @@ void train_shard_free(train_shard *s) {
         for (int k = 0; k < N_GSLOTS; k++) cllm_free(s->gwork[k]);
         for (int k = 0; k < N_PSLOTS; k++) cllm_free(s->pwork[k]);
     }
+    for (int k = 0; k < N_PSLOTS; k++) cllm_free(s->plp[k]);
     for (int k = 0; k < N_GSLOTS; k++) free(s->gfly[k].req);
     for (int k = 0; k < N_PSLOTS; k++) free(s->pfly[k].req);
     cllm_free(s->gslice);
@@ -554,6 +584,20 @@ void train_shard_free(train_shard *s) {
     free(s->gb);
     free(s->counts);
     free(s);
+}
+
+cllm_status train_shard_set_precision(train_shard *s, cllm_precision p) {
+    size_t es = cllm_precision_copy_bytes(p);
+    if (s->stage < 3 || !es || s->plp[0]) return CLLM_OK;
+    s->prec = p;
+    size_t len[N_PSLOTS] = {gsize(s, 0), gsize(s, s->n_groups - 1), s->max_block, s->max_block}, total = 0;
+    for (int k = 0; k < N_PSLOTS; k++) {
+        if (!(s->plp[k] = cllm_alloc((len[k] ? len[k] : 1) * es, "low-precision gathered parameters")))
+            return CLLM_ERR_NOMEM;
+        total += len[k] * es;
+    }
+    s->z->mem.work += total;
+    return CLLM_OK;
 }
 
 void train_shard_count_optim(train_shard *s, cllm_optimizer *opt) {
@@ -579,7 +623,7 @@ static cllm_status finish_reduction(train_shard *s) {
     cllm_status st = finish_all(s);
     if (st) return st;
     double t0 = cllm_time_sec();
-    st = s->n_compact ? cllm_dist_allreduce_sum_f32(s->pgrads, s->n_compact) : CLLM_OK;
+    st = s->n_compact ? cllm_dist_allreduce_sum_f32_as(s->pgrads, s->n_compact, s->z->comm) : CLLM_OK;
     s->comm_seconds += cllm_time_sec() - t0;
     s->wait_seconds += cllm_time_sec() - t0;
     if (st) return cllm_fail_context(st, "replicated gradients");
@@ -678,7 +722,9 @@ cllm_status train_shard_gather_model(train_shard *s) {
     cllm_model_set_hooks(s->m, NULL);
     for (int k = 0; k < N_PSLOTS; k++) {
         cllm_free(s->pwork[k]);
+        cllm_free(s->plp[k]);
         s->pwork[k] = NULL;
+        s->plp[k] = NULL;
         s->slot_group[k] = -1;
     }
     for (int k = 0; k < N_GSLOTS; k++) {
