@@ -842,6 +842,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
                 cllm_train_gemm_summary(c->bf16_enabled), resume_dir ? " (resumed)" : "");
     train_modes_pick(tr);
     if ((st = train_zero_report(&tr->zero, c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0))) goto done;
+    if (c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0) train_zpp_log(c, &tr->zero);
     if (tr->pipe && (st = pipe_report(tr, false))) goto done;
     if (c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0) {
         cllm_act_bytes other;

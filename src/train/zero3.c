@@ -35,6 +35,11 @@
  * tensors' all-reduce) sum in that type (blocking: MPI has no nonblocking
  * form of the user-defined 16-bit sum here).
  *
+ * ZeRO++ (zeropp.c): with zero_quantized_weights the gathers, with
+ * zero_quantized_gradients the reduce-scatters move int8 blocks (blocking);
+ * the final gather of the model stays exact. The bytes each collective
+ * delivers to this rank are counted per step (train_shard_take_bytes).
+ *
  * With overlap_comm the per-group collectives are nonblocking: a group's
  * reduce-scatter is waited for only when its gradient buffer is needed
  * again (blocks alternate between two), and fetching a group at stage 3
@@ -109,6 +114,9 @@ struct train_shard {
     cllm_optimizer *popt;
     size_t *counts;           /* [size] scratch */
     bool reduced;             /* this step's reductions are finished (finish_reduction) */
+    train_zpp *zpp;           /* ZeRO++ quantized gathers / reductions (zeropp.c), or NULL */
+    bool gather_exact;        /* the final gather of the model: never quantized */
+    size_t bytes_params, bytes_grads; /* received since train_shard_take_bytes */
     double comm_seconds;      /* collectives from start to completion */
     double wait_seconds;      /* of which the computation waited */
 };
@@ -147,8 +155,14 @@ static cllm_status gather_start(train_shard *s, inflight *f, float *buf, size_t 
     for (size_t c0 = b; c0 < e; c0 += z->gather_bucket) {
         size_t c1 = e - c0 > z->gather_bucket ? c0 + z->gather_bucket : e;
         parts(s, c0, c1);
-        cllm_status st = s->overlap && f->req ? cllm_dist_iallgather_f32(buf + (c0 - b), s->counts, &f->req[f->n++])
-                                              : cllm_dist_allgather_f32(buf + (c0 - b), s->counts);
+        cllm_status st;
+        if (train_zpp_weights(s->zpp) && !s->gather_exact) {
+            st = train_zpp_gather(s->zpp, buf + (c0 - b), s->counts, &s->bytes_params);
+        } else {
+            st = s->overlap && f->req ? cllm_dist_iallgather_f32(buf + (c0 - b), s->counts, &f->req[f->n++])
+                                      : cllm_dist_allgather_f32(buf + (c0 - b), s->counts);
+            s->bytes_params += (c1 - c0 - s->counts[z->rank]) * sizeof(float);
+        }
         if (st) return cllm_fail_context(st, "parameter all-gather at %zu", c0);
     }
     f->pending = f->n > 0;
@@ -295,9 +309,15 @@ static cllm_status reduce_start(train_shard *s, int i, int g) {
         size_t c1 = e - c0 > z->bucket ? c0 + z->bucket : e;
         parts(s, c0, c1);
         float *buf = w + (c0 - b);
-        cllm_status st = s->overlap && f->req && z->comm == CLLM_F32
-                             ? cllm_dist_ireduce_scatter_sum_f32(buf, s->counts, &f->req[f->n++])
-                             : cllm_dist_reduce_scatter_sum_f32_as(buf, buf, s->counts, z->comm);
+        cllm_status st;
+        if (train_zpp_grads(s->zpp)) {
+            st = train_zpp_reduce_scatter(s->zpp, buf, s->counts, &s->bytes_grads);
+        } else {
+            st = s->overlap && f->req && z->comm == CLLM_F32
+                     ? cllm_dist_ireduce_scatter_sum_f32(buf, s->counts, &f->req[f->n++])
+                     : cllm_dist_reduce_scatter_sum_f32_as(buf, buf, s->counts, z->comm);
+            s->bytes_grads += (size_t)(z->size - 1) * s->counts[z->rank] * (z->comm == CLLM_F32 ? 4 : 2);
+        }
         if (st) return cllm_fail_context(st, "gradient reduce-scatter of group %d at %zu", g, c0);
     }
     f->pending = true;
@@ -534,6 +554,11 @@ cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, co
     }
     cllm_status st = s->stage == 3 ? init_stage3(s, c, ranges, n_ranges) : CLLM_OK;
     if (st) return st;
+    bool qw = false, qg = false;
+    size_t widest = z->bucket > z->gather_bucket ? z->bucket : z->gather_bucket; /* values per call at most */
+    if (train_zpp_active(c, z, &qw, &qg) &&
+        (st = train_zpp_init(&s->zpp, z, qw, qg, longest < widest ? longest : widest)))
+        return st;
     size_t glen[N_GSLOTS] = {gsize(s, 0), gsize(s, s->n_groups - 1), s->max_block, s->overlap ? s->max_block : 0};
     s->gslice = alloc_floats(slice, "gradient slice");
     if (!s->gslice) return CLLM_ERR_NOMEM;
@@ -571,6 +596,7 @@ void train_shard_free(train_shard *s) {
     for (int k = 0; k < N_GSLOTS; k++) free(s->gfly[k].req);
     for (int k = 0; k < N_PSLOTS; k++) free(s->pfly[k].req);
     cllm_free(s->gslice);
+    train_zpp_free(s->zpp);
     if (s->pmap_bytes)
         munmap(s->pslice, s->pmap_bytes);
     else
@@ -612,6 +638,7 @@ void train_shard_zero_grads(train_shard *s) {
     if (slice) memset(s->gslice, 0, slice * sizeof(float));
     if (s->n_compact) memset(s->pgrads, 0, s->n_compact * sizeof(float));
     s->reduced = false;
+    s->bytes_params = s->bytes_grads = 0; /* a step's bytes: not those of an evaluation before it */
 }
 
 float *train_shard_grads(train_shard *s) { return s->z->end > s->z->begin ? s->gslice : NULL; }
@@ -624,6 +651,7 @@ static cllm_status finish_reduction(train_shard *s) {
     if (st) return st;
     double t0 = cllm_time_sec();
     st = s->n_compact ? cllm_dist_allreduce_sum_f32_as(s->pgrads, s->n_compact, s->z->comm) : CLLM_OK;
+    s->bytes_grads += 2 * (size_t)(s->z->size - 1) * s->n_compact * (s->z->comm == CLLM_F32 ? 4 : 2) / (size_t)s->z->size;
     s->comm_seconds += cllm_time_sec() - t0;
     s->wait_seconds += cllm_time_sec() - t0;
     if (st) return cllm_fail_context(st, "replicated gradients");
@@ -690,6 +718,7 @@ cllm_status train_shard_step(train_shard *s, cllm_optimizer *opt, double lr) {
         if (so) return so;
         double t0 = cllm_time_sec();
         cllm_status st = train_zero_gather_params(z, params);
+        s->bytes_params += (z->n - (z->end - z->begin)) * sizeof(float) * (z->size > 1);
         s->comm_seconds += cllm_time_sec() - t0;
         s->wait_seconds += cllm_time_sec() - t0;
         return st;
@@ -704,6 +733,12 @@ cllm_status train_shard_step(train_shard *s, cllm_optimizer *opt, double lr) {
 }
 
 double train_shard_comm_seconds(const train_shard *s) { return s->comm_seconds; }
+
+void train_shard_take_bytes(train_shard *s, uint64_t *params, uint64_t *grads) {
+    *params = s->bytes_params;
+    *grads = s->bytes_grads;
+    s->bytes_params = s->bytes_grads = 0;
+}
 double train_shard_wait_seconds(const train_shard *s) { return s->wait_seconds; }
 
 float *train_shard_param_slice(train_shard *s) { return s->stage == 3 ? s->pslice : NULL; }
@@ -734,6 +769,7 @@ cllm_status train_shard_gather_model(train_shard *s) {
     size_t n = s->z->n;
     float *full = cllm_alloc(n * sizeof(float), "gathered model");
     if (!full) return CLLM_ERR_NOMEM;
+    s->gather_exact = true; /* the trained weights as they are, not quantized */
     st = gather_range(s, full, 0, n);
     if (st) {
         cllm_free(full);
