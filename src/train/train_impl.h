@@ -212,15 +212,27 @@ void train_shard_take_bytes(train_shard *s, uint64_t *params, uint64_t *grads);
 
 /* ---- ZeRO++: quantized collectives at stage 3 (zeropp.c) ---- */
 typedef struct train_zpp train_zpp;
-/* Which of zero_quantized_weights / _gradients apply (stage 3, > 1 rank). */
+/* Which of zero_quantized_weights / _gradients apply (stage 3, > 1 rank);
+ * true when any ZeRO++ part does (hpZ too: 1 < H < ranks). */
 bool train_zpp_active(const cllm_train_config *c, const train_zero *z, bool *weights, bool *grads);
 /* Rank 0's start-up lines: each ZeRO++ key set, active or why not. */
 void train_zpp_log(const cllm_train_config *c, const train_zero *z);
-/* Buffers for calls of up to max_chunk values. train_zpp_free also after a failure. */
-cllm_status train_zpp_init(train_zpp **out, const train_zero *z, bool weights, bool grads, size_t max_chunk);
+/* Buffers for calls of up to max_chunk values; with hpZ the group of H ranks
+ * (collective over the world) and the secondary slice. train_zpp_free also
+ * after a failure. */
+cllm_status train_zpp_init(train_zpp **out, const train_zero *z, const cllm_train_config *c, size_t max_chunk);
 void train_zpp_free(train_zpp *q);
 bool train_zpp_weights(const train_zpp *q); /* false for NULL */
 bool train_zpp_grads(const train_zpp *q);
+bool train_zpp_hpz(const train_zpp *q);
+size_t train_zpp_hpz_bytes(const train_zpp *q); /* the secondary slice; 0 without hpZ */
+/* hpZ: keeps this rank's secondary part of flat range [b, e), gathered
+ * whole into buf (a parameter group after its first gather since a step). */
+void train_zpp_hpz_keep(train_zpp *q, const float *buf, size_t b, size_t e);
+/* hpZ: all-gathers flat range [b, e) into buf from the secondary parts of
+ * this rank's group (chunk values per call; blocking). Collective over the
+ * group. Adds the bytes received to *bytes. */
+cllm_status train_zpp_hpz_gather(train_zpp *q, float *buf, size_t b, size_t e, size_t chunk, size_t *bytes);
 /* qwZ, in place: buf[sum(counts)] holds this rank's part at its offset; on
  * return every part holds the dequantized int8 blocks of its owner's values
  * (this rank's too). Adds the bytes received to *bytes. Collective. */

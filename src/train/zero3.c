@@ -116,6 +116,7 @@ struct train_shard {
     bool reduced;             /* this step's reductions are finished (finish_reduction) */
     train_zpp *zpp;           /* ZeRO++ quantized gathers / reductions (zeropp.c), or NULL */
     bool gather_exact;        /* the final gather of the model: never quantized */
+    bool *sec_ok;             /* hpZ: [n_groups] the secondary copy holds the group since the last step */
     size_t bytes_params, bytes_grads; /* received since train_shard_take_bytes */
     double comm_seconds;      /* collectives from start to completion */
     double wait_seconds;      /* of which the computation waited */
@@ -239,7 +240,15 @@ static cllm_status pslot_load(train_shard *s, int k, int g) {
     }
     s->slot_group[k] = -1;
     s->lp_ok[k] = false;
-    cllm_status st = gather_start(s, &s->pfly[k], s->pwork[k], s->gb[g], s->ge[g]);
+    cllm_status st;
+    if (train_zpp_hpz(s->zpp) && s->sec_ok[g]) { /* within the hpZ group, from the secondary copies */
+        double t0 = cllm_time_sec();
+        st = train_zpp_hpz_gather(s->zpp, s->pwork[k], s->gb[g], s->ge[g], s->z->gather_bucket, &s->bytes_params);
+        s->comm_seconds += cllm_time_sec() - t0;
+        s->wait_seconds += cllm_time_sec() - t0;
+    } else {
+        st = gather_start(s, &s->pfly[k], s->pwork[k], s->gb[g], s->ge[g]);
+    }
     if (st) return st;
     s->slot_group[k] = g;
     return CLLM_OK;
@@ -253,6 +262,10 @@ static cllm_status hook_fetch_params(void *ctx, int g, int next, float **out) {
     cllm_status st = pslot_load(s, k, g);
     if (!st) st = gather_finish(s, &s->pfly[k], s->pwork[k], s->gb[g], s->ge[g]);
     if (st) return st;
+    if (train_zpp_hpz(s->zpp) && !s->sec_ok[g]) { /* the first gather since the step: keep the secondary part */
+        train_zpp_hpz_keep(s->zpp, s->pwork[k], s->gb[g], s->ge[g]);
+        s->sec_ok[g] = true;
+    }
     s->slot_busy[k] = true;
     s->slot_used[k] = ++s->clock;
     *out = s->pwork[k];
@@ -556,9 +569,9 @@ cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, co
     if (st) return st;
     bool qw = false, qg = false;
     size_t widest = z->bucket > z->gather_bucket ? z->bucket : z->gather_bucket; /* values per call at most */
-    if (train_zpp_active(c, z, &qw, &qg) &&
-        (st = train_zpp_init(&s->zpp, z, qw, qg, longest < widest ? longest : widest)))
+    if (train_zpp_active(c, z, &qw, &qg) && (st = train_zpp_init(&s->zpp, z, c, longest < widest ? longest : widest)))
         return st;
+    if (!(s->sec_ok = calloc((size_t)s->n_groups, sizeof *s->sec_ok))) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     size_t glen[N_GSLOTS] = {gsize(s, 0), gsize(s, s->n_groups - 1), s->max_block, s->overlap ? s->max_block : 0};
     s->gslice = alloc_floats(slice, "gradient slice");
     if (!s->gslice) return CLLM_ERR_NOMEM;
@@ -566,7 +579,7 @@ cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, co
         if (!(s->gwork[k] = alloc_floats(glen[k], "working gradients"))) return CLLM_ERR_NOMEM;
     z->mem.work = work_floats(s) * sizeof(float);
     z->mem.grads = z->mem.grads_reduced = (slice + s->n_compact) * sizeof(float);
-    if (s->stage == 3) z->mem.params = (slice + s->n_compact) * sizeof(float);
+    if (s->stage == 3) z->mem.params = (slice + s->n_compact) * sizeof(float) + train_zpp_hpz_bytes(s->zpp);
     cllm_model_hooks h = {.ctx = s, .fetch_grads = hook_fetch_grads, .grads_ready = hook_grads_ready};
     if (s->stage == 3) {
         h.fetch_params = hook_fetch_params;
@@ -597,6 +610,7 @@ void train_shard_free(train_shard *s) {
     for (int k = 0; k < N_PSLOTS; k++) free(s->pfly[k].req);
     cllm_free(s->gslice);
     train_zpp_free(s->zpp);
+    free(s->sec_ok);
     if (s->pmap_bytes)
         munmap(s->pslice, s->pmap_bytes);
     else
@@ -729,6 +743,7 @@ cllm_status train_shard_step(train_shard *s, cllm_optimizer *opt, double lr) {
     drop_pages(s, 0, z->end - z->begin);
     if (s->popt) cllm_optim_step(s->popt, s->pparams, s->pgrads, s->pranges, s->n_pers, lr);
     for (int k = 0; k < N_PSLOTS; k++) s->slot_group[k] = -1; /* gathered copies are stale now */
+    memset(s->sec_ok, 0, (size_t)s->n_groups * sizeof *s->sec_ok); /* and the hpZ secondary copy */
     return CLLM_OK;
 }
 

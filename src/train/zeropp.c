@@ -23,11 +23,20 @@
  *     nodes); one hop of int8 here keeps the sum closer to the fp32 one.
  *     A block holding inf or NaN (an fp16 overflow) gets a NaN scale, so
  *     the overflow reaches the owner and the step is skipped.
- *   zero_hpz_partition_size (hpZ, a secondary partition within groups of
- *     ranks): not implemented; the start-up log says so.
+ *   zero_hpz_partition_size H (hpZ): consecutive groups of H ranks (a node's
+ *     ranks under mpirun's by-slot placement) each hold a secondary copy of
+ *     all the parameters, partitioned over the group's H ranks (slices of
+ *     roundup(N / H, 16) floats). The first gather of a parameter group
+ *     after an optimizer step spans every rank (the forward pass) and fills
+ *     this rank's secondary part of it from the gathered values; the later
+ *     gathers of that group before the next step (the backward pass,
+ *     recomputation, evaluation) all-gather from the secondary copies within
+ *     the H ranks only. The values are the same either way (with qwZ, the
+ *     dequantized ones the forward used), so hpZ alone changes no result.
+ *     H must divide the number of ranks; H = 1 or H = ranks changes nothing.
  *
- * Both run blocking (also with overlap_comm). The final gather of the
- * trained model stays exact (zero3.c).
+ * All of them run blocking (also with overlap_comm). The final gather of
+ * the trained model stays exact (zero3.c).
  */
 #include <math.h>
 #include <stdio.h>
@@ -47,16 +56,27 @@ struct train_zpp {
     size_t cap, rcap;      /* bytes of each */
     size_t *qb;            /* [size] byte parts */
     size_t *qb2;           /* [size] */
+    /* hpZ */
+    int hpz, hidx;           /* H > 1, or 0 when off; this rank's index in its group */
+    cllm_dist_group *hgrp;   /* this rank's group of H */
+    size_t n, slen, sbegin, send_; /* flat floats; secondary slice length; this rank's [sbegin, send_) */
+    float *sec;              /* [slen] the secondary part */
+    size_t *hcounts;         /* [H] scratch */
 };
 
 static size_t qw_bytes(size_t n) { return cllm_wfmt_row_bytes(CLLM_WFMT_INT8, (int64_t)n); }
 static size_t qg_bytes(size_t n) { return (n + QG_BLOCK - 1) / QG_BLOCK * sizeof(float) + n; }
 
+static bool hpz_on(const cllm_train_config *c, const train_zero *z) {
+    long h = c->zero.hpz_partition_size;
+    return z->stage == 3 && z->size > 1 && h > 1 && h < z->size;
+}
+
 bool train_zpp_active(const cllm_train_config *c, const train_zero *z, bool *weights, bool *grads) {
     bool on = z->stage == 3 && z->size > 1;
     *weights = on && c->zero.quantized_weights;
     *grads = on && c->zero.quantized_gradients;
-    return *weights || *grads;
+    return *weights || *grads || hpz_on(c, z);
 }
 
 void train_zpp_log(const cllm_train_config *c, const train_zero *z) {
@@ -79,15 +99,76 @@ void train_zpp_log(const cllm_train_config *c, const train_zero *z) {
                     "of int8 blocks of %d with an fp32 scale (%.4f bytes per value instead of %d), summed in fp32\n",
                     QG_BLOCK, (double)qg_bytes(QG_BLOCK) / QG_BLOCK, c->comm_dtype == CLLM_F32 ? 4 : 2);
     }
-    if (zc->hpz_partition_size > 1)
-        fprintf(stderr, "cllm train: zero_hpz_partition_size %ld: no effect (no secondary partition: every gather "
-                "spans all %d ranks)\n", zc->hpz_partition_size, z->size);
+    if (zc->hpz_partition_size > 1 && hpz_on(c, z)) {
+        long h = zc->hpz_partition_size;
+        fprintf(stderr, "cllm train: zero_hpz_partition_size %ld: active, a secondary copy of the parameters "
+                "partitioned within each group of %ld ranks (%.2f MiB per rank); gathers after the first since the "
+                "last step stay inside the group\n", h, h,
+                (double)(((z->n_total + (size_t)h - 1) / (size_t)h + 15) / 16 * 16) * 4.0 / 1048576.0);
+    } else if (zc->hpz_partition_size > 1) {
+        fprintf(stderr, "cllm train: zero_hpz_partition_size %ld: no effect (%s)\n", zc->hpz_partition_size,
+                why ? why : "the group would be every rank");
+    }
 }
 
-cllm_status train_zpp_init(train_zpp **out, const train_zero *z, bool weights, bool grads, size_t max_chunk) {
+/* The group of H consecutive ranks and this rank's secondary slice. */
+static cllm_status hpz_init(train_zpp *q, const train_zero *z, long h) {
+    if (z->size % h != 0)
+        return CLLM_FAIL(CLLM_ERR_ARG, "zero_optimization.zero_hpz_partition_size %ld does not divide the %d ranks", h,
+                         z->size);
+    int H = (int)h, ranks[1024];
+    if (H > 1024) return CLLM_FAIL(CLLM_ERR_ARG, "zero_optimization.zero_hpz_partition_size %ld: at most 1024", h);
+    for (int i = 0; i < H; i++) ranks[i] = z->rank / H * H + i;
+    cllm_status st = cllm_dist_group_init(&q->hgrp, ranks, H);
+    if (st) return cllm_fail_context(st, "zero_hpz_partition_size group");
+    q->hpz = H;
+    q->n = z->n;
+    q->slen = ((z->n + (size_t)H - 1) / (size_t)H + 15) / 16 * 16;
+    int j = q->hidx = z->rank % H;
+    q->sbegin = (size_t)j * q->slen < z->n ? (size_t)j * q->slen : z->n;
+    q->send_ = q->sbegin + q->slen < z->n ? q->sbegin + q->slen : z->n;
+    q->sec = cllm_alloc((q->slen ? q->slen : 1) * sizeof(float), "hpZ secondary parameters");
+    q->hcounts = calloc((size_t)H, sizeof *q->hcounts);
+    return q->sec && q->hcounts ? CLLM_OK : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+}
+
+size_t train_zpp_hpz_bytes(const train_zpp *q) { return q && q->hpz ? q->slen * sizeof(float) : 0; }
+bool train_zpp_hpz(const train_zpp *q) { return q && q->hpz; }
+
+void train_zpp_hpz_keep(train_zpp *q, const float *buf, size_t b, size_t e) {
+    size_t lo = b > q->sbegin ? b : q->sbegin, hi = e < q->send_ ? e : q->send_;
+    if (lo < hi) memcpy(q->sec + (lo - q->sbegin), buf + (lo - b), (hi - lo) * sizeof(float));
+}
+
+cllm_status train_zpp_hpz_gather(train_zpp *q, float *buf, size_t b, size_t e, size_t chunk, size_t *bytes) {
+    size_t lo = b > q->sbegin ? b : q->sbegin, hi = e < q->send_ ? e : q->send_;
+    if (lo < hi) memcpy(buf + (lo - b), q->sec + (lo - q->sbegin), (hi - lo) * sizeof(float));
+    for (size_t c0 = b; c0 < e; c0 += chunk) {
+        size_t c1 = e - c0 > chunk ? c0 + chunk : e, mine = 0;
+        for (int j = 0; j < q->hpz; j++) {
+            size_t sb = (size_t)j * q->slen < q->n ? (size_t)j * q->slen : q->n;
+            size_t se = sb + q->slen < q->n ? sb + q->slen : q->n;
+            size_t x = c0 > sb ? c0 : sb, y = c1 < se ? c1 : se;
+            q->hcounts[j] = y > x ? y - x : 0;
+            if (j == q->hidx) mine = q->hcounts[j];
+        }
+        cllm_status st = cllm_dist_g_allgather_f32(q->hgrp, buf + (c0 - b), q->hcounts);
+        if (st) return cllm_fail_context(st, "hpZ parameter all-gather at %zu", c0);
+        *bytes += (c1 - c0 - mine) * sizeof(float);
+    }
+    return CLLM_OK;
+}
+
+cllm_status train_zpp_init(train_zpp **out, const train_zero *z, const cllm_train_config *c, size_t max_chunk) {
     train_zpp *q = calloc(1, sizeof *q);
     *out = q;
     if (!q) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    bool weights = false, grads = false;
+    train_zpp_active(c, z, &weights, &grads);
+    if (hpz_on(c, z)) {
+        cllm_status st = hpz_init(q, z, c->zero.hpz_partition_size);
+        if (st) return st;
+    }
     q->rank = z->rank;
     q->size = z->size;
     q->weights = weights;
@@ -109,6 +190,9 @@ cllm_status train_zpp_init(train_zpp **out, const train_zero *z, bool weights, b
 
 void train_zpp_free(train_zpp *q) {
     if (!q) return;
+    cllm_dist_group_free(q->hgrp);
+    cllm_free(q->sec);
+    free(q->hcounts);
     cllm_free(q->send);
     cllm_free(q->recv);
     free(q->qb);
