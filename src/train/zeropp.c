@@ -180,10 +180,12 @@ cllm_status train_zpp_init(train_zpp **out, const train_zero *z, const cllm_trai
     /* qgZ receives every rank's copy of this rank's part: at most a slice */
     size_t part = z->counts[0] < max_chunk ? z->counts[0] : max_chunk;
     q->rcap = grads ? (size_t)z->size * qg_bytes(part) : 1;
+    q->qb = calloc(2 * (size_t)z->size, sizeof *q->qb);
+    if (!q->qb) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    if (!weights && !grads) return CLLM_OK; /* hpZ alone */
     q->send = cllm_alloc(q->cap, "quantized collective buffers");
     q->recv = cllm_alloc(q->rcap, "quantized collective buffers");
-    q->qb = calloc(2 * (size_t)z->size, sizeof *q->qb);
-    if (!q->send || !q->recv || !q->qb) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    if (!q->send || !q->recv) return CLLM_ERR_NOMEM;
     q->qb2 = q->qb + z->size;
     return CLLM_OK;
 }
