@@ -481,6 +481,9 @@ def errors(env):
     topo = {"process_topology": {"axis": ["pipe", "data"], "dims": [1, 4]}}
     fails("data axis", ["train", "--config", env.config("d.json", model, model_topo=topo), "--out", env.path("d")],
           2, "pipe 1 x data 4 x tensor 1 = 4 ranks, but 2 are running")
+    fails("hpZ group", ["train", "--config", env.config("hpz.json", model, zero_optimization={
+        "stage": 3, "zero_hpz_partition_size": 3}), "--out", env.path("hpz")], 2,
+        "zero_optimization.zero_hpz_partition_size 3 does not divide the 2 ranks")
     a = env.config("a.json", model)
     b = env.config("b.json", model, seed=8)
     cmd = MPIRUN + ["-np", "1", env.cllm, "train", "--config", a, "--out", env.path("m"), ":",

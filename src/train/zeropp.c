@@ -69,7 +69,7 @@ static size_t qg_bytes(size_t n) { return (n + QG_BLOCK - 1) / QG_BLOCK * sizeof
 
 static bool hpz_on(const cllm_train_config *c, const train_zero *z) {
     long h = c->zero.hpz_partition_size;
-    return z->stage == 3 && z->size > 1 && h > 1 && h < z->size;
+    return z->stage == 3 && z->size > 1 && h > 1 && h != z->size; /* above the ranks: refused by hpz_init */
 }
 
 bool train_zpp_active(const cllm_train_config *c, const train_zero *z, bool *weights, bool *grads) {
@@ -114,8 +114,8 @@ void train_zpp_log(const cllm_train_config *c, const train_zero *z) {
 /* The group of H consecutive ranks and this rank's secondary slice. */
 static cllm_status hpz_init(train_zpp *q, const train_zero *z, long h) {
     if (z->size % h != 0)
-        return CLLM_FAIL(CLLM_ERR_ARG, "zero_optimization.zero_hpz_partition_size %ld does not divide the %d ranks", h,
-                         z->size);
+        return CLLM_FAIL(CLLM_ERR_ARG, "zero_optimization.zero_hpz_partition_size %ld does not divide the %d ranks "
+                         "(use the ranks per host, or 1)", h, z->size);
     int H = (int)h, ranks[1024];
     if (H > 1024) return CLLM_FAIL(CLLM_ERR_ARG, "zero_optimization.zero_hpz_partition_size %ld: at most 1024", h);
     for (int i = 0; i < H; i++) ranks[i] = z->rank / H * H + i;
