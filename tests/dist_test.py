@@ -21,8 +21,9 @@ layer's all-reduce started during the last micro-batch's backward), against the 
 and final weights within 1e-5; at stage 3 each rank reports about 1/N of
 the parameters.
 
-Errors: a data axis that does not match the ranks and ranks started with
-different configs fail with a message naming the problem (and the rank),
+Errors: a data axis that does not match the ranks, a zero_hpz_partition_size
+that does not divide them and ranks started with different configs fail
+with a message naming the problem (and the rank),
 without hanging. Sharded checkpoints are tested in shard_test.py,
 pipelines in pipe_test.py.
 
