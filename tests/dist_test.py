@@ -49,7 +49,8 @@ operand). Checkpoints of the stage-3 run resume at stage 2 (bit-identical to
 the straight run) and on one process; a stage-2 checkpoint resumes at stage
 3 (bit-identical).
 
-ZeRO++ (case zeropp): 200 steps of a tiny LLaMA at stage 3 on 2 ranks with
+ZeRO++ (case zeropp): 200 steps (40 in the sanitizer pass, which looks for
+memory errors rather than at the curve) of a tiny LLaMA at stage 3 on 2 ranks with
 zero_quantized_weights and zero_quantized_gradients against plain stage 3:
 the mean loss of the last 20 steps within 1% and every step's loss within
 2% (measured 0.07% and 1.03%); the bytes each rank receives per step drop
@@ -394,7 +395,9 @@ def zeropp(env):
     model = env.init("llama")
     zpp = {"zero_quantized_weights": True, "zero_quantized_gradients": True, "zero_hpz_partition_size": 2}
     runs = {}
-    for tag, stage, iters, extra, kw in (("plain", 3, 200, {}, {}), ("zpp", 3, 200, zpp, {}), ("s2", 2, 2, zpp, {}),
+    # the sanitizer pass looks for memory errors, not at the loss curve: 40 steps there
+    n = 200 if SCALE == 1 else 40
+    for tag, stage, iters, extra, kw in (("plain", 3, n, {}, {}), ("zpp", 3, n, zpp, {}), ("s2", 2, 2, zpp, {}),
                                          ("fp16", 3, 10, {}, {"fp16": {"enabled": True, "initial_scale_power": 20,
                                                                       "loss_scale_window": 3, "hysteresis": 1}}),
                                          ("fp16_qg", 3, 10, {"zero_quantized_gradients": True},
@@ -424,13 +427,14 @@ def zeropp(env):
             check(s in log, f"zeropp stage 2: '{s}' not in the start-up log:\n{log[-2000:]}")
     if "plain" in runs and "zpp" in runs:
         a, b = runs["zpp"][0], runs["plain"][0]
-        check(len(a) == len(b) == 200, f"zeropp: {len(a)} and {len(b)} steps")
+        check(len(a) == len(b) == n, f"zeropp: {len(a)} and {len(b)} steps")
         worst = max(rel(x["loss"], y["loss"]) for x, y in zip(a, b))
         tail = rel(sum(x["loss"] for x in a[-20:]), sum(y["loss"] for y in b[-20:]))
         check(worst <= 2e-2 and tail <= 1e-2, f"zeropp: losses differ from plain stage 3: every step {worst:.2e} "
               f"(bound 2e-2), last 20 steps' mean {tail:.2e} (bound 1e-2)")
         check(a[0]["loss"] != b[0]["loss"] or a[1]["loss"] != b[1]["loss"], "zeropp: no quantization visible")
-        check(b[-1]["loss"] < 0.8 * b[0]["loss"], f"zeropp: plain stage 3 did not train ({b[0]['loss']} -> {b[-1]['loss']})")
+        check(n < 200 or b[-1]["loss"] < 0.8 * b[0]["loss"],
+              f"zeropp: plain stage 3 did not train ({b[0]['loss']} -> {b[-1]['loss']})")
         bp = [x["comm_bytes_params"] / y["comm_bytes_params"] for x, y in zip(a, b)]
         bg = [x["comm_bytes_grads"] / y["comm_bytes_grads"] for x, y in zip(a, b)]
         check(max(bp) <= 0.28 and min(bp) >= 0.25, f"zeropp: parameter bytes ratio {min(bp):.4f}..{max(bp):.4f}")
