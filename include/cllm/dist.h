@@ -77,6 +77,15 @@ cllm_status cllm_dist_reduce_scatter_sum_f32_as(const float *send, float *recv, 
  * return every part holds its owner's values. */
 cllm_status cllm_dist_allgather_f32(float *buf, const size_t *counts);
 
+/* The same for bytes: buf[sum(bytes)], rank r's part bytes[r] long (ZeRO++'s
+ * quantized parameter gather). */
+cllm_status cllm_dist_allgather_bytes(void *buf, const size_t *bytes);
+/* All-to-all of byte parts: send holds the part for rank r (send_bytes[r]
+ * long) after those for ranks < r; recv receives rank r's part for this
+ * rank (recv_bytes[r] long) in rank order (ZeRO++'s quantized gradient
+ * reduction). One process: its own part is copied. */
+cllm_status cllm_dist_alltoall_bytes(const void *send, const size_t *send_bytes, void *recv, const size_t *recv_bytes);
+
 /* all[size * n] <- the n values of every rank, rank by rank. */
 cllm_status cllm_dist_allgather_u64(const uint64_t *mine, size_t n, uint64_t *all);
 

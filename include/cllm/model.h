@@ -425,6 +425,12 @@ void cllm_model_group_range(const cllm_model *m, int group, size_t *begin, size_
  *     group's length (end - begin floats, laid out as the flat buffer from
  *     `begin`) that the passes read until release_params(g); `next` is the
  *     group the passes will fetch next (-1: none), for prefetching.
+ *   fetch_params_lp(ctx, g, &lp): with a bf16/fp16 model (set_precision),
+ *     right after fetch_params: *lp receives the low-precision copy of the
+ *     group's parameters that its matmuls read (cllm_model_lp_copy of the
+ *     buffer fetch_params handed out, element for element), valid until
+ *     release_params(g). Without it such a model fails in its first
+ *     linear layer once the flat parameters are dropped.
  *   release_params(ctx, g): group g's parameters are no longer read.
  *   fetch_grads(ctx, g, &gr): before group g's gradients are written in a
  *     backward pass; *gr receives a ZEROED buffer of the group's length that
@@ -445,14 +451,17 @@ typedef struct {
     cllm_status (*release_params)(void *ctx, int group);
     cllm_status (*fetch_grads)(void *ctx, int group, float **grads);
     cllm_status (*grads_ready)(void *ctx, int group);
+    cllm_status (*fetch_params_lp)(void *ctx, int group, const void **lp);
 } cllm_model_hooks;
 
 /* Installs (copies) the hooks; NULL removes them. Set fetch_grads before
  * cllm_model_prepare to avoid the flat gradient buffer. */
 void cllm_model_set_hooks(cllm_model *m, const cllm_model_hooks *hooks);
 /* Frees the flat parameter buffer (ZeRO-3: the ranks keep slices, and the
- * hooks hand out gathered groups); cllm_model_params returns NULL after it,
- * and loading, saving and generation need cllm_model_set_params first. */
+ * hooks hand out gathered groups) and its low-precision copy;
+ * cllm_model_params returns NULL after it, and loading, saving and
+ * generation need cllm_model_set_params first (which makes the copy again
+ * for a bf16/fp16 model, lazily). */
 void cllm_model_drop_params(cllm_model *m);
 /* Replaces the flat parameter buffer with `params` (cllm_model_buffer_len
  * floats from cllm_alloc/malloc), taking ownership of it. */
@@ -573,6 +582,12 @@ cllm_precision cllm_model_precision(const cllm_model *m);
 /* Marks the parameters as changed (call after an optimizer step or any
  * write through cllm_model_params' pointer made after the last call). */
 void cllm_model_params_updated(cllm_model *m);
+/* The low-precision copy of n parameters as a model of precision p feeds
+ * them to its matmuls: bf16 values (uint16_t) for bf16, fp16 values held in
+ * fp32 (float) for fp16; cllm_precision_copy_bytes(p) bytes per element (0
+ * for fp32, where nothing is written). */
+void cllm_model_lp_copy(cllm_precision p, void *dst, const float *src, size_t n);
+size_t cllm_precision_copy_bytes(cllm_precision p);
 /* "fp32", "bf16", "fp16"; NULL / false for anything else. */
 const char *cllm_precision_name(cllm_precision p);
 bool cllm_precision_from_name(const char *name, cllm_precision *out);

@@ -77,6 +77,10 @@ typedef struct {
     double stage3_max_live_parameters;  /* elements, default 1e9, >= 0; stored, no effect */
     cllm_offload_config offload_optimizer; /* "offload_optimizer": any stage */
     cllm_offload_config offload_param;     /* "offload_param": device "nvme" needs stage 3 */
+    /* ZeRO++ (stage 3 over several ranks; the start-up log says which are active) */
+    bool quantized_weights;          /* "zero_quantized_weights": int8 blocks in the parameter all-gather */
+    bool quantized_gradients;        /* "zero_quantized_gradients": int8 blocks in the gradient reduce-scatter */
+    long hpz_partition_size;         /* "zero_hpz_partition_size": default 1; > 1: secondary partition (hpZ) */
 } cllm_zero_config;
 
 /* The keys whose value was the string "auto" (HF Trainer's placeholder),

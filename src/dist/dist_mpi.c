@@ -244,6 +244,42 @@ cllm_status cllm_dist_allgather_f32(float *buf, const size_t *counts) {
     return st;
 }
 
+cllm_status cllm_dist_allgather_bytes(void *buf, const size_t *bytes) {
+    if (!cllm_dist_active()) return CLLM_OK;
+    int *ic = malloc(2 * (size_t)w_size * sizeof *ic);
+    if (!ic) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    cllm_status st = int_counts(bytes, ic, ic + w_size, __func__);
+    size_t total = 0;
+    for (int r = 0; r < w_size; r++) total += bytes[r];
+    if (!st) st = dist_watch_enter("allgather", total, "bytes");
+    int rc = st ? MPI_SUCCESS
+                : MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, ic, ic + w_size, MPI_BYTE, MPI_COMM_WORLD);
+    dist_watch_leave();
+    free(ic);
+    if (!st && rc != MPI_SUCCESS) st = mpi_fail(rc, __func__, "MPI_Allgatherv");
+    return st;
+}
+
+cllm_status cllm_dist_alltoall_bytes(const void *send, const size_t *send_bytes, void *recv, const size_t *recv_bytes) {
+    if (!cllm_dist_active()) {
+        if (recv_bytes[0] && recv != send) memmove(recv, send, recv_bytes[0]);
+        return CLLM_OK;
+    }
+    int *ic = malloc(4 * (size_t)w_size * sizeof *ic);
+    if (!ic) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    int *sc = ic, *sd = ic + w_size, *rc_ = ic + 2 * w_size, *rd = ic + 3 * w_size;
+    cllm_status st = int_counts(send_bytes, sc, sd, __func__);
+    if (!st) st = int_counts(recv_bytes, rc_, rd, __func__);
+    size_t total = 0;
+    for (int r = 0; r < w_size; r++) total += recv_bytes[r];
+    if (!st) st = dist_watch_enter("all-to-all", total, "bytes");
+    int rc = st ? MPI_SUCCESS : MPI_Alltoallv(send, sc, sd, MPI_BYTE, recv, rc_, rd, MPI_BYTE, MPI_COMM_WORLD);
+    dist_watch_leave();
+    free(ic);
+    if (!st && rc != MPI_SUCCESS) st = mpi_fail(rc, __func__, "MPI_Alltoallv");
+    return st;
+}
+
 cllm_status cllm_dist_allgather_u64(const uint64_t *mine, size_t n, uint64_t *all) {
     if (!cllm_dist_active()) {
         if (n && all != mine) memmove(all, mine, n * sizeof *all);

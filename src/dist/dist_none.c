@@ -42,6 +42,12 @@ cllm_status cllm_dist_reduce_scatter_sum_f32_as(const float *send, float *recv, 
 }
 
 cllm_status cllm_dist_allgather_f32(float *buf, const size_t *counts) { (void)buf, (void)counts; return CLLM_OK; }
+cllm_status cllm_dist_allgather_bytes(void *buf, const size_t *bytes) { (void)buf, (void)bytes; return CLLM_OK; }
+cllm_status cllm_dist_alltoall_bytes(const void *send, const size_t *send_bytes, void *recv, const size_t *recv_bytes) {
+    (void)send_bytes;
+    if (recv_bytes[0] && recv != send) memmove(recv, send, recv_bytes[0]);
+    return CLLM_OK;
+}
 
 cllm_status cllm_dist_allgather_u64(const uint64_t *mine, size_t n, uint64_t *all) {
     if (n && all != mine) memmove(all, mine, n * sizeof *all);

@@ -359,15 +359,21 @@ void cllm_model_group_range(const cllm_model *m, int group, size_t *begin, size_
 void cllm_model_set_hooks(cllm_model *m, const cllm_model_hooks *hooks) {
     memset(&m->hooks, 0, sizeof m->hooks);
     if (hooks) m->hooks = *hooks;
-    for (int g = 0; g < m->cfg.n_layer + 2; g++) m->groups[g].p = m->groups[g].g = NULL;
+    for (int g = 0; g < m->cfg.n_layer + 2; g++) {
+        m->groups[g].p = m->groups[g].g = NULL;
+        m->groups[g].lp = NULL;
+    }
 }
 void cllm_model_drop_params(cllm_model *m) {
     cllm_free(m->params);
     m->params = NULL;
+    cllm_free(m->lp_params);
+    m->lp_params = NULL;
 }
 void cllm_model_set_params(cllm_model *m, float *params) {
     cllm_free(m->params);
     m->params = params;
+    atomic_store(&m->lp_stale, true); /* a bf16/fp16 copy is made from them when first needed */
 }
 
 void cllm_model_zero_grads(cllm_model *m) {

@@ -105,10 +105,12 @@ struct cllm_model {
     /* parameter groups (cllm_model_n_groups): 0 = before the blocks, 1..L =
      * blocks, L+1 = after them; each a contiguous range of the flat buffer.
      * p / g: the group's working buffers handed out by the hooks (NULL:
-     * the flat buffers). tgroup[tensor] = its group. */
+     * the flat buffers); lp: p's low-precision copy (fetch_params_lp) for
+     * a bf16/fp16 model. tgroup[tensor] = its group. */
     struct model_group {
         size_t begin, end;
         float *p, *g;
+        const void *lp;
     } *groups;
     int *tgroup;
     cllm_model_hooks hooks;

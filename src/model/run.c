@@ -334,11 +334,17 @@ static cllm_status fetch(cllm_model *m, int g, int next) {
     float *p = NULL;
     TRY(m->hooks.fetch_params(m->hooks.ctx, g, next, &p));
     m->groups[g].p = p;
+    if (m->prec != CLLM_PREC_FP32 && m->hooks.fetch_params_lp) {
+        const void *lp = NULL;
+        TRY(m->hooks.fetch_params_lp(m->hooks.ctx, g, &lp));
+        m->groups[g].lp = lp;
+    }
     return CLLM_OK;
 }
 static cllm_status release(cllm_model *m, int g) {
     if (!m->hooks.fetch_params) return CLLM_OK;
     m->groups[g].p = NULL;
+    m->groups[g].lp = NULL;
     return m->hooks.release_params ? m->hooks.release_params(m->hooks.ctx, g) : CLLM_OK;
 }
 static cllm_status fetch_grads(cllm_model *m, int g) {

@@ -470,6 +470,10 @@ static cllm_status parse_zero(cllm_train_config *c, const json_t *j, const char 
     note_auto(c, z, "reduce_bucket_size", CLLM_AUTO_REDUCE_BUCKET_SIZE);
     note_auto(c, z, "stage3_prefetch_bucket_size", CLLM_AUTO_PREFETCH_BUCKET_SIZE);
     note_auto(c, z, "stage3_param_persistence_threshold", CLLM_AUTO_PERSISTENCE_THRESHOLD);
+    TRY(get_bool(z, "zero_quantized_weights", &zc->quantized_weights, w, path));
+    TRY(get_bool(z, "zero_quantized_gradients", &zc->quantized_gradients, w, path));
+    zc->hpz_partition_size = 1;
+    TRY(get_long(z, "zero_hpz_partition_size", &zc->hpz_partition_size, 1, w, path));
     TRY(parse_offload(z, "offload_optimizer", &zc->offload_optimizer, path, strict));
     TRY(parse_offload(z, "offload_param", &zc->offload_param, path, strict));
     if (zc->offload_param.device == CLLM_OFFLOAD_NVME && zc->stage < 3)

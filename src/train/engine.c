@@ -720,18 +720,6 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     }
     if (tensor && (st = tp_norm_skip(tr))) goto done;
     if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), n_data))) goto done;
-    if (tr->zero.stage == 3 && (c->bf16_enabled || c->fp16_enabled)) {
-        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s with zero_optimization.stage 3: the 16-bit weight copy is made from "
-                       "the whole flat parameter buffer, which stage 3 does not keep; use stage 0-2, or fp32",
-                       c->bf16_enabled ? "bf16" : "fp16");
-        goto done;
-    }
-    if (tr->zero.stage >= 2 && c->comm_dtype != CLLM_F32) {
-        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "communication_data_type %s with zero_optimization.stage %d: stages 2-3 "
-                       "reduce each layer in fp32; 16-bit reductions apply at stages 0-1", (c->comm_dtype == CLLM_BF16 ? "bf16" : "fp16"),
-                       tr->zero.stage);
-        goto done;
-    }
     /* stages 2-3: layer hooks before prepare (no flat gradient buffer); at
      * stage 3 the model's flat parameters are freed here */
     if (tr->zero.stage >= 2 && !cllm_model_has_trainable_set(tr->m) &&
@@ -747,6 +735,8 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         goto done;
     }
     if ((st = cllm_model_set_precision(tr->m, prec))) goto done;
+    /* stage 3: a 16-bit copy of each gathered group instead of the whole buffer's */
+    if (tr->shard && (st = train_shard_set_precision(tr->shard, prec))) goto done;
     if ((st = cllm_model_prepare(tr->m, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true))) goto done;
     tr->act_bytes = cllm_model_activation_alloc(tr->m);
     /* a stage keeps the memory of its own parameters and gradients only */
@@ -833,6 +823,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
                 cllm_train_gemm_summary(c->bf16_enabled), resume_dir ? " (resumed)" : "");
     train_modes_pick(tr);
     if ((st = train_zero_report(&tr->zero, c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0))) goto done;
+    if (c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0) train_zpp_log(c, &tr->zero);
     if (tr->pipe && (st = pipe_report(tr, false))) goto done;
     if (c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0) {
         cllm_act_bytes other;

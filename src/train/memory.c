@@ -153,7 +153,10 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
         size_t first, last, block;
         if ((st = cllm_model_config_groups(c, &first, &last, &block))) return st;
         out->work = (first + last + block) * sizeof(float);
-        if (s->zero_stage >= 3) out->work += (first + last + 2 * block) * sizeof(float);
+        /* stage 3: the gathered buffers, and with 16-bit matmuls a 16-bit
+         * copy of each (instead of one of the whole flat buffer, below) */
+        if (s->zero_stage >= 3)
+            out->work += (first + last + 2 * block) * (sizeof(float) + cllm_precision_copy_bytes(s->precision));
     }
     cllm_model_activation_bytes(c, s->micro_batch, s->seq_len, true, s->grad_ckpt, &out->act);
     out->logits = out->act.logits;
@@ -218,7 +221,8 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     if (TP > 1) out->pipe_buffers += (size_t)TP * len * sizeof(float);
     free(stages);
     free(units);
-    out->precision = cllm_model_precision_bytes(c, len, s->micro_batch, s->seq_len, s->precision);
+    out->precision = cllm_model_precision_bytes(c, s->zero_stage >= 3 && !s->trainable ? 0 : len, s->micro_batch,
+                                                s->seq_len, s->precision);
     out->overhead = s->overhead;
     out->total = out->params + out->grads + out->optim + out->offload_buffer + out->work + out->activations +
                  out->logits + out->snapshot + out->other + out->precision + out->pipe_buffers + out->gemm_work +

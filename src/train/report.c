@@ -81,6 +81,12 @@ cllm_status train_record_step(trainer *tr, const train_step_report *s) {
      * part of it the computation did not wait for (overlap_comm) */
     rec_num(&r, "time_comm", s->comm);
     rec_num(&r, "comm_hidden_fraction", train_hidden_fraction(s->comm, s->comm_wait));
+    if (tr->shard) { /* stages 2-3: the bytes this rank received in the step's collectives */
+        uint64_t bp = 0, bg = 0;
+        train_shard_take_bytes(tr->shard, &bp, &bg);
+        rec_int(&r, "comm_bytes_params", (long long)bp);
+        rec_int(&r, "comm_bytes_grads", (long long)bg);
+    }
     rec_int(&r, "activation_bytes", (long long)tr->act_bytes);
     if (tr->offload) {
         double io = 0, wait = 0;
