@@ -208,7 +208,7 @@ def test_expert_parallel(cllm, tmp, big):
     r = run([cllm, "train", "--config", cfg1, "--out", one, "--batch-size", "4", "--grad-accum", "2"] + common)
     if not check("one process: exits 0", r.returncode == 0, r.stderr[-500:]):
         return
-    for stage in (1, 2):
+    for stage in (1, 2, 3):
         cfg = write_config(os.path.join(tmp, "ep2-z%d.json" % stage),
                            {"moe": dict(nodrop, expert_parallel_size=2), "zero_optimization": {"stage": stage}})
         out = os.path.join(tmp, "ep2-z%d" % stage)
@@ -216,6 +216,11 @@ def test_expert_parallel(cllm, tmp, big):
         if not check("2 ranks, expert_parallel_size 2, ZeRO-%d: exits 0" % stage, r.returncode == 0, r.stderr[-800:]):
             continue
         recs = compare(tmp, one, out, "EP 2 x ZeRO-%d" % stage, 3)
+        if stage == 1:
+            r = run([cllm, "plot", out])
+            svg = open(os.path.join(out, "plot.svg")).read() if r.returncode == 0 else ""
+            check("cllm plot: an expert-load panel with a line per expert", "expert load" in svg and
+                  svg.count("<polyline") == 2 + 4 and "expert 3" in svg, r.stderr[-300:])
         if recs:
             check("EP 2: all-to-all bytes and time reported", all(x["a2a_bytes"] > 0 and x["expert_parallel_size"] == 2
                                                                   and x["time_a2a"] >= 0 for x in recs))

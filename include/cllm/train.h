@@ -293,7 +293,9 @@ cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks
 void cllm_train_request_stop(void);
 
 /* Writes an SVG plot (training loss with eval loss points, and the learning
- * rate in a second panel) of metrics.jsonl records to svg_path. */
+ * rate in a second panel; for a mixture of experts each expert's share of
+ * the routed choices per step in a third) of metrics.jsonl records to
+ * svg_path. */
 cllm_status cllm_train_plot(const char *metrics_path, const char *svg_path);
 
 /* Measures fp32 GEMM throughput with cllm_matmul for about `seconds`;
