@@ -55,6 +55,8 @@ def run(cmd, np=None, env=None):
     if np:
         cmd = ["timeout", "240", shutil.which("mpirun"), "--allow-run-as-root", "--oversubscribe", "-np", str(np)] + cmd
     e = dict(os.environ, OMP_NUM_THREADS="1")
+    if not np and "ASAN_OPTIONS" in e:  # leaks are checked in one process (ctest turns them off for MPI's)
+        e["ASAN_OPTIONS"] = e["ASAN_OPTIONS"].replace("detect_leaks=0", "detect_leaks=1")
     e.update(env or {})
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=e)
 
