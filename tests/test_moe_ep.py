@@ -178,10 +178,11 @@ def test_capacity(cllm, tmp):
 def setup_ep(tmp):
     c = mx.config(num_local_experts=4, output_router_logits=True, router_aux_loss_coef=0.05)
     d = os.path.join(tmp, "ep-model")
-    mx.write_model(d, c, mx.init_params(c, seed=8, tie=None))
+    params = mx.write_model(d, c, mx.init_params(c, seed=8, tie=None))
     data = os.path.join(tmp, "ep.jsonl")
-    hm.write_jsonl(data, samples(c, 12, 32, seed=4))
-    return d, data
+    rows = samples(c, 12, 32, seed=4)
+    hm.write_jsonl(data, rows)
+    return d, data, c, params, rows
 
 
 def compare(tmp, ref, got, what, steps):
@@ -200,8 +201,27 @@ def compare(tmp, ref, got, what, steps):
     return b
 
 
+def a2a_bytes(c, params, rows, P, micro):
+    """Bytes one step sends between ranks (no recomputation): per block and
+    rank, the counts (E/P ints to each other rank) and four trips (dispatch,
+    combine, forward and backward) of each choice routed to another rank's
+    experts, C floats each; rank r's micro-batch is rows r*micro.. ."""
+    E, k, C = c["num_local_experts"], c["num_experts_per_tok"], c["hidden_size"]
+    El, total = E // P, 0
+    p = OrderedDict((n, t.double()) for n, t in params.items())
+    for r in range(P):
+        ids = torch.tensor([x["input_ids"] for x in rows[r * micro:(r + 1) * micro]])
+        with torch.no_grad():
+            _, router = mx.forward(c, p, ids)
+        for logits in router:
+            _, sel = mx.topk_lower_index(torch.softmax(logits, -1), k)
+            remote = int((sel // El != r).sum())
+            total += (P - 1) * El * 4 + 4 * remote * C * 4
+    return total
+
+
 def test_expert_parallel(cllm, tmp, big):
-    d, data = setup_ep(tmp)
+    d, data, c, params, rows = setup_ep(tmp)
     common = ["--model", d, "--data", data, "--optimizer", "adamw", "--lr", "1e-2", "--steps", "3",
               "--micro-batch-size", "2", "--seq-len", "12", "--no-shuffle", "--grad-ckpt"]
     nodrop = {"drop_tokens": False}
@@ -226,6 +246,16 @@ def test_expert_parallel(cllm, tmp, big):
         if recs:
             check("EP 2: all-to-all bytes and time reported", all(x["a2a_bytes"] > 0 and x["expert_parallel_size"] == 2
                                                                   and x["time_a2a"] >= 0 for x in recs))
+    # the first step's all-to-all bytes against the routing of each rank's rows
+    cfg = write_config(os.path.join(tmp, "ep2-bytes.json"), {"moe": dict(nodrop, expert_parallel_size=2)})
+    out = os.path.join(tmp, "ep2-bytes")
+    r = run([cllm, "train", "--config", cfg, "--out", out, "--batch-size", "4"] +
+            [x for x in common if x != "--grad-ckpt"], np=2)
+    if check("EP 2 without recomputation: exits 0", r.returncode == 0, r.stderr[-500:]):
+        want = a2a_bytes(c, params, rows, 2, 2)
+        got = records(out)[0]["a2a_bytes"]
+        check("EP 2: step 1 sent %d all-to-all bytes, the routing of each rank's rows implies %d" % (got, want),
+              got == want)
     if not big:
         return
     # 4 ranks: one micro-batch each, against one process accumulating 4
@@ -242,7 +272,7 @@ def test_expert_parallel(cllm, tmp, big):
 
 
 def test_resume(cllm, tmp):
-    d, data = setup_ep(tmp)
+    d, data = setup_ep(tmp)[:2]
     common = ["--model", d, "--data", data, "--optimizer", "adamw", "--lr", "1e-2", "--batch-size", "4",
               "--micro-batch-size", "2", "--seq-len", "12", "--no-shuffle"]
     cfg = {P: write_config(os.path.join(tmp, "res%d.json" % P),
@@ -267,7 +297,7 @@ def test_resume(cllm, tmp):
 
 
 def test_errors(cllm, tmp):
-    d, data = setup_ep(tmp)
+    d, data = setup_ep(tmp)[:2]
     common = ["--model", d, "--data", data, "--steps", "1", "--batch-size", "4", "--seq-len", "12"]
     cases = [
         (1, {"expert_parallel_size": 2}, "moe.expert_parallel_size 2 does not divide the 1 ranks"),
