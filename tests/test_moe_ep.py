@@ -309,6 +309,11 @@ def test_errors(cllm, tmp):
         (1, {"expert_paralel_size": 2}, "expert_paralel_size"),
         (2, {"expert_parallel_size": 4}, "moe.expert_parallel_size 4 does not divide the 2 ranks"),
     ]
+    # LoRA with expert parallelism is refused by name
+    lora = write_config(os.path.join(tmp, "lora.json"), {"moe": {"expert_parallel_size": 2}, "lora": {"r": 4}})
+    r = run([cllm, "train", "--config", lora, "--out", os.path.join(tmp, "bad")] + common, np=2)
+    check("error: expert parallelism with LoRA is refused by name",
+          r.returncode != 0 and "moe.expert_parallel_size with LoRA: not supported" in r.stderr, r.stderr[-300:])
     for np_, moe, want in cases:
         cfg = write_config(os.path.join(tmp, "bad.json"), {"moe": moe})
         r = run([cllm, "train", "--config", cfg, "--strict", "--out", os.path.join(tmp, "bad")] + common,

@@ -46,6 +46,9 @@ cllm_status train_moe_setup(trainer *tr, bool piped, bool tensor) {
         if (piped || tensor)
             return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "moe.expert_parallel_size with %s parallelism: not supported",
                              piped ? "pipeline" : "tensor");
+        if (train_lora_run(c))
+            return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "moe.expert_parallel_size with LoRA: not supported (LoRA trains a "
+                             "Mixtral in one process or with data parallelism)");
         int ranks[1024], g0 = cllm_dist_rank() / P * P;
         for (int i = 0; i < P; i++) ranks[i] = g0 + i;
         cllm_status st = cllm_dist_group_init(&tr->ep_grp, ranks, P);
