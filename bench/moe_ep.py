@@ -61,6 +61,7 @@ def main():
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--load-steps", type=int, default=60)
     ap.add_argument("--svg", help="copy the load run's plot here")
+    ap.add_argument("--load-only", action="store_true", help="only the load run")
     ap.add_argument("--workdir")
     a = ap.parse_args()
     wd = a.workdir or tempfile.mkdtemp(prefix="cllm-moe-ep-bench-")
@@ -89,7 +90,7 @@ def main():
     res = {n: {key: [] for key in keys} for n in ("dp", "ep")}
     expect = []
     loads = []
-    for rep in range(a.reps):
+    for rep in range(0 if a.load_only else a.reps):
         for name, P in (("dp", 1), ("ep", 2)):
             cfg = os.path.join(wd, "%s.json" % name)
             with open(cfg, "w") as f:
@@ -103,6 +104,8 @@ def main():
                 if P == 2:
                     expect.append(r["moe_choices"])
             loads.append(os.getloadavg()[0])
+    if a.load_only:
+        return load_run(a, wd, model, data, E)
     machine = subprocess.run([sys.executable, os.path.join(HERE, "machine.py"), "--cllm", a.cllm],
                              capture_output=True, text=True).stdout.strip()
     print(machine)
@@ -124,12 +127,15 @@ def main():
           "of the %d choices went to the other rank (4 trips x %d floats)"
           % (med["ep"]["step_time"] / med["dp"]["step_time"], 100 * med["ep"]["time_a2a"] / med["ep"]["step_time"],
              med["ep"]["a2a_bytes"] / 1e6, half / 1e6, int(choices), C))
-    # the load run
+    load_run(a, wd, model, data, E)
+
+
+def load_run(a, wd, model, data, E):
     out = os.path.join(wd, "load")
     shutil.rmtree(out, ignore_errors=True)
     sh([a.cllm, "train", "--model", model, "--data", data, "--out", out, "--optimizer", "adamw", "--lr", "3e-3",
         "--steps", str(a.load_steps), "--batch-size", str(a.batch), "--seq-len", str(a.seq), "--no-shuffle",
-        "--steps-per-print", "1000"], env=dict(os.environ, OMP_NUM_THREADS="2"))
+        "--log", "quiet"], env=dict(os.environ, OMP_NUM_THREADS="2"))
     sh([a.cllm, "plot", out])
     recs = records(out)
 
