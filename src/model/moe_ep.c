@@ -124,6 +124,18 @@ static void row_counts(const cllm_model *m, const int32_t *off, const int32_t *c
     }
 }
 
+/* Rows of each local expert (from every rank) and where they start in
+ * expert-major order. */
+static void expert_rows(const ep_layer *L, int P, int El, int *n, size_t *start) {
+    size_t at = 0;
+    for (int le = 0; le < El; le++) {
+        n[le] = 0;
+        for (int s = 0; s < P; s++) n[le] += L->cnt[s * El + le];
+        start[le] = at;
+        at += (size_t)n[le];
+    }
+}
+
 cllm_status model_moe_ep_forward(const cllm_model *m, model_lp_scratch *lp, int l, const int32_t *off,
                                  const float *xs, float *eo) {
     struct model_moe_ep *ep = m->ep;
@@ -143,17 +155,14 @@ cllm_status model_moe_ep_forward(const cllm_model *m, model_lp_scratch *lp, int 
     if ((st = cllm_dist_g_alltoallv(m->ep_grp, xs, sc, ep->rbuf, rc)))
         return cllm_fail_context(st, "expert-parallel dispatch of block %d", l);
     permute(L->xr, ep->rbuf, L->cnt, P, El, (size_t)C, true);
-    size_t r0 = 0;
+    int rows[1024];
+    size_t r0[1024];
+    expert_rows(L, P, El, rows, r0);
     for (int le = 0; le < El; le++) {
-        int k = 0;
-        for (int s = 0; s < P; s++) k += L->cnt[s * El + le];
-        if (k) {
-            size_t oc = r0 * (size_t)C, of = r0 * (size_t)F;
-            st = model_moe_expert_forward(m, lp, l, m->ep_rank * El + le, k, L->xr + oc, L->h1 + of, L->h3 + of,
-                                          L->act + of, ep->ebuf + oc);
-            if (st) return st;
-        }
-        r0 += (size_t)k;
+        size_t oc = r0[le] * (size_t)C, of = r0[le] * (size_t)F;
+        if (rows[le] && (st = model_moe_expert_forward(m, lp, l, m->ep_rank * El + le, rows[le], L->xr + oc,
+                                                       L->h1 + of, L->h3 + of, L->act + of, ep->ebuf + oc)))
+            return st;
     }
     permute(ep->rbuf, ep->ebuf, L->cnt, P, El, (size_t)C, false);
     if ((st = cllm_dist_g_alltoallv(m->ep_grp, ep->rbuf, rc, eo, sc)))
@@ -170,18 +179,15 @@ cllm_status model_moe_ep_backward(cllm_model *m, int l, const int32_t *off, cons
     cllm_status st = cllm_dist_g_alltoallv(m->ep_grp, deo, sc, ep->rbuf, rc);
     if (st) return cllm_fail_context(st, "expert-parallel gradient dispatch of block %d", l);
     permute(ep->ebuf, ep->rbuf, L->cnt, P, El, (size_t)C, true);
-    size_t r0 = 0;
+    int rows[1024];
+    size_t r0[1024];
+    expert_rows(L, P, El, rows, r0);
     for (int le = 0; le < El; le++) {
-        int k = 0;
-        for (int s = 0; s < P; s++) k += L->cnt[s * El + le];
-        if (k) {
-            size_t oc = r0 * (size_t)C, of = r0 * (size_t)F;
-            st = model_moe_expert_backward(m, l, m->ep_rank * El + le, k, ep->ebuf + oc, L->xr + oc, L->h1 + of,
-                                           L->h3 + of, L->act + of, ep->dact + of, ep->dh1 + of, ep->dh3 + of,
-                                           ep->dxr + oc);
-            if (st) return st;
-        }
-        r0 += (size_t)k;
+        size_t oc = r0[le] * (size_t)C, of = r0[le] * (size_t)F;
+        if (rows[le] && (st = model_moe_expert_backward(m, l, m->ep_rank * El + le, rows[le], ep->ebuf + oc,
+                                                        L->xr + oc, L->h1 + of, L->h3 + of, L->act + of,
+                                                        ep->dact + of, ep->dh1 + of, ep->dh3 + of, ep->dxr + oc)))
+            return st;
     }
     permute(ep->rbuf, ep->dxr, L->cnt, P, El, (size_t)C, false);
     if ((st = cllm_dist_g_alltoallv(m->ep_grp, ep->rbuf, rc, dxs, sc)))
