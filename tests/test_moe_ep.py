@@ -170,6 +170,27 @@ def test_capacity(cllm, tmp):
             check("capacity: min_capacity above every load drops nothing", dropped == 0)
         else:
             check("capacity %g drops some choices (the case is exercised)" % factor, dropped > 0)
+    # train-time evaluation runs at eval_capacity_factor: lr 0 keeps the weights, the eval set is the batch
+    cfg = write_config(os.path.join(tmp, "cap-eval.json"),
+                       {"moe": {"capacity_factor": 0.5, "eval_capacity_factor": 0.75, "min_capacity": 0}})
+    out = os.path.join(tmp, "cap-eval")
+    r = run([cllm, "train", "--config", cfg, "--model", d, "--data", data, "--eval-data", data, "--eval-interval", "1",
+             "--out", out, "--steps", "1", "--batch-size", str(B), "--seq-len", str(T), "--no-shuffle",
+             "--optimizer", "sgd", "--lr", "0"])
+    if check("eval capacity: train exits 0", r.returncode == 0, r.stderr[-500:]):
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            ev = [json.loads(l) for l in f if '"eval_loss"' in l]
+        with torch.no_grad():
+            p64 = OrderedDict((n, t.double()) for n, t in params.items())
+            want = {}
+            for fct in (0.5, 0.75):
+                logits, _ = forward_capacity(c, p64, ids, fct, 0)
+                V = logits.shape[-1]
+                want[fct] = float(F.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1)))
+        got_train, got_eval = records(out)[0]["loss"], ev[0]["eval_loss"] if ev else float("nan")
+        check("capacity: training loss at capacity_factor 0.5 (%.6f, reference %.6f), evaluation at "
+              "eval_capacity_factor 0.75 (%.6f, reference %.6f)" % (got_train, want[0.5], got_eval, want[0.75]),
+              abs(got_train - want[0.5]) <= 1e-5 * want[0.5] and abs(got_eval - want[0.75]) <= 1e-5 * want[0.75])
 
 
 # ---------------------------------------------------------- expert parallel
