@@ -7,16 +7,17 @@ Mixture-of-experts training: capacity and expert parallelism (docs/moe.md).
     PyTorch Mixtral (float64) that keeps each expert's first
     max(min_capacity, ceil(N*k/E*factor)) choices in DeepSpeed's order
     (first choices before second choices, rows in order) and gives a dropped
-    choice no output;
+    choice no output; train-time evaluation at eval_capacity_factor;
   - expert parallelism over mpirun: 2 ranks with expert_parallel_size 2
-    (ZeRO-1 and ZeRO-2) and 4 ranks with expert_parallel_size 2 and 4
+    (ZeRO-1, 2 and 3) and 4 ranks with expert_parallel_size 2 and 4
     against one process accumulating the same micro-batches: losses and
     gradient norms within 1e-5, final weights within rel-L2 1e-5, the same
-    expert loads, all-to-all bytes reported;
+    expert loads; the first step's all-to-all bytes against the routing of
+    each rank's rows; cllm plot's expert-load panel;
   - a checkpoint of an expert_parallel_size 2 run resumed with size 1 (and
     one of size 1 with size 2) ends within 1e-5 of the straight run;
   - the "moe" keys' errors (sizes that divide neither the ranks nor the
-    experts, a dense model, a bad value, both names of one setting).
+    experts, bad values, both names of one setting, an unknown key, LoRA).
 
 Run by ctest (label mpi) as
   /usr/bin/python3 tests/test_moe_ep.py --cllm build/cllm
