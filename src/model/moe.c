@@ -11,6 +11,11 @@
  * its three linear layers run on that slice alone through the model's
  * linear seam (precision, quantisation), and the outputs are combined back
  * per row in a fixed order. No expert ever computes a row not routed to it.
+ * With a capacity (cllm_model_set_moe_capacity) an expert keeps only its
+ * first choices in DeepSpeed's order; a dropped choice has no position in
+ * the grouped order (pos -1) and adds nothing to its row. Under expert
+ * parallelism (moe_ep.c) the grouped rows of other ranks' experts travel
+ * to them and back between the gather and the combine.
  *
  * The backward pass mirrors it: the combine's gradient per choice (w_j dy
  * to the expert's output rows; dy . expert output to w_j), each expert's
