@@ -353,6 +353,44 @@ def test_errors(cllm, tmp):
           r.stderr[-300:])
 
 
+def test_estimate(cllm, tmp):
+    """cllm estimate: the parameter count and the active parameters per token
+    from the tensor shapes; the expert-parallel rows at the capacity bound
+    (F = 1.25: N*k*F rows per block plus one per expert) and in the worst case
+    (P*N*k); the sizes that do not divide named."""
+    c = mx.config(num_local_experts=4)
+    d = os.path.join(tmp, "est-model")
+    mx.write_model(d, c, mx.init_params(c, seed=1, tie=None))
+    shp = mx.shapes(c)
+    n = sum(math.prod(v) for v in shp.values())
+    expert = sum(math.prod(v) for k, v in shp.items() if ".experts." in k)
+    E, k, C, Fw, L = 4, 2, c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    B, T = 2, 12
+
+    def est(*extra):
+        r = run([cllm, "estimate", "--model", d, "--micro-batch", str(B), "--seq-len", str(T), "--json"] + list(extra))
+        return json.loads(r.stdout) if r.returncode == 0 else {"error": r.stderr}
+    e = est()
+    check("estimate: %d parameters, %d active per token (k/E of the experts)" % (e.get("n_params", -1),
+          e.get("active_params", -1)), e.get("n_params") == n and e.get("active_params") == n - expert * (E - k) // E)
+
+    def rows_bytes(r):
+        return (L * r * (C + 3 * Fw) + r * (3 * C + 3 * Fw)) * 4
+    w = est("--dp", "2", "--expert-parallel", "2")
+    b = est("--dp", "2", "--expert-parallel", "2", "--capacity-factor", "1.25")
+    check("estimate: expert-parallel rows, worst case %s and at capacity factor 1.25 %s" %
+          (w.get("expert_buffers"), b.get("expert_buffers")),
+          w.get("expert_buffers") == rows_bytes(2 * B * T * k + E) and
+          b.get("expert_buffers") == rows_bytes(int(B * T * k * 1.25) + E) and
+          w.get("total", 0) - e.get("total", 0) == w.get("expert_buffers"))
+    r = run([cllm, "estimate", "--model", d, "--seq-len", "12", "--dp", "3", "--expert-parallel", "2"])
+    check("estimate: --expert-parallel 2 over --dp 3 names it", r.returncode != 0 and
+          "expert parallelism 2 does not divide the 3 data-parallel ranks" in r.stderr, r.stderr[-300:])
+    r = run([cllm, "estimate", "--model", d, "--seq-len", "12", "--dp", "3", "--expert-parallel", "3"])
+    check("estimate: --expert-parallel 3 of 4 experts names it", r.returncode != 0 and
+          "expert parallelism 3 does not divide the model's 4 experts" in r.stderr, r.stderr[-300:])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cllm", required=True)
@@ -363,6 +401,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="cllm-moe-ep-")
     try:
         test_capacity(a.cllm, tmp)
+        test_estimate(a.cllm, tmp)
         if shutil.which("mpirun"):
             test_expert_parallel(a.cllm, tmp, not a.no_4)
             test_resume(a.cllm, tmp)
