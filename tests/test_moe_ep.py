@@ -268,6 +268,18 @@ def test_expert_parallel(cllm, tmp, big):
         if recs:
             check("EP 2: all-to-all bytes and time reported", all(x["a2a_bytes"] > 0 and x["expert_parallel_size"] == 2
                                                                   and x["time_a2a"] >= 0 for x in recs))
+    # bf16 matmuls: the same operands rounded on both layouts (losses, gradient norms within 1e-4)
+    b1, b2 = os.path.join(tmp, "bf16-one"), os.path.join(tmp, "bf16-ep2")
+    cb1 = write_config(os.path.join(tmp, "bf16-one.json"), {"moe": nodrop, "bf16": {"enabled": True}})
+    cb2 = write_config(os.path.join(tmp, "bf16-ep2.json"), {"moe": dict(nodrop, expert_parallel_size=2),
+                                                            "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}})
+    r1 = run([cllm, "train", "--config", cb1, "--out", b1, "--batch-size", "4", "--grad-accum", "2"] + common)
+    r2 = run([cllm, "train", "--config", cb2, "--out", b2, "--batch-size", "4"] + common, np=2)
+    if check("bf16: both runs exit 0", r1.returncode == r2.returncode == 0, (r1.stderr + r2.stderr)[-600:]):
+        a, b = records(b1), records(b2)
+        worst = max(max(abs(x["loss"] - y["loss"]) / x["loss"], abs(x["grad_norm"] - y["grad_norm"]) / x["grad_norm"])
+                    for x, y in zip(a, b)) if len(a) == len(b) == 3 else float("inf")
+        check("bf16: EP 2 losses and gradient norms within 1e-4 of one process (worst %.1e)" % worst, worst <= 1e-4)
     # the first step's all-to-all bytes against the routing of each rank's rows
     cfg = write_config(os.path.join(tmp, "ep2-bytes.json"), {"moe": dict(nodrop, expert_parallel_size=2)})
     out = os.path.join(tmp, "ep2-bytes")
