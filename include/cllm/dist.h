@@ -191,6 +191,19 @@ void cllm_dist_set_step(long step);
  * over its ranks of buf[n]. Exact, so every rank gets the same bits. */
 cllm_status cllm_dist_g_allreduce_max_f32(const cllm_dist_group *g, float *buf, size_t n);
 
+/* All-to-all over group g (NULL: the world), in bytes: this rank sends
+ * scounts[q] bytes to group rank q and receives rcounts[q] bytes from it,
+ * parts back to back in group-rank order in send and recv (each count and
+ * each buffer under INT_MAX bytes; the buffers must not overlap). With one
+ * rank the own part is copied. Mixture-of-experts dispatch and combine
+ * (src/model/moe_ep.c) run through it. */
+cllm_status cllm_dist_g_alltoallv(const cllm_dist_group *g, const void *send, const size_t *scounts, void *recv,
+                                  const size_t *rcounts);
+/* Bytes this process has sent to other ranks through cllm_dist_g_alltoallv
+ * (its own part excluded) and seconds spent in it, since the start. */
+uint64_t cllm_dist_alltoallv_sent_bytes(void);
+double cllm_dist_alltoallv_seconds(void);
+
 #ifdef __cplusplus
 }
 #endif

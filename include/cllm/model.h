@@ -398,6 +398,34 @@ int cllm_model_tensor_rank(const cllm_model *m);
  * backward pass includes the auxiliary loss's gradient. */
 double cllm_model_aux_loss(const cllm_model *m);
 
+/* ---- mixture of experts: capacity and expert parallelism (docs/moe.md) ----
+ * Capacity (DeepSpeed-MoE's): a pass over N rows lets each expert keep at
+ * most max(min_capacity, ceil(N * k / E * capacity_factor)) of its routed
+ * choices, every row's first choice before any second choice and rows in
+ * order within a rank of choice; a dropped choice adds nothing to its row's
+ * output (the other choices keep their weights; a row with every choice
+ * dropped passes through the block's residual only). Factor 0 (the
+ * default): no limit, transformers' Mixtral. */
+cllm_status cllm_model_set_moe_capacity(cllm_model *m, double capacity_factor, int min_capacity);
+/* Runs the experts of every block split over the `size` ranks of group g
+ * (this rank is group rank `rank` and runs experts rank*E/size ..
+ * (rank+1)*E/size - 1, on the rows every rank of g routes to them: two
+ * all-to-alls per block forward and two backward). Every forward and
+ * backward pass is then collective over g. The flat buffers keep every
+ * expert; the others' stay untouched and get zero gradients here (the
+ * data-parallel gradient sum over all ranks completes them). size 1 turns
+ * it off. Errors name expert_parallel_size when it does not divide the
+ * experts or the model has none. */
+struct cllm_dist_group;
+cllm_status cllm_model_set_expert_parallel(cllm_model *m, const struct cllm_dist_group *g, int rank, int size);
+int cllm_model_expert_parallel_size(const cllm_model *m);
+/* Counters of the training forwards since the last reset (which allocates
+ * them): [n_experts + 2] = choices routed to each expert (summed over
+ * blocks, before the capacity), choices dropped, all choices. NULL before
+ * the first reset or for a dense model. */
+cllm_status cllm_model_moe_reset_counters(cllm_model *m);
+const int64_t *cllm_model_moe_counters(const cllm_model *m);
+
 /* Logits of the last position of each row, for generation: logits[B,V]. */
 cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int B, int T,
                                       float *logits);

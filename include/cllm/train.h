@@ -219,6 +219,17 @@ typedef struct {
                                             train */
     const char *adapter_dir;             /* adapter: a PEFT adapter folder to continue training
                                             (its own adapter_config.json; not with a "lora" section) */
+    struct {                             /* moe: mixture-of-experts training (docs/moe.md), DeepSpeed-
+                                            MoE's names (Megatron's accepted as aliases) */
+        bool given;                      /* the section is present */
+        int expert_parallel_size;        /* (expert_model_parallel_size) ranks that split each block's
+                                            experts; divides the ranks and the experts; default 1 */
+        double capacity_factor;          /* (moe_expert_capacity_factor) training capacity factor;
+                                            default 1.0 with the section, no limit without */
+        double eval_capacity_factor;     /* in train-time evaluation; default 1.0 */
+        int min_capacity;                /* default 4 */
+        bool drop_tokens;                /* false: no capacity limit at all; default true */
+    } moe;
     const char *resume;                  /* not a key (--resume): NULL, "auto" or a checkpoint folder */
     int dp_size, dp_rank;                /* data-parallel world: set by cllm_train_run from cllm_dist
                                           * (1, 0 without MPI); ranks > 0 write no files */
@@ -293,7 +304,9 @@ cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks
 void cllm_train_request_stop(void);
 
 /* Writes an SVG plot (training loss with eval loss points, and the learning
- * rate in a second panel) of metrics.jsonl records to svg_path. */
+ * rate in a second panel; for a mixture of experts each expert's share of
+ * the routed choices per step in a third) of metrics.jsonl records to
+ * svg_path. */
 cllm_status cllm_train_plot(const char *metrics_path, const char *svg_path);
 
 /* Measures fp32 GEMM throughput with cllm_matmul for about `seconds`;

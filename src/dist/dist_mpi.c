@@ -556,3 +556,37 @@ cllm_status cllm_dist_g_allreduce_max_f32(const cllm_dist_group *g, float *buf, 
     }
     return CLLM_OK;
 }
+
+/* ---------------------------------------------------------- all-to-all */
+
+static uint64_t a2a_bytes;
+static double a2a_seconds;
+
+uint64_t cllm_dist_alltoallv_sent_bytes(void) { return a2a_bytes; }
+double cllm_dist_alltoallv_seconds(void) { return a2a_seconds; }
+
+cllm_status cllm_dist_g_alltoallv(const cllm_dist_group *g, const void *send, const size_t *scounts, void *recv,
+                                  const size_t *rcounts) {
+    MPI_Comm c = comm_of(g);
+    if (c == MPI_COMM_NULL) {
+        if (scounts[0] != rcounts[0])
+            return CLLM_FAIL(CLLM_ERR_ARG, "all-to-all of one rank sends %zu bytes but receives %zu", scounts[0],
+                             rcounts[0]);
+        if (scounts[0]) memmove(recv, send, scounts[0]);
+        return CLLM_OK;
+    }
+    int size = cllm_dist_group_size(g), me = cllm_dist_group_rank(g);
+    int *ic = malloc(4 * (size_t)size * sizeof *ic);
+    if (!ic) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    cllm_status st = g_counts(scounts, size, ic, ic + size, __func__);
+    if (!st) st = g_counts(rcounts, size, ic + 2 * size, ic + 3 * size, __func__);
+    double t0 = cllm_time_sec();
+    int rc = st ? MPI_SUCCESS
+                : MPI_Alltoallv(send, ic, ic + size, MPI_BYTE, recv, ic + 2 * size, ic + 3 * size, MPI_BYTE, c);
+    a2a_seconds += cllm_time_sec() - t0;
+    free(ic);
+    if (!st && rc != MPI_SUCCESS) return mpi_fail(rc, __func__, "MPI_Alltoallv");
+    if (!st)
+        for (int q = 0; q < size; q++) a2a_bytes += q == me ? 0 : scounts[q];
+    return st;
+}

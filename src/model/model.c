@@ -75,6 +75,8 @@ void cllm_model_free(cllm_model *m) {
     free(m->layers);
     free(m->tp_max);
     free(m->tp_sum);
+    free(m->moe_load);
+    model_moe_ep_free(m);
     free(m);
 }
 

@@ -161,6 +161,17 @@ struct cllm_model {
      * last forward pass (for the load-balancing loss) */
     float *moe_scratch;
     double *moe_stats;
+    /* capacity (cllm_model_set_moe_capacity): factor 0 = no limit */
+    double moe_capacity_factor;
+    int moe_min_capacity;
+    /* [n_experts + 2]: choices routed to each expert, choices dropped,
+     * choices, counted by training forwards (NULL until counters are reset) */
+    int64_t *moe_load;
+    /* expert parallelism (moe_ep.c): this rank holds experts
+     * ep_rank * E / ep_size .. of the group ep_grp; 1 = every expert here */
+    const struct cllm_dist_group *ep_grp;
+    int ep_rank, ep_size;
+    struct model_moe_ep *ep; /* the owner side's buffers, grown on demand */
 };
 
 /* The rows of a cached forward pass (generate.c builds it, run.c reads
@@ -253,6 +264,27 @@ cllm_status model_moe_forward(const cllm_model *m, model_lp_scratch *lp, int l, 
                               bool stats);
 cllm_status model_moe_backward(cllm_model *m, int l, const layer_acts *a, float *dln, const float *dy, int N,
                                double aux_scale);
+/* Expert capacity of a pass over N rows (the most choices one expert keeps). */
+int model_moe_capacity(const cllm_model *m, int N);
+/* One expert (global index e) of block l on n gathered rows x[n,C]: the
+ * forward fills h1, h3, act [n,F] and eo [n,C]; the backward accumulates
+ * the expert's weight gradients and writes dx[n,C] (dact, dh1, dh3: [n,F]
+ * scratch). */
+cllm_status model_moe_expert_forward(const cllm_model *m, model_lp_scratch *lp, int l, int e, int n, const float *x,
+                                     float *h1, float *h3, float *act, float *eo);
+cllm_status model_moe_expert_backward(cllm_model *m, int l, int e, int n, const float *deo, const float *x,
+                                      const float *h1, const float *h3, const float *act, float *dact, float *dh1,
+                                      float *dh3, float *dx);
+/* Expert parallelism (moe_ep.c): off[E+1] the grouped kept choices of this
+ * rank (expert e's rows off[e]..off[e+1]-1 of xs). The forward sends each
+ * expert's rows to its rank, runs this rank's experts on the rows it
+ * receives and returns their outputs into eo (grouped order); the backward
+ * does the same with deo -> dxs, accumulating the local experts' weight
+ * gradients. Collective over m->ep_grp. */
+cllm_status model_moe_ep_forward(const cllm_model *m, model_lp_scratch *lp, int l, const int32_t *off,
+                                 const float *xs, float *eo);
+cllm_status model_moe_ep_backward(cllm_model *m, int l, const int32_t *off, const float *deo, float *dxs);
+void model_moe_ep_free(cllm_model *m);
 /* The load-balancing loss of the last training forward (transformers'
  * load_balancing_loss_func over every layer's router), unscaled. */
 double model_moe_aux(const cllm_model *m);

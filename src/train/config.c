@@ -34,7 +34,7 @@ static const char *const top_keys[] = {
     "model", "data", "train_iters", "epochs", "eval_interval", "eval_iters", "save_interval", "save_total_limit",
     "output_dir", "seed", "log", "weight_decay_skip", "max_consecutive_skips", "shuffle", "peak_gflops",
     "max_shard_size", "async_save", "save_final_checkpoint", "task", "dpo", "reward", "ppo", "heartbeat_timeout", "lora",
-    "adapter", NULL};
+    "adapter", "moe", NULL};
 
 /* DeepSpeed keys accepted without effect on a single-process CPU fp32 run. */
 static const char *const top_ignored[] = {
@@ -538,6 +538,41 @@ static cllm_status parse_topo(cllm_train_config *c, const json_t *j, const char 
     return CLLM_OK;
 }
 
+/* "moe": DeepSpeed-MoE's keys, Megatron's names as aliases (one name per
+ * setting: both present is an error naming them). */
+static cllm_status moe_alias(const json_t *m, const char *ds, const char *mg, const char **key, const char *path) {
+    *key = json_object_get(m, mg) ? mg : ds;
+    if (json_object_get(m, ds) && json_object_get(m, mg))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: moe.%s and moe.%s name the same setting: give one", path, ds, mg);
+    return CLLM_OK;
+}
+
+static cllm_status parse_moe(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
+    json_t *m = NULL;
+    TRY(get_obj(j, "moe", &m, "", path));
+    c->moe.expert_parallel_size = 1;
+    c->moe.capacity_factor = c->moe.eval_capacity_factor = 1.0;
+    c->moe.min_capacity = 4;
+    c->moe.drop_tokens = true;
+    c->moe.given = m != NULL;
+    if (!m) return CLLM_OK;
+    static const char *const k[] = {"expert_parallel_size", "expert_model_parallel_size", "capacity_factor",
+                                    "moe_expert_capacity_factor", "eval_capacity_factor", "min_capacity",
+                                    "drop_tokens", NULL};
+    /* DeepSpeed's per-layer MoE arguments that have a fixed meaning here */
+    static const char *const ignored[] = {"use_residual", "noisy_gate_policy", "use_rts", "enable_expert_tensor_parallelism", NULL};
+    TRY(check_keys(m, k, ignored, "moe", path, strict));
+    const char *key;
+    TRY(moe_alias(m, "expert_parallel_size", "expert_model_parallel_size", &key, path));
+    TRY(get_int(m, key, &c->moe.expert_parallel_size, 1, "moe", path));
+    TRY(moe_alias(m, "capacity_factor", "moe_expert_capacity_factor", &key, path));
+    TRY(get_num(m, key, &c->moe.capacity_factor, 0.0, "moe", path));
+    TRY(get_num(m, "eval_capacity_factor", &c->moe.eval_capacity_factor, 0.0, "moe", path));
+    TRY(get_int(m, "min_capacity", &c->moe.min_capacity, 0, "moe", path));
+    TRY(get_bool(m, "drop_tokens", &c->moe.drop_tokens, "moe", path));
+    return CLLM_OK;
+}
+
 /* --------------------------------------------------------- cllm keys */
 
 static cllm_status parse_model(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
@@ -829,6 +864,7 @@ cllm_status cllm_train_config_parse(cllm_train_config *cfg, json_t *j, const cha
     TRY(parse_zero(cfg, j, path, strict));
     TRY(parse_topo(cfg, j, path, strict));
     TRY(parse_act_ckpt(cfg, j, path, strict));
+    TRY(parse_moe(cfg, j, path, strict));
     TRY(parse_ours(cfg, j, path, strict));
     return CLLM_OK;
 }

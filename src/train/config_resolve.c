@@ -241,6 +241,11 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
     json_object_set_new(j, "wall_clock_breakdown", json_boolean(c->wall_clock_breakdown));
     json_object_set_new(j, "use_grad_ckpt", json_boolean(c->use_grad_ckpt));
     if (c->model_topo.given) json_object_set_new(j, "model_topo", topo_to_json(&c->model_topo));
+    if (c->moe.given)
+        json_object_set_new(j, "moe", json_pack("{sisfsfsisb}", "expert_parallel_size", c->moe.expert_parallel_size,
+                                                "capacity_factor", c->moe.capacity_factor, "eval_capacity_factor",
+                                                c->moe.eval_capacity_factor, "min_capacity", c->moe.min_capacity,
+                                                "drop_tokens", c->moe.drop_tokens));
     json_object_set_new(j, "model", c->has_model_init ? model_init_to_json(&c->model_init) : str_or_null(c->model_dir));
     json_t *d = json_object();
     json_object_set_new(d, "train", str_or_null(c->data_train));
@@ -338,6 +343,17 @@ uint64_t cllm_train_config_hash(const cllm_train_config *c) {
         s = json_dumps(lora, JSON_COMPACT | JSON_SORT_KEYS);
         h = fnv1a(fnv1a(h, "lora"), s ? s : "");
         free(s);
+    }
+    /* mixture of experts: the capacity changes the math, the expert-parallel
+     * size does not (a checkpoint resumes on another without a warning) */
+    json_t *moe = json_object_get(j, "moe");
+    if (moe) {
+        json_t *m = json_deep_copy(moe);
+        json_object_del(m, "expert_parallel_size");
+        s = json_dumps(m, JSON_COMPACT | JSON_SORT_KEYS);
+        h = fnv1a(fnv1a(h, "moe"), s ? s : "");
+        free(s);
+        json_decref(m);
     }
     json_t *rw = json_object_get(j, "reward");
     if (rw) {

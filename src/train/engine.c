@@ -677,6 +677,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         goto done;
     }
     if (tensor && (st = train_tp_init(&tr->tp, &tr->m, &tr->topo))) goto done;
+    if ((st = train_moe_setup(tr, piped, tensor))) goto done; /* "moe": capacity, expert parallelism */
     /* DPO: batch sizes count pairs; from here on they count rows (2 a pair) */
     if ((st = cllm_train_config_resolve(c, n_data / (tr->pairs ? 2 : 1)))) goto done;
     if (tr->pairs) {
@@ -945,6 +946,7 @@ cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks
     train_offload_free(tr.offload);
     train_pipe_free(tr.pipe);
     cllm_dist_group_free(tr.data_grp);
+    train_moe_free(&tr);
     train_tp_free(tr.tp);
     cllm_loader_free(tr.train);
     cllm_loader_free(tr.eval);

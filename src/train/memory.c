@@ -49,6 +49,28 @@ static void gemm_work(const cllm_model_config *c, int N, int rows, int threads, 
     *head = rows > 0 ? linear_work(rows, C, c->vocab_size, false, threads) : 0;
 }
 
+/* Mixture of experts: the active parameters, and the rows an expert-parallel
+ * rank receives per block (src/model/moe_ep.c): at most every rank's N*k
+ * choices, or with a capacity factor f at most E * capacity ~ N*k*f. */
+static cllm_status expert_terms(const cllm_model_config *c, const cllm_mem_setup *s, cllm_mem_estimate *out) {
+    const int ep = s->expert_parallel > 1 ? s->expert_parallel : 1, E = c->n_experts, k = c->n_experts_per_tok;
+    const size_t C = (size_t)c->n_embd, F = (size_t)c->n_inner, L = (size_t)c->n_layer;
+    out->active_params = out->n_params;
+    if (E > 0) out->active_params -= L * (size_t)(E - k) * 3 * C * F;
+    if (ep == 1) return CLLM_OK;
+    if (!E) return CLLM_FAIL(CLLM_ERR_ARG, "expert parallelism %d: the model has no experts", ep);
+    if (E % ep) return CLLM_FAIL(CLLM_ERR_ARG, "expert parallelism %d does not divide the model's %d experts", ep, E);
+    if (s->dp % ep)
+        return CLLM_FAIL(CLLM_ERR_ARG, "expert parallelism %d does not divide the %d data-parallel ranks", ep, s->dp);
+    if (s->pipe > 1 || s->tensor > 1)
+        return CLLM_FAIL(CLLM_ERR_ARG, "expert parallelism with pipeline or tensor parallelism is not supported");
+    const double nk = (double)s->micro_batch * s->seq_len * k;
+    double rows = s->capacity_factor > 0 && s->capacity_factor < ep ? nk * s->capacity_factor : nk * ep;
+    size_t r = (size_t)rows + (size_t)E; /* the capacity's rounding up, per expert */
+    out->expert_buffers = (L * r * (C + 3 * F) + r * (3 * C + 3 * F)) * sizeof(float);
+    return CLLM_OK;
+}
+
 cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setup *s, cllm_mem_estimate *out) {
     memset(out, 0, sizeof *out);
     if (s->micro_batch <= 0 || s->seq_len <= 0 || s->grad_accum <= 0 || s->dp <= 0 || s->pipe < 0 || s->tensor < 0 ||
@@ -221,12 +243,13 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     if (TP > 1) out->pipe_buffers += (size_t)TP * len * sizeof(float);
     free(stages);
     free(units);
+    if ((st = expert_terms(c, s, out))) return st;
     out->precision = cllm_model_precision_bytes(c, s->zero_stage >= 3 && !s->trainable ? 0 : len, s->micro_batch,
                                                 s->seq_len, s->precision);
     out->overhead = s->overhead;
     out->total = out->params + out->grads + out->optim + out->offload_buffer + out->work + out->activations +
                  out->logits + out->snapshot + out->other + out->precision + out->pipe_buffers + out->gemm_work +
-                 out->overhead;
+                 out->expert_buffers + out->overhead;
     return CLLM_OK;
 }
 

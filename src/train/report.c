@@ -59,6 +59,7 @@ cllm_status train_record_step(trainer *tr, const train_step_report *s) {
         rec_num(&r, "aux_loss", aux);
         rec_num(&r, "ce_loss", s->loss - (mc->router_aux ? mc->router_aux_coef * aux : 0.0));
     }
+    train_moe_record(tr, &r); /* expert load, dropped choices, all-to-all traffic */
     rec_num(&r, "lr", s->lr);
     rec_num(&r, "grad_norm", s->gnorm);
     rec_int(&r, "tokens", s->count);

@@ -35,13 +35,14 @@ void train_metrics_close(train_metrics *mt);
 
 /* A small appender for one JSON record: {"k": v, ...}. */
 typedef struct {
-    char buf[2048];
+    char buf[8192];
     size_t len;
 } train_record;
 void rec_begin(train_record *r);
 void rec_num(train_record *r, const char *key, double v); /* null if not finite */
 void rec_int(train_record *r, const char *key, long long v);
 void rec_bool(train_record *r, const char *key, bool v);
+void rec_ints(train_record *r, const char *key, const long long *v, int n); /* a JSON array */
 const char *rec_end(train_record *r);
 
 /* ---- checkpoint pieces shared by checkpoint.c and ckpt_shard.c ---- */

@@ -72,6 +72,7 @@ static void print_setup(const cllm_mem_setup *s) {
            s->offload_optimizer ? ", optimizer state offloaded" : "");
     if (s->pipe > 1) printf(", %d pipeline stages", s->pipe);
     if (s->tensor > 1) printf(", %d tensor ranks", s->tensor);
+    if (s->expert_parallel > 1) printf(", %d expert-parallel ranks", s->expert_parallel);
     printf("\n");
 }
 
@@ -92,6 +93,8 @@ static void print_table(const cllm_mem_estimate *e) {
     row("other buffers", e->other, e->total, "token, label and target arrays");
     if (e->pipe_buffers)
         row("parallel buffers", e->pipe_buffers, e->total, "pipeline messages and inputs in flight; tensor gather");
+    if (e->expert_buffers)
+        row("expert-parallel rows", e->expert_buffers, e->total, "rows received for this rank's experts, all blocks");
     row("GEMM workspace", e->gemm_work, e->total, "oneDNN's packed operands, largest GEMM (this CPU's ISA)");
     if (e->precision) row("low-precision copy", e->precision, e->total, "bf16/fp16 weights and matmul operand scratch");
     row("process overhead", e->overhead, e->total, "libraries, threads (--overhead)");
@@ -162,10 +165,17 @@ static json_t *to_json(const cllm_mem_estimate *e) {
                      (json_int_t)e->gemm_work);
 }
 
+/* Mixture of experts: the active parameters and the expert-parallel rows. */
+static void add_moe_json(json_t *j, const cllm_mem_estimate *e) {
+    json_object_set_new(j, "active_params", json_integer((json_int_t)e->active_params));
+    json_object_set_new(j, "expert_buffers", json_integer((json_int_t)e->expert_buffers));
+}
+
 int cmd_estimate(int argc, char **argv) {
     const char *model, *arch_name, *preset, *opt_name, *precision, *overhead_s, *memory_s, *lora_target, *task,
         *ref_dir, *rm_dir;
-    int B, T, accum, stage, dp, off_count, off_size, pipe, tensor, threads, lora_r, ppo_batch;
+    int B, T, accum, stage, dp, off_count, off_size, pipe, tensor, threads, lora_r, ppo_batch, ep;
+    double capacity;
     bool grad_ckpt = false, momentum = false, async_save = false, as_json = false, offload = false, offload_p = false;
     arg_list sets;
     arg_spec specs[] = {
@@ -183,6 +193,9 @@ int cmd_estimate(int argc, char **argv) {
         {"dp", ARG_INT, &dp, "1", false, "data-parallel ranks"},
         {"pipe", ARG_INT, &pipe, "1", false, "pipeline stages (model_topo pipe axis)"},
         {"tensor", ARG_INT, &tensor, "1", false, "tensor-parallel ranks (model_topo tensor axis)"},
+        {"expert-parallel", ARG_INT, &ep, "1", false, "expert-parallel ranks (moe.expert_parallel_size; divides --dp)"},
+        {"capacity-factor", ARG_F64, &capacity, "0", false,
+         "with --expert-parallel: moe.capacity_factor (0: no token dropped, the worst-case rows)"},
         {"precision", ARG_STR, &precision, "fp32", false, "matmul precision: fp32, bf16 or fp16 (bf16.enabled / fp16.enabled)"},
         {"offload-optimizer", ARG_FLAG, &offload, NULL, false,
          "optimizer state offloaded to a file (offload_optimizer device nvme)"},
@@ -215,7 +228,8 @@ int cmd_estimate(int argc, char **argv) {
                         .sgd_momentum = momentum, .zero_stage = stage, .dp = dp, .async_save = async_save,
                         .offload_optimizer = offload, .offload_buffer_count = off_count,
                         .offload_buffer_size = off_size, .pipe = pipe, .tensor = tensor,
-                        .offload_param = offload_p, .threads = threads};
+                        .offload_param = offload_p, .threads = threads, .expert_parallel = ep,
+                        .capacity_factor = capacity};
     size_t budget = 0;
     if (!cllm_precision_from_name(precision, &s.precision)) {
         fprintf(stderr, "cllm estimate: --precision must be fp32, bf16 or fp16, got '%s'\n", precision);
@@ -280,6 +294,7 @@ int cmd_estimate(int argc, char **argv) {
         json_object_set_new(j, "reference_model", json_integer((json_int_t)side.ref));
         json_object_set_new(j, "reward_model", json_integer((json_int_t)side.reward));
         json_object_set_new(j, "rollouts", json_integer((json_int_t)side.rollouts));
+        if (cfg.n_experts) add_moe_json(j, &e);
         if (memory_s) json_object_set_new(j, "fits", json_boolean(e.total <= budget));
         if (fits)
             json_object_set_new(j, "suggest",
@@ -294,6 +309,9 @@ int cmd_estimate(int argc, char **argv) {
     }
     printf("%s, %zu parameters (%d layers, hidden %d, vocab %d), %s matmuls, fp32 master weights\n",
            cfg.n_experts ? "mixtral" : cllm_arch_name(cfg.arch), e.n_params, cfg.n_layer, cfg.n_embd, cfg.vocab_size, cllm_precision_name(s.precision));
+    if (cfg.n_experts)
+        printf("%d experts per block, %d per token: %zu active parameters per token (%.1f%%)\n", cfg.n_experts,
+               cfg.n_experts_per_tok, e.active_params, 100.0 * (double)e.active_params / (double)e.n_params);
     if (lora_r > 0)
         printf("LoRA r=%d: %d adapted layers, %zu trainable parameters (%.3f%%); the base is frozen (no gradient or "
                "optimizer state)\n", lora_r, lora_n, lora_numel, 100.0 * (double)lora_numel / (double)e.n_params);
