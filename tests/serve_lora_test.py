@@ -20,6 +20,8 @@ layer with rank_pattern c_fc -> 2 and alpha_pattern), served with
     OpenAI's {"error": {"code": "model_not_found", "type":
     "invalid_request_error"}}; /v1/models and /info list the base and the
     adapters; /metrics counts requests per adapter
+  - a LLaMA base (GQA, nn.Linear layouts) with adapters on q/v and on
+    o/gate/down, alone and mixed, against `cllm generate --adapter`
   - weight formats: a bf16, int8 and q4 base with adapter x equals
     `cllm generate --weights F --adapter DIR`
   - start-up refusals: an adapter for another base shape (message naming the
@@ -61,10 +63,11 @@ def check(cond, msg):
     return cond
 
 
-def make_model(cllm, fixtures, d, n_embd=64):
-    r = subprocess.run([cllm, "init", "--arch", "gpt2", "--out", d, "--seed", "3", "--set", "vocab_size=50257",
-                        "n_positions=128", f"n_embd={n_embd}", "bos_token_id=50256", "eos_token_id=50256"],
-                       capture_output=True)
+def make_model(cllm, fixtures, d, n_embd=64, arch="gpt2"):
+    limit = "n_positions=128" if arch == "gpt2" else "max_position_embeddings=128"
+    r = subprocess.run([cllm, "init", "--arch", arch, "--preset", "tiny", "--out", d, "--seed", "3", "--set",
+                        "vocab_size=50257", limit, f"{'n_embd' if arch == 'gpt2' else 'hidden_size'}={n_embd}",
+                        "bos_token_id=50256", "eos_token_id=50256"], capture_output=True)
     if r.returncode:
         raise SystemExit("init failed: " + r.stderr.decode())
     for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -73,24 +76,23 @@ def make_model(cllm, fixtures, d, n_embd=64):
 
 
 def make_adapter(d, model, targets, r, alpha, seed, extra_cfg=None, r_of=None):
-    """A PEFT folder with A, B uniform in +-0.4 on every listed GPT-2 Conv1D module."""
+    """A PEFT folder with A, B uniform in +-0.4 on every block module whose last name is in targets."""
     params = hm.load_safetensors(os.path.join(model, "model.safetensors"))
-    cfg = json.load(open(os.path.join(model, "config.json")))
+    conv = json.load(open(os.path.join(model, "config.json")))["model_type"] == "gpt2"  # Conv1D: [in, out]
     g = torch.Generator().manual_seed(seed)
     t = {}
-    for i in range(cfg["n_layer"]):
-        for mod in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
-            if mod.split(".")[-1] not in targets:
-                continue
-            w = params.get("transformer.h.%d.%s.weight" % (i, mod), params.get("h.%d.%s.weight" % (i, mod)))
-            rr = r_of(mod) if r_of else r
-            name = PREFIX + "transformer.h.%d.%s" % (i, mod)
-            t[name + ".lora_A.weight"] = (torch.rand(rr, w.shape[0], generator=g) - 0.5) * 0.8  # Conv1D: [in, out]
-            t[name + ".lora_B.weight"] = (torch.rand(w.shape[1], rr, generator=g) - 0.5) * 0.8
+    for name, w in params.items():
+        mod = name[:-len(".weight")]
+        if not name.endswith(".weight") or w.dim() != 2 or mod.split(".")[-1] not in targets:
+            continue
+        rr = r_of(mod) if r_of else r
+        n_in, n_out = (w.shape[0], w.shape[1]) if conv else (w.shape[1], w.shape[0])
+        t[PREFIX + mod + ".lora_A.weight"] = (torch.rand(rr, n_in, generator=g) - 0.5) * 0.8
+        t[PREFIX + mod + ".lora_B.weight"] = (torch.rand(n_out, rr, generator=g) - 0.5) * 0.8
     os.makedirs(d, exist_ok=True)
     hm.save_safetensors(os.path.join(d, "adapter_model.safetensors"), t, dtype="F32")
     conf = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": "tiny", "r": r,
-            "lora_alpha": alpha, "target_modules": targets, "fan_in_fan_out": True, "bias": "none",
+            "lora_alpha": alpha, "target_modules": targets, "fan_in_fan_out": conv, "bias": "none",
             "inference_mode": True}
     conf.update(extra_cfg or {})
     json.dump(conf, open(os.path.join(d, "adapter_config.json"), "w"))
@@ -215,6 +217,36 @@ def openai_checks(port):
         check(line and int(line[0].split()[-1]) >= 10, f"metrics for {a}: {line}")
 
 
+def llama(cllm, tmp):
+    """A LLaMA base (GQA, nn.Linear layouts): two adapters on different targets, alone and mixed."""
+    model = make_model(cllm, FIXTURES, os.path.join(tmp, "llama"), 64, "llama")
+    dirs = {"q": make_adapter(os.path.join(tmp, "lq"), model, ["q_proj", "v_proj"], 4, 8, 7),
+            "m": make_adapter(os.path.join(tmp, "lm"), model, ["gate_proj", "down_proj", "o_proj"], 2, 4, 8)}
+    srv = Server([cllm, "serve", "--model", model, "--port", "0", "--model-id", "tiny", "--max-batch-size", "6",
+                  "--lora-adapters", f"q={dirs['q']}", f"m={dirs['m']}"])
+    try:
+        alone = {}
+        for p in PROMPTS[:2]:
+            for a in (None, "q", "m"):
+                alone[(p, a)] = [t["id"] for t in tgi(srv.port, p, N, a)["details"]["tokens"]]
+                want = cli_greedy(cllm, model, p, N, dirs.get(a))
+                check(same(alone[(p, a)], want), f"llama adapter {a} on {p!r}: {alone[(p, a)]} != {want}")
+            check(alone[(p, "q")] != alone[(p, None)] and alone[(p, "m")] != alone[(p, None)],
+                  f"llama: an adapter changes nothing on {p!r}")
+        jobs = [(p, a) for p in PROMPTS[:2] for a in (None, "q", "m")] * 2
+        got = {}
+        th = [threading.Thread(target=lambda i, p, a: got.__setitem__(i, [t["id"] for t in tgi(srv.port, p, N, a)[
+            "details"]["tokens"]]), args=(i, p, a)) for i, (p, a) in enumerate(jobs)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        bad = [(p, a) for i, (p, a) in enumerate(jobs) if got.get(i) != alone[(p, a)]]
+        check(not bad, f"llama: mixed batch differs from alone for {bad}")
+    finally:
+        check(srv.stop() == 0, "llama server exit code")
+
+
 def formats(cllm, model, dirs):
     for w in ("bf16", "int8", "q4"):
         srv = Server([cllm, "serve", "--model", model, "--port", "0", "--model-id", "tiny", "--weights", w,
@@ -295,6 +327,7 @@ def main():
             check(srv.stop() == 0, "exit code after SIGTERM")
         check(any("adapter x (" in ln and "r=4" in ln for ln in srv.log), "start-up line names adapter x")
         formats(a.cllm, model, dirs)
+        llama(a.cllm, tmp)
         refusals(a.cllm, model, tmp, dirs)
     print("serve_lora_test:", "FAILED %d checks" % failures if failures else "ok")
     return 1 if failures else 0
