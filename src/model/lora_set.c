@@ -203,6 +203,43 @@ static cllm_status layer_forward(const set_adapter *a, const set_layer *L, float
     return st;
 }
 
+void model_lora_small_forward(float *out, const float *inp, const model_lora_row *ad, int N, int IN, int OUT,
+                              float *h) {
+    int R = 0;
+    for (int n = 0; n < N; n++)
+        if (ad[n].A && ad[n].r > R) R = ad[n].r;
+    if (!R) return;
+#pragma omp parallel
+    {
+        /* h[n, k] = A_n[k, :] . x[n, :] */
+#pragma omp for schedule(static)
+        for (long i = 0; i < (long)N * R; i++) {
+            int n = (int)(i / R), k = (int)(i % R);
+            if (!ad[n].A || k >= ad[n].r) continue;
+            const float *a = ad[n].A + (size_t)k * IN, *x = inp + (size_t)n * IN;
+            float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+            for (int j = 0; j < IN; j++) acc += a[j] * x[j];
+            h[(size_t)n * R + k] = acc;
+        }
+        /* out[n, o] += scale_n (B_n[o, :] . h[n, :]) */
+#pragma omp for schedule(static)
+        for (long i = 0; i < (long)N * OUT; i++) {
+            int n = (int)(i / OUT), o = (int)(i % OUT);
+            if (!ad[n].A) continue;
+            const float *b = ad[n].B + (size_t)o * ad[n].r, *hn = h + (size_t)n * R;
+            float acc = 0.0f;
+            for (int k = 0; k < ad[n].r; k++) acc += b[k] * hn[k];
+            out[i] += ad[n].scale * acc;
+        }
+    }
+}
+
+static model_lora_row row_of(const set_adapter *a, int k) {
+    const set_layer *L = &a->layer[k];
+    return (model_lora_row){a->buf + L->a_off, a->buf + L->b_off, L->r, L->scale};
+}
+
 cllm_status model_lora_rows_forward(const model_lora_rows *r, int w, float *out, const float *inp, int N) {
     const cllm_lora_set *s = r->set;
     if (r->all >= 0) { /* every row: in place, H from the heap as the single-adapter pass does */
@@ -210,9 +247,34 @@ cllm_status model_lora_rows_forward(const model_lora_rows *r, int w, float *out,
         int k = a->of_tensor[w];
         if (k < 0) return CLLM_OK;
         float *H = cllm_alloc((size_t)N * (size_t)a->layer[k].r * sizeof(float), "LoRA activations");
-        cllm_status st = H ? layer_forward(a, &a->layer[k], out, inp, H, N) : CLLM_ERR_NOMEM;
+        cllm_status st = H ? CLLM_OK : CLLM_ERR_NOMEM;
+        if (!st && N <= WEIGHTS_SMALL_ROWS) {
+            model_lora_row rows[WEIGHTS_SMALL_ROWS];
+            for (int n = 0; n < N; n++) rows[n] = row_of(a, k);
+            model_lora_small_forward(out, inp, rows, N, a->layer[k].in, a->layer[k].out, H);
+        } else if (!st) {
+            st = layer_forward(a, &a->layer[k], out, inp, H, N);
+        }
         cllm_free(H);
         return st;
+    }
+    bool any = false; /* a layer no adapter of the call adapts (an expert's rows, the head) is left alone */
+    for (int g = 0; g < r->n_seg && !any; g++) any = r->seg_adapter[g] >= 0 && s->a[r->seg_adapter[g]].of_tensor[w] >= 0;
+    if (!any) return CLLM_OK;
+    if (r->seg_rows[r->n_seg] != N)
+        return CLLM_FAIL(CLLM_ERR_INTERNAL, "adapter rows: %d rows mapped, the layer has %d", r->seg_rows[r->n_seg], N);
+    if (N <= WEIGHTS_SMALL_ROWS) { /* decode-sized: every adapter's rows in one pass */
+        model_lora_row rows[WEIGHTS_SMALL_ROWS] = {{0}};
+        int IN = 0, OUT = 0;
+        for (int g = 0; g < r->n_seg; g++) {
+            int ai = r->seg_adapter[g], k = ai >= 0 ? s->a[ai].of_tensor[w] : -1;
+            if (k < 0) continue;
+            IN = s->a[ai].layer[k].in;
+            OUT = s->a[ai].layer[k].out;
+            for (int n = r->seg_rows[g]; n < r->seg_rows[g + 1]; n++) rows[n] = row_of(&s->a[ai], k);
+        }
+        if (IN) model_lora_small_forward(out, inp, rows, N, IN, OUT, r->scratch);
+        return CLLM_OK;
     }
     for (int ai = 0; ai < s->n; ai++) {
         const set_adapter *a = &s->a[ai];
@@ -227,8 +289,6 @@ cllm_status model_lora_rows_forward(const model_lora_rows *r, int w, float *out,
                 if (first < 0) first = g;
             }
         if (!n) continue;
-        if (r->seg_rows[r->n_seg] != N)
-            return CLLM_FAIL(CLLM_ERR_INTERNAL, "adapter rows: %d rows mapped, the layer has %d", r->seg_rows[r->n_seg], N);
         float *X = r->scratch, *O = X + (size_t)n * L->in, *H = O + (size_t)n * L->out;
         if (runs == 1) { /* one run of rows: in place */
             size_t r0 = (size_t)r->seg_rows[first];

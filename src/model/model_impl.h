@@ -44,6 +44,19 @@ typedef struct {
 } model_lora_rows;
 /* out[N, OUT] += each row's adapter on the layer of weight tensor w. */
 cllm_status model_lora_rows_forward(const model_lora_rows *r, int w, float *out, const float *inp, int N);
+/* The adapter delta of decode-sized calls (N <= WEIGHTS_SMALL_ROWS rows),
+ * without a GEMM call per adapter: out[n] += scale_n * B_n (A_n inp[n]) for
+ * every row n whose ad[n].A is set, row by row in one fixed order (a row's
+ * result depends on nothing else in the call), in one parallel region.
+ * h: N * max(ad[n].r) floats. Used by the single adapter (lora.c) and the
+ * per-row sets (lora_set.c) alike, so both give the same bits. */
+typedef struct {
+    const float *A, *B; /* [r, IN], [OUT, r] */
+    int r;
+    float scale;
+} model_lora_row;
+void model_lora_small_forward(float *out, const float *inp, const model_lora_row *ad, int N, int IN, int OUT,
+                              float *h);
 size_t model_lora_rows_scratch(const struct cllm_lora_set *set, int rows);
 
 /* Operand scratch of the bf16/fp16 linear layers (precision.c): where
