@@ -226,14 +226,15 @@ def llama(cllm, tmp):
                   "--lora-adapters", f"q={dirs['q']}", f"m={dirs['m']}"])
     try:
         alone = {}
-        for p in PROMPTS[:2]:
+        prompts = PROMPTS[:2] + [" ".join(PROMPTS)]  # the last: one prefill of more than 16 rows (GEMM form)
+        for p in prompts:
             for a in (None, "q", "m"):
                 alone[(p, a)] = [t["id"] for t in tgi(srv.port, p, N, a)["details"]["tokens"]]
                 want = cli_greedy(cllm, model, p, N, dirs.get(a))
                 check(same(alone[(p, a)], want), f"llama adapter {a} on {p!r}: {alone[(p, a)]} != {want}")
             check(alone[(p, "q")] != alone[(p, None)] and alone[(p, "m")] != alone[(p, None)],
                   f"llama: an adapter changes nothing on {p!r}")
-        jobs = [(p, a) for p in PROMPTS[:2] for a in (None, "q", "m")] * 2
+        jobs = [(p, a) for p in prompts for a in (None, "q", "m")] * 2
         got = {}
         th = [threading.Thread(target=lambda i, p, a: got.__setitem__(i, [t["id"] for t in tgi(srv.port, p, N, a)[
             "details"]["tokens"]]), args=(i, p, a)) for i, (p, a) in enumerate(jobs)]
