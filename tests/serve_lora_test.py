@@ -148,7 +148,12 @@ def alone_and_mixed(cllm, model, dirs, port):
     for p in PROMPTS[3:]:
         for a in names:
             alone[(p, a)] = [t["id"] for t in tgi(port, p, N, a)["details"]["tokens"]]
-    jobs = [(p, a) for p in PROMPTS for a in names] * 2
+    mixed(port, [(p, a) for p in PROMPTS for a in names] * 2, alone, "gpt2")
+    return alone
+
+
+def mixed(port, jobs, alone, what):
+    """Sends every (prompt, adapter) job at once; each must return its tokens of `alone`."""
     got = {}
 
     def run(i, p, a):
@@ -160,8 +165,7 @@ def alone_and_mixed(cllm, model, dirs, port):
     for t in th:
         t.join()
     bad = [(p, a) for i, (p, a) in enumerate(jobs) if got.get(i) != alone[(p, a)]]
-    check(not bad, f"mixed batch differs from alone for {bad[:4]}")
-    return alone
+    check(not bad, f"{what}: mixed batch differs from alone for {bad[:4]}")
 
 
 def openai_checks(port):
@@ -234,16 +238,7 @@ def llama(cllm, tmp):
                 check(same(alone[(p, a)], want), f"llama adapter {a} on {p!r}: {alone[(p, a)]} != {want}")
             check(alone[(p, "q")] != alone[(p, None)] and alone[(p, "m")] != alone[(p, None)],
                   f"llama: an adapter changes nothing on {p!r}")
-        jobs = [(p, a) for p in prompts for a in (None, "q", "m")] * 2
-        got = {}
-        th = [threading.Thread(target=lambda i, p, a: got.__setitem__(i, [t["id"] for t in tgi(srv.port, p, N, a)[
-            "details"]["tokens"]]), args=(i, p, a)) for i, (p, a) in enumerate(jobs)]
-        for t in th:
-            t.start()
-        for t in th:
-            t.join()
-        bad = [(p, a) for i, (p, a) in enumerate(jobs) if got.get(i) != alone[(p, a)]]
-        check(not bad, f"llama: mixed batch differs from alone for {bad}")
+        mixed(srv.port, [(p, a) for p in prompts for a in (None, "q", "m")] * 2, alone, "llama")
     finally:
         check(srv.stop() == 0, "llama server exit code")
 
