@@ -56,15 +56,19 @@ static const char *base_name(const char *dir, char *buf, size_t n) {
 static int load_adapters(cllm_lora_set *set, const arg_list *l) {
     for (int i = 0; i < l->n; i++) {
         char *all = strdup(l->items[i]), *save = NULL, nb[256];
-        if (!all) return 1;
+        if (!all) {
+            CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+            return 1;
+        }
         for (char *it = strtok_r(all, ",", &save); it; it = strtok_r(NULL, ",", &save)) {
             char *eq = strchr(it, '=');
             const char *dir = eq ? eq + 1 : it, *name = eq ? (*eq = 0, it) : base_name(it, nb, sizeof nb);
             bool bad = !*name || !*dir;
-            for (const char *c = name; *c && !bad; c++) bad = *c <= ' ' || *c == '"' || *c == '\\' || *c == 0x7f;
+            for (const char *c = name; *c && !bad; c++)
+                bad = (unsigned char)*c <= ' ' || *c == '"' || *c == '\\' || *c == 0x7f;
             if (bad) {
-                fprintf(stderr, "cllm serve: --lora-adapters '%s': expected NAME=DIR (a name without spaces or "
-                                "quotes), e.g. sql=runs/lora-sql\n", it);
+                fprintf(stderr, "cllm serve: --lora-adapters '%s': expected NAME=DIR (a name without spaces, quotes "
+                                "or control characters), e.g. sql=runs/lora-sql\n", l->items[i]);
                 free(all);
                 return 2;
             }
