@@ -402,6 +402,13 @@ cllm_status model_lora_forward(const cllm_model *m, const struct model_adapter *
     if (!d && wants_dropout(m)) return CLLM_ERR_NOMEM;
     float *h = cllm_alloc((size_t)N * ad->r * sizeof(float), "LoRA activations");
     cllm_status st = h ? CLLM_OK : CLLM_ERR_NOMEM;
+    if (!st && !d && N <= WEIGHTS_SMALL_ROWS) { /* decode: the per-row kernel serving uses too (lora_set.c) */
+        model_lora_row rows[WEIGHTS_SMALL_ROWS];
+        for (int n = 0; n < N; n++) rows[n] = (model_lora_row){A, B, ad->r, ad->scale};
+        model_lora_small_forward(out, inp, rows, N, ad->in, ad->out, h);
+        cllm_free(h);
+        return CLLM_OK;
+    }
     if (!st) st = cllm_matmul(h, d ? d : inp, A, N, ad->r, ad->in, false, true, 1.0f, 0.0f);
     if (!st) st = cllm_matmul(out, h, B, N, ad->out, ad->r, false, true, ad->scale, 1.0f);
     cllm_free(h);

@@ -31,6 +31,34 @@ enum {
  * score.weight [num_labels, C]; -1 in a causal LM). */
 enum { G_WTE, G_WPE, G_EMB_LN_W, G_EMB_LN_B, G_LNF_W, G_LNF_B, G_HEAD, G_SCORE, G_VHEAD_W, G_VHEAD_B, G_NSLOTS };
 
+/* Adapters of a set (cllm_lora_set, lora_set.c) chosen per row of a
+ * forward: the rows seg_rows[k]..seg_rows[k+1]-1 use adapter
+ * seg_adapter[k] (-1: none), or every row adapter `all` when it is >= 0.
+ * scratch holds model_lora_rows_scratch(set, rows) floats (NULL with `all`). */
+typedef struct {
+    const struct cllm_lora_set *set;
+    int all, n_seg;
+    const int32_t *seg_rows;    /* [n_seg + 1] */
+    const int32_t *seg_adapter; /* [n_seg] */
+    float *scratch;
+} model_lora_rows;
+/* out[N, OUT] += each row's adapter on the layer of weight tensor w. */
+cllm_status model_lora_rows_forward(const model_lora_rows *r, int w, float *out, const float *inp, int N);
+/* The adapter delta of decode-sized calls (N <= WEIGHTS_SMALL_ROWS rows),
+ * without a GEMM call per adapter: out[n] += scale_n * B_n (A_n inp[n]) for
+ * every row n whose ad[n].A is set, row by row in one fixed order (a row's
+ * result depends on nothing else in the call), in one parallel region.
+ * h: N * max(ad[n].r) floats. Used by the single adapter (lora.c) and the
+ * per-row sets (lora_set.c) alike, so both give the same bits. */
+typedef struct {
+    const float *A, *B; /* [r, IN], [OUT, r] */
+    int r;
+    float scale;
+} model_lora_row;
+void model_lora_small_forward(float *out, const float *inp, const model_lora_row *ad, int N, int IN, int OUT,
+                              float *h);
+size_t model_lora_rows_scratch(const struct cllm_lora_set *set, int rows);
+
 /* Operand scratch of the bf16/fp16 linear layers (precision.c): where
  * activations and gradients are rounded on their way into a matmul. It is
  * run state, never part of the weights: the training run keeps one in the
@@ -46,6 +74,7 @@ typedef struct {
     size_t widen_bytes;
     float *deq;       /* weight formats (weights.c): quantized activations, or widened bf16 tiles */
     size_t deq_elems;
+    const model_lora_rows *rows; /* adapters per row (lora_set.c), NULL: none */
 } model_lp_scratch;
 
 /* Activations of one block, saved by the forward pass for the backward.

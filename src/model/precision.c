@@ -371,7 +371,9 @@ cllm_status model_linear_forward(const cllm_model *m, model_lp_scratch *lp, floa
                                  const float *bias, int N, int IN, int OUT, bool w_in_out) {
     cllm_status st = linear_forward(m, lp, out, inp, w, bias, N, IN, OUT, w_in_out);
     const struct model_adapter *ad = st || !m->lora ? NULL : model_lora_find(m, model_param(m, w));
-    return ad ? model_lora_forward(m, ad, out, inp, N) : st;
+    if (ad) st = model_lora_forward(m, ad, out, inp, N);
+    if (!st && lp && lp->rows) st = model_lora_rows_forward(lp->rows, w, out, inp, N); /* a set's, per row */
+    return st;
 }
 
 cllm_status model_linear_backward(const cllm_model *m, model_lp_scratch *lp, float *dinp, float *dw, float *dbias,
