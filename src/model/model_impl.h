@@ -149,6 +149,9 @@ struct cllm_model {
      * written (a model loaded in that format). */
     struct model_wstore *ws;
     bool params_lazy;
+    /* a quantized frozen base (qbase.c): the block linear layers in a
+     * bitsandbytes format; NULL otherwise */
+    struct model_qbase *qb;
     const struct cllm_dist_group *tp_grp;
     int tp_rank, tp_size;
     int tp_vocab;    /* the whole model's vocabulary (the part's rows past it are padding) */
@@ -324,6 +327,21 @@ cllm_status model_weights_linear(const cllm_model *m, model_lp_scratch *lp, floa
                                  const cllm_qweight *q, const float *bias, int N);
 /* Floats of lp->deq a forward of `rows` rows needs (0 without a store). */
 size_t model_weights_scratch(const cllm_model *m, int rows);
+
+/* A quantized base (qbase.c). model_qbase_get: tensor idx's quantized
+ * matrix or NULL; model_qbase_index: the quantized tensor whose slot in
+ * params starts at w, or -1. model_qbase_scratch: floats of lp->deq its
+ * passes need (the largest matrix). The forward writes out[N, rows] =
+ * inp . W^T + bias; the backward adds dout . W to dinp and column sums to
+ * dbias (dw must be NULL: the base is frozen). */
+const cllm_bnb_matrix *model_qbase_get(const cllm_model *m, int idx);
+int model_qbase_index(const cllm_model *m, const float *w);
+size_t model_qbase_scratch(const cllm_model *m);
+cllm_status model_qbase_forward(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp,
+                                const cllm_bnb_matrix *q, const float *bias, int N);
+cllm_status model_qbase_backward(const cllm_model *m, model_lp_scratch *lp, float *dinp, float *dw, float *dbias,
+                                 const float *dout, int idx, int N);
+void model_qbase_free(cllm_model *m);
 
 /* Width of the fused/stacked QKV activation of one token. */
 int model_qkv_width(const cllm_model_config *c);
