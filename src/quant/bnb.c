@@ -245,6 +245,9 @@ void cllm_bnb_quantize(cllm_bnb_matrix *q, const float *src, float *scratch) {
 
 /* ------------------------------------------------------------ dequantize */
 
+/* Below this many values a dequantization runs on the calling thread. */
+#define BNB_PARALLEL_MIN 32768u
+
 /* The fp32 absmax of 64-block b. */
 static inline float block_absmax(const cllm_bnb_matrix *q, size_t b) {
     if (!q->double_quant) return q->absmax[b];
@@ -257,7 +260,7 @@ void cllm_bnb_dequantize(float *dst, const cllm_bnb_matrix *q, int r0, int nrows
     const size_t K = (size_t)q->cols, e0 = (size_t)r0 * K, e1 = e0 + (size_t)nrows * K;
     if (q->type == CLLM_BNB_INT8) {
         const float inv127 = 7.874015718698502e-3f;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (e1 - e0 >= BNB_PARALLEL_MIN)
         for (int r = r0; r < r0 + nrows; r++) {
             const signed char *c = (const signed char *)q->codes + (size_t)r * K;
             float *o = dst + (size_t)(r - r0) * K, s = q->absmax[r];
@@ -270,7 +273,7 @@ void cllm_bnb_dequantize(float *dst, const cllm_bnb_matrix *q, int r0, int nrows
     }
     const float *code = q->type == CLLM_BNB_NF4 ? nf4_code : fp4_code;
     const size_t b0 = e0 / CLLM_BNB_BLOCK, b1 = blocks_of(e1, CLLM_BNB_BLOCK);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (e1 - e0 >= BNB_PARALLEL_MIN)
     for (size_t b = b0; b < b1; b++) {
         const float a = block_absmax(q, b);
         size_t i0 = b * CLLM_BNB_BLOCK, i1 = i0 + CLLM_BNB_BLOCK;

@@ -55,6 +55,14 @@ static cllm_status open_model(trainer *tr, const char *resume_dir) {
 
 static cllm_status open_start(trainer *tr) {
     cllm_train_config *c = tr->cfg;
+    if (c->quant.enabled) { /* QLoRA: the base's linear layers quantized while loading */
+        if (!train_lora_run(c))
+            return CLLM_FAIL(CLLM_ERR_ARG, "quantization: a quantized base is frozen and trains only with LoRA "
+                             "adapters: add a \"lora\" section (--lora-r) or --adapter");
+        if (!c->model_dir)
+            return CLLM_FAIL(CLLM_ERR_ARG, "quantization: needs \"model\" to be an HF folder (--model)");
+        return cllm_model_load_quantized(&tr->m, c->model_dir, &c->quant);
+    }
     if (c->model_dir) return cllm_model_load(&tr->m, c->model_dir);
     const cllm_model_init_spec *mi = &c->model_init;
     if (!c->has_model_init)
