@@ -74,6 +74,10 @@ typedef struct {
                               (cllm_lora_count): gradients, optimizer state and snapshots cover it
                               alone, the base stays whole on every rank; ZeRO 0-2 only */
     int lora_rank;         /* with trainable: the largest adapter rank (its per-layer scratch) */
+    size_t quant_numel;    /* with trainable, > 0: a quantized base (QLoRA): parameters of the linear
+                              layers held in quant_bytes instead of fp32 (cllm_model_config_quantized) */
+    size_t quant_bytes;
+    size_t quant_widest;   /* parameters of the largest quantized layer: its dequantized copy (work) */
 } cllm_mem_setup;
 
 /* The estimate for one rank, in bytes. total is the sum of every line

@@ -144,6 +144,11 @@ cllm_status cllm_model_load_quantized(cllm_model **out, const char *dir, const c
  * bytes of its quantized layers. */
 cllm_bnb_type cllm_model_quantized(const cllm_model *m);
 size_t cllm_model_quantized_bytes(const cllm_model *m);
+/* What quantizing a model of config mc by c would hold (cllm estimate):
+ * the parameters of the quantized layers, their stored bytes and the
+ * parameters of the largest (its dequantized copy is the passes' scratch). */
+cllm_status cllm_model_config_quantized(const cllm_model_config *mc, const cllm_bnb_config *c, size_t *numel,
+                                        size_t *bytes, size_t *widest);
 /* Converts the matrices of a model that has its fp32 parameters into
  * format f (fp32: back to the flat buffer). The fp32 buffer is kept. A
  * model loaded in another format, or prepared for training, is

@@ -60,6 +60,29 @@ void model_qbase_free(cllm_model *m) {
     m->qb = NULL;
 }
 
+/* Walks the quantized matrices of m (a layout is enough): for each, its
+ * tensor, [out, in] shape and stored bytes; returns the bytes of all of
+ * them (64-byte aligned each) and sets *widest, *numel. With q, carves
+ * q->buf into views. */
+static size_t walk(const cllm_model *m, const cllm_bnb_config *c, cllm_bnb_type type, bool dq, struct model_qbase *q,
+                   size_t *widest, size_t *numel) {
+    size_t total = 0;
+    *widest = *numel = 0;
+    bool conv = m->cfg.arch == CLLM_ARCH_GPT2;
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        for (size_t s = 0; s < sizeof linear_slots / sizeof linear_slots[0]; s++) {
+            int t = m->lslot[l][linear_slots[s]];
+            if (t < 0 || skipped(c, m->tensors[t].name)) continue;
+            const cllm_tensor_info *ti = &m->tensors[t];
+            int rows = (int)(conv ? ti->shape[1] : ti->shape[0]), cols = (int)(conv ? ti->shape[0] : ti->shape[1]);
+            if (q) cllm_bnb_view(&q->w[t], type, dq, rows, cols, q->buf + total);
+            if (ti->numel > *widest) *widest = ti->numel;
+            *numel += ti->numel;
+            total += (cllm_bnb_bytes(type, dq, rows, cols) + 63) / 64 * 64;
+        }
+    return total;
+}
+
 static cllm_status qbase_init(cllm_model *m, const cllm_bnb_config *c) {
     struct model_qbase *q = calloc(1, sizeof *q);
     if (q) q->w = calloc((size_t)m->n_tensors, sizeof *q->w);
@@ -69,28 +92,32 @@ static cllm_status qbase_init(cllm_model *m, const cllm_bnb_config *c) {
     }
     q->type = cllm_bnb_config_type(c);
     q->dq = c->double_quant && q->type != CLLM_BNB_INT8;
-    bool conv = m->cfg.arch == CLLM_ARCH_GPT2;
-    for (int pass = 0; pass < 2; pass++) {
-        size_t total = 0;
-        for (int l = 0; l < m->cfg.n_layer; l++)
-            for (size_t s = 0; s < sizeof linear_slots / sizeof linear_slots[0]; s++) {
-                int t = m->lslot[l][linear_slots[s]];
-                if (t < 0 || skipped(c, m->tensors[t].name)) continue;
-                const cllm_tensor_info *ti = &m->tensors[t];
-                int rows = (int)(conv ? ti->shape[1] : ti->shape[0]), cols = (int)(conv ? ti->shape[0] : ti->shape[1]);
-                if (pass) cllm_bnb_view(&q->w[t], q->type, q->dq, rows, cols, q->buf + total);
-                if (ti->numel > q->widest) q->widest = ti->numel;
-                total += (cllm_bnb_bytes(q->type, q->dq, rows, cols) + 63) / 64 * 64;
-            }
-        if (!pass && !(q->buf = cllm_alloc(total ? total : 64, "quantized base"))) {
-            free(q->w);
-            free(q);
-            return CLLM_ERR_NOMEM;
-        }
-        q->bytes = total;
+    size_t numel;
+    q->bytes = walk(m, c, q->type, q->dq, NULL, &q->widest, &numel);
+    if (!(q->buf = cllm_alloc(q->bytes ? q->bytes : 64, "quantized base"))) {
+        free(q->w);
+        free(q);
+        return CLLM_ERR_NOMEM;
     }
+    walk(m, c, q->type, q->dq, q, &q->widest, &numel);
     m->qb = q;
     return CLLM_OK;
+}
+
+cllm_status cllm_model_config_quantized(const cllm_model_config *mc, const cllm_bnb_config *c, size_t *numel,
+                                        size_t *bytes, size_t *widest) {
+    cllm_model tmp = {0};
+    tmp.cfg = *mc;
+    cllm_status st = model_build_layout(&tmp);
+    if (!st) {
+        cllm_bnb_type t = cllm_bnb_config_type(c);
+        *bytes = walk(&tmp, c, t, c->double_quant && t != CLLM_BNB_INT8, NULL, widest, numel);
+    }
+    free(tmp.tensors);
+    free(tmp.lslot);
+    free(tmp.tgroup);
+    free(tmp.groups);
+    return st;
 }
 
 const cllm_bnb_matrix *model_qbase_get(const cllm_model *m, int idx) {
@@ -129,9 +156,11 @@ static cllm_status put_tensor(void *ctx, int idx, const cllm_st_tensor *t) {
         return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: tensor '%s' holds blocks of a cllm convert --quantize folder: a "
                          "quantized base loads from fp32, fp16 or bf16 weights", t->file, t->name);
     cllm_bnb_matrix *q = m->qb->w[idx].type != CLLM_BNB_NONE ? &m->qb->w[idx] : NULL;
-    if (!q) return cllm_st_read_f32(t, m->params + ti->offset, (int64_t)ti->numel);
-    cllm_status st = cllm_st_read_f32(t, c->tmp, (int64_t)ti->numel);
-    if (st) return st;
+    cllm_status st = cllm_st_read_f32(t, q ? c->tmp : m->params + ti->offset, (int64_t)ti->numel);
+    /* the file's pages of this tensor are read: out of the resident set, so
+     * that loading never holds the whole fp32 (or bf16) model */
+    cllm_mem_release((void *)(uintptr_t)t->data, t->nbytes);
+    if (st || !q) return st;
     const float *src = c->tmp;
     if (m->cfg.arch == CLLM_ARCH_GPT2) { /* Conv1D [in, out] -> [out, in] */
         const int R = q->rows, K = q->cols;
