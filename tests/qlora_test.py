@@ -12,12 +12,14 @@ for bit against cllm's quantizer), in float64.
             from those of the fp32 base (the quantization took effect)
   train     `cllm train --config` with a "quantization" section (nf4, double
             quant, llm_int8_skip_modules) and SGD: the adapters after 3 steps
-            against torch's SGD on the dequantized base
+            against torch's SGD on the dequantized base; a run stopped at
+            step 2 and resumed gives the bits of an uninterrupted one
   eval      `cllm eval --load-in-4bit --adapter`: the loss of the dequantized
             base with the adapter
   errors    unknown quantization key named, load_in_8bit with load_in_4bit,
             neither, a bad bnb_4bit_quant_type, bf16 compute, a quantized
-            base without adapters, --precision bf16, --weights with
+            base without adapters, --precision bf16, a quantized layer in
+            modules_to_save, --weights with
             --load-in-4bit: non-zero exit naming them
 
 Run by ctest (label lora) as
@@ -139,6 +141,18 @@ def test_train(cllm, tmp):
     moved = min(lt.rel(adapter[k], ref[k]) for k in ref if ".lora_" in k)
     check("train: adapters after 3 SGD steps on the nf4 base vs torch (rel L2 <= 1e-4)",
           worst[0] <= 1e-4 and moved > 1e-4, "worst %.2e %s; smallest change %.2e" % (worst + (moved,)))
+    # exact resume on a quantized base: the checkpoint holds the adapters, the base is quantized again
+    extra = ["--lora-r", "2", "--load-in-4bit", "--bnb-4bit-quant-type", "nf4", "--bnb-4bit-use-double-quant",
+             "--save-interval", "2", "--sync-save"]
+    full, part = os.path.join(tmp, "q-full"), os.path.join(tmp, "q-part")
+    r1 = lt.run(lt.train_cmd(cllm, d, data, full, 4, extra))
+    r2 = lt.run(lt.train_cmd(cllm, d, data, part, 2, extra))
+    r3 = lt.run(lt.train_cmd(cllm, d, data, part, 4, extra + ["--resume", "auto"]))
+    if check("resume: runs exit 0", all(x.returncode == 0 for x in (r1, r2, r3)),
+             " | ".join(x.stderr.strip()[-200:] for x in (r1, r2, r3))):
+        a = open(os.path.join(full, "adapter_model.safetensors"), "rb").read()
+        b = open(os.path.join(part, "adapter_model.safetensors"), "rb").read()
+        check("resume: adapters bit-identical to an uninterrupted run", a == b)
     # eval: the loss of the dequantized base with the trained adapter
     r = lt.run([cllm, "eval", "--model", d, "--adapter", out, "--data", data, "--seq-len", "12", "--batch-size",
                 "3", "--load-in-4bit", "--bnb-4bit-quant-type", "fp4"])
@@ -182,6 +196,12 @@ def test_errors(cllm, tmp):
                                               else [])
         r = lt.run(lt.train_cmd(cllm, d, data, os.path.join(tmp, "e%d" % i), 1, extra))
         check("errors: %s" % what, r.returncode not in (0, None) and needle in r.stderr, r.stderr.strip()[-240:])
+    conf = os.path.join(tmp, "bad-save.json")
+    with open(conf, "w") as f:
+        json.dump({"lora": {"r": 2, "modules_to_save": ["model.layers.0.mlp.up_proj"]}}, f)
+    r = lt.run(lt.train_cmd(cllm, d, data, os.path.join(tmp, "e-save"), 1, ["--config", conf, "--load-in-8bit"]))
+    check("errors: a quantized layer in modules_to_save named", r.returncode not in (0, None) and
+          "model.layers.0.mlp.up_proj.weight is held quantized" in r.stderr, r.stderr.strip()[-240:])
     r = lt.run([cllm, "generate", "--model", d, "--load-in-4bit", "--weights", "q4", "--prompt-ids", "1,2",
                 "--max-new-tokens", "2"])
     check("errors: --weights with --load-in-4bit", r.returncode not in (0, None) and "--weights" in r.stderr,
