@@ -118,7 +118,8 @@ static cllm_status open_dpo(trainer *tr, bool piped, bool tensor) {
         if (!dir)
             return CLLM_FAIL(CLLM_ERR_ARG, "task \"dpo\": no reference model: \"model\" is not an HF folder; set "
                              "dpo.ref_model (--ref-model) or dpo.reference_free");
-        cllm_status st = cllm_model_load(&ref, dir);
+        /* a quantized base is its own reference, as trl's with PEFT adapters disabled */
+        cllm_status st = c->quant.enabled ? cllm_model_load_quantized(&ref, dir, &c->quant) : cllm_model_load(&ref, dir);
         if (st) return cllm_fail_context(st, "reference model %s", dir);
         const cllm_model_config *a = cllm_model_get_config(ref), *b = cllm_model_get_config(tr->m);
         if (a->vocab_size != b->vocab_size) {
