@@ -371,6 +371,22 @@ static inline float *model_grad(const cllm_model *m, int idx) {
     return m->goff[idx] == SIZE_MAX ? NULL : m->grads + m->goff[idx];
 }
 
+/* The tensor whose slot in m->params starts at w (the linear seam's
+ * backward passes weights as pointers), or -1. Tensors lie in offset
+ * order: a binary search. */
+static inline int model_tensor_at(const cllm_model *m, const float *w) {
+    uintptr_t base = (uintptr_t)m->params, p = (uintptr_t)w;
+    if (!m->params || p < base || (p - base) / sizeof(float) >= m->n_params) return -1;
+    size_t off = (p - base) / sizeof(float);
+    int lo = 0, hi = m->n_tensors - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (m->tensors[mid].offset <= off) lo = mid;
+        else hi = mid - 1;
+    }
+    return m->tensors[lo].offset == off ? lo : -1;
+}
+
 /* The trainable set's part of cllm_model_free (trainable.c). */
 void model_trainable_free(cllm_model *m);
 /* After an update: trained copies of model tensors back into params. */

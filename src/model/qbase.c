@@ -126,17 +126,8 @@ const cllm_bnb_matrix *model_qbase_get(const cllm_model *m, int idx) {
 }
 
 int model_qbase_index(const cllm_model *m, const float *w) {
-    if (!m->qb || !m->params) return -1;
-    uintptr_t base = (uintptr_t)m->params, p = (uintptr_t)w;
-    if (p < base || (p - base) / sizeof(float) >= m->n_params) return -1;
-    size_t off = (p - base) / sizeof(float);
-    int lo = 0, hi = m->n_tensors - 1; /* tensors lie in offset order */
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (m->tensors[mid].offset <= off) lo = mid;
-        else hi = mid - 1;
-    }
-    return m->tensors[lo].offset == off && m->qb->w[lo].type != CLLM_BNB_NONE ? lo : -1;
+    int t = m->qb ? model_tensor_at(m, w) : -1;
+    return t >= 0 && m->qb->w[t].type != CLLM_BNB_NONE ? t : -1;
 }
 
 size_t model_qbase_scratch(const cllm_model *m) { return m->qb ? m->qb->widest : 0; }
