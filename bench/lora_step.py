@@ -191,8 +191,8 @@ def main():
                if not isinstance(extra, str)}
         tbase = statistics.median(times["torch full"]) if "torch full" in times else float("nan")
         base = statistics.median(times["full"]) if "full" in times else float("nan")
-        print("%s B=%d T=%d, %d threads, %d steps x %d runs each (first step dropped), load average %.1f -> %.1f" %
-              (args.preset, args.batch, args.seq_len, args.threads, args.steps, args.reps, load0[0], load1[0]))
+        print("%s%s B=%d T=%d, %d threads, %d steps x %d runs each (first step dropped), load average %.1f -> %.1f" %
+              (args.preset, " with " + " ".join(args.set) if args.set else "", args.batch, args.seq_len, args.threads, args.steps, args.reps, load0[0], load1[0]))
         print()
         print("| run | median step | min | max | speed vs its full run | peak RSS | cllm estimate |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
