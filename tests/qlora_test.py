@@ -16,6 +16,8 @@ for bit against cllm's quantizer), in float64.
             step 2 and resumed gives the bits of an uninterrupted one
   eval      `cllm eval --load-in-4bit --adapter`: the loss of the dequantized
             base with the adapter
+  estimate  `cllm estimate --load-in-4bit --json`: the nf4 layers' bytes (codes,
+            uint8 absmax, absmax2) in place of their fp32 bytes
   errors    unknown quantization key named, load_in_8bit with load_in_4bit,
             neither, a bad bnb_4bit_quant_type, bf16 compute, a quantized
             base without adapters, --precision bf16, a quantized layer in
@@ -202,6 +204,29 @@ def test_errors(cllm, tmp):
     r = lt.run(lt.train_cmd(cllm, d, data, os.path.join(tmp, "e-save"), 1, ["--config", conf, "--load-in-8bit"]))
     check("errors: a quantized layer in modules_to_save named", r.returncode not in (0, None) and
           "model.layers.0.mlp.up_proj.weight is held quantized" in r.stderr, r.stderr.strip()[-240:])
+    r = lt.run([cllm, "estimate", "--model", d, "--load-in-4bit"])
+    check("errors: estimate of a quantized base without --lora-r", r.returncode not in (0, None) and
+          "--lora-r" in r.stderr, r.stderr.strip()[-240:])
+    # estimate: the quantized layers at their bytes (nf4 + double quant: codes, uint8 absmax, absmax2 per 256)
+    cfg = lt.case_defs()[1][1]
+    pad = lambda b: (b + 63) // 64 * 64
+    al4 = lambda b: (b + 3) // 4 * 4
+    want = 0
+    for mod, conv in lt.linear_modules(cfg):
+        n = hm.load_hf_folder(d)[1][mod + ".weight"].numel()
+        nb = (n + 63) // 64
+        want += pad(al4((n + 1) // 2) + al4(nb) + 4 * ((nb + 255) // 256))
+    r = lt.run([cllm, "estimate", "--model", d, "--lora-r", "2", "--load-in-4bit", "--bnb-4bit-quant-type", "nf4",
+                "--bnb-4bit-use-double-quant", "--json", "--seq-len", "12"])
+    r8 = lt.run([cllm, "estimate", "--model", d, "--lora-r", "2", "--json", "--seq-len", "12"])
+    if check("estimate --load-in-4bit --json: exit 0", r.returncode == 0 and r8.returncode == 0, r.stderr[-200:]):
+        e4, e32 = json.loads(r.stdout), json.loads(r8.stdout)
+        nq = sum(hm.load_hf_folder(d)[1][m + ".weight"].numel() for m, _ in lt.linear_modules(cfg))
+        check("estimate --load-in-4bit: the nf4 layers' bytes replace their fp32 ones",
+              e4.get("quantized_bytes") == want and e4.get("quantized_params") == nq and
+              e4["params"] == e32["params"] - 4 * nq + want,
+              "%s vs %d bytes; params %d vs %d" % (e4.get("quantized_bytes"), want, e4["params"],
+                                                   e32["params"] - 4 * nq + want))
     r = lt.run([cllm, "generate", "--model", d, "--load-in-4bit", "--weights", "q4", "--prompt-ids", "1,2",
                 "--max-new-tokens", "2"])
     check("errors: --weights with --load-in-4bit", r.returncode not in (0, None) and "--weights" in r.stderr,

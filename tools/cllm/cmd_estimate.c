@@ -235,6 +235,10 @@ int cmd_estimate(int argc, char **argv) {
     bool fits = memory_s && cllm_memory_suggest(&cfg, &s, budget, &best, &be);
     if (as_json) {
         json_t *j = to_json(&e);
+        if (s.quant_numel) { /* a quantized base: its layers' parameters and stored bytes */
+            json_object_set_new(j, "quantized_params", json_integer((json_int_t)s.quant_numel));
+            json_object_set_new(j, "quantized_bytes", json_integer((json_int_t)s.quant_bytes));
+        }
         if (memory_s) json_object_set_new(j, "fits", json_boolean(e.total <= budget));
         if (fits)
             json_object_set_new(j, "suggest",
