@@ -79,6 +79,10 @@ typedef struct {
                               adds the rows it receives for its experts, kept for the backward */
     double capacity_factor;/* with expert_parallel: the training capacity factor (0: no limit, the
                               worst case of every rank routing every row to this rank's experts) */
+    size_t quant_numel;    /* with trainable, > 0: a quantized base (QLoRA): parameters of the linear
+                              layers held in quant_bytes instead of fp32 (cllm_model_config_quantized) */
+    size_t quant_bytes;
+    size_t quant_widest;   /* parameters of the largest quantized layer: its dequantized copy (work) */
 } cllm_mem_setup;
 
 /* The estimate for one rank, in bytes. total is the sum of every line

@@ -139,6 +139,23 @@ cllm_status cllm_model_load(cllm_model **out, const char *dir);
  * embeddings) and the model runs forwards only (cllm_model_prepare with
  * train is CLLM_ERR_UNSUPPORTED). An unknown name is CLLM_ERR_ARG. */
 cllm_status cllm_model_load_weights(cllm_model **out, const char *dir, const char *weights);
+/* Loads an HF folder with the linear layers of its blocks quantized as
+ * BitsAndBytesConfig c says (cllm/quant.h, docs/lora.md#qlora): a frozen
+ * QLoRA base. Embeddings, head, norms and biases stay fp32; the fp32
+ * values of the quantized layers are never held whole (one tensor at a
+ * time while loading). The model trains only with a trainable set that
+ * leaves those layers frozen (LoRA adapters); forwards (eval, generate)
+ * run on it as on any model. fp32 matmul precision only. */
+cllm_status cllm_model_load_quantized(cllm_model **out, const char *dir, const cllm_bnb_config *c);
+/* The format of a quantized base (CLLM_BNB_NONE for other models) and the
+ * bytes of its quantized layers. */
+cllm_bnb_type cllm_model_quantized(const cllm_model *m);
+size_t cllm_model_quantized_bytes(const cllm_model *m);
+/* What quantizing a model of config mc by c would hold (cllm estimate):
+ * the parameters of the quantized layers, their stored bytes and the
+ * parameters of the largest (its dequantized copy is the passes' scratch). */
+cllm_status cllm_model_config_quantized(const cllm_model_config *mc, const cllm_bnb_config *c, size_t *numel,
+                                        size_t *bytes, size_t *widest);
 /* Converts the matrices of a model that has its fp32 parameters into
  * format f (fp32: back to the flat buffer). The fp32 buffer is kept. A
  * model loaded in another format, or prepared for training, is

@@ -217,6 +217,10 @@ typedef struct {
                                             lora.enabled when the section is present. The base is then
                                             frozen and only the adapters (and modules_to_save, biases)
                                             train */
+    cllm_bnb_config quant;               /* quantization: transformers' BitsAndBytesConfig keys
+                                            (cllm/quant.h, docs/lora.md#qlora); quant.enabled: the
+                                            base's linear layers stay in 8 or 4 bits (QLoRA; with
+                                            "lora" or "adapter" only) */
     const char *adapter_dir;             /* adapter: a PEFT adapter folder to continue training
                                             (its own adapter_config.json; not with a "lora" section) */
     struct {                             /* moe: mixture-of-experts training (docs/moe.md), DeepSpeed-

@@ -342,19 +342,8 @@ cllm_status cllm_lora_count(const cllm_model_config *mc, const cllm_lora_config 
 
 const struct model_adapter *model_lora_find(const cllm_model *m, const float *w) {
     const struct model_lora *L = m->lora;
-    if (!L || L->disabled || !m->params) return NULL;
-    uintptr_t base = (uintptr_t)m->params, p = (uintptr_t)w;
-    if (p < base || (p - base) / sizeof(float) >= m->n_params) return NULL;
-    size_t off = (p - base) / sizeof(float);
-    /* tensors lie in offset order: binary search */
-    int lo = 0, hi = m->n_tensors - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (m->tensors[mid].offset <= off) lo = mid;
-        else hi = mid - 1;
-    }
-    if (m->tensors[lo].offset != off || L->of_tensor[lo] < 0) return NULL;
-    return &L->ad[L->of_tensor[lo]];
+    int t = L ? model_tensor_at(m, w) : -1;
+    return t >= 0 && L->of_tensor[t] >= 0 ? &L->ad[L->of_tensor[t]] : NULL;
 }
 
 static uint64_t mix(uint64_t x) {

@@ -70,6 +70,7 @@ void cllm_model_free(cllm_model *m) {
     cllm_free(m->acts);
     model_lp_release(m);
     model_weights_free(m);
+    model_qbase_free(m);
     model_trainable_free(m);
     model_lora_free(m);
     free(m->layers);

@@ -180,6 +180,9 @@ struct cllm_model {
      * written (a model loaded in that format). */
     struct model_wstore *ws;
     bool params_lazy;
+    /* a quantized frozen base (qbase.c): the block linear layers in a
+     * bitsandbytes format; NULL otherwise */
+    struct model_qbase *qb;
     const struct cllm_dist_group *tp_grp;
     int tp_rank, tp_size;
     int tp_vocab;    /* the whole model's vocabulary (the part's rows past it are padding) */
@@ -391,6 +394,21 @@ cllm_status model_weights_linear(const cllm_model *m, model_lp_scratch *lp, floa
 /* Floats of lp->deq a forward of `rows` rows needs (0 without a store). */
 size_t model_weights_scratch(const cllm_model *m, int rows);
 
+/* A quantized base (qbase.c). model_qbase_get: tensor idx's quantized
+ * matrix or NULL; model_qbase_index: the quantized tensor whose slot in
+ * params starts at w, or -1. model_qbase_scratch: floats of lp->deq its
+ * passes need (the largest matrix). The forward writes out[N, rows] =
+ * inp . W^T + bias; the backward adds dout . W to dinp and column sums to
+ * dbias (dw must be NULL: the base is frozen). */
+const cllm_bnb_matrix *model_qbase_get(const cllm_model *m, int idx);
+int model_qbase_index(const cllm_model *m, const float *w);
+size_t model_qbase_scratch(const cllm_model *m);
+cllm_status model_qbase_forward(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp,
+                                const cllm_bnb_matrix *q, const float *bias, int N);
+cllm_status model_qbase_backward(const cllm_model *m, model_lp_scratch *lp, float *dinp, float *dw, float *dbias,
+                                 const float *dout, int idx, int N);
+void model_qbase_free(cllm_model *m);
+
 /* Width of the fused/stacked QKV activation of one token. */
 int model_qkv_width(const cllm_model_config *c);
 
@@ -417,6 +435,22 @@ static inline float *model_grad(const cllm_model *m, int idx) {
     if (!m->grads) return NULL;
     if (!m->frozen) return m->grads + m->tensors[idx].offset;
     return m->goff[idx] == SIZE_MAX ? NULL : m->grads + m->goff[idx];
+}
+
+/* The tensor whose slot in m->params starts at w (the linear seam's
+ * backward passes weights as pointers), or -1. Tensors lie in offset
+ * order: a binary search. */
+static inline int model_tensor_at(const cllm_model *m, const float *w) {
+    uintptr_t base = (uintptr_t)m->params, p = (uintptr_t)w;
+    if (!m->params || p < base || (p - base) / sizeof(float) >= m->n_params) return -1;
+    size_t off = (p - base) / sizeof(float);
+    int lo = 0, hi = m->n_tensors - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (m->tensors[mid].offset <= off) lo = mid;
+        else hi = mid - 1;
+    }
+    return m->tensors[lo].offset == off ? lo : -1;
 }
 
 /* The trainable set's part of cllm_model_free (trainable.c). */

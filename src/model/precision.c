@@ -196,6 +196,9 @@ cllm_status model_lp_scratch_init(model_lp_scratch *lp, const cllm_model *m, int
 cllm_status cllm_model_set_precision(cllm_model *m, cllm_precision p) {
     if ((unsigned)p >= CLLM_PREC_COUNT) return CLLM_FAIL(CLLM_ERR_ARG, "unknown precision %d", (int)p);
     if (p == m->prec) return CLLM_OK;
+    if (m->qb)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s matmuls over a %s base: a quantized base computes in fp32 "
+                         "(bnb_4bit_compute_dtype float32)", cllm_precision_name(p), cllm_bnb_type_name(cllm_model_quantized(m)));
     if (m->ws)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s matmuls over %s weights: the weight format sets the precision "
                          "(use --weights fp32 for mixed precision)", cllm_precision_name(p), cllm_wfmt_name(cllm_model_weights(m)));
@@ -301,6 +304,8 @@ static cllm_status linear_forward(const cllm_model *m, model_lp_scratch *lp, flo
                                   const float *bias, int N, int IN, int OUT, bool w_in_out) {
     const cllm_qweight *q = model_weights_get(m, widx);
     if (q) return model_weights_linear(m, lp, out, inp, q, bias, N);
+    const cllm_bnb_matrix *qb = model_qbase_get(m, widx);
+    if (qb) return model_qbase_forward(m, lp, out, inp, qb, bias, N);
     const float *w = model_param(m, widx);
     if (m->prec == CLLM_PREC_FP32) {
         /* decode steps of [out, in] weights: the bandwidth-bound kernel, in place on the
@@ -333,6 +338,8 @@ static cllm_status linear_forward(const cllm_model *m, model_lp_scratch *lp, flo
 static cllm_status linear_backward(const cllm_model *m, model_lp_scratch *lp, float *dinp, float *dw, float *dbias,
                                    const float *dout, const float *inp, const float *w, int N, int IN, int OUT,
                                    bool w_in_out) {
+    int qi = model_qbase_index(m, w);
+    if (qi >= 0) return model_qbase_backward(m, lp, dinp, dw, dbias, dout, qi, N);
     if (m->prec == CLLM_PREC_FP32) return cllm_linear_backward(dinp, dw, dbias, dout, inp, w, N, IN, OUT, w_in_out);
     size_t nin = (size_t)N * IN, nout = (size_t)N * OUT;
     const void *wl = NULL;

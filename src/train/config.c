@@ -34,7 +34,7 @@ static const char *const top_keys[] = {
     "model", "data", "train_iters", "epochs", "eval_interval", "eval_iters", "save_interval", "save_total_limit",
     "output_dir", "seed", "log", "weight_decay_skip", "max_consecutive_skips", "shuffle", "peak_gflops",
     "max_shard_size", "async_save", "save_final_checkpoint", "task", "dpo", "reward", "ppo", "heartbeat_timeout", "lora",
-    "adapter", "moe", NULL};
+    "adapter", "moe", "quantization", NULL};
 
 /* DeepSpeed keys accepted without effect on a single-process CPU fp32 run. */
 static const char *const top_ignored[] = {
@@ -748,9 +748,17 @@ static cllm_status parse_lora(cllm_train_config *c, const json_t *j, const char 
     return cllm_lora_config_parse(&c->lora, l, "lora", path, false);
 }
 
+/* "quantization" (BitsAndBytesConfig keys, read by cllm/quant.h's reader). */
+static cllm_status parse_quant(cllm_train_config *c, const json_t *j, const char *path) {
+    json_t *q = NULL;
+    TRY(get_obj(j, "quantization", &q, "", path));
+    return q ? cllm_bnb_config_parse(&c->quant, q, "quantization", path) : CLLM_OK;
+}
+
 static cllm_status parse_ours(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
     TRY(parse_task(c, j, path, strict));
     TRY(parse_lora(c, j, path));
+    TRY(parse_quant(c, j, path));
     TRY(parse_model(c, j, path, strict));
     TRY(parse_data(c, j, path, strict));
     TRY(get_long(j, "train_iters", &c->train_iters, 0, "", path));
@@ -836,6 +844,7 @@ static void set_defaults(cllm_train_config *c) {
     c->task = "lm";
     c->dpo = cllm_dpo_params_default();
     cllm_lora_config_default(&c->lora);
+    cllm_bnb_config_default(&c->quant);
     c->reward = cllm_reward_params_default();
     c->ppo = cllm_ppo_params_default();
 }
@@ -872,6 +881,7 @@ cllm_status cllm_train_config_parse(cllm_train_config *cfg, json_t *j, const cha
 void cllm_train_config_free(cllm_train_config *cfg) {
     if (!cfg) return;
     cllm_lora_config_free(&cfg->lora);
+    cllm_bnb_config_free(&cfg->quant);
     json_decref(cfg->json);
     cfg->json = NULL;
 }

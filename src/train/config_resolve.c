@@ -286,6 +286,17 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
                                                 c->dpo.precompute_ref_log_probs));
     if (c->lora.enabled) json_object_set_new(j, "lora", cllm_lora_config_to_json(&c->lora));
     if (c->adapter_dir) json_object_set_new(j, "adapter", json_string(c->adapter_dir));
+    if (c->quant.enabled) {
+        json_t *q = json_pack("{sbsbsssbsf}", "load_in_8bit", c->quant.load_in_8bit, "load_in_4bit",
+                              c->quant.load_in_4bit, "bnb_4bit_quant_type", cllm_bnb_type_name(c->quant.quant_type),
+                              "bnb_4bit_use_double_quant", c->quant.double_quant, "llm_int8_threshold",
+                              c->quant.int8_threshold);
+        json_t *skip = c->quant.n_skip_modules ? json_array() : json_null();
+        for (int i = 0; i < c->quant.n_skip_modules; i++)
+            json_array_append_new(skip, json_string(c->quant.skip_modules[i]));
+        json_object_set_new(q, "llm_int8_skip_modules", skip);
+        json_object_set_new(j, "quantization", q);
+    }
     if (c->task && strcmp(c->task, "reward") == 0)
         json_object_set_new(j, "reward", json_pack("{sf}", "center_rewards_coefficient",
                                                    c->reward.center_rewards_coefficient));
@@ -354,6 +365,13 @@ uint64_t cllm_train_config_hash(const cllm_train_config *c) {
         h = fnv1a(fnv1a(h, "moe"), s ? s : "");
         free(s);
         json_decref(m);
+    }
+    /* a quantized base (its format changes every forward) */
+    json_t *qz = json_object_get(j, "quantization");
+    if (qz) {
+        s = json_dumps(qz, JSON_COMPACT | JSON_SORT_KEYS);
+        h = fnv1a(fnv1a(h, "quantization"), s ? s : "");
+        free(s);
     }
     json_t *rw = json_object_get(j, "reward");
     if (rw) {

@@ -69,6 +69,14 @@ static cllm_status open_start(trainer *tr) {
 
 static cllm_status open_start_weights(trainer *tr) {
     cllm_train_config *c = tr->cfg;
+    if (c->quant.enabled) { /* QLoRA: the base's linear layers quantized while loading */
+        if (!train_lora_run(c))
+            return CLLM_FAIL(CLLM_ERR_ARG, "quantization: a quantized base is frozen and trains only with LoRA "
+                             "adapters: add a \"lora\" section (--lora-r) or --adapter");
+        if (!c->model_dir)
+            return CLLM_FAIL(CLLM_ERR_ARG, "quantization: needs \"model\" to be an HF folder (--model)");
+        return cllm_model_load_quantized(&tr->m, c->model_dir, &c->quant);
+    }
     if (c->model_dir) return cllm_model_load(&tr->m, c->model_dir);
     const cllm_model_init_spec *mi = &c->model_init;
     if (!c->has_model_init)
@@ -813,6 +821,11 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
                 cllm_model_trainable_numel(tr->m),
                 100.0 * (double)cllm_model_trainable_numel(tr->m) / (double)cllm_model_n_params(tr->m),
                 cllm_model_n_params(tr->m), cllm_model_n_trainable(tr->m));
+    if (c->log != CLLM_LOG_MODE_QUIET && cllm_model_quantized(tr->m) && cllm_dist_rank() == 0)
+        fprintf(stderr, "cllm train: QLoRA base: the blocks' linear layers in %s%s, %.1f MB\n",
+                cllm_bnb_type_name(cllm_model_quantized(tr->m)),
+                c->quant.double_quant && !c->quant.load_in_8bit ? " with double quantization" : "",
+                (double)cllm_model_quantized_bytes(tr->m) / 1e6);
     if (c->log != CLLM_LOG_MODE_QUIET)
         fprintf(stderr,
                 "cllm train: %zu parameters, %llu samples, steps %ld..%ld of %ld x %d tokens "

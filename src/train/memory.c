@@ -89,6 +89,8 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
                          s->zero_stage);
     if (s->trainable && (P > 1 || TP > 1 || s->zero_stage >= 3 || s->offload_optimizer || s->offload_param))
         return CLLM_FAIL(CLLM_ERR_ARG, "a frozen base (LoRA) trains with data parallelism at ZeRO stage 0-2 only");
+    if (s->quant_numel && !s->trainable)
+        return CLLM_FAIL(CLLM_ERR_ARG, "a quantized base trains only with LoRA adapters");
     size_t n_params, len, full_len = 0;
     cllm_status st = cllm_model_config_params(c, &n_params, &len);
     if (st) return st;
@@ -146,7 +148,8 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     if (s->trainable) { /* the frozen base whole; the trainable buffer beside it */
         opt_len = s->trainable;
         bytes = s->trainable * sizeof(float);
-        out->params += bytes;
+        /* a quantized base: its linear layers' fp32 slots are never touched */
+        out->params += bytes + s->quant_bytes - s->quant_numel * sizeof(float);
     }
     out->grads = s->zero_stage >= 2 ? shard(opt_len, s->dp) * sizeof(float) : bytes;
     out->optim = (size_t)states * (s->zero_stage >= 1 ? shard(opt_len, s->dp) : opt_len) * sizeof(float);
@@ -168,6 +171,7 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
          * an adapter's pass holds its rank-r activations and their gradient */
         out->work = 2 * (size_t)s->micro_batch * (size_t)s->seq_len * (size_t)(s->lora_rank > 0 ? s->lora_rank : 8) *
                     sizeof(float);
+        out->work += s->quant_widest * sizeof(float); /* one dequantized layer of a quantized base */
     } else if (s->zero_stage >= 2) {
         /* stages 2-3 reduce per group: a group's gradient is written into a
          * working buffer (group 0, last group, blocks); stage 3 also gathers

@@ -18,6 +18,7 @@
 #include "cllm/memory.h"
 #include "cllm/model.h"
 #include "commands.h"
+#include "quant_flags.h"
 
 /* Measured peak RSS of `cllm train` on a 2-layer 64-wide model (libraries,
  * OpenMP and oneDNN state, stacks); see docs/memory.md. */
@@ -178,6 +179,7 @@ int cmd_estimate(int argc, char **argv) {
     double capacity;
     bool grad_ckpt = false, momentum = false, async_save = false, as_json = false, offload = false, offload_p = false;
     arg_list sets;
+    quant_flags qf = {0};
     arg_spec specs[] = {
         {"model", ARG_STR, &model, NULL, false, "HF model folder (its config.json is read)"},
         {"arch", ARG_STR, &arch_name, NULL, false, "model family without --model: gpt2, llama, bloom or mixtral"},
@@ -211,6 +213,7 @@ int cmd_estimate(int argc, char **argv) {
         {"lora-r", ARG_INT, &lora_r, "0", false, "LoRA rank: a frozen base with rank-r adapters (0 = full training)"},
         {"lora-target", ARG_STR, &lora_target, NULL, false,
          "LoRA target modules (q_proj,v_proj, a regular expression or all-linear; default: PEFT's per architecture)"},
+        QUANT_FLAG_SPECS(qf),
         {"json", ARG_FLAG, &as_json, NULL, false, "print the estimate as JSON (bytes)"},
         {"task", ARG_STR, &task, "lm", false,
          "lm, reward, dpo or ppo: dpo and ppo add the reference model, ppo the reward model, value head and rollouts"},
@@ -279,6 +282,23 @@ int cmd_estimate(int argc, char **argv) {
                           &side)))
         goto done;
     s.overhead += side.ref + side.reward + side.rollouts;
+    cllm_bnb_config qc;
+    cllm_bnb_config_default(&qc);
+    if (quant_flags_any(&qf)) { /* QLoRA: the base's linear layers quantized */
+        json_t *qo = json_object();
+        quant_flags_to_json(&qf, qo);
+        cllm_status qst = lora_r > 0 ? cllm_bnb_config_parse(&qc, qo, "quantization", "flags")
+                                     : CLLM_FAIL(CLLM_ERR_ARG, "a quantized base (--load-in-4bit / --load-in-8bit) "
+                                                 "trains only with LoRA adapters: give --lora-r");
+        json_decref(qo);
+        if (!qst) qst = cllm_model_config_quantized(&cfg, &qc, &s.quant_numel, &s.quant_bytes, &s.quant_widest);
+        cllm_bnb_config_free(&qc);
+        if (qst) {
+            fprintf(stderr, "cllm estimate: %s\n", cllm_last_error());
+            rc = 2;
+            goto done;
+        }
+    }
     cllm_mem_estimate e;
     if (cllm_memory_estimate(&cfg, &s, &e)) {
         fprintf(stderr, "cllm estimate: %s\n", cllm_last_error());
@@ -295,6 +315,10 @@ int cmd_estimate(int argc, char **argv) {
         json_object_set_new(j, "reward_model", json_integer((json_int_t)side.reward));
         json_object_set_new(j, "rollouts", json_integer((json_int_t)side.rollouts));
         if (cfg.n_experts) add_moe_json(j, &e);
+        if (s.quant_numel) { /* a quantized base: its layers' parameters and stored bytes */
+            json_object_set_new(j, "quantized_params", json_integer((json_int_t)s.quant_numel));
+            json_object_set_new(j, "quantized_bytes", json_integer((json_int_t)s.quant_bytes));
+        }
         if (memory_s) json_object_set_new(j, "fits", json_boolean(e.total <= budget));
         if (fits)
             json_object_set_new(j, "suggest",
@@ -315,6 +339,11 @@ int cmd_estimate(int argc, char **argv) {
     if (lora_r > 0)
         printf("LoRA r=%d: %d adapted layers, %zu trainable parameters (%.3f%%); the base is frozen (no gradient or "
                "optimizer state)\n", lora_r, lora_n, lora_numel, 100.0 * (double)lora_numel / (double)e.n_params);
+    if (s.quant_numel)
+        printf("QLoRA base: %zu parameters of its linear layers in %s%s: %.1f MB instead of %.1f MB fp32\n",
+               s.quant_numel, cllm_bnb_type_name(cllm_bnb_config_type(&qc)),
+               qc.double_quant && !qc.load_in_8bit ? " with double quantization" : "", (double)s.quant_bytes / 1e6,
+               (double)s.quant_numel * 4.0 / 1e6);
     print_setup(&s);
     print_table(&e);
     if (side.ref || side.reward)

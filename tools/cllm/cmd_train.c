@@ -25,6 +25,7 @@
 #include "cllm/optim.h"
 #include "cllm/train.h"
 #include "commands.h"
+#include "quant_flags.h"
 
 /* The test hooks' settings, read from the environment. */
 typedef struct {
@@ -137,6 +138,7 @@ typedef struct {
         *lora_r, *lora_alpha, *lora_dropout, *lora_target, *adapter, *center, *reward_model, *rollouts, *kl_coef,
         *ppo_epochs;
     bool no_shuffle, strict, print_config, sync_save, grad_ckpt, reference_free, precompute;
+    quant_flags quant;
 } train_flags;
 
 /* Sets optimizer.type from a cllm optimizer name: "adam" keeps torch Adam's
@@ -286,6 +288,14 @@ static int apply_flags(json_t *j, const train_flags *f) {
             cllm_lora_config_free(&t);
         }
     }
+    if (quant_flags_any(&f->quant)) {
+        json_t *q = json_object_get(j, "quantization");
+        if (q && !json_is_object(q)) {
+            fprintf(stderr, "cllm train: quantization: expected an object\n");
+            return 2;
+        }
+        quant_flags_to_json(&f->quant, sub_object(j, "quantization"));
+    }
     if (f->center) {
         json_t *d = json_object_get(j, "reward");
         if (d && !json_is_object(d)) {
@@ -362,6 +372,7 @@ int cmd_train(int argc, char **argv) {
         {"lora-target", ARG_STR, &f.lora_target, NULL, false,
          "LoRA: modules such as q_proj,v_proj, a regular expression or all-linear (lora.target_modules; default: "
          "PEFT's per architecture)"},
+        QUANT_FLAG_SPECS(f.quant),
         {"adapter", ARG_STR, &f.adapter, NULL, false, "LoRA: continue training this PEFT adapter folder (adapter)"},
         {"strict", ARG_FLAG, &f.strict, NULL, false, "unknown config keys are errors instead of warnings"},
         {"print-config", ARG_FLAG, &f.print_config, NULL, false, "print the resolved config as JSON and exit"},
