@@ -342,7 +342,7 @@ cllm_status cllm_lora_count(const cllm_model_config *mc, const cllm_lora_config 
 
 const struct model_adapter *model_lora_find(const cllm_model *m, const float *w) {
     const struct model_lora *L = m->lora;
-    int t = L ? model_tensor_at(m, w) : -1;
+    int t = L && !L->disabled ? model_tensor_at(m, w) : -1; /* disabled: the base alone (a reference) */
     return t >= 0 && L->of_tensor[t] >= 0 ? &L->ad[L->of_tensor[t]] : NULL;
 }
 
