@@ -11,7 +11,7 @@
 
 /* out[N] = a + b; out may alias a or b (element i reads before it writes). */
 void cllm_add(float *out, const float *a, const float *b, long N) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (N >= CLLM_PAR_MIN)
     for (long i = 0; i < N; i++) out[i] = a[i] + b[i];
 }
 

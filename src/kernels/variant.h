@@ -42,4 +42,11 @@
 #define cllm_embedding_vp_backward KV_CAT(cllm_embedding_vp_backward, CLLM_KV)
 #define cllm_xent_forward_backward KV_CAT(cllm_xent_forward_backward, CLLM_KV)
 #define cllm_xent_forward KV_CAT(cllm_xent_forward, CLLM_KV)
+
+/* Below this many values an elementwise or per-row pass runs on the calling
+ * thread: waking the thread team and meeting it at the barrier costs more
+ * than the work (a decode step's norms, residual adds and activations are a
+ * few thousand values, several per layer), and a barrier with a thread that
+ * lost its core waits out that thread's time slice. */
+#define CLLM_PAR_MIN 32768L
 #endif

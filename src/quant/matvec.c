@@ -29,8 +29,11 @@
  * row of the stored matrix (axpy form): each thread owns a strip of 64
  * outputs and accumulates x[m, i] * W[i, strip] for i ascending.
  *
- * Threads: OpenMP over output rows (strips), static schedule, so each
- * thread streams one contiguous part of the matrix. Nothing is allocated.
+ * Threads: the int8 / q4 / bf16 / fp32 [out, in] kernels cut the output
+ * rows into chunks (about 8 per thread, each a contiguous run of the
+ * matrix) that the pool of pool.c hands out, so a thread that lost its core
+ * delays at most the one chunk it holds; the [cols, rows] fp32 kernel runs
+ * on OpenMP over output strips. Nothing is allocated.
  */
 #include <math.h>
 #include <omp.h>
@@ -282,36 +285,82 @@ static float dot_q(cllm_wfmt f, const unsigned char *row, const xblock *xq, int 
 #endif
 }
 
-static void quant_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch) {
-    const int R = w->rows, K = w->cols, nb = (K + QB - 1) / QB;
-    const size_t rb = cllm_wfmt_row_bytes(w->fmt, K);
-    xblock *xq = scratch;
-    quantize_x(xq, x, M, K);
-#pragma omp parallel for schedule(static) if ((long)R * K * M >= QV_PARALLEL_MIN)
-    for (int r = 0; r < R; r++) {
+/* One matmul cut into chunks of output rows for the thread pool (pool.c):
+ * chunk c computes the outputs of rows [c * rows_per, (c + 1) * rows_per)
+ * for all M inputs. */
+typedef struct {
+    float *out;
+    const float *x;
+    const cllm_qweight *w;
+    const float *bias;
+    const xblock *xq;
+    int M, rows_per;
+} mm_job;
+
+/* Chunks of at least MIN_CHUNK_BYTES of weights, about 8 per thread (a
+ * thread that stalls holds up at most one small chunk), rows a multiple of 8. */
+enum { MIN_CHUNK_BYTES = 16384, CHUNKS_PER_THREAD = 8 };
+
+static void run_chunks(quant_task_fn fn, mm_job *j) {
+    const int R = j->w->rows, nt = quant_pool_threads();
+    const size_t rb = cllm_wfmt_row_bytes(j->w->fmt, j->w->cols);
+    if (nt <= 1 || (long)R * j->w->cols * j->M < QV_PARALLEL_MIN) {
+        j->rows_per = R;
+        fn(j, 0);
+        return;
+    }
+    int per = (R + nt * CHUNKS_PER_THREAD - 1) / (nt * CHUNKS_PER_THREAD);
+    const int min_rows = (int)((MIN_CHUNK_BYTES + rb - 1) / rb);
+    if (per < min_rows) per = min_rows;
+    per = (per + 7) / 8 * 8;
+    j->rows_per = per;
+    quant_pool_run(fn, j, (R + per - 1) / per);
+}
+
+static void quant_chunk(void *ctx, int c) {
+    const mm_job *j = ctx;
+    const cllm_qweight *w = j->w;
+    const int R = w->rows, nb = (w->cols + QB - 1) / QB, M = j->M;
+    const int r0 = c * j->rows_per, r1 = r0 + j->rows_per < R ? r0 + j->rows_per : R;
+    const size_t rb = cllm_wfmt_row_bytes(w->fmt, w->cols);
+    for (int r = r0; r < r1; r++) {
         const unsigned char *row = (const unsigned char *)w->data + (size_t)r * rb;
-        const float bv = bias ? bias[r] : 0.0f;
-        for (int m = 0; m < M; m++) out[(size_t)m * R + r] = dot_q(w->fmt, row, xq + (size_t)m * nb, nb) + bv;
+        const float bv = j->bias ? j->bias[r] : 0.0f;
+        for (int m = 0; m < M; m++) j->out[(size_t)m * R + r] = dot_q(w->fmt, row, j->xq + (size_t)m * nb, nb) + bv;
     }
 }
 
+static void quant_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch) {
+    xblock *xq = scratch;
+    quantize_x(xq, x, M, w->cols);
+    mm_job j = {.out = out, .x = x, .w = w, .bias = bias, .xq = xq, .M = M};
+    run_chunks(quant_chunk, &j);
+}
+
 /* Row-major formats: one output channel per iteration, all M inputs. */
-static void rows_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M) {
-    const int R = w->rows, K = w->cols, nb = (K + QB - 1) / QB;
+static void rows_chunk(void *ctx, int c) {
+    const mm_job *j = ctx;
+    const cllm_qweight *w = j->w;
+    const int R = w->rows, K = w->cols, nb = (K + QB - 1) / QB, M = j->M;
+    const int r0 = c * j->rows_per, r1 = r0 + j->rows_per < R ? r0 + j->rows_per : R;
     const size_t rb = cllm_wfmt_row_bytes(w->fmt, K);
     const bool widen_once = M > 1 && nb * QB <= ROWBUF;
-#pragma omp parallel for schedule(static) if ((long)R * K >= QV_PARALLEL_MIN)
-    for (int r = 0; r < R; r++) {
+    for (int r = r0; r < r1; r++) {
         const unsigned char *row = (const unsigned char *)w->data + (size_t)r * rb;
-        const float bv = bias ? bias[r] : 0.0f;
+        const float bv = j->bias ? j->bias[r] : 0.0f;
         if (!widen_once) {
-            for (int m = 0; m < M; m++) out[(size_t)m * R + r] = dot_row(w->fmt, row, x + (size_t)m * K, K) + bv;
+            for (int m = 0; m < M; m++) j->out[(size_t)m * R + r] = dot_row(w->fmt, row, j->x + (size_t)m * K, K) + bv;
             continue;
         }
         float wrow[ROWBUF];
         widen_row(w->fmt, row, K, wrow);
-        for (int m = 0; m < M; m++) out[(size_t)m * R + r] = dot_wide(wrow, x + (size_t)m * K, K) + bv;
+        for (int m = 0; m < M; m++) j->out[(size_t)m * R + r] = dot_wide(wrow, j->x + (size_t)m * K, K) + bv;
     }
+}
+
+static void rows_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M) {
+    mm_job j = {.out = out, .x = x, .w = w, .bias = bias, .M = M};
+    run_chunks(rows_chunk, &j);
 }
 
 /* acc[0, n) += xv * wi[0, n): one fused multiply-add per weight (a plain
