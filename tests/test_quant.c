@@ -197,6 +197,19 @@ static void pool_threads(void) {
         CHECK(cllm_quant_matrix(q, (cllm_wfmt)f, W, PR, PK, false) == CLLM_OK, "quant");
         omp_set_num_threads(1);
         cllm_qmatmul(want, x, &w, NULL, PM, scratch);
+        if ((f == CLLM_WFMT_INT8 || f == CLLM_WFMT_Q4) && cllm_cpu()->isa >= CLLM_ISA_AVX2) {
+            /* the integer dots are exact: avx512 (with VNNI where the CPU has
+             * it) gives avx2's bytes */
+            float *v = malloc((size_t)PM * PR * 4), *v2 = malloc((size_t)PM * PR * 4);
+            CHECK(v && v2, "alloc");
+            if (v && v2) {
+                cllm_qmatmul_isa(v, x, &w, NULL, PM, scratch, CLLM_ISA_AVX2);
+                cllm_qmatmul_isa(v2, x, &w, NULL, PM, scratch, CLLM_ISA_AVX512);
+                CHECK(memcmp(v, v2, (size_t)PM * PR * 4) == 0, "%s: %s differs from avx2",
+                      cllm_wfmt_name((cllm_wfmt)f), cllm_qmatmul_variant());
+            }
+            free(v), free(v2);
+        }
         omp_set_num_threads(3);
         pool_arg one = {.w = &w, .x = x, .want = want};
         pool_caller(&one);
