@@ -20,6 +20,7 @@
 #define cllm_attention_forward_window KV_CAT(cllm_attention_forward_window, CLLM_KV)
 #define cllm_attention_backward_window KV_CAT(cllm_attention_backward_window, CLLM_KV)
 #define cllm_attention_forward_paged_window KV_CAT(cllm_attention_forward_paged_window, CLLM_KV)
+#define cllm_attention_forward_paged_bf16 KV_CAT(cllm_attention_forward_paged_bf16, CLLM_KV)
 #define cllm_add KV_CAT(cllm_add, CLLM_KV)
 #define cllm_to_bf16 KV_CAT(cllm_to_bf16, CLLM_KV)
 #define cllm_round_f16 KV_CAT(cllm_round_f16, CLLM_KV)
