@@ -192,9 +192,12 @@ static void pool_threads(void) {
     for (int i = 0; i < PR * PK; i++) W[i] = frand();
     for (int i = 0; i < PM * PK; i++) x[i] = frand();
     const int threads0 = omp_get_max_threads();
-    for (int f = 0; f < CLLM_WFMT_COUNT; f++) {
-        cllm_qweight w = {.fmt = (cllm_wfmt)f, .data = q, .rows = PR, .cols = PK};
-        CHECK(cllm_quant_matrix(q, (cllm_wfmt)f, W, PR, PK, false) == CLLM_OK, "quant");
+    for (int f = 0; f <= CLLM_WFMT_COUNT; f++) {
+        /* the last pass: fp32 read as GPT-2's [cols, rows] (in_out) */
+        const bool in_out = f == CLLM_WFMT_COUNT;
+        if (in_out) f = CLLM_WFMT_FP32;
+        cllm_qweight w = {.fmt = (cllm_wfmt)f, .data = q, .rows = PR, .cols = PK, .in_out = in_out};
+        CHECK(cllm_quant_matrix(q, (cllm_wfmt)f, W, in_out ? PK : PR, in_out ? PR : PK, false) == CLLM_OK, "quant");
         omp_set_num_threads(1);
         cllm_qmatmul(want, x, &w, NULL, PM, scratch);
         if ((f == CLLM_WFMT_INT8 || f == CLLM_WFMT_Q4) && cllm_cpu()->isa >= CLLM_ISA_AVX2) {
@@ -213,7 +216,7 @@ static void pool_threads(void) {
         omp_set_num_threads(3);
         pool_arg one = {.w = &w, .x = x, .want = want};
         pool_caller(&one);
-        CHECK(one.same, "%s: 3 threads differ from 1", cllm_wfmt_name((cllm_wfmt)f));
+        CHECK(one.same, "%s%s: 3 threads differ from 1", cllm_wfmt_name((cllm_wfmt)f), in_out ? " in_out" : "");
         pool_arg args[4];
         pthread_t th[4];
         int started = 0;
@@ -224,9 +227,11 @@ static void pool_threads(void) {
         }
         for (int t = 0; t < started; t++) {
             pthread_join(th[t], NULL);
-            CHECK(args[t].same, "%s: caller %d of 4 at once differs from 1 thread", cllm_wfmt_name((cllm_wfmt)f), t);
+            CHECK(args[t].same, "%s%s: caller %d of 4 at once differs from 1 thread", cllm_wfmt_name((cllm_wfmt)f),
+                  in_out ? " in_out" : "", t);
         }
         CHECK(started == 4, "pthread_create");
+        if (in_out) break;
     }
     omp_set_num_threads(threads0);
 done:
