@@ -269,13 +269,10 @@ static cllm_status linear_forward(const cllm_model *m, model_lp_scratch *lp, flo
     if (q) return model_weights_linear(m, lp, out, inp, q, bias, N);
     const float *w = model_param(m, widx);
     if (m->prec == CLLM_PREC_FP32) {
-        /* decode steps: the bandwidth-bound kernel on its thread pool, in place on the flat
-         * buffer, GPT-2's [in, out] Conv1D weights included (axpy strips). oneDNN's GEMV
-         * reads that layout as fast or faster when its OpenMP threads sleep when idle
-         * (OMP_WAIT_POLICY=PASSIVE: 0.63-0.92x) but its team waits out any thread that
-         * lost its core (3-5x slower on a loaded machine, gpt2-124M decode at 0.3 tok/s;
-         * bench/qmatmul_bench.c, docs/inference.md). */
-        if (N > WEIGHTS_SMALL_ROWS) return cllm_linear_forward(out, inp, w, bias, N, IN, OUT, w_in_out);
+        /* decode steps of [out, in] weights: the bandwidth-bound kernel, in place on the
+         * flat buffer. GPT-2's [in, out] Conv1D weights stay on oneDNN's GEMV, which reads
+         * that layout faster than cllm_qmatmul's axpy strips (bench/qmatmul_bench.c). */
+        if (N > WEIGHTS_SMALL_ROWS || w_in_out) return cllm_linear_forward(out, inp, w, bias, N, IN, OUT, w_in_out);
         cllm_qweight v = {.fmt = CLLM_WFMT_FP32, .data = w, .rows = OUT, .cols = IN, .in_out = w_in_out};
         cllm_qmatmul(out, inp, &v, bias, N, NULL);
         return CLLM_OK;

@@ -411,55 +411,38 @@ static inline void axpy(float *acc, float xv, const float *wi, int n) {
 #endif
 }
 
-/* fp32 [cols, rows] (in_out): each chunk of the pool owns one contiguous range of
+/* fp32 [cols, rows] (in_out): each thread owns one contiguous range of
  * outputs and walks the stored rows in order, accumulating x[m, i] times
  * the row's part in an L1-resident buffer (strips of at most ACC floats
  * over all the inputs of a chunk of up to MCHUNK rows), so each stored row
  * is read as one contiguous piece per thread. Every output is the sum over
  * i in ascending order, whatever M, the strip or the thread count. */
 enum { ACC = 4096 };
-/* Outputs [j0, j1) of every input row: the stored rows read in order, one
- * contiguous piece of each. */
-static void in_out_strip(const mm_job *j, int j0, int j1) {
-    const int R = j->w->rows, K = j->w->cols, M = j->M;
-    const float *W = j->w->data;
-    float acc[ACC];
-    for (int m0 = 0; m0 < M; m0 += MCHUNK) {
-        const int mc = M - m0 < MCHUNK ? M - m0 : MCHUNK, cw = ACC / mc / 16 * 16;
-        for (int js = j0; js < j1; js += cw) {
-            const int n = j1 - js < cw ? j1 - js : cw;
-            memset(acc, 0, (size_t)mc * (size_t)n * sizeof *acc);
-            for (int i = 0; i < K; i++) {
-                const float *wi = W + (size_t)i * R + js;
-                for (int m = 0; m < mc; m++) axpy(acc + (size_t)m * n, j->x[(size_t)(m0 + m) * K + i], wi, n);
-            }
-            for (int m = 0; m < mc; m++) {
-                float *o = j->out + (size_t)(m0 + m) * R + js;
-                for (int k = 0; k < n; k++) o[k] = acc[(size_t)m * n + k] + (j->bias ? j->bias[js + k] : 0.0f);
+static void in_out_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M) {
+    const int R = w->rows, K = w->cols;
+    const float *W = w->data;
+#pragma omp parallel if ((long)R * K >= QV_PARALLEL_MIN)
+    {
+        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int per = ((R + nt - 1) / nt + 15) / 16 * 16;
+        const int j0 = t * per < R ? t * per : R, j1 = j0 + per < R ? j0 + per : R;
+        float acc[ACC];
+        for (int m0 = 0; m0 < M; m0 += MCHUNK) {
+            const int mc = M - m0 < MCHUNK ? M - m0 : MCHUNK, cw = ACC / mc / 16 * 16;
+            for (int js = j0; js < j1; js += cw) {
+                const int n = j1 - js < cw ? j1 - js : cw;
+                memset(acc, 0, (size_t)mc * (size_t)n * sizeof *acc);
+                for (int i = 0; i < K; i++) {
+                    const float *wi = W + (size_t)i * R + js;
+                    for (int m = 0; m < mc; m++) axpy(acc + (size_t)m * n, x[(size_t)(m0 + m) * K + i], wi, n);
+                }
+                for (int m = 0; m < mc; m++) {
+                    float *o = out + (size_t)(m0 + m) * R + js;
+                    for (int k = 0; k < n; k++) o[k] = acc[(size_t)m * n + k] + (bias ? bias[js + k] : 0.0f);
+                }
             }
         }
     }
-}
-
-/* A chunk is a strip of rows_per outputs (a multiple of 16). */
-static void in_out_chunk(void *ctx, int c) {
-    const mm_job *j = ctx;
-    const int R = j->w->rows, j0 = c * j->rows_per;
-    in_out_strip(j, j0, j0 + j->rows_per < R ? j0 + j->rows_per : R);
-}
-
-static void in_out_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M) {
-    const int R = w->rows, nt = quant_pool_threads();
-    mm_job j = {.out = out, .x = x, .w = w, .bias = bias, .M = M};
-    if (nt <= 1 || (long)R * w->cols < QV_PARALLEL_MIN) {
-        in_out_strip(&j, 0, R);
-        return;
-    }
-    /* about 4 strips per thread, at least 256 outputs (1 KiB of each stored row) */
-    int per = (R + nt * 4 - 1) / (nt * 4);
-    per = per < 256 ? 256 : (per + 15) / 16 * 16;
-    j.rows_per = per;
-    quant_pool_run(in_out_chunk, &j, (R + per - 1) / per);
 }
 
 void QMATMUL(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch) {
