@@ -5,7 +5,8 @@ same model folder and token data.
 
   /usr/bin/python3 bench/lora_step.py --cllm build/cllm [--preset llama-100M]
       [--batch 4] [--seq-len 256] [--steps 6] [--reps 2] [--threads 2]
-      [--lora-r 16] [--lora-target q_proj,v_proj]
+      [--lora-r 16] [--lora-target q_proj,v_proj] [--qlora nf4,int8]
+      [--set hidden_size=2048 --set ...] [--only full,lora,qlora-nf4]
 
 The model is `cllm init --preset PRESET --seed 1`, the data random tokens.
 Each repetition runs, interleaved (full, lora, full, lora, ...) because the
@@ -13,6 +14,9 @@ CPU share of this machine fluctuates:
   full:  cllm train --optimizer adamw --lr 1e-4 --steps N --batch-size B
          --seq-len T --no-shuffle
   lora:  the same with --lora-r R [--lora-target ...]
+  qlora: the LoRA run on a quantized base, one per --qlora format (nf4:
+         --load-in-4bit --bnb-4bit-quant-type nf4 --bnb-4bit-use-double-quant,
+         as the QLoRA paper; fp4 likewise; int8: --load-in-8bit)
   torch full / torch LoRA (the peer, with --torch; llama presets): the
          same model through tests/ref/hf_models.py, torch.optim.AdamW(lr
          1e-4), fp32; LoRA written out as PEFT computes it (the frozen
@@ -135,7 +139,10 @@ def main():
     ap.add_argument("--lora-target", default=None)
     ap.add_argument("--lora-alpha", type=float, default=32)
     ap.add_argument("--torch", action="store_true", help="also run the PyTorch peer (full and LoRA)")
-    ap.add_argument("--only", default=None, help="a subset of the runs: full,lora,torch-full,torch-lora")
+    ap.add_argument("--only", default=None,
+                    help="a subset of the runs: full,lora,qlora-FMT,torch-full,torch-lora")
+    ap.add_argument("--qlora", default="nf4", help="quantized bases to run LoRA on: nf4,fp4,int8 (empty: none)")
+    ap.add_argument("--set", action="append", default=[], help="cllm init --set key=value (model shape)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--data", default=None, help=argparse.SUPPRESS)
@@ -145,7 +152,9 @@ def main():
     work = tempfile.mkdtemp(prefix="cllm-lora-bench-")
     try:
         d = os.path.join(work, "model")
-        r = subprocess.run([args.cllm, "init", "--arch", args.arch, "--preset", args.preset, "--seed", "1", "--out", d],
+        sets = [x for kv in args.set for x in ("--set", kv)]
+        r = subprocess.run([args.cllm, "init", "--arch", args.arch, "--preset", args.preset, "--seed", "1", "--out", d]
+                           + sets,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if r.returncode:
             sys.exit(r.stderr)
@@ -154,41 +163,47 @@ def main():
         make_data(data, vocab, args.batch * args.steps, args.seq_len + 1, 1)
         lora = ["--lora-r", str(args.lora_r), "--lora-alpha", str(args.lora_alpha)] + \
             (["--lora-target", args.lora_target] if args.lora_target else [])
-        modes = [("full", []), ("LoRA r=%d%s" % (args.lora_r, " " + args.lora_target if args.lora_target else ""), lora)]
+        qflags = {"nf4": ["--load-in-4bit", "--bnb-4bit-quant-type", "nf4", "--bnb-4bit-use-double-quant"],
+                  "fp4": ["--load-in-4bit", "--bnb-4bit-quant-type", "fp4", "--bnb-4bit-use-double-quant"],
+                  "int8": ["--load-in-8bit"]}
+        # (label, key for --only, extra train flags or a torch worker name, extra estimate flags)
+        est_lora = ["--lora-r", str(args.lora_r)] + (["--lora-target", args.lora_target] if args.lora_target else [])
+        modes = [("full", "full", [], []),
+                 ("LoRA r=%d%s" % (args.lora_r, " " + args.lora_target if args.lora_target else ""), "lora", lora,
+                  est_lora)]
+        for q in [x for x in args.qlora.split(",") if x]:
+            modes.append(("QLoRA-%s r=%d" % (q, args.lora_r), "qlora-" + q, lora + qflags[q], est_lora + qflags[q]))
         if args.torch:
-            modes += [("torch full", "torch-full"), ("torch LoRA r=%d" % args.lora_r, "torch-lora")]
+            modes += [("torch full", "torch-full", "torch-full", None),
+                      ("torch LoRA r=%d" % args.lora_r, "torch-lora", "torch-lora", None)]
         if args.only:
-            keys = ["full", "lora", "torch-full", "torch-lora"]
-            modes = [m for k, m in zip(keys, modes) if k in args.only.split(",")]
+            modes = [m for m in modes if m[1] in args.only.split(",")]
         load0 = os.getloadavg()
-        times = {m: [] for m, _ in modes}
-        rss = {m: 0.0 for m, _ in modes}
+        times = {m[0]: [] for m in modes}
+        rss = {m[0]: 0.0 for m in modes}
         for _ in range(args.reps):
-            for m, extra in modes:
+            for m, _, extra, _ in modes:
                 t, r_ = run_torch(args, d, data, extra) if isinstance(extra, str) else run(args, d, data, work, extra)
                 times[m] += t
                 rss[m] = max(rss[m], r_)
         load1 = os.getloadavg()
-        est_lora = ["--lora-r", str(args.lora_r)] + (["--lora-target", args.lora_target] if args.lora_target else [])
-        est = {"full": estimate(args.cllm, d, args.batch, args.seq_len, [])}
-        for m, extra in modes:
-            if extra and not isinstance(extra, str):
-                est[m] = estimate(args.cllm, d, args.batch, args.seq_len, est_lora)
+        est = {m: estimate(args.cllm, d, args.batch, args.seq_len, e) for m, _, extra, e in modes
+               if not isinstance(extra, str)}
         tbase = statistics.median(times["torch full"]) if "torch full" in times else float("nan")
         base = statistics.median(times["full"]) if "full" in times else float("nan")
-        print("%s B=%d T=%d, %d threads, %d steps x %d runs each (first step dropped), load average %.1f -> %.1f" %
-              (args.preset, args.batch, args.seq_len, args.threads, args.steps, args.reps, load0[0], load1[0]))
+        print("%s%s B=%d T=%d, %d threads, %d steps x %d runs each (first step dropped), load average %.1f -> %.1f" %
+              (args.preset, " with " + " ".join(args.set) if args.set else "", args.batch, args.seq_len, args.threads, args.steps, args.reps, load0[0], load1[0]))
         print()
         print("| run | median step | min | max | speed vs its full run | peak RSS | cllm estimate |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
-        for m, extra in modes:
+        for m, _, extra, _ in modes:
             med = statistics.median(times[m])
             ref = tbase if isinstance(extra, str) else base
             print("| %s | %.3f s | %.3f s | %.3f s | %.2fx | %.0f MiB | %s |" %
                   (m, med, min(times[m]), max(times[m]), ref / med, rss[m],
                    "%.0f MiB" % (est[m] / 1048576.0) if est.get(m) else ""))
-        lc = [m for m, e in modes if e and not isinstance(e, str)]
-        lt = [m for m, e in modes if e == "torch-lora"]
+        lc = [m for m, k, e, _ in modes if k == "lora"]
+        lt = [m for m, k, e, _ in modes if k == "torch-lora"]
         if lc and lt:
             print()
             print("cllm LoRA vs torch LoRA: %.2fx the throughput" %

@@ -39,6 +39,15 @@ thread count on the scheduler thread that runs the model.
 
 --perf runs `perf record -g` on the server during one extra single-stream
 request and prints the top symbols, so that a shortfall can be attributed.
+
+--lora N measures LoRA serving instead (no torch): N PEFT adapters of rank
+--lora-r on every linear layer (random A and B written here) served with
+`--lora-adapters`, then --lora-clients streaming clients in three modes,
+interleaved A B C A B C over --rounds rounds: every request on the base,
+every request on adapter 0, and mixed (client i on the base when i % (N + 1)
+is 0, else on adapter i % (N + 1) - 1: one batch holding the base and every
+adapter). Medians of the aggregate tokens/s and their ratio to the base-only
+batch, with the load average before and after.
 """
 
 import argparse
@@ -46,7 +55,6 @@ import http.client
 import json
 import math
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -59,6 +67,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "tests", "ref"))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+import serve_util  # noqa: E402
 
 # PyTorch's best setting on a shared machine (as in train_step.py): its OpenMP
 # threads sleep when idle instead of spinning against OpenBLAS's own threads
@@ -71,7 +81,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import machine  # noqa: E402
-from hf_models import gelu_tanh, load_hf_folder  # noqa: E402
+from hf_models import gelu_tanh, load_hf_folder, save_safetensors  # noqa: E402
 
 BASE_PROMPT = ("The history of the city begins with a small village on the river, where farmers and "
                "traders met every week to sell grain, wool and salt to travellers from the")
@@ -101,54 +111,17 @@ def make_model(cllm, tokdir, out, quick):
     return out
 
 
-class Server:
-    def __init__(self, cllm, model, threads, extra, omp_env=True, jit_profile=False):
-        env = dict(os.environ)
-        env.pop("OMP_WAIT_POLICY", None)
-        if CALLER_WAIT_POLICY is not None:
-            env["OMP_WAIT_POLICY"] = CALLER_WAIT_POLICY
-        if omp_env:
-            env["OMP_NUM_THREADS"] = str(threads)
-        if jit_profile:
-            env["ONEDNN_JIT_PROFILE"] = "2"  # 2: /tmp/perf-PID.map, so perf names oneDNN's JIT kernels
-        self.p = subprocess.Popen([cllm, "serve", "--model", model, "--port", "0", "--threads", str(threads),
-                                   *extra], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
-        self.log = []
-        self.port = None
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            line = self.p.stderr.readline().decode(errors="replace")
-            if not line:
-                break
-            self.log.append(line)
-            m = re.search(r"listening on http://([0-9.]+):(\d+)", line)
-            if m:
-                self.port = int(m.group(2))
-                break
-        if self.port is None:
-            self.p.kill()
-            raise SystemExit("server did not start:\n" + "".join(self.log))
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self):
-        for line in self.p.stderr:
-            self.log.append(line.decode(errors="replace"))
-
-    def status_kib(self, key):
-        with open("/proc/%d/status" % self.p.pid) as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-        return 0
-
-    def stop(self):
-        if self.p.poll() is None:
-            self.p.terminate()
-        try:
-            self.p.wait(60)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
+def Server(cllm, model, threads, extra, omp_env=True, jit_profile=False):
+    env = dict(os.environ)
+    env.pop("OMP_WAIT_POLICY", None)
+    if CALLER_WAIT_POLICY is not None:
+        env["OMP_WAIT_POLICY"] = CALLER_WAIT_POLICY
+    if omp_env:
+        env["OMP_NUM_THREADS"] = str(threads)
+    if jit_profile:
+        env["ONEDNN_JIT_PROFILE"] = "2"  # 2: /tmp/perf-PID.map, so perf names oneDNN's JIT kernels
+    return serve_util.Server([cllm, "serve", "--model", model, "--port", "0", "--threads", str(threads), *extra],
+                             env=env, start_timeout=300)
 
 
 def post_json(port, path, body):
@@ -162,10 +135,12 @@ def post_json(port, path, body):
     return json.loads(out)
 
 
-def stream(port, prompt, new_tokens):
-    """One greedy /generate_stream request. Returns (t_send, [event times],
-    final event dict)."""
+def stream(port, prompt, new_tokens, adapter=None):
+    """One greedy /generate_stream request (on a LoRA adapter when given).
+    Returns (t_send, [event times], final event dict)."""
     body = {"inputs": prompt, "parameters": {"max_new_tokens": new_tokens, "details": True}}
+    if adapter is not None:
+        body["parameters"]["adapter_id"] = adapter
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t0 = time.perf_counter()
     c.request("POST", "/generate_stream", body=json.dumps(body).encode(),
@@ -375,9 +350,9 @@ def single_stream(a, srv, tm, prompt, prompt_ids, threads, wbytes):
     return res
 
 
-def concurrency(a, srv, prompt_for):
+def concurrency(a, srv, prompt_for, adapter_for=None, levels=None, quiet=False):
     out = []
-    for c in a.clients:
+    for c in levels or a.clients:
         lat, ttft, toks = [], [], []
         lock = threading.Lock()
         errors = []
@@ -385,7 +360,8 @@ def concurrency(a, srv, prompt_for):
         def client(ci):
             try:
                 for r in range(a.requests_per_client):
-                    t0, times, last = stream(srv.port, prompt_for(ci, r), a.new_tokens)
+                    t0, times, last = stream(srv.port, prompt_for(ci, r), a.new_tokens,
+                                             adapter_for(ci) if adapter_for else None)
                     n = last["details"]["generated_tokens"] if last and last.get("details") else len(times)
                     with lock:
                         lat.append(times[-1] - t0)
@@ -406,10 +382,67 @@ def concurrency(a, srv, prompt_for):
                "ttft50": pct(ttft, 50), "ttft99": pct(ttft, 99), "hwm_mib": srv.status_kib("VmHWM") / 1024,
                "errors": errors}
         out.append(row)
+        if quiet and not errors:
+            continue
         print("  %2d clients: %d requests, %d tokens in %.1f s = %.1f tok/s%s" % (
             c, row["requests"], row["tokens"], wall, row["tps"], "  ERRORS: %s" % errors[:2] if errors else ""),
             flush=True)
     return out
+
+
+def make_adapters(model, n, r, out):
+    """n PEFT folders with random A and B (small: the text stays close to the base's) on every Conv1D."""
+    params = load_hf_folder(model)[1]
+    dirs = []
+    g = torch.Generator().manual_seed(5)
+    for k in range(n):
+        t = {}
+        for name, w in params.items():
+            if not name.endswith(".weight") or w.dim() != 2 or ".h." not in name:
+                continue
+            mod = "base_model.model." + name[:-len(".weight")]
+            t[mod + ".lora_A.weight"] = (torch.rand(r, w.shape[0], generator=g) - 0.5) * 0.02
+            t[mod + ".lora_B.weight"] = (torch.rand(w.shape[1], r, generator=g) - 0.5) * 0.02
+        d = os.path.join(out, "adapter%d" % k)
+        os.makedirs(d, exist_ok=True)
+        save_safetensors(os.path.join(d, "adapter_model.safetensors"), t, dtype="F32")
+        with open(os.path.join(d, "adapter_config.json"), "w") as f:
+            json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": 2 * r,
+                       "target_modules": ["c_attn", "c_proj", "c_fc"], "fan_in_fan_out": True}, f)
+        dirs.append(d)
+    return dirs
+
+
+def lora_bench(a, model, tmp, extra, fit):
+    dirs = make_adapters(model, a.lora, a.lora_r, tmp)
+    names = ["a%d" % k for k in range(a.lora)]
+    spec = ",".join("%s=%s" % (n, d) for n, d in zip(names, dirs))
+    load0 = os.getloadavg()
+    srv = Server(a.cllm, model, a.threads, extra + ["--lora-adapters", spec], a.server_omp_env)
+    modes = {"base only": lambda ci: None, "one adapter": lambda ci: names[0],
+             "mixed": lambda ci: None if ci % (a.lora + 1) == 0 else names[ci % (a.lora + 1) - 1]}
+    tps = {m: [] for m in modes}
+    try:
+        prompt, _ = fit(BASE_PROMPT * 4, srv)
+        for r in range(a.rounds):
+            for m, f in modes.items():
+                row = concurrency(a, srv, lambda ci, rq: "%d. %s" % (ci * 10 + rq, prompt), f, [a.lora_clients],
+                                  quiet=True)[0]
+                tps[m].append(row["tps"])
+                print("  round %d %-11s: %d requests, %d tokens in %.1f s = %.1f tok/s" % (
+                    r + 1, m, row["requests"], row["tokens"], row["wall"], row["tps"]), flush=True)
+    finally:
+        srv.stop()
+    load1 = os.getloadavg()
+    print("\n" + machine.header(a.cllm))
+    print("\nLoRA serving: %d adapters of rank %d on every linear layer, %d streaming clients, %d new tokens, "
+          "%d thread(s); medians of %d interleaved rounds; load average %.1f -> %.1f" % (
+              a.lora, a.lora_r, a.lora_clients, a.new_tokens, a.threads, a.rounds, load0[0], load1[0]))
+    print("| batch | aggregate tok/s | vs base only | min | max |")
+    print("|---|---:|---:|---:|---:|")
+    base = med(tps["base only"])
+    for m, v in tps.items():
+        print("| %s | %.1f | %.2fx | %.1f | %.1f |" % (m, med(v), med(v) / base, min(v), max(v)))
 
 
 def perf_profile(a, srv, prompt, outdir):
@@ -451,6 +484,9 @@ def main():
     ap.add_argument("--server-omp-env", action=argparse.BooleanOptionalAction, default=True,
                     help="also set OMP_NUM_THREADS=N for the server (default); without it only --threads N")
     ap.add_argument("--workdir", help="keep the model here (default: a temporary folder)")
+    ap.add_argument("--lora", type=int, default=0, help="measure N LoRA adapters served at once instead (see above)")
+    ap.add_argument("--lora-r", type=int, default=16)
+    ap.add_argument("--lora-clients", type=int, default=16)
     a = ap.parse_args()
     if a.quick:
         a.new_tokens = min(a.new_tokens, 32)
@@ -462,12 +498,6 @@ def main():
     model = os.path.join(tmp, "model")
     if not os.path.exists(os.path.join(model, "model.safetensors")):
         make_model(a.cllm, tokdir, model, a.quick)
-    a.membw = build_membw(tmp)
-    tm = TorchGPT2(model)
-    wbytes = weight_bytes(tm)
-    print("model: gpt2 %s, %.1fM parameters, %.1f MiB fp32 read per token; prompt ~%d tokens, %d new tokens, "
-          "greedy" % ("tiny" if a.quick else "gpt2-124M", wbytes / 4e6, wbytes / 2**20, a.prompt_tokens,
-                      a.new_tokens), flush=True)
     extra = ["--max-batch-size", str(a.max_batch_size), "--max-total-tokens", str(a.max_total_tokens)]
 
     def fit(text, srv):
@@ -476,6 +506,17 @@ def main():
         cut = text[:pieces[:a.prompt_tokens][-1]["stop"]]
         return cut, [p["id"] for p in post_json(srv.port, "/tokenize", {"inputs": cut})]
 
+    if a.lora:
+        lora_bench(a, model, tmp, extra, fit)
+        if not a.workdir:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
+    a.membw = build_membw(tmp)
+    tm = TorchGPT2(model)
+    wbytes = weight_bytes(tm)
+    print("model: gpt2 %s, %.1fM parameters, %.1f MiB fp32 read per token; prompt ~%d tokens, %d new tokens, "
+          "greedy" % ("tiny" if a.quick else "gpt2-124M", wbytes / 4e6, wbytes / 2**20, a.prompt_tokens,
+                      a.new_tokens), flush=True)
     results = {}
     conc = None
     for threads in [a.threads] + [t for t in a.also_threads if t != a.threads]:

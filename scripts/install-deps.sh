@@ -12,6 +12,10 @@ PKGS=(
   libmicrohttpd-dev    # HTTP server
   libopenmpi-dev openmpi-bin   # MPI
   iproute2             # ip netns: the two-host launcher test builds hosts as network namespaces
+  slurmctld slurmd slurm-client  # Slurm 22.05: tests/slurm_test.py starts a one-node cluster of its own
+                       # (private slurm.conf, auth/none); munge comes as a dependency and is not used.
+                       # Where services start at install (systemd or sysv, not a container), munge starts;
+                       # slurmctld and slurmd do not: their units and init scripts need /etc/slurm/slurm.conf
   python3-torch python3-numpy  # PyTorch references in tests and benchmarks (/usr/bin/python3)
   python3-jinja2       # the chat-template test renders with Jinja2 as transformers does
   libopenblas0-pthread         # the BLAS Debian's torch uses for fp32 matmuls (else the slow reference BLAS)

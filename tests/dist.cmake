@@ -8,7 +8,7 @@
 # neither attribute nor suppress.
 find_program(CLLM_MPIRUN mpirun)
 if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
-  foreach(case llama bloom zero3 errors commtype)
+  foreach(case llama bloom zero3 errors commtype bf16 fp16 zeropp)
     cllm_add_py_test(dist_${case} dist_test.py LABELS mpi ARGS --case ${case})
     set_tests_properties(dist_${case} PROPERTIES TIMEOUT 300)
   endforeach()

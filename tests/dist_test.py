@@ -21,19 +21,51 @@ layer's all-reduce started during the last micro-batch's backward), against the 
 and final weights within 1e-5; at stage 3 each rank reports about 1/N of
 the parameters.
 
-Errors: a data axis that does not match the ranks and ranks started with
-different configs fail with a message naming the problem (and the rank),
+Errors: a data axis that does not match the ranks, a zero_hpz_partition_size
+that does not divide them and ranks started with different configs fail
+with a message naming the problem (and the rank),
 without hanging. Sharded checkpoints are tested in shard_test.py,
 pipelines in pipe_test.py.
 
 Communication type (case commtype): with communication_data_type bf16 or
-fp16 the gradients are summed over 2 ranks in that 16-bit type (ZeRO 0 and
-1; stages 2-3 reduce per layer in fp32 and refuse it); the per-step losses and gradient norms stay within 1e-2 relative of the
+fp16 the gradients are summed over 2 ranks in that 16-bit type (ZeRO 0-1:
+the all-reduce; 2-3: each layer's reduce-scatter, and at 3 the replicated
+tensors' all-reduce); the per-step losses and gradient norms stay within 1e-2 relative of the
 fp32-communication run and the final weights within 2e-2 (bf16 keeps 8
 bits, fp16 11), while the first step's gradient norm is not bit-identical
 (the rounding really happens).
 
-Usage: dist_test.py --cllm BIN --build DIR --case {llama,bloom,zero3,errors,commtype}
+16-bit compute at ZeRO-3 (cases bf16, fp16): a tiny LLaMA with
+"bf16" (or emulated "fp16" with a dynamic loss scale that starts high
+enough to overflow and skip steps) on 2 ranks. Stage 3 (blocking, with
+overlap_comm, with optimizer and parameter offload to files) gives bit for
+bit the losses, gradient norms, loss scales, skipped steps and final weights
+of stage 2 (both reduce each micro-batch per layer, and over 2 ranks a sum of
+two is the same in either order), and of stage 1 with one micro-batch per
+rank; against the one-process run of the same precision, losses within
+TOL16 relative (the ranks' gradient sums round differently in the last bit,
+which can flip the 16-bit rounding of a weight, a 2^-8 relative change of one
+operand). Checkpoints of the stage-3 run resume at stage 2 (bit-identical to
+the straight run) and on one process; a stage-2 checkpoint resumes at stage
+3 (bit-identical).
+
+ZeRO++ (case zeropp): 200 steps (40 in the sanitizer pass, which looks for
+memory errors rather than at the curve) of a tiny LLaMA at stage 3 on 2 ranks with
+zero_quantized_weights and zero_quantized_gradients against plain stage 3:
+the mean loss of the last 20 steps within 1% and every step's loss within
+2% (measured 0.07% and 1.03%); the bytes each rank receives per step drop
+to at most 0.28 (parameters: int8 blocks of 32 with an fp16 scale, 34/128)
+and 0.27 (gradients: blocks of 128 with an fp32 scale, 132/512) of plain
+stage 3's; the start-up log names each key as active, or says that it has
+no effect (zero_hpz_partition_size; any of them at stage 2). With fp16 and
+a loss scale that overflows, qgZ skips the same steps as plain stage 3 (an
+inf travels as a NaN block scale). hpZ (zero_hpz_partition_size 2 on 4
+ranks, a 4-layer LLaMA, 2 micro-batches per rank, so that blocks are
+gathered again after the first gather since the step): bit-identical to
+plain stage 3, fewer parameter bytes received per step, the secondary
+slice counted in the parameter memory; with qwZ on top, within 2%.
+
+Usage: dist_test.py --cllm BIN --build DIR --case {llama,bloom,zero3,errors,commtype,bf16,fp16,zeropp}
 """
 import argparse, json, os, random, shutil, struct, subprocess, sys, tempfile
 
@@ -238,13 +270,15 @@ def zero3(env):
 def commtype(env):
     model = env.init("gpt2")
     runs = {}
-    for stage in (0, 1):
+    for stage in (0, 1, 2, 3):
         for ct in ("fp32", "bf16", "fp16"):
             tag = f"stage {stage} communication_data_type {ct}"
             out = env.path(f"ct_{stage}_{ct}")
+            # stage 3: the norms replicated (their all-reduce), the rest partitioned
             cfg = env.config(f"ct_{stage}_{ct}.json", model, communication_data_type=ct,
                              zero_optimization={"stage": stage, "reduce_bucket_size": 3000,
-                                                "allgather_bucket_size": 5000})
+                                                "allgather_bucket_size": 5000,
+                                                "stage3_param_persistence_threshold": 1000})
             p = env.run(["train", "--config", cfg, "--out", out], np_=2)
             if p.returncode != 0:
                 print(p.stdout, p.stderr, file=sys.stderr)
@@ -271,6 +305,175 @@ def commtype(env):
                   f"worst weight rel diff {worst:.1e})")
 
 
+TOL16 = 1e-3
+
+
+def lp16(env, prec):
+    """Stage 3 with bf16/fp16 matmuls against stages 1-2 and one process."""
+    model = env.init("llama")
+    lp = {"bf16": {"enabled": True}} if prec == "bf16" else \
+        {"fp16": {"enabled": True, "initial_scale_power": 20, "loss_scale_window": 3, "hysteresis": 1}}
+    runs = {}
+
+    def go(tag, n, stage, *args, zero=None, **kw):
+        out = env.path(tag)
+        z = {"stage": stage, "reduce_bucket_size": 3000, "allgather_bucket_size": 5000,
+             "stage3_param_persistence_threshold": 0}
+        z.update(zero or {})
+        ckw = dict(lp)
+        ckw.update(kw)
+        cfg = env.config(tag + ".json", model, zero_optimization=z, **ckw)
+        p = env.run(["train", "--config", cfg, "--out", out] + list(args), np_=n)
+        if p.returncode != 0:
+            print(p.stdout, p.stderr[-3000:], file=sys.stderr)
+            check(False, f"{prec} {tag}: run failed ({p.returncode})")
+            return None
+        runs[tag] = ([r for r in metrics(os.path.join(out, "metrics.jsonl")) if "loss" in r],
+                     tensors(os.path.join(out, "model.safetensors")))
+        return runs[tag]
+
+    def same(a, b):
+        ra, rb = runs.get(a), runs.get(b)
+        if not ra or not rb:
+            return
+        keys = ("loss", "grad_norm", "loss_scale", "skipped")
+        ma = [tuple(r.get(k) for k in keys) for r in ra[0]]
+        mb = [tuple(r.get(k) for k in keys) for r in rb[0]]
+        check(len(ma) == 10 and ma == mb, f"{prec}: {a} vs {b}: step records differ:\n{ma}\n{mb}")
+        diff = [k for k in rb[1] if not np.array_equal(ra[1][k], rb[1][k])]
+        check(not diff, f"{prec}: {a} vs {b}: final weights not bit-identical ({diff[:3]})")
+        print(f"{prec}: {a} == {b} bit for bit")
+
+    def close(a, b, tol):
+        ra, rb = runs.get(a), runs.get(b)
+        if not ra or not rb:
+            return
+        worst = max(rel(x["loss"], y["loss"]) for x, y in zip(ra[0], rb[0]) if x["loss"] is not None)
+        check(len(ra[0]) == 10 and worst <= tol, f"{prec}: {a} vs {b}: losses differ by {worst:.2e} (bound {tol})")
+        wdiff = max(float(np.max(np.abs(ra[1][k] - rb[1][k]))) / max(float(np.max(np.abs(rb[1][k]))), 1e-30)
+                    for k in rb[1])
+        print(f"{prec}: {a} vs {b}: worst loss rel diff {worst:.2e}, worst weight rel diff {wdiff:.2e}")
+
+    go("one", 0, 0)
+    go("fp32_s3", 2, 3, bf16={"enabled": False}, fp16={"enabled": False})
+    go("s2", 2, 2, save_interval=5)
+    s3 = go("s3", 2, 3, save_interval=5)
+    go("s3_overlap", 2, 3, zero={"overlap_comm": True})
+    nv = env.path(f"nvme_{prec}")
+    os.makedirs(nv, exist_ok=True)
+    go("s3_offload", 2, 3, zero={"offload_param": {"device": "nvme", "nvme_path": nv},
+                                 "offload_optimizer": {"device": "nvme", "nvme_path": nv}})
+    go("s1_b2", 2, 1, train_batch_size=2)
+    go("s3_b2", 2, 3, train_batch_size=2)
+    for t in ("s3", "s3_overlap", "s3_offload"):
+        same(t, "s2")
+    same("s3_b2", "s1_b2")
+    close("s3", "one", TOL16)
+    if s3:
+        # the loss scale really moved, and steps were skipped (fp16); the
+        # 16-bit run trains, and differs from fp32 by rounding only
+        sk = [r.get("skipped", False) for r in s3[0]]
+        if prec == "fp16":
+            check(any(sk) and not all(sk), f"fp16 stage 3: skipped steps {sk}: expected some, not all")
+        check(s3[0][-1]["loss"] < s3[0][0]["loss"], f"{prec} stage 3: the loss did not fall")
+        f32 = runs.get("fp32_s3")
+        if f32 and prec == "bf16":
+            check(s3[0][0]["loss"] != f32[0][0]["loss"], "bf16 stage 3: step-1 loss equals fp32's: no 16-bit matmuls")
+            close("s3", "fp32_s3", 2e-2)
+    for src, n, stage, ref in (("s3", 2, 2, "s3"), ("s2", 2, 3, "s2"), ("s3", 0, 0, "one")):
+        ck = env.path(src, "checkpoint-5")
+        tag = f"res_{src}_to_s{stage}_n{n}"
+        if os.path.isdir(ck) and go(tag, n, stage, "--resume", ck):
+            runs[tag] = (runs[ref][0][:5] + runs[tag][0], runs[tag][1]) if ref in runs else runs[tag]
+            if n:
+                same(tag, ref)
+            else:
+                close(tag, ref, TOL16)
+
+
+def zeropp(env):
+    model = env.init("llama")
+    zpp = {"zero_quantized_weights": True, "zero_quantized_gradients": True, "zero_hpz_partition_size": 2}
+    runs = {}
+    # the sanitizer pass looks for memory errors, not at the loss curve: 40 steps there
+    n = 200 if SCALE == 1 else 40
+    for tag, stage, iters, extra, kw in (("plain", 3, n, {}, {}), ("zpp", 3, n, zpp, {}), ("s2", 2, 2, zpp, {}),
+                                         ("fp16", 3, 10, {}, {"fp16": {"enabled": True, "initial_scale_power": 20,
+                                                                      "loss_scale_window": 3, "hysteresis": 1}}),
+                                         ("fp16_qg", 3, 10, {"zero_quantized_gradients": True},
+                                          {"fp16": {"enabled": True, "initial_scale_power": 20,
+                                                    "loss_scale_window": 3, "hysteresis": 1}})):
+        z = {"stage": stage, "reduce_bucket_size": 3000, "allgather_bucket_size": 5000,
+             "stage3_param_persistence_threshold": 0}
+        z.update(extra)
+        out = env.path(tag)
+        cfg = env.config(tag + ".json", model, zero_optimization=z, train_iters=iters, train_batch_size=2,
+                         gradient_clipping=1.0, **kw)
+        p = env.run(["train", "--config", cfg, "--out", out], np_=2)
+        if p.returncode != 0:
+            print(p.stdout, p.stderr[-3000:], file=sys.stderr)
+            check(False, f"zeropp {tag}: run failed ({p.returncode})")
+            continue
+        runs[tag] = ([r for r in metrics(os.path.join(out, "metrics.jsonl")) if "loss" in r], p.stderr)
+    if "zpp" in runs:
+        log = runs["zpp"][1]
+        for s in ("zero_quantized_weights: active", "zero_quantized_gradients: active",
+                  "zero_hpz_partition_size 2: no effect"):
+            check(s in log, f"zeropp: '{s}' not in the start-up log:\n{log[-2000:]}")
+    if "s2" in runs:
+        log = runs["s2"][1]
+        for s in ("zero_quantized_weights: no effect (ZeRO++ works at stage 3)",
+                  "zero_quantized_gradients: no effect (ZeRO++ works at stage 3)"):
+            check(s in log, f"zeropp stage 2: '{s}' not in the start-up log:\n{log[-2000:]}")
+    if "plain" in runs and "zpp" in runs:
+        a, b = runs["zpp"][0], runs["plain"][0]
+        check(len(a) == len(b) == n, f"zeropp: {len(a)} and {len(b)} steps")
+        worst = max(rel(x["loss"], y["loss"]) for x, y in zip(a, b))
+        tail = rel(sum(x["loss"] for x in a[-20:]), sum(y["loss"] for y in b[-20:]))
+        check(worst <= 2e-2 and tail <= 1e-2, f"zeropp: losses differ from plain stage 3: every step {worst:.2e} "
+              f"(bound 2e-2), last 20 steps' mean {tail:.2e} (bound 1e-2)")
+        check(a[0]["loss"] != b[0]["loss"] or a[1]["loss"] != b[1]["loss"], "zeropp: no quantization visible")
+        check(n < 200 or b[-1]["loss"] < 0.8 * b[0]["loss"],
+              f"zeropp: plain stage 3 did not train ({b[0]['loss']} -> {b[-1]['loss']})")
+        bp = [x["comm_bytes_params"] / y["comm_bytes_params"] for x, y in zip(a, b)]
+        bg = [x["comm_bytes_grads"] / y["comm_bytes_grads"] for x, y in zip(a, b)]
+        check(max(bp) <= 0.28 and min(bp) >= 0.25, f"zeropp: parameter bytes ratio {min(bp):.4f}..{max(bp):.4f}")
+        check(max(bg) <= 0.27 and min(bg) >= 0.25, f"zeropp: gradient bytes ratio {min(bg):.4f}..{max(bg):.4f}")
+        print(f"zeropp: loss diff every step <= {worst:.2e}, last-20 mean {tail:.2e}; bytes per step "
+              f"params {a[0]['comm_bytes_params']} vs {b[0]['comm_bytes_params']} ({bp[0]:.4f}), "
+              f"grads {a[0]['comm_bytes_grads']} vs {b[0]['comm_bytes_grads']} ({bg[0]:.4f})")
+    model4 = env.init("llama", "num_hidden_layers=4")
+    for tag, extra in (("p4", {}), ("h4", {"zero_hpz_partition_size": 2}),
+                       ("hw4", {"zero_hpz_partition_size": 2, "zero_quantized_weights": True})):
+        z = {"stage": 3, "reduce_bucket_size": 3000, "allgather_bucket_size": 5000,
+             "stage3_param_persistence_threshold": 0, **extra}
+        out = env.path(tag)
+        p = env.run(["train", "--config", env.config(tag + ".json", model4, zero_optimization=z), "--out", out], np_=4)
+        if p.returncode != 0:
+            print(p.stdout, p.stderr[-3000:], file=sys.stderr)
+            check(False, f"zeropp {tag}: run failed ({p.returncode})")
+            continue
+        runs[tag] = ([r for r in metrics(os.path.join(out, "metrics.jsonl")) if "loss" in r], p.stderr,
+                     tensors(os.path.join(out, "model.safetensors")))
+    if all(t in runs for t in ("p4", "h4", "hw4")):
+        (a, log, wa), (b, _, wb), (c, _, _) = runs["h4"], runs["p4"], runs["hw4"]
+        check("zero_hpz_partition_size 2: active" in log, f"zeropp hpZ: not reported active:\n{log[-2000:]}")
+        check([r["loss"] for r in a] == [r["loss"] for r in b] and all(np.array_equal(wa[k], wb[k]) for k in wb),
+              "zeropp hpZ: not bit-identical to plain stage 3")
+        check(all(x["comm_bytes_params"] < y["comm_bytes_params"] for x, y in zip(a, b)),
+              f"zeropp hpZ: parameter bytes {a[0]['comm_bytes_params']} vs plain {b[0]['comm_bytes_params']}")
+        check(a[0]["state_bytes_params"] > b[0]["state_bytes_params"], "zeropp hpZ: the secondary copy is not counted")
+        worst = max(rel(x["loss"], y["loss"]) for x, y in zip(c, b))
+        check(worst <= 2e-2, f"zeropp hpZ + qwZ: losses differ by {worst:.2e}")
+        print(f"zeropp hpZ: bit-identical; parameter bytes per step {a[0]['comm_bytes_params']} vs "
+              f"{b[0]['comm_bytes_params']}, with qwZ {c[0]['comm_bytes_params']} (losses within {worst:.1e}); "
+              f"parameter memory {a[0]['state_bytes_params']} vs {b[0]['state_bytes_params']} bytes")
+    if "fp16" in runs and "fp16_qg" in runs:
+        sa = [bool(r.get("skipped")) for r in runs["fp16_qg"][0]]
+        sb = [bool(r.get("skipped")) for r in runs["fp16"][0]]
+        check(any(sb) and sa == sb, f"zeropp fp16: skipped steps {sa} with qgZ, {sb} without")
+
+
 def errors(env):
     model = env.init("llama")
 
@@ -283,9 +486,9 @@ def errors(env):
     topo = {"process_topology": {"axis": ["pipe", "data"], "dims": [1, 4]}}
     fails("data axis", ["train", "--config", env.config("d.json", model, model_topo=topo), "--out", env.path("d")],
           2, "pipe 1 x data 4 x tensor 1 = 4 ranks, but 2 are running")
-    fails("16-bit sums at stage 2", ["train", "--config", env.config("ct2.json", model, communication_data_type="bf16",
-                                                                     zero_optimization={"stage": 2}),
-                                     "--out", env.path("ct2")], 2, "communication_data_type bf16 with zero_optimization.stage 2")
+    fails("hpZ group", ["train", "--config", env.config("hpz.json", model, zero_optimization={
+        "stage": 3, "zero_hpz_partition_size": 3}), "--out", env.path("hpz")], 2,
+        "zero_optimization.zero_hpz_partition_size 3 does not divide the 2 ranks")
     a = env.config("a.json", model)
     b = env.config("b.json", model, seed=8)
     cmd = MPIRUN + ["-np", "1", env.cllm, "train", "--config", a, "--out", env.path("m"), ":",
@@ -307,7 +510,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cllm", required=True)
     ap.add_argument("--build", required=True)
-    ap.add_argument("--case", required=True, choices=["llama", "bloom", "zero3", "errors", "commtype"])
+    ap.add_argument("--case", required=True,
+                    choices=["llama", "bloom", "zero3", "errors", "commtype", "bf16", "fp16", "zeropp"])
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
     env = Env(a.cllm, a.build, a.case)
@@ -318,6 +522,10 @@ def main():
             zero3(env)
         elif a.case == "commtype":
             commtype(env)
+        elif a.case in ("bf16", "fp16"):
+            lp16(env, a.case)
+        elif a.case == "zeropp":
+            zeropp(env)
         else:
             equivalence(env, a.case)
     finally:

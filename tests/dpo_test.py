@@ -13,6 +13,8 @@ Loss types sigmoid (label smoothing 0 and 0.1), ipo (log-probs averaged per
 completion token), hinge, robust (smoothing 0.2), reference_free; a separate
 reference model (--ref-model) so that policy and reference differ, and the
 default reference (the starting weights); gradient accumulation over pairs.
+precompute_ref_log_probs gives the same run bit for bit, and with LoRA the
+default reference is the base without adapters (case precompute).
 A resumed run ends bit-identical to the straight one, and eval_loss is the
 mean DPO loss over the eval pairs (case resume).
 Under mpirun (case mpi, label mpi): 2 ranks at ZeRO 1 and 3 match one process.
@@ -360,6 +362,49 @@ def case_resume(cllm, tmp):
                                                                                      e["eval_tokens"]))
 
 
+def case_precompute(cllm, tmp):
+    """precompute_ref_log_probs gives the run without it, bit for bit (3
+    AdamW steps, shuffled, with evaluation pairs); with LoRA and no
+    --ref-model the reference is the base without adapters: the same run as
+    with the base folder as --ref-model."""
+    cfg = hm.make_config("llama")
+    pol_dir, ref_dir = os.path.join(tmp, "pre.pol"), os.path.join(tmp, "pre.ref")
+    hm.save_hf_folder(pol_dir, cfg, hm.init_params(cfg, seed=3))
+    hm.save_hf_folder(ref_dir, cfg, hm.init_params(cfg, seed=4))
+    data, evald = os.path.join(tmp, "pre.jsonl"), os.path.join(tmp, "pre.eval.jsonl")
+    write_jsonl(data, make_pairs(cfg["vocab_size"], 8, seed=2, T=12))
+    write_jsonl(evald, make_pairs(cfg["vocab_size"], 3, seed=9, T=12))
+    common = ["train", "--task", "dpo", "--model", pol_dir, "--data", data, "--eval-data", evald, "--eval-interval",
+              "3", "--steps", "3", "--batch-size", "2", "--seq-len", "12", "--optimizer", "adamw", "--lr", "1e-2",
+              "--log", "quiet", "--peak-gflops", "1"]
+
+    def go(name, *extra):
+        out = os.path.join(tmp, "pre." + name)
+        r = run([cllm] + common + ["--out", out] + list(extra))
+        check("precompute: %s exit 0" % name, r.returncode == 0, r.stderr[-300:])
+        if "--precompute-ref-log-probs" in extra:
+            check("precompute: %s: 22 rows (8 + 3 pairs) precomputed, the reference freed" % name,
+                  "log-probabilities of 22 rows computed, the reference model freed" in r.stderr, r.stderr[-300:])
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            recs = [json.loads(l) for l in f if l.strip()]
+        keys = ("loss", "eval_loss", "rewards/chosen", "rewards/margins", "logps/rejected")
+        st = os.path.join(out, "adapter_model.safetensors" if "--lora-r" in extra else "model.safetensors")
+        with open(st, "rb") as f:
+            return [{k: m[k] for k in keys if k in m} for m in recs], f.read()
+
+    a = go("plain", "--ref-model", ref_dir)
+    b = go("precomputed", "--ref-model", ref_dir, "--precompute-ref-log-probs")
+    check("precompute: losses, eval_loss, metrics and weights bit-identical to computing the reference each step",
+          a == b, "%s vs %s" % (a[0][-1], b[0][-1]))
+    lora = ["--lora-r", "4", "--lora-target", "all-linear"]
+    c = go("lora-base", *lora)
+    d = go("lora-folder", "--ref-model", pol_dir, *lora)
+    e = go("lora-base-pre", "--precompute-ref-log-probs", *lora)
+    check("precompute: LoRA's default reference (the base without adapters) = the base folder as --ref-model",
+          c == d, "%s vs %s" % (c[0][-1], d[0][-1]))
+    check("precompute: LoRA's base reference precomputed = computed each step", c == e)
+
+
 def case_mpi(cllm, tmp):
     """Data parallelism: 2 ranks at ZeRO 1 (overlap_comm) and 3 give the
     one-process losses (relative 1e-5) and weights (1e-5) after 3 SGD steps
@@ -423,6 +468,8 @@ def main():
             case_errors(a.cllm, tmp)
         if a.case in ("all", "resume"):
             case_resume(a.cllm, tmp)
+        if a.case in ("all", "precompute"):
+            case_precompute(a.cllm, tmp)
         if a.case == "mpi":
             case_mpi(a.cllm, tmp)
     finally:

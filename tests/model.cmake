@@ -15,3 +15,8 @@ if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
   cllm_add_py_test(test_mixtral_dp test_mixtral_vs_torch.py LABELS mpi ARGS --case dp)
   set_tests_properties(test_mixtral_dp PROPERTIES TIMEOUT 300)
 endif()
+# Mixture-of-experts capacity (one process) and expert parallelism over 2 and 4 ranks
+if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
+  cllm_add_py_test(test_moe_ep test_moe_ep.py LABELS mpi)
+  set_tests_properties(test_moe_ep PROPERTIES TIMEOUT 300)
+endif()

@@ -10,3 +10,13 @@
 #                at exit of the server).
 cllm_add_py_test(serve_test serve_test.py LABELS serve ARGS --fixtures ${CLLM_FIXTURES}/hf)
 set_tests_properties(serve_test PROPERTIES TIMEOUT 600)
+# serve_lora_test   cllm serve --lora-adapters: two PEFT adapters written by
+#                   the test (different r, alpha, targets, patterns) on a tiny
+#                   GPT-2: each request's greedy tokens equal cllm generate
+#                   --adapter, alone and in a batch mixing the base and both
+#                   adapters; OpenAI's model / TGI's adapter_id, 404
+#                   model_not_found / 422, listings, metrics, bf16/int8/q4
+#                   bases, start-up refusals naming file and tensor, and the
+#                   `openai` npm client (tests/serve_lora_clients.mjs).
+cllm_add_py_test(serve_lora_test serve_lora_test.py LABELS serve lora ARGS --fixtures ${CLLM_FIXTURES}/hf)
+set_tests_properties(serve_lora_test PROPERTIES TIMEOUT 600)

@@ -33,7 +33,6 @@ import http.client
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import socket
@@ -45,6 +44,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import npm_clients  # noqa: E402
+import serve_util  # noqa: E402
+from serve_util import req  # noqa: E402
 
 failures = 0
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
@@ -59,62 +60,8 @@ def check(cond, msg):
     return cond
 
 
-class Server:
-    def __init__(self, cllm, model, *extra, env=None):
-        self.p = subprocess.Popen([cllm, "serve", "--model", model, "--port", "0", *extra], stderr=subprocess.PIPE,
-                                  stdout=subprocess.DEVNULL, env=env)
-        self.log = []
-        deadline = time.time() + 120
-        self.port = None
-        while time.time() < deadline:
-            line = self.p.stderr.readline().decode(errors="replace")
-            if not line:
-                break
-            self.log.append(line)
-            m = re.search(r"listening on http://([0-9.]+):(\d+)", line)
-            if m:
-                self.port = int(m.group(2))
-                break
-        if self.port is None:
-            raise SystemExit("server did not start:\n" + "".join(self.log) + self.p.stderr.read().decode(errors="replace"))
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self):
-        for line in self.p.stderr:
-            self.log.append(line.decode(errors="replace"))
-
-    def rss_kib(self):
-        with open(f"/proc/{self.p.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-        return 0
-
-    def stop(self, sig=signal.SIGTERM, timeout=60):
-        if self.p.poll() is None:
-            self.p.send_signal(sig)
-        try:
-            return self.p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
-            return None
-
-
-def req(port, method, path, body=None, headers=None, timeout=120, raw=None):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    h = {"Content-Type": "application/json"}
-    h.update(headers or {})
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    c.request(method, path, body=data, headers=h)
-    r = c.getresponse()
-    out = r.read()
-    c.close()
-    try:
-        js = json.loads(out) if out else None
-    except ValueError:
-        js = None
-    return r.status, js, out, r
+def Server(cllm, model, *extra, env=None):
+    return serve_util.Server([cllm, "serve", "--model", model, "--port", "0", *extra], env=env)
 
 
 def sse(port, path, body, headers=None, timeout=120):

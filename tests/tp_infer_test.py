@@ -22,7 +22,10 @@ waiting.
 
 Usage: tp_infer_test.py --cllm BIN --build DIR --case {generate,serve} [--fixtures DIR]
 """
-import argparse, http.client, json, os, re, shutil, signal, subprocess, sys, tempfile, threading, time
+import argparse, http.client, json, os, shutil, signal, subprocess, sys, tempfile, threading, time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_util  # noqa: E402
 
 SCALE = int(os.environ.get("CLLM_TEST_TIME_SCALE", "1"))
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
@@ -91,44 +94,8 @@ def generate(cllm, tmp):
     check(p.returncode not in (0, 124) and "needs exactly 2 ranks" in p.stderr, f"rank count: {p.stderr[-800:]}")
 
 
-class Server:
-    def __init__(self, cmd):
-        self.p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=ENV,
-                                  start_new_session=True)
-        self.log = []
-        self.port = None
-        deadline = time.time() + 120 * SCALE
-        while time.time() < deadline:
-            line = self.p.stderr.readline().decode(errors="replace")
-            if not line:
-                break
-            self.log.append(line)
-            m = re.search(r"listening on http://([0-9.]+):(\d+)", line)
-            if m:
-                self.port = int(m.group(2))
-                break
-        if self.port is None:
-            self.kill()
-            raise SystemExit("server did not start:\n" + "".join(self.log))
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self):
-        for line in self.p.stderr:
-            self.log.append(line.decode(errors="replace"))
-
-    def kill(self):
-        try:
-            os.killpg(self.p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.p.wait()
-
-    def wait(self, timeout):
-        try:
-            return self.p.wait(timeout * SCALE)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return None
+def Server(cmd):
+    return serve_util.Server(cmd, env=ENV, start_timeout=120 * SCALE, new_session=True)
 
 
 def req(port, method, path, body=None):
@@ -171,7 +138,7 @@ def serve(cllm, tmp, fixtures):
     st1, js1 = req(one.port, "POST", "/generate", body)
     _, info1 = req(one.port, "GET", "/info")
     os.killpg(one.p.pid, signal.SIGTERM)
-    check(one.wait(30) == 0, "one-process server did not stop with 0")
+    check(one.wait(30 * SCALE) == 0, "one-process server did not stop with 0")
 
     two = Server(MPIRUN + ["-np", "2", cllm] + flags + ["--tensor", "2"])
     try:
@@ -204,7 +171,7 @@ def serve(cllm, tmp, fixtures):
         check(sorted(pids) == [0, 1], f"rank pids {pids}")
         if 0 in pids:
             os.kill(pids[0], signal.SIGTERM)  # rank 0 alone: it stops the others
-        rc = two.wait(60)
+        rc = two.wait(60 * SCALE)
         check(rc == 0, f"mpirun exit {rc} after SIGTERM to rank 0:\n{''.join(two.log)[-2000:]}")
         print(f"serve: tokens {ids1} equal; /info {info['tensor_parallel_size']} ranks, {w2} of {w1} weight bytes;"
               f" SIGTERM exit {rc}", flush=True)
@@ -219,7 +186,7 @@ def serve(cllm, tmp, fixtures):
         t0 = time.time()
         if check(1 in pids, f"rank pids {pids}"):
             os.kill(pids[1], signal.SIGKILL)
-        rc = three.wait(60)
+        rc = three.wait(60 * SCALE)
         check(rc not in (0, None), f"mpirun exit {rc} after a follower died")
         print(f"dead follower: the job ended in {time.time() - t0:.1f} s (exit {rc})", flush=True)
     finally:

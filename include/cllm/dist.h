@@ -77,6 +77,15 @@ cllm_status cllm_dist_reduce_scatter_sum_f32_as(const float *send, float *recv, 
  * return every part holds its owner's values. */
 cllm_status cllm_dist_allgather_f32(float *buf, const size_t *counts);
 
+/* The same for bytes: buf[sum(bytes)], rank r's part bytes[r] long (ZeRO++'s
+ * quantized parameter gather). */
+cllm_status cllm_dist_allgather_bytes(void *buf, const size_t *bytes);
+/* All-to-all of byte parts: send holds the part for rank r (send_bytes[r]
+ * long) after those for ranks < r; recv receives rank r's part for this
+ * rank (recv_bytes[r] long) in rank order (ZeRO++'s quantized gradient
+ * reduction). One process: its own part is copied. */
+cllm_status cllm_dist_alltoall_bytes(const void *send, const size_t *send_bytes, void *recv, const size_t *recv_bytes);
+
 /* all[size * n] <- the n values of every rank, rank by rank. */
 cllm_status cllm_dist_allgather_u64(const uint64_t *mine, size_t n, uint64_t *all);
 
@@ -181,6 +190,19 @@ void cllm_dist_set_step(long step);
 /* In place over group g (NULL: the world): buf[n] <- element-wise maximum
  * over its ranks of buf[n]. Exact, so every rank gets the same bits. */
 cllm_status cllm_dist_g_allreduce_max_f32(const cllm_dist_group *g, float *buf, size_t n);
+
+/* All-to-all over group g (NULL: the world), in bytes: this rank sends
+ * scounts[q] bytes to group rank q and receives rcounts[q] bytes from it,
+ * parts back to back in group-rank order in send and recv (each count and
+ * each buffer under INT_MAX bytes; the buffers must not overlap). With one
+ * rank the own part is copied. Mixture-of-experts dispatch and combine
+ * (src/model/moe_ep.c) run through it. */
+cllm_status cllm_dist_g_alltoallv(const cllm_dist_group *g, const void *send, const size_t *scounts, void *recv,
+                                  const size_t *rcounts);
+/* Bytes this process has sent to other ranks through cllm_dist_g_alltoallv
+ * (its own part excluded) and seconds spent in it, since the start. */
+uint64_t cllm_dist_alltoallv_sent_bytes(void);
+double cllm_dist_alltoallv_seconds(void);
 
 #ifdef __cplusplus
 }

@@ -49,6 +49,7 @@ typedef struct {
     int block_size;       /* positions per KV cache block (64) */
     int n_blocks;         /* blocks in the pool (enough for max_seqs sequences of max_pos) */
     int max_batch_tokens; /* new tokens per forward, all sequences together (max(512, max_seqs)) */
+    const struct cllm_lora_set *adapters; /* LoRA adapters requests may choose (cllm/lora.h; borrowed), or NULL */
 } cllm_engine_params;
 
 /* One step's news about one request: the event of its sequence
@@ -81,6 +82,13 @@ void cllm_engine_free(cllm_engine *e);
  * CLLM_ERR_ARG with a message; nothing is queued then. */
 cllm_status cllm_engine_submit(cllm_engine *e, const int32_t *ids, size_t n, const cllm_generate_params *p,
                                uint64_t *id);
+
+/* cllm_engine_submit for adapter `adapter` of the engine's set (-1: the
+ * base alone; others CLLM_ERR_ARG). Requests for different adapters run in
+ * one batch: each sequence's rows get its own adapter's delta after the
+ * shared base products. */
+cllm_status cllm_engine_submit_adapter(cllm_engine *e, const int32_t *ids, size_t n, const cllm_generate_params *p,
+                                       int adapter, uint64_t *id);
 
 /* Runs one step (admission, one batched forward, one draw per sequence
  * whose prompt is complete) and calls cb for each event; *n_events (may

@@ -143,6 +143,19 @@ void cllm_kv_cache_free(cllm_kv_cache *kv);
  * so the call can be retried. */
 cllm_status cllm_kv_cache_forward_ragged(cllm_kv_cache *kv, const int32_t *tokens, const int *n_new, float *logits);
 
+/* LoRA adapters per sequence (cllm/lora.h, cllm_lora_set over the cache's
+ * model; borrowed, must outlive the cache): after this call each sequence
+ * runs with the adapter cllm_kv_cache_seq_adapter chose for it (none at
+ * first), the rows of every adapter in one call sharing the base's matrix
+ * products. Allocates the set's per-row scratch for max_rows rows. Not on
+ * a tensor-parallel part (CLLM_ERR_UNSUPPORTED). */
+struct cllm_lora_set;
+cllm_status cllm_kv_cache_set_adapters(cllm_kv_cache *kv, const struct cllm_lora_set *set);
+/* Sequence seq's adapter from its next forward: an index of the set, or -1
+ * for the base alone. Its cached positions must have been computed with the
+ * same adapter (rewind to 0 when switching). CLLM_ERR_ARG out of range. */
+cllm_status cllm_kv_cache_seq_adapter(cllm_kv_cache *kv, int seq, int adapter);
+
 /* Lockstep step: tokens[B,n] (row b holds sequence b's n new tokens), every
  * sequence at its own next positions; logits[B,V] of each sequence's last
  * new token. n < 1 or n > max_rows / B is CLLM_ERR_ARG; otherwise as

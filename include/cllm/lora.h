@@ -150,10 +150,58 @@ struct json_t *cllm_lora_config_json(const cllm_model *m, const char *base);
  * adapters and the trainable set: PEFT's merge_and_unload. */
 cllm_status cllm_lora_merge(cllm_model *m);
 
+/* Reads and checks dir/adapter_config.json into c (which must hold
+ * defaults): the config cllm_lora_load attaches by. */
+cllm_status cllm_lora_config_load(cllm_lora_config *c, const char *dir);
+
+/* ---- several adapters on one frozen base (serving) ----
+ * A set holds adapters loaded from PEFT folders (cllm_lora_load's files and
+ * checks) for one base model, each in a buffer of its own outside the
+ * model: the base stays as loaded, whatever its weight format, and the
+ * rows of one forward pass may each use a different adapter or none. A KV
+ * cache given the set (cllm_kv_cache_set_adapters, cllm/generate.h) adds
+ * to each row of a sequence, after the base product shared by all rows,
+ * the delta of the adapter chosen for that sequence:
+ *     y_row += scale_a * B_a (A_a x_row)
+ * (rows of one adapter gathered into one pair of small GEMMs), so a batch
+ * mixing adapters costs one base pass. Adapters may differ in rank, alpha,
+ * rank/alpha patterns and targets. Refused when added, naming the folder
+ * and key: bias other than "none" and modules_to_save (they replace base
+ * tensors, which every row shares), a tensor-parallel part; a tensor whose
+ * shape does not fit the base is named with its file. */
+typedef struct cllm_lora_set cllm_lora_set;
+
+/* An empty set over m (borrowed: it must outlive the set and carry no
+ * adapters or trainable set). */
+cllm_status cllm_lora_set_init(cllm_lora_set **out, cllm_model *m);
+/* Loads the PEFT folder dir as adapter `name` (unique in the set). The
+ * model is used to resolve targets and shapes and is left as it was. */
+cllm_status cllm_lora_set_add(cllm_lora_set *s, const char *name, const char *dir);
+void cllm_lora_set_free(cllm_lora_set *s); /* NULL: no-op */
+int cllm_lora_set_count(const cllm_lora_set *s); /* 0 for NULL */
+/* Adapter i's name, folder, config, adapted layers and parameters. */
+const char *cllm_lora_set_name(const cllm_lora_set *s, int i);
+const char *cllm_lora_set_dir(const cllm_lora_set *s, int i);
+const cllm_lora_config *cllm_lora_set_config(const cllm_lora_set *s, int i);
+int cllm_lora_set_layers(const cllm_lora_set *s, int i);
+size_t cllm_lora_set_numel(const cllm_lora_set *s, int i);
+/* The index of adapter `name`, or -1. */
+int cllm_lora_set_find(const cllm_lora_set *s, const char *name);
+/* The model's own passes (cllm_model_forward_backward_ex and the other
+ * whole-batch forwards) add adapter i to every row until called with -1
+ * (the base alone). For one thread: the caller's forwards on m. */
+cllm_status cllm_lora_set_apply(cllm_lora_set *s, int i);
+
 /* Dropout masks of training passes are a pure function of this key, the
  * layer and the element; the trainer sets it per micro-batch so that a
  * resumed run draws the same masks. */
 void cllm_lora_set_dropout_key(cllm_model *m, uint64_t key);
+
+/* Turns the adapters' low-rank products off (and on again): the passes then
+ * run the frozen base, as PEFT's disable_adapter() does for lora_A/lora_B
+ * (a PPO or DPO reference without a second model). Trained biases and
+ * modules_to_save keep their trained values. A no-op without adapters. */
+void cllm_lora_set_enabled(cllm_model *m, bool on);
 
 #ifdef __cplusplus
 }

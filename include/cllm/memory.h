@@ -74,6 +74,15 @@ typedef struct {
                               (cllm_lora_count): gradients, optimizer state and snapshots cover it
                               alone, the base stays whole on every rank; ZeRO 0-2 only */
     int lora_rank;         /* with trainable: the largest adapter rank (its per-layer scratch) */
+    int expert_parallel;   /* mixture of experts: expert-parallel ranks (0 or 1: none); divides dp and
+                              the experts. The flat buffers keep every expert (docs/moe.md); each rank
+                              adds the rows it receives for its experts, kept for the backward */
+    double capacity_factor;/* with expert_parallel: the training capacity factor (0: no limit, the
+                              worst case of every rank routing every row to this rank's experts) */
+    size_t quant_numel;    /* with trainable, > 0: a quantized base (QLoRA): parameters of the linear
+                              layers held in quant_bytes instead of fp32 (cllm_model_config_quantized) */
+    size_t quant_bytes;
+    size_t quant_widest;   /* parameters of the largest quantized layer: its dequantized copy (work) */
 } cllm_mem_setup;
 
 /* The estimate for one rank, in bytes. total is the sum of every line
@@ -93,6 +102,9 @@ typedef struct {
     size_t snapshot;    /* checkpoint snapshot buffers (async_save) */
     size_t precision;   /* bf16/fp16 parameter copy (whole, any stage) and operand scratch */
     size_t pipe_buffers;/* pipeline: stage inputs in flight, send/receive buffers; tensor: the final gather */
+    size_t active_params; /* mixture of experts: parameters one token runs through (k of E experts) */
+    size_t expert_buffers; /* expert parallelism: received rows and expert activations of every block,
+                              plus the exchange scratch (at the capacity bound) */
     size_t gemm_work;   /* oneDNN's packed GEMM operands: the largest cllm_matmul_workspace over the step's GEMMs */
     size_t other;       /* token, label and target arrays of a step */
     size_t overhead;    /* setup.overhead */

@@ -92,6 +92,13 @@ typedef struct {
     bool router_aux;       /* output_router_logits: the load-balancing loss joins the loss */
     float router_aux_coef; /* router_aux_loss_coef */
     int sliding_window;    /* sliding_window: query i sees keys i - window < j <= i; 0 = all */
+    /* A value head beside the LM head (trl's AutoModelForCausalLMWithValueHead,
+     * for PPO): `v_head.summary.weight` [1, C] and `v_head.summary.bias` [1],
+     * the last tensors of the layout, read at every position of the final
+     * norm's output (cllm_token_io.values). Not a config.json key: set when
+     * the safetensors hold v_head.summary.weight, or by
+     * cllm_model_add_value_head. */
+    bool value_head;
 } cllm_model_config;
 
 /* One named parameter tensor: a view into the flat buffers at `offset`. */
@@ -132,6 +139,23 @@ cllm_status cllm_model_load(cllm_model **out, const char *dir);
  * embeddings) and the model runs forwards only (cllm_model_prepare with
  * train is CLLM_ERR_UNSUPPORTED). An unknown name is CLLM_ERR_ARG. */
 cllm_status cllm_model_load_weights(cllm_model **out, const char *dir, const char *weights);
+/* Loads an HF folder with the linear layers of its blocks quantized as
+ * BitsAndBytesConfig c says (cllm/quant.h, docs/lora.md#qlora): a frozen
+ * QLoRA base. Embeddings, head, norms and biases stay fp32; the fp32
+ * values of the quantized layers are never held whole (one tensor at a
+ * time while loading). The model trains only with a trainable set that
+ * leaves those layers frozen (LoRA adapters); forwards (eval, generate)
+ * run on it as on any model. fp32 matmul precision only. */
+cllm_status cllm_model_load_quantized(cllm_model **out, const char *dir, const cllm_bnb_config *c);
+/* The format of a quantized base (CLLM_BNB_NONE for other models) and the
+ * bytes of its quantized layers. */
+cllm_bnb_type cllm_model_quantized(const cllm_model *m);
+size_t cllm_model_quantized_bytes(const cllm_model *m);
+/* What quantizing a model of config mc by c would hold (cllm estimate):
+ * the parameters of the quantized layers, their stored bytes and the
+ * parameters of the largest (its dequantized copy is the passes' scratch). */
+cllm_status cllm_model_config_quantized(const cllm_model_config *mc, const cllm_bnb_config *c, size_t *numel,
+                                        size_t *bytes, size_t *widest);
 /* Converts the matrices of a model that has its fp32 parameters into
  * format f (fp32: back to the flat buffer). The fp32 buffer is kept. A
  * model loaded in another format, or prepared for training, is
@@ -289,6 +313,15 @@ typedef struct {
     float *dscores;
     cllm_status (*score_grad)(void *ctx, const float *scores, float *dscores, int B);
     void *score_ctx;
+    /* The value head of a model with one (cllm_model_config.value_head),
+     * beside the LM head or alone (no_lm_head):
+     * values  [B*T] out: v_head.summary.weight . h[n] + bias at every
+     *         position n of the final norm's output; NULL: not wanted
+     * dvalues [B*T] in: with backward, d(objective)/d(values[n]) (grad_scale
+     *         already applied), sent into the value head's gradient and the
+     *         model; NULL: none */
+    float *values;
+    const float *dvalues;
 } cllm_token_io;
 
 /* cllm_model_forward_backward with per-token outputs and gradient scales
@@ -317,6 +350,14 @@ int cllm_model_score_position(const cllm_model *m, const int32_t *row, int len);
  * On success *m is replaced (call cllm_model_prepare again); on failure it
  * is untouched. */
 cllm_status cllm_model_to_reward(cllm_model **m, uint64_t seed);
+
+/* Gives the causal LM *m a value head (a no-op when it has one): the same
+ * config and tensors plus v_head.summary.weight [1, C] and
+ * v_head.summary.bias [1], initialised as torch's nn.Linear(C, 1) is
+ * (uniform in +-1/sqrt(C), trl's default) from `seed`. cllm_model_save
+ * writes them under those names beside the model's (trl's layout). On
+ * success *m is replaced (call cllm_model_prepare again). */
+cllm_status cllm_model_add_value_head(cllm_model **m, uint64_t seed);
 
 /* ---- pipeline stages ----
  * A stage runs units [u0, u1) of the layer sequence (0 the embedding,
@@ -374,6 +415,34 @@ int cllm_model_tensor_rank(const cllm_model *m);
  * backward pass includes the auxiliary loss's gradient. */
 double cllm_model_aux_loss(const cllm_model *m);
 
+/* ---- mixture of experts: capacity and expert parallelism (docs/moe.md) ----
+ * Capacity (DeepSpeed-MoE's): a pass over N rows lets each expert keep at
+ * most max(min_capacity, ceil(N * k / E * capacity_factor)) of its routed
+ * choices, every row's first choice before any second choice and rows in
+ * order within a rank of choice; a dropped choice adds nothing to its row's
+ * output (the other choices keep their weights; a row with every choice
+ * dropped passes through the block's residual only). Factor 0 (the
+ * default): no limit, transformers' Mixtral. */
+cllm_status cllm_model_set_moe_capacity(cllm_model *m, double capacity_factor, int min_capacity);
+/* Runs the experts of every block split over the `size` ranks of group g
+ * (this rank is group rank `rank` and runs experts rank*E/size ..
+ * (rank+1)*E/size - 1, on the rows every rank of g routes to them: two
+ * all-to-alls per block forward and two backward). Every forward and
+ * backward pass is then collective over g. The flat buffers keep every
+ * expert; the others' stay untouched and get zero gradients here (the
+ * data-parallel gradient sum over all ranks completes them). size 1 turns
+ * it off. Errors name expert_parallel_size when it does not divide the
+ * experts or the model has none. */
+struct cllm_dist_group;
+cllm_status cllm_model_set_expert_parallel(cllm_model *m, const struct cllm_dist_group *g, int rank, int size);
+int cllm_model_expert_parallel_size(const cllm_model *m);
+/* Counters of the training forwards since the last reset (which allocates
+ * them): [n_experts + 2] = choices routed to each expert (summed over
+ * blocks, before the capacity), choices dropped, all choices. NULL before
+ * the first reset or for a dense model. */
+cllm_status cllm_model_moe_reset_counters(cllm_model *m);
+const int64_t *cllm_model_moe_counters(const cllm_model *m);
+
 /* Logits of the last position of each row, for generation: logits[B,V]. */
 cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int B, int T,
                                       float *logits);
@@ -401,6 +470,12 @@ void cllm_model_group_range(const cllm_model *m, int group, size_t *begin, size_
  *     group's length (end - begin floats, laid out as the flat buffer from
  *     `begin`) that the passes read until release_params(g); `next` is the
  *     group the passes will fetch next (-1: none), for prefetching.
+ *   fetch_params_lp(ctx, g, &lp): with a bf16/fp16 model (set_precision),
+ *     right after fetch_params: *lp receives the low-precision copy of the
+ *     group's parameters that its matmuls read (cllm_model_lp_copy of the
+ *     buffer fetch_params handed out, element for element), valid until
+ *     release_params(g). Without it such a model fails in its first
+ *     linear layer once the flat parameters are dropped.
  *   release_params(ctx, g): group g's parameters are no longer read.
  *   fetch_grads(ctx, g, &gr): before group g's gradients are written in a
  *     backward pass; *gr receives a ZEROED buffer of the group's length that
@@ -421,14 +496,17 @@ typedef struct {
     cllm_status (*release_params)(void *ctx, int group);
     cllm_status (*fetch_grads)(void *ctx, int group, float **grads);
     cllm_status (*grads_ready)(void *ctx, int group);
+    cllm_status (*fetch_params_lp)(void *ctx, int group, const void **lp);
 } cllm_model_hooks;
 
 /* Installs (copies) the hooks; NULL removes them. Set fetch_grads before
  * cllm_model_prepare to avoid the flat gradient buffer. */
 void cllm_model_set_hooks(cllm_model *m, const cllm_model_hooks *hooks);
 /* Frees the flat parameter buffer (ZeRO-3: the ranks keep slices, and the
- * hooks hand out gathered groups); cllm_model_params returns NULL after it,
- * and loading, saving and generation need cllm_model_set_params first. */
+ * hooks hand out gathered groups) and its low-precision copy;
+ * cllm_model_params returns NULL after it, and loading, saving and
+ * generation need cllm_model_set_params first (which makes the copy again
+ * for a bf16/fp16 model, lazily). */
 void cllm_model_drop_params(cllm_model *m);
 /* Replaces the flat parameter buffer with `params` (cllm_model_buffer_len
  * floats from cllm_alloc/malloc), taking ownership of it. */
@@ -549,6 +627,12 @@ cllm_precision cllm_model_precision(const cllm_model *m);
 /* Marks the parameters as changed (call after an optimizer step or any
  * write through cllm_model_params' pointer made after the last call). */
 void cllm_model_params_updated(cllm_model *m);
+/* The low-precision copy of n parameters as a model of precision p feeds
+ * them to its matmuls: bf16 values (uint16_t) for bf16, fp16 values held in
+ * fp32 (float) for fp16; cllm_precision_copy_bytes(p) bytes per element (0
+ * for fp32, where nothing is written). */
+void cllm_model_lp_copy(cllm_precision p, void *dst, const float *src, size_t n);
+size_t cllm_precision_copy_bytes(cllm_precision p);
 /* "fp32", "bf16", "fp16"; NULL / false for anything else. */
 const char *cllm_precision_name(cllm_precision p);
 bool cllm_precision_from_name(const char *name, cllm_precision *out);

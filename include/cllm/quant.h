@@ -114,6 +114,96 @@ void cllm_qmatmul_isa(float *out, const float *x, const cllm_qweight *w, const f
  * int8 / q4 dots on vpdpbusd): the variant cllm_qmatmul uses. */
 const char *cllm_qmatmul_variant(void);
 
+
+/* ------------------------------------------------------------ bitsandbytes
+ * The formats of a frozen QLoRA base (bitsandbytes' numerics, as
+ * transformers' BitsAndBytesConfig selects them; docs/lora.md#qlora). A
+ * matrix of `rows` output channels by `cols` inputs ([out, in], row-major;
+ * GPT-2's Conv1D weights transposed first) is quantized as one flat vector
+ * of n = rows * cols values, as bitsandbytes quantizes a weight tensor:
+ *
+ *   nf4 / fp4  blocks of 64 consecutive values (a block may span rows): an
+ *              fp32 absmax a = max|x|, each value x * (1 / a) (fp32) coded
+ *              as the nearest of 16 values of the code book (nf4: the
+ *              NormalFloat quantiles; fp4: 1 sign, 2 exponent, 1 mantissa
+ *              bits with bias 3, over 12), ties to the lower code (fp4:
+ *              bitsandbytes' own decision thresholds, which are not all
+ *              exact midpoints); two codes a byte, the first value in the
+ *              high nibble. Value = code * a (fp32).
+ *   double quantization (bnb_4bit_use_double_quant): the fp32 absmax
+ *              values are stored in 8 bits: offset = their mean (the fp32
+ *              rounding of the exact mean), a - offset quantized in blocks
+ *              of 256 with the signed dynamic 8-bit map (fp32 absmax2 per
+ *              block, bitsandbytes' binary-search rounding); a = map[q] *
+ *              absmax2 + offset (two fp32 roundings).
+ *   int8       LLM.int8()'s vector-wise weights: per row an fp32 absmax s,
+ *              q = round-half-even(x * (127 / s)); value = (q * s) * (1/127)
+ *              (bitsandbytes' int8_vectorwise_dequant, 1/127 in fp32).
+ *
+ * Storage of one matrix (cllm_bnb_bytes): the codes, then (4-byte aligned)
+ * the fp32 absmax values, or with double quantization the uint8 quantized
+ * absmax values then (aligned) the fp32 absmax2 values. Nothing here
+ * allocates; the model dequantizes a matrix into scratch for each GEMM.
+ */
+typedef enum { CLLM_BNB_NONE = 0, CLLM_BNB_INT8, CLLM_BNB_NF4, CLLM_BNB_FP4 } cllm_bnb_type;
+
+enum { CLLM_BNB_BLOCK = 64, CLLM_BNB_DQ_BLOCK = 256 };
+
+typedef struct {
+    cllm_bnb_type type;
+    bool double_quant;      /* nf4 / fp4 only */
+    int rows, cols;
+    unsigned char *codes;   /* int8: n int8; nf4 / fp4: ceil(n / 2) bytes */
+    float *absmax;          /* nf4 / fp4 without double quant: [ceil(n / 64)]; int8: [rows] */
+    unsigned char *qabsmax; /* double quant: [ceil(n / 64)] */
+    float *absmax2;         /* double quant: [ceil(ceil(n / 64) / 256)] */
+    float offset;           /* double quant: the mean the codes are centred on */
+} cllm_bnb_matrix;
+
+/* "int8", "nf4", "fp4"; NULL for anything else. */
+const char *cllm_bnb_type_name(cllm_bnb_type t);
+/* Bytes of one stored matrix (a multiple of 4). */
+size_t cllm_bnb_bytes(cllm_bnb_type t, bool double_quant, int rows, int cols);
+/* Points q's arrays into buf (cllm_bnb_bytes bytes, 4-byte aligned). */
+void cllm_bnb_view(cllm_bnb_matrix *q, cllm_bnb_type t, bool double_quant, int rows, int cols, void *buf);
+/* Floats of scratch cllm_bnb_quantize needs (the unquantized absmax values
+ * of double quantization; 0 otherwise). */
+size_t cllm_bnb_quantize_scratch(const cllm_bnb_matrix *q);
+/* Quantizes src [rows, cols] into q's arrays. */
+void cllm_bnb_quantize(cllm_bnb_matrix *q, const float *src, float *scratch);
+/* dst[nrows, cols] = the values of rows r0 .. r0 + nrows - 1. OpenMP over
+ * blocks; the same values whatever the split. */
+void cllm_bnb_dequantize(float *dst, const cllm_bnb_matrix *q, int r0, int nrows);
+/* The 16 values of the nf4 or fp4 code book (index = code); the 256 values
+ * of the signed dynamic map of double quantization. */
+const float *cllm_bnb_code4(cllm_bnb_type t);
+const float *cllm_bnb_dynamic_map(void);
+
+/* The "quantization" section of a training config: transformers'
+ * BitsAndBytesConfig keys. Strings are owned (cllm_bnb_config_free). */
+typedef struct {
+    bool enabled;              /* load_in_8bit or load_in_4bit */
+    bool load_in_8bit, load_in_4bit;
+    cllm_bnb_type quant_type;  /* bnb_4bit_quant_type: "fp4" (transformers' default) or "nf4" */
+    bool double_quant;         /* bnb_4bit_use_double_quant: false */
+    double int8_threshold;     /* llm_int8_threshold: 6.0 (see docs/lora.md: activations stay fp32) */
+    char **skip_modules;       /* llm_int8_skip_modules: modules kept in fp32 */
+    int n_skip_modules;
+} cllm_bnb_config;
+
+void cllm_bnb_config_default(cllm_bnb_config *c);
+void cllm_bnb_config_free(cllm_bnb_config *c); /* NULL and defaults are no-ops */
+cllm_status cllm_bnb_config_copy(cllm_bnb_config *dst, const cllm_bnb_config *src);
+/* Parses BitsAndBytesConfig keys from obj (a json_t object) into c (which
+ * holds defaults or earlier values); `where` is the key path in messages
+ * ("quantization"), `path` the file. Unknown keys, both load_in_8bit and
+ * load_in_4bit, neither, and values cllm cannot honour are errors naming
+ * the key. */
+struct json_t;
+cllm_status cllm_bnb_config_parse(cllm_bnb_config *c, const struct json_t *obj, const char *where, const char *path);
+/* The matrix format c selects (CLLM_BNB_NONE when not enabled). */
+cllm_bnb_type cllm_bnb_config_type(const cllm_bnb_config *c);
+
 #ifdef __cplusplus
 }
 #endif

@@ -29,6 +29,7 @@
 
 #include "cllm/chat_template.h"
 #include "cllm/core.h"
+#include "cllm/lora.h"
 #include "cllm/model.h"
 #include "cllm/tokenizer.h"
 
@@ -59,6 +60,9 @@ typedef struct {
     int drain_s;                 /* [30] grace period of cllm_server_drain */
     const char *version;         /* [""] the version /info reports */
     int threads;                 /* [OpenMP's default] compute threads of the scheduler thread */
+    struct cllm_lora_set *adapters; /* [none] LoRA adapters over the model (cllm/lora.h; borrowed): a request
+                                     * names one by TGI's parameters.adapter_id or OpenAI's model; the base's
+                                     * id (model_id) or no name means the base alone */
 } cllm_server_params;
 
 /* The model and tokenizer are borrowed and must outlive the server (the

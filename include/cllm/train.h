@@ -77,6 +77,10 @@ typedef struct {
     double stage3_max_live_parameters;  /* elements, default 1e9, >= 0; stored, no effect */
     cllm_offload_config offload_optimizer; /* "offload_optimizer": any stage */
     cllm_offload_config offload_param;     /* "offload_param": device "nvme" needs stage 3 */
+    /* ZeRO++ (stage 3 over several ranks; the start-up log says which are active) */
+    bool quantized_weights;          /* "zero_quantized_weights": int8 blocks in the parameter all-gather */
+    bool quantized_gradients;        /* "zero_quantized_gradients": int8 blocks in the gradient reduce-scatter */
+    long hpz_partition_size;         /* "zero_hpz_partition_size": default 1; > 1: secondary partition (hpZ) */
 } cllm_zero_config;
 
 /* The keys whose value was the string "auto" (HF Trainer's placeholder),
@@ -196,8 +200,15 @@ typedef struct {
     cllm_dpo_params dpo;                 /* dpo: {"beta" (> 0, 0.1), "loss_type" ("sigmoid", "ipo",
                                             "hinge", "robust"), "label_smoothing" ([0, 0.5), 0),
                                             "reference_free" (false)}: trl's DPOConfig names */
-    const char *ref_model_dir;           /* dpo.ref_model: the reference model's HF folder;
-                                            default NULL = the starting model's folder */
+    const char *ref_model_dir;           /* dpo.ref_model / ppo.ref_model: the reference model's HF
+                                            folder; default NULL = the starting model's folder (with
+                                            LoRA, PPO's default is the base without adapters) */
+    cllm_ppo_params ppo;                 /* ppo: trl's PPOConfig names (cllm/objective.h,
+                                            docs/alignment.md) */
+    int ppo_mini_batch_size;             /* ppo.mini_batch_size: rollouts per step per rank; 0 = unset
+                                            (must equal the rows each rank trains on per step) */
+    const char *reward_model_dir;        /* ppo.reward_model: the reward model's folder */
+    const char *ppo_rollouts;            /* ppo.rollouts: fixed rollouts (JSONL) instead of generated ones */
     double heartbeat_timeout;            /* heartbeat_timeout: seconds without a heartbeat after
                                             which a rank counts as hung and the job ends
                                             (cllm_dist_set_heartbeat_timeout); >= 0; default 30;
@@ -206,8 +217,23 @@ typedef struct {
                                             lora.enabled when the section is present. The base is then
                                             frozen and only the adapters (and modules_to_save, biases)
                                             train */
+    cllm_bnb_config quant;               /* quantization: transformers' BitsAndBytesConfig keys
+                                            (cllm/quant.h, docs/lora.md#qlora); quant.enabled: the
+                                            base's linear layers stay in 8 or 4 bits (QLoRA; with
+                                            "lora" or "adapter" only) */
     const char *adapter_dir;             /* adapter: a PEFT adapter folder to continue training
                                             (its own adapter_config.json; not with a "lora" section) */
+    struct {                             /* moe: mixture-of-experts training (docs/moe.md), DeepSpeed-
+                                            MoE's names (Megatron's accepted as aliases) */
+        bool given;                      /* the section is present */
+        int expert_parallel_size;        /* (expert_model_parallel_size) ranks that split each block's
+                                            experts; divides the ranks and the experts; default 1 */
+        double capacity_factor;          /* (moe_expert_capacity_factor) training capacity factor;
+                                            default 1.0 with the section, no limit without */
+        double eval_capacity_factor;     /* in train-time evaluation; default 1.0 */
+        int min_capacity;                /* default 4 */
+        bool drop_tokens;                /* false: no capacity limit at all; default true */
+    } moe;
     const char *resume;                  /* not a key (--resume): NULL, "auto" or a checkpoint folder */
     int dp_size, dp_rank;                /* data-parallel world: set by cllm_train_run from cllm_dist
                                           * (1, 0 without MPI); ranks > 0 write no files */
@@ -282,7 +308,9 @@ cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks
 void cllm_train_request_stop(void);
 
 /* Writes an SVG plot (training loss with eval loss points, and the learning
- * rate in a second panel) of metrics.jsonl records to svg_path. */
+ * rate in a second panel; for a mixture of experts each expert's share of
+ * the routed choices per step in a third) of metrics.jsonl records to
+ * svg_path. */
 cllm_status cllm_train_plot(const char *metrics_path, const char *svg_path);
 
 /* Measures fp32 GEMM throughput with cllm_matmul for about `seconds`;

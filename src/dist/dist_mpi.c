@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "cllm/dist.h"
+#include "dist/srun.h"
 #include "dist/watchdog.h"
 
 static bool started;  /* we called MPI_Init */
@@ -42,7 +43,10 @@ static cllm_status mpi_fail(int rc, const char *func, const char *what) {
     } while (0)
 
 cllm_status cllm_dist_init(void) {
-    if (started || !launched_by_mpi()) return CLLM_OK;
+    if (started) return CLLM_OK;
+    cllm_status st = dist_srun_check(true);
+    if (st) return st;
+    if (!launched_by_mpi()) return CLLM_OK;
     int already = 0;
     MPI_Initialized(&already);
     /* threads: a progress thread may test nonblocking collectives (async_mpi.c) */
@@ -55,7 +59,7 @@ cllm_status cllm_dist_init(void) {
     MPI_TRY(MPI_Comm_size(MPI_COMM_WORLD, &w_size));
     /* every collective below is announced to the watchdog (watchdog_mpi.c);
      * a thread pings the other ranks (heartbeat_mpi.c) */
-    cllm_status st = dist_watch_init(w_rank, w_size);
+    st = dist_watch_init(w_rank, w_size);
     return st ? st : dist_heartbeat_init(w_rank, w_size);
 }
 
@@ -237,6 +241,42 @@ cllm_status cllm_dist_allgather_f32(float *buf, const size_t *counts) {
     dist_watch_leave();
     free(ic);
     if (!st && rc != MPI_SUCCESS) st = mpi_fail(rc, __func__, "MPI_Allgatherv");
+    return st;
+}
+
+cllm_status cllm_dist_allgather_bytes(void *buf, const size_t *bytes) {
+    if (!cllm_dist_active()) return CLLM_OK;
+    int *ic = malloc(2 * (size_t)w_size * sizeof *ic);
+    if (!ic) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    cllm_status st = int_counts(bytes, ic, ic + w_size, __func__);
+    size_t total = 0;
+    for (int r = 0; r < w_size; r++) total += bytes[r];
+    if (!st) st = dist_watch_enter("allgather", total, "bytes");
+    int rc = st ? MPI_SUCCESS
+                : MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, ic, ic + w_size, MPI_BYTE, MPI_COMM_WORLD);
+    dist_watch_leave();
+    free(ic);
+    if (!st && rc != MPI_SUCCESS) st = mpi_fail(rc, __func__, "MPI_Allgatherv");
+    return st;
+}
+
+cllm_status cllm_dist_alltoall_bytes(const void *send, const size_t *send_bytes, void *recv, const size_t *recv_bytes) {
+    if (!cllm_dist_active()) {
+        if (recv_bytes[0] && recv != send) memmove(recv, send, recv_bytes[0]);
+        return CLLM_OK;
+    }
+    int *ic = malloc(4 * (size_t)w_size * sizeof *ic);
+    if (!ic) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    int *sc = ic, *sd = ic + w_size, *rc_ = ic + 2 * w_size, *rd = ic + 3 * w_size;
+    cllm_status st = int_counts(send_bytes, sc, sd, __func__);
+    if (!st) st = int_counts(recv_bytes, rc_, rd, __func__);
+    size_t total = 0;
+    for (int r = 0; r < w_size; r++) total += recv_bytes[r];
+    if (!st) st = dist_watch_enter("all-to-all", total, "bytes");
+    int rc = st ? MPI_SUCCESS : MPI_Alltoallv(send, sc, sd, MPI_BYTE, recv, rc_, rd, MPI_BYTE, MPI_COMM_WORLD);
+    dist_watch_leave();
+    free(ic);
+    if (!st && rc != MPI_SUCCESS) st = mpi_fail(rc, __func__, "MPI_Alltoallv");
     return st;
 }
 
@@ -515,4 +555,38 @@ cllm_status cllm_dist_g_allreduce_max_f32(const cllm_dist_group *g, float *buf, 
         n -= (size_t)k;
     }
     return CLLM_OK;
+}
+
+/* ---------------------------------------------------------- all-to-all */
+
+static uint64_t a2a_bytes;
+static double a2a_seconds;
+
+uint64_t cllm_dist_alltoallv_sent_bytes(void) { return a2a_bytes; }
+double cllm_dist_alltoallv_seconds(void) { return a2a_seconds; }
+
+cllm_status cllm_dist_g_alltoallv(const cllm_dist_group *g, const void *send, const size_t *scounts, void *recv,
+                                  const size_t *rcounts) {
+    MPI_Comm c = comm_of(g);
+    if (c == MPI_COMM_NULL) {
+        if (scounts[0] != rcounts[0])
+            return CLLM_FAIL(CLLM_ERR_ARG, "all-to-all of one rank sends %zu bytes but receives %zu", scounts[0],
+                             rcounts[0]);
+        if (scounts[0]) memmove(recv, send, scounts[0]);
+        return CLLM_OK;
+    }
+    int size = cllm_dist_group_size(g), me = cllm_dist_group_rank(g);
+    int *ic = malloc(4 * (size_t)size * sizeof *ic);
+    if (!ic) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    cllm_status st = g_counts(scounts, size, ic, ic + size, __func__);
+    if (!st) st = g_counts(rcounts, size, ic + 2 * size, ic + 3 * size, __func__);
+    double t0 = cllm_time_sec();
+    int rc = st ? MPI_SUCCESS
+                : MPI_Alltoallv(send, ic, ic + size, MPI_BYTE, recv, ic + 2 * size, ic + 3 * size, MPI_BYTE, c);
+    a2a_seconds += cllm_time_sec() - t0;
+    free(ic);
+    if (!st && rc != MPI_SUCCESS) return mpi_fail(rc, __func__, "MPI_Alltoallv");
+    if (!st)
+        for (int q = 0; q < size; q++) a2a_bytes += q == me ? 0 : scounts[q];
+    return st;
 }

@@ -53,6 +53,7 @@ static cllm_status add_host(cllm_launch_hosts *h, const char *name, size_t len, 
     memcpy(x->name, name, len);
     x->name[len] = '\0';
     x->slots = x->n_sel = slots;
+    x->cpus = 0;
     for (int s = 0; s < slots; s++) x->sel[s] = s;
     h->n++;
     return CLLM_OK;

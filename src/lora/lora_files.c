@@ -156,16 +156,22 @@ static const cllm_st_tensor *find_saved(const cllm_st_file *f, const char *name)
     return t;
 }
 
-cllm_status cllm_lora_load(cllm_model *m, const char *dir) {
+cllm_status cllm_lora_config_load(cllm_lora_config *c, const char *dir) {
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     json_t *j = NULL;
     cllm_status st = cllm_json_load_file(&j, path);
     if (st) return st;
+    st = cllm_lora_config_parse(c, j, "adapter_config", path, true);
+    json_decref(j);
+    return st;
+}
+
+cllm_status cllm_lora_load(cllm_model *m, const char *dir) {
+    char path[4096];
     cllm_lora_config c;
     cllm_lora_config_default(&c);
-    st = cllm_lora_config_parse(&c, j, "adapter_config", path, true);
-    json_decref(j);
+    cllm_status st = cllm_lora_config_load(&c, dir);
     if (!st) st = cllm_lora_attach(m, &c, 0);
     cllm_lora_config_free(&c);
     if (st) return cllm_fail_context(st, "adapter %s", dir);
@@ -196,6 +202,8 @@ cllm_status cllm_lora_load(cllm_model *m, const char *dir) {
             const char *name = cllm_st_at(f, k)->name;
             bool known = false;
             for (int i = 0; i < n && !known; i++) known = find_saved(f, cllm_model_trainable(m, i)->name) == cllm_st_at(f, k);
+            /* a PPO run's value head beside its adapters: not needed without one */
+            if (!known && !cllm_model_get_config(m)->value_head && strstr(name, "v_head.summary.")) continue;
             if (!known)
                 st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: unexpected tensor %s (not an adapter of this model by its config)",
                                path, name);

@@ -45,6 +45,7 @@
 #include "cllm/dist.h"
 #include "cllm/generate.h"
 #include "cllm/kernels.h"
+#include "cllm/lora.h"
 #include "model_impl.h"
 
 #define TRY(x)                          \
@@ -84,6 +85,10 @@ struct cllm_kv_cache {
     float *tp_gather;         /* [tp][n_seq * V_local] */
     size_t *tp_counts;        /* [tp] */
     int32_t *tp_msg;          /* [n_seq + max_rows] a forward's n_new and tokens */
+    /* LoRA adapters per sequence (lora_set.c): the set, each sequence's
+     * choice, the current call's, one-row segments for the head */
+    model_lora_rows lrows;
+    int32_t *seq_adapter, *call_adapter, *iota;
 };
 
 static size_t carve(float **p, float *base, size_t used, size_t n) {
@@ -261,6 +266,10 @@ void cllm_kv_cache_free(cllm_kv_cache *kv) {
     cllm_free(kv->vc);
     cllm_free(kv->buf);
     model_lp_scratch_free(&kv->lp);
+    cllm_free(kv->lrows.scratch);
+    free(kv->seq_adapter);
+    free(kv->call_adapter);
+    free(kv->iota);
     free(kv->past);
     free(kv->call_past);
     free(kv->seq_of);
@@ -395,9 +404,50 @@ static cllm_status tp_head(cllm_kv_cache *kv, int W, int n_call, float *logits) 
     return CLLM_OK;
 }
 
+cllm_status cllm_kv_cache_set_adapters(cllm_kv_cache *kv, const struct cllm_lora_set *set) {
+    if (kv->m->tp_size > 1)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "LoRA adapters on a tensor-parallel part: not supported");
+    if (kv->seq_adapter || !set) return CLLM_FAIL(CLLM_ERR_ARG, "the cache's adapters are set once, to a set");
+    size_t ns = (size_t)kv->n_seq, nf = model_lora_rows_scratch(set, kv->max_rows);
+    kv->seq_adapter = malloc(ns * sizeof *kv->seq_adapter);
+    kv->call_adapter = malloc(ns * sizeof *kv->call_adapter);
+    kv->iota = malloc((ns + 1) * sizeof *kv->iota);
+    kv->lrows = (model_lora_rows){.set = set, .all = -1, .seg_adapter = kv->call_adapter,
+                                  .scratch = cllm_alloc((nf ? nf : 16) * sizeof(float), "LoRA adapter rows")};
+    if (!kv->seq_adapter || !kv->call_adapter || !kv->iota || !kv->lrows.scratch)
+        return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for the adapters' scratch of %d rows", kv->max_rows);
+    for (size_t i = 0; i < ns; i++) kv->seq_adapter[i] = -1;
+    for (size_t i = 0; i <= ns; i++) kv->iota[i] = (int32_t)i;
+    return CLLM_OK;
+}
+
+cllm_status cllm_kv_cache_seq_adapter(cllm_kv_cache *kv, int seq, int adapter) {
+    if (seq < 0 || seq >= kv->n_seq) return CLLM_FAIL(CLLM_ERR_ARG, "sequence %d outside the cache's %d", seq, kv->n_seq);
+    int n = cllm_lora_set_count(kv->lrows.set);
+    if (adapter < -1 || adapter >= n || (adapter >= 0 && !kv->seq_adapter))
+        return CLLM_FAIL(CLLM_ERR_ARG, "adapter %d: the cache has %d (cllm_kv_cache_set_adapters)", adapter, n);
+    if (kv->seq_adapter) kv->seq_adapter[seq] = adapter;
+    return CLLM_OK;
+}
+
+static cllm_status run_rows_inner(cllm_kv_cache *kv, const int32_t *tokens, int n_call, float *logits);
+
+/* Runs the planned rows (run_rows_inner) with each sequence's adapter. */
+static cllm_status run_rows(cllm_kv_cache *kv, const int32_t *tokens, int n_call, float *logits) {
+    if (!kv->seq_adapter) return run_rows_inner(kv, tokens, n_call, logits);
+    bool any = false;
+    for (int j = 0; j < n_call; j++) any |= (kv->call_adapter[j] = kv->seq_adapter[kv->seq_of[j]]) >= 0;
+    kv->lrows.n_seg = n_call;
+    kv->lrows.seg_rows = kv->rows;
+    kv->lp.rows = any ? &kv->lrows : NULL;
+    cllm_status st = run_rows_inner(kv, tokens, n_call, logits);
+    kv->lp.rows = NULL;
+    return st;
+}
+
 /* Runs the planned rows: embeddings, every block, and the head on the
  * last new row of each sequence that added rows. */
-static cllm_status run_rows(cllm_kv_cache *kv, const int32_t *tokens, int n_call, float *logits) {
+static cllm_status run_rows_inner(cllm_kv_cache *kv, const int32_t *tokens, int n_call, float *logits) {
     const cllm_model *m = kv->m;
     const cllm_model_config *c = &m->cfg;
     const int C = c->n_embd, V = c->vocab_size, L = c->n_layer;
@@ -420,6 +470,7 @@ static cllm_status run_rows(cllm_kv_cache *kv, const int32_t *tokens, int n_call
                        model_param(m, m->gslot[G_LNF_B]), n_call);
     int head = m->gslot[G_HEAD] >= 0 ? m->gslot[G_HEAD] : m->gslot[G_WTE];
     if (m->tp_size > 1) return tp_head(kv, head, n_call, logits);
+    kv->lrows.seg_rows = kv->iota; /* the head's rows: one per call entry */
     /* one GEMM for every sequence of the call (the head weight is read
      * once); with some sequences idle, their rows of `logits` stay as they
      * were, so the rows go through the scratch and are placed after */

@@ -28,6 +28,7 @@ static int dim(const cllm_model_config *c, char d) {
     case 'Q': return c->n_head * c->head_dim;
     case 'K': return c->n_kv_head * c->head_dim;
     case 'L': return c->num_labels;
+    case '1': return 1;
     case '0': return 0; /* 1-D tensor */
     }
     return -1;
@@ -58,6 +59,8 @@ static const tensor_rule gpt2_post[] = {
     {G_LNF_W, "transformer.ln_f.weight", 'C', '0', true},
     {G_LNF_B, "transformer.ln_f.bias", 'C', '0', true},
     {G_SCORE, "score.weight", 'L', 'C', false},
+    {G_VHEAD_W, "v_head.summary.weight", '1', 'C', false},
+    {G_VHEAD_B, "v_head.summary.bias", '1', '0', true},
 };
 
 /* LLaMA: nn.Linear weights are [out, in]; biases only when configured. */
@@ -86,6 +89,8 @@ static const tensor_rule llama_post[] = {
     {G_LNF_W, "model.norm.weight", 'C', '0', true},
     {G_HEAD, "lm_head.weight", 'V', 'C', false},
     {G_SCORE, "score.weight", 'L', 'C', false},
+    {G_VHEAD_W, "v_head.summary.weight", '1', 'C', false},
+    {G_VHEAD_B, "v_head.summary.bias", '1', '0', true},
 };
 
 /* BLOOM: nn.Linear weights; query_key_value outputs are per head [q,k,v]. */
@@ -112,6 +117,8 @@ static const tensor_rule bloom_post[] = {
     {G_LNF_W, "transformer.ln_f.weight", 'C', '0', true},
     {G_LNF_B, "transformer.ln_f.bias", 'C', '0', true},
     {G_SCORE, "score.weight", 'L', 'C', false},
+    {G_VHEAD_W, "v_head.summary.weight", '1', 'C', false},
+    {G_VHEAD_B, "v_head.summary.bias", '1', '0', true},
 };
 
 typedef struct {
@@ -128,6 +135,7 @@ static const arch_table tables[CLLM_ARCH_COUNT] = {{TABLE(gpt2)}, {TABLE(llama)}
 static bool rule_present(const cllm_model_config *c, const tensor_rule *r, bool block) {
     /* a sequence-classification model: the score head instead of the LM head */
     if (!block && r->slot == G_SCORE) return c->num_labels > 0;
+    if (!block && (r->slot == G_VHEAD_W || r->slot == G_VHEAD_B)) return c->value_head; /* PPO's value head */
     if (!block && r->slot == G_HEAD && c->num_labels > 0) return false;
     if (c->arch != CLLM_ARCH_LLAMA) return true;
     if (!block) return r->slot != G_HEAD || !c->tie_embeddings;

@@ -40,6 +40,7 @@ struct model_lora {
     int *of_tensor;      /* [n_tensors] adapter index or -1 */
     uint64_t key;        /* dropout masks */
     bool training;       /* dropout on (set by the training passes) */
+    bool disabled;       /* cllm_lora_set_enabled(m, false): the base alone */
 };
 
 /* ------------------------------------------------------------ modules */
@@ -185,6 +186,10 @@ void cllm_lora_set_dropout_key(cllm_model *m, uint64_t key) {
     if (m->lora) m->lora->key = key;
 }
 
+void cllm_lora_set_enabled(cllm_model *m, bool on) {
+    if (m->lora) m->lora->disabled = !on;
+}
+
 void model_lora_set_training(cllm_model *m, bool on) {
     if (m->lora) m->lora->training = on;
 }
@@ -201,6 +206,9 @@ cllm_status cllm_lora_attach(cllm_model *m, const cllm_lora_config *c, uint64_t 
     if (!st) st = cllm_lora_config_copy(&L->cfg, c);
     if (!st) st = choose(m, c, pick);
     if (!st) st = choose_saved(m, c, save);
+    /* PPO's value head trains beside the adapters (trl keeps it outside the
+     * PEFT model, trainable) */
+    if (!st && m->cfg.value_head) save[m->gslot[G_VHEAD_W]] = save[m->gslot[G_VHEAD_B]] = true;
     for (int i = 0; i < c->n_rank_pattern + c->n_alpha_pattern && !st; i++) { /* bad expressions fail here */
         lora_regex re;
         const char *p = i < c->n_rank_pattern ? c->rank_pattern[i].pattern : c->alpha_pattern[i - c->n_rank_pattern].pattern;
@@ -334,19 +342,8 @@ cllm_status cllm_lora_count(const cllm_model_config *mc, const cllm_lora_config 
 
 const struct model_adapter *model_lora_find(const cllm_model *m, const float *w) {
     const struct model_lora *L = m->lora;
-    if (!L || !m->params) return NULL;
-    uintptr_t base = (uintptr_t)m->params, p = (uintptr_t)w;
-    if (p < base || (p - base) / sizeof(float) >= m->n_params) return NULL;
-    size_t off = (p - base) / sizeof(float);
-    /* tensors lie in offset order: binary search */
-    int lo = 0, hi = m->n_tensors - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (m->tensors[mid].offset <= off) lo = mid;
-        else hi = mid - 1;
-    }
-    if (m->tensors[lo].offset != off || L->of_tensor[lo] < 0) return NULL;
-    return &L->ad[L->of_tensor[lo]];
+    int t = L ? model_tensor_at(m, w) : -1;
+    return t >= 0 && L->of_tensor[t] >= 0 ? &L->ad[L->of_tensor[t]] : NULL;
 }
 
 static uint64_t mix(uint64_t x) {
@@ -394,6 +391,13 @@ cllm_status model_lora_forward(const cllm_model *m, const struct model_adapter *
     if (!d && wants_dropout(m)) return CLLM_ERR_NOMEM;
     float *h = cllm_alloc((size_t)N * ad->r * sizeof(float), "LoRA activations");
     cllm_status st = h ? CLLM_OK : CLLM_ERR_NOMEM;
+    if (!st && !d && N <= WEIGHTS_SMALL_ROWS) { /* decode: the per-row kernel serving uses too (lora_set.c) */
+        model_lora_row rows[WEIGHTS_SMALL_ROWS];
+        for (int n = 0; n < N; n++) rows[n] = (model_lora_row){A, B, ad->r, ad->scale};
+        model_lora_small_forward(out, inp, rows, N, ad->in, ad->out, h);
+        cllm_free(h);
+        return CLLM_OK;
+    }
     if (!st) st = cllm_matmul(h, d ? d : inp, A, N, ad->r, ad->in, false, true, 1.0f, 0.0f);
     if (!st) st = cllm_matmul(out, h, B, N, ad->out, ad->r, false, true, ad->scale, 1.0f);
     cllm_free(h);

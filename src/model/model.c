@@ -20,11 +20,22 @@ cllm_status model_from_config(cllm_model **out, const json_t *config, const char
 }
 
 cllm_status model_from_config_ex(cllm_model **out, const json_t *config, const char *path, bool alloc) {
+    return model_from_config_vh(out, config, path, alloc, false);
+}
+
+cllm_status model_from_config_vh(cllm_model **out, const json_t *config, const char *path, bool alloc,
+                                 bool value_head) {
     *out = NULL;
     cllm_model *m = calloc(1, sizeof *m);
     if (!m) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     cllm_status st = cllm_model_config_from_json(&m->cfg, config, path);
     if (st) goto fail;
+    if (value_head && m->cfg.num_labels > 0) {
+        st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: a value head (v_head.summary.weight) on a sequence-classification "
+                       "model", path);
+        goto fail;
+    }
+    m->cfg.value_head = value_head;
     m->config_json = json_deep_copy(config);
     if (!m->config_json) {
         st = CLLM_FAIL(CLLM_ERR_NOMEM, "cannot copy config");
@@ -59,11 +70,14 @@ void cllm_model_free(cllm_model *m) {
     cllm_free(m->acts);
     model_lp_release(m);
     model_weights_free(m);
+    model_qbase_free(m);
     model_trainable_free(m);
     model_lora_free(m);
     free(m->layers);
     free(m->tp_max);
     free(m->tp_sum);
+    free(m->moe_load);
+    model_moe_ep_free(m);
     free(m);
 }
 
@@ -231,9 +245,15 @@ cllm_status cllm_model_load_weights(cllm_model **out, const char *dir, const cha
     if (st) return st;
     /* the layout first, the flat buffer once the format is known */
     if ((st = model_from_config_ex(&m, config, path, false)) || (st = cllm_st_set_open(&set, dir))) goto done;
+    /* trl's value-head models keep v_head.summary.* beside the model's tensors */
+    if (cllm_st_set_find(set, "v_head.summary.weight")) {
+        cllm_model_free(m);
+        if ((st = model_from_config_vh(&m, config, path, false, true))) goto done;
+    }
     put_fmt_ctx pc = {m, CLLM_WFMT_FP32};
     st = stored_format(m, config, set, path, &pc.file_fmt);
     cllm_st_set_close(set);
+    set = NULL;
     if (st) goto done;
     cllm_wfmt fmt = pc.file_fmt;
     if (weights && !cllm_wfmt_from_name(weights, &fmt)) {
@@ -248,6 +268,7 @@ cllm_status cllm_model_load_weights(cllm_model **out, const char *dir, const cha
     }
     st = model_load_tensors(m, dir, put_weights, &pc);
 done:
+    cllm_st_set_close(set);
     json_decref(config);
     if (st) {
         cllm_model_free(m);
@@ -341,15 +362,21 @@ void cllm_model_group_range(const cllm_model *m, int group, size_t *begin, size_
 void cllm_model_set_hooks(cllm_model *m, const cllm_model_hooks *hooks) {
     memset(&m->hooks, 0, sizeof m->hooks);
     if (hooks) m->hooks = *hooks;
-    for (int g = 0; g < m->cfg.n_layer + 2; g++) m->groups[g].p = m->groups[g].g = NULL;
+    for (int g = 0; g < m->cfg.n_layer + 2; g++) {
+        m->groups[g].p = m->groups[g].g = NULL;
+        m->groups[g].lp = NULL;
+    }
 }
 void cllm_model_drop_params(cllm_model *m) {
     cllm_free(m->params);
     m->params = NULL;
+    cllm_free(m->lp_params);
+    m->lp_params = NULL;
 }
 void cllm_model_set_params(cllm_model *m, float *params) {
     cllm_free(m->params);
     m->params = params;
+    atomic_store(&m->lp_stale, true); /* a bf16/fp16 copy is made from them when first needed */
 }
 
 void cllm_model_zero_grads(cllm_model *m) {

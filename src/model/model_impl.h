@@ -29,7 +29,35 @@ enum {
 /* Slots outside the blocks. G_HEAD is -1 when the head is tied to G_WTE
  * and in a sequence-classification model, whose head is G_SCORE (HF's
  * score.weight [num_labels, C]; -1 in a causal LM). */
-enum { G_WTE, G_WPE, G_EMB_LN_W, G_EMB_LN_B, G_LNF_W, G_LNF_B, G_HEAD, G_SCORE, G_NSLOTS };
+enum { G_WTE, G_WPE, G_EMB_LN_W, G_EMB_LN_B, G_LNF_W, G_LNF_B, G_HEAD, G_SCORE, G_VHEAD_W, G_VHEAD_B, G_NSLOTS };
+
+/* Adapters of a set (cllm_lora_set, lora_set.c) chosen per row of a
+ * forward: the rows seg_rows[k]..seg_rows[k+1]-1 use adapter
+ * seg_adapter[k] (-1: none), or every row adapter `all` when it is >= 0.
+ * scratch holds model_lora_rows_scratch(set, rows) floats (NULL with `all`). */
+typedef struct {
+    const struct cllm_lora_set *set;
+    int all, n_seg;
+    const int32_t *seg_rows;    /* [n_seg + 1] */
+    const int32_t *seg_adapter; /* [n_seg] */
+    float *scratch;
+} model_lora_rows;
+/* out[N, OUT] += each row's adapter on the layer of weight tensor w. */
+cllm_status model_lora_rows_forward(const model_lora_rows *r, int w, float *out, const float *inp, int N);
+/* The adapter delta of decode-sized calls (N <= WEIGHTS_SMALL_ROWS rows),
+ * without a GEMM call per adapter: out[n] += scale_n * B_n (A_n inp[n]) for
+ * every row n whose ad[n].A is set, row by row in one fixed order (a row's
+ * result depends on nothing else in the call), in one parallel region.
+ * h: N * max(ad[n].r) floats. Used by the single adapter (lora.c) and the
+ * per-row sets (lora_set.c) alike, so both give the same bits. */
+typedef struct {
+    const float *A, *B; /* [r, IN], [OUT, r] */
+    int r;
+    float scale;
+} model_lora_row;
+void model_lora_small_forward(float *out, const float *inp, const model_lora_row *ad, int N, int IN, int OUT,
+                              float *h);
+size_t model_lora_rows_scratch(const struct cllm_lora_set *set, int rows);
 
 /* Operand scratch of the bf16/fp16 linear layers (precision.c): where
  * activations and gradients are rounded on their way into a matmul. It is
@@ -46,6 +74,7 @@ typedef struct {
     size_t widen_bytes;
     float *deq;       /* weight formats (weights.c): quantized activations, or widened bf16 tiles */
     size_t deq_elems;
+    const model_lora_rows *rows; /* adapters per row (lora_set.c), NULL: none */
 } model_lp_scratch;
 
 /* Activations of one block, saved by the forward pass for the backward.
@@ -105,10 +134,12 @@ struct cllm_model {
     /* parameter groups (cllm_model_n_groups): 0 = before the blocks, 1..L =
      * blocks, L+1 = after them; each a contiguous range of the flat buffer.
      * p / g: the group's working buffers handed out by the hooks (NULL:
-     * the flat buffers). tgroup[tensor] = its group. */
+     * the flat buffers); lp: p's low-precision copy (fetch_params_lp) for
+     * a bf16/fp16 model. tgroup[tensor] = its group. */
     struct model_group {
         size_t begin, end;
         float *p, *g;
+        const void *lp;
     } *groups;
     int *tgroup;
     cllm_model_hooks hooks;
@@ -149,6 +180,9 @@ struct cllm_model {
      * written (a model loaded in that format). */
     struct model_wstore *ws;
     bool params_lazy;
+    /* a quantized frozen base (qbase.c): the block linear layers in a
+     * bitsandbytes format; NULL otherwise */
+    struct model_qbase *qb;
     const struct cllm_dist_group *tp_grp;
     int tp_rank, tp_size;
     int tp_vocab;    /* the whole model's vocabulary (the part's rows past it are padding) */
@@ -159,6 +193,17 @@ struct cllm_model {
      * last forward pass (for the load-balancing loss) */
     float *moe_scratch;
     double *moe_stats;
+    /* capacity (cllm_model_set_moe_capacity): factor 0 = no limit */
+    double moe_capacity_factor;
+    int moe_min_capacity;
+    /* [n_experts + 2]: choices routed to each expert, choices dropped,
+     * choices, counted by training forwards (NULL until counters are reset) */
+    int64_t *moe_load;
+    /* expert parallelism (moe_ep.c): this rank holds experts
+     * ep_rank * E / ep_size .. of the group ep_grp; 1 = every expert here */
+    const struct cllm_dist_group *ep_grp;
+    int ep_rank, ep_size;
+    struct model_moe_ep *ep; /* the owner side's buffers, grown on demand */
 };
 
 /* The rows of a cached forward pass (generate.c builds it, run.c reads
@@ -252,6 +297,27 @@ cllm_status model_moe_forward(const cllm_model *m, model_lp_scratch *lp, int l, 
                               bool stats);
 cllm_status model_moe_backward(cllm_model *m, int l, const layer_acts *a, float *dln, const float *dy, int N,
                                double aux_scale);
+/* Expert capacity of a pass over N rows (the most choices one expert keeps). */
+int model_moe_capacity(const cllm_model *m, int N);
+/* One expert (global index e) of block l on n gathered rows x[n,C]: the
+ * forward fills h1, h3, act [n,F] and eo [n,C]; the backward accumulates
+ * the expert's weight gradients and writes dx[n,C] (dact, dh1, dh3: [n,F]
+ * scratch). */
+cllm_status model_moe_expert_forward(const cllm_model *m, model_lp_scratch *lp, int l, int e, int n, const float *x,
+                                     float *h1, float *h3, float *act, float *eo);
+cllm_status model_moe_expert_backward(cllm_model *m, int l, int e, int n, const float *deo, const float *x,
+                                      const float *h1, const float *h3, const float *act, float *dact, float *dh1,
+                                      float *dh3, float *dx);
+/* Expert parallelism (moe_ep.c): off[E+1] the grouped kept choices of this
+ * rank (expert e's rows off[e]..off[e+1]-1 of xs). The forward sends each
+ * expert's rows to its rank, runs this rank's experts on the rows it
+ * receives and returns their outputs into eo (grouped order); the backward
+ * does the same with deo -> dxs, accumulating the local experts' weight
+ * gradients. Collective over m->ep_grp. */
+cllm_status model_moe_ep_forward(const cllm_model *m, model_lp_scratch *lp, int l, const int32_t *off,
+                                 const float *xs, float *eo);
+cllm_status model_moe_ep_backward(cllm_model *m, int l, const int32_t *off, const float *deo, float *dxs);
+void model_moe_ep_free(cllm_model *m);
 /* The load-balancing loss of the last training forward (transformers'
  * load_balancing_loss_func over every layer's router), unscaled. */
 double model_moe_aux(const cllm_model *m);
@@ -264,6 +330,9 @@ void model_moe_layout(cllm_model *m, int l, model_add_fn add, size_t *offset);
  * _ex with alloc false: the layout only, params NULL. */
 cllm_status model_from_config(cllm_model **out, const json_t *config, const char *path);
 cllm_status model_from_config_ex(cllm_model **out, const json_t *config, const char *path, bool alloc);
+/* The same with a value head (cllm_model_config.value_head) or without. */
+cllm_status model_from_config_vh(cllm_model **out, const json_t *config, const char *path, bool alloc,
+                                 bool value_head);
 /* Reads the safetensors of HF folder `dir` against m's tensor table (names
  * with or without the family prefix, shapes checked, ignored buffers
  * skipped, every tensor exactly once): put(ctx, tensor index, file tensor)
@@ -326,6 +395,21 @@ cllm_status model_weights_linear(const cllm_model *m, model_lp_scratch *lp, floa
 /* Floats of lp->deq a forward of `rows` rows needs (0 without a store). */
 size_t model_weights_scratch(const cllm_model *m, int rows);
 
+/* A quantized base (qbase.c). model_qbase_get: tensor idx's quantized
+ * matrix or NULL; model_qbase_index: the quantized tensor whose slot in
+ * params starts at w, or -1. model_qbase_scratch: floats of lp->deq its
+ * passes need (the largest matrix). The forward writes out[N, rows] =
+ * inp . W^T + bias; the backward adds dout . W to dinp and column sums to
+ * dbias (dw must be NULL: the base is frozen). */
+const cllm_bnb_matrix *model_qbase_get(const cllm_model *m, int idx);
+int model_qbase_index(const cllm_model *m, const float *w);
+size_t model_qbase_scratch(const cllm_model *m);
+cllm_status model_qbase_forward(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp,
+                                const cllm_bnb_matrix *q, const float *bias, int N);
+cllm_status model_qbase_backward(const cllm_model *m, model_lp_scratch *lp, float *dinp, float *dw, float *dbias,
+                                 const float *dout, int idx, int N);
+void model_qbase_free(cllm_model *m);
+
 /* Width of the fused/stacked QKV activation of one token. */
 int model_qkv_width(const cllm_model_config *c);
 
@@ -352,6 +436,22 @@ static inline float *model_grad(const cllm_model *m, int idx) {
     if (!m->grads) return NULL;
     if (!m->frozen) return m->grads + m->tensors[idx].offset;
     return m->goff[idx] == SIZE_MAX ? NULL : m->grads + m->goff[idx];
+}
+
+/* The tensor whose slot in m->params starts at w (the linear seam's
+ * backward passes weights as pointers), or -1. Tensors lie in offset
+ * order: a binary search. */
+static inline int model_tensor_at(const cllm_model *m, const float *w) {
+    uintptr_t base = (uintptr_t)m->params, p = (uintptr_t)w;
+    if (!m->params || p < base || (p - base) / sizeof(float) >= m->n_params) return -1;
+    size_t off = (p - base) / sizeof(float);
+    int lo = 0, hi = m->n_tensors - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (m->tensors[mid].offset <= off) lo = mid;
+        else hi = mid - 1;
+    }
+    return m->tensors[lo].offset == off ? lo : -1;
 }
 
 /* The trainable set's part of cllm_model_free (trainable.c). */

@@ -11,6 +11,11 @@
  * its three linear layers run on that slice alone through the model's
  * linear seam (precision, quantisation), and the outputs are combined back
  * per row in a fixed order. No expert ever computes a row not routed to it.
+ * With a capacity (cllm_model_set_moe_capacity) an expert keeps only its
+ * first choices in DeepSpeed's order; a dropped choice has no position in
+ * the grouped order (pos -1) and adds nothing to its row. Under expert
+ * parallelism (moe_ep.c) the grouped rows of other ranks' experts travel
+ * to them and back between the gather and the combine.
  *
  * The backward pass mirrors it: the combine's gradient per choice (w_j dy
  * to the expert's output rows; dy . expert output to w_j), each expert's
@@ -175,19 +180,82 @@ static void route(const cllm_model_config *c, const moe_state *s, int N) {
     }
 }
 
-/* Groups the N*k choices by expert (stable: rows in order within one). */
-static void group(const cllm_model_config *c, const moe_state *s, int N) {
-    const int E = c->n_experts, k = c->n_experts_per_tok, R = N * k;
+/* Expert capacity of a pass over N rows (DeepSpeed-MoE's rule):
+ * ceil(N * k / E * capacity_factor), at least min_capacity; no limit when
+ * the factor is 0 (transformers' Mixtral, every choice computed). */
+int model_moe_capacity(const cllm_model *m, int N) {
+    const cllm_model_config *c = &m->cfg;
+    if (m->moe_capacity_factor <= 0) return N * c->n_experts_per_tok;
+    double v = ceil((double)N * c->n_experts_per_tok / c->n_experts * m->moe_capacity_factor);
+    int cap = v > (double)N * c->n_experts_per_tok ? N * c->n_experts_per_tok : (int)v;
+    return cap < m->moe_min_capacity ? m->moe_min_capacity : cap;
+}
+
+/* Groups the kept choices by expert (stable: rows in order within one).
+ * With a capacity, expert e keeps its first `cap` choices in DeepSpeed's
+ * order: every row's first choice before any second choice, rows in
+ * order within a rank of choice; a dropped choice gets pos -1. Returns the
+ * number dropped. */
+static int group(const cllm_model *m, const moe_state *s, int N) {
+    const cllm_model_config *c = &m->cfg;
+    const int E = c->n_experts, k = c->n_experts_per_tok, R = N * k, cap = model_moe_capacity(m, N);
+    int32_t used[1024] = {0};
+    int dropped = 0;
+    for (int j = 0; j < k; j++)
+        for (int n = 0; n < N; n++) {
+            int r = n * k + j, e = s->sel[r];
+            if (used[e] < cap) {
+                used[e]++;
+                s->pos[r] = 0;
+            } else {
+                s->pos[r] = -1;
+                dropped++;
+            }
+        }
     memset(s->off, 0, (size_t)(E + 1) * sizeof(int32_t));
-    for (int r = 0; r < R; r++) s->off[s->sel[r] + 1]++;
+    for (int r = 0; r < R; r++)
+        if (s->pos[r] >= 0) s->off[s->sel[r] + 1]++;
     for (int e = 0; e < E; e++) s->off[e + 1] += s->off[e];
     int32_t fill[1024];
     memcpy(fill, s->off, (size_t)E * sizeof(int32_t));
     for (int r = 0; r < R; r++) {
+        if (s->pos[r] < 0) continue;
         int p = fill[s->sel[r]]++;
         s->pos[r] = p;
         s->rowof[p] = r / k;
     }
+    return dropped;
+}
+
+cllm_status model_moe_expert_forward(const cllm_model *m, model_lp_scratch *lp, int l, int e, int n, const float *x,
+                                     float *h1, float *h3, float *act, float *eo) {
+    const cllm_model_config *c = &m->cfg;
+    const int C = c->n_embd, F = c->n_inner, *sl = m->lslot[l];
+    cllm_status st;
+    if ((st = model_linear_forward(m, lp, h1, x, sl[L_EXP_W1] + e, NULL, n, C, F, false))) return st;
+    if ((st = model_linear_forward(m, lp, h3, x, sl[L_EXP_W3] + e, NULL, n, C, F, false))) return st;
+    cllm_swiglu_forward(act, h1, h3, (long)n * F);
+    return model_linear_forward(m, lp, eo, act, sl[L_EXP_W2] + e, NULL, n, F, C, false);
+}
+
+cllm_status model_moe_expert_backward(cllm_model *m, int l, int e, int n, const float *deo, const float *x,
+                                      const float *h1, const float *h3, const float *act, float *dact, float *dh1,
+                                      float *dh3, float *dx) {
+    const cllm_model_config *c = &m->cfg;
+    const int C = c->n_embd, F = c->n_inner, *sl = m->lslot[l];
+    const int w1 = sl[L_EXP_W1] + e, w3 = sl[L_EXP_W3] + e, w2 = sl[L_EXP_W2] + e;
+    model_lp_scratch *lp = &m->lp_run;
+    memset(dact, 0, (size_t)n * F * sizeof(float));
+    memset(dh1, 0, (size_t)n * F * sizeof(float));
+    memset(dh3, 0, (size_t)n * F * sizeof(float));
+    memset(dx, 0, (size_t)n * C * sizeof(float));
+    cllm_status st = model_linear_backward(m, lp, dact, model_grad(m, w2), NULL, deo, act, model_param(m, w2), n, F,
+                                           C, false);
+    if (st) return st;
+    cllm_swiglu_backward(dh1, dh3, dact, h1, h3, (long)n * F);
+    st = model_linear_backward(m, lp, dx, model_grad(m, w1), NULL, dh1, x, model_param(m, w1), n, C, F, false);
+    if (st) return st;
+    return model_linear_backward(m, lp, dx, model_grad(m, w3), NULL, dh3, x, model_param(m, w3), n, C, F, false);
 }
 
 cllm_status model_moe_forward(const cllm_model *m, model_lp_scratch *lp, int l, const layer_acts *a, float *out, int N,
@@ -200,21 +268,20 @@ cllm_status model_moe_forward(const cllm_model *m, model_lp_scratch *lp, int l, 
     state_carve(c, (size_t)N, a->moe, &s);
     if ((st = model_linear_forward(m, lp, s.probs, a->ln2, sl[L_ROUTER_W], NULL, N, C, E, false))) return st;
     route(c, &s, N);
-    group(c, &s, N);
-    const int R = N * k;
+    const int dropped = group(m, &s, N), R = N * k, kept = s.off[E];
 #pragma omp parallel for schedule(static)
-    for (int p = 0; p < R; p++)
+    for (int p = 0; p < kept; p++)
         memcpy(s.xs + (size_t)p * C, a->ln2 + (size_t)s.rowof[p] * C, (size_t)C * sizeof(float));
-    for (int e = 0; e < E; e++) {
-        int r0 = s.off[e], n = s.off[e + 1] - r0;
-        if (!n) continue;
-        const float *x = s.xs + (size_t)r0 * C;
-        float *h1 = s.h1 + (size_t)r0 * F, *h3 = s.h3 + (size_t)r0 * F, *act = s.act + (size_t)r0 * F;
-        if ((st = model_linear_forward(m, lp, h1, x, sl[L_EXP_W1] + e, NULL, n, C, F, false))) return st;
-        if ((st = model_linear_forward(m, lp, h3, x, sl[L_EXP_W3] + e, NULL, n, C, F, false))) return st;
-        cllm_swiglu_forward(act, h1, h3, (long)n * F);
-        if ((st = model_linear_forward(m, lp, s.eo + (size_t)r0 * C, act, sl[L_EXP_W2] + e, NULL, n, F, C, false)))
-            return st;
+    if (m->ep_size > 1) { /* the rows travel to the ranks holding their experts and back (moe_ep.c) */
+        if ((st = model_moe_ep_forward(m, lp, l, s.off, s.xs, s.eo))) return st;
+    } else {
+        for (int e = 0; e < E; e++) {
+            int r0 = s.off[e], n = s.off[e + 1] - r0;
+            if (!n) continue;
+            size_t oc = (size_t)r0 * C, of = (size_t)r0 * F;
+            st = model_moe_expert_forward(m, lp, l, e, n, s.xs + oc, s.h1 + of, s.h3 + of, s.act + of, s.eo + oc);
+            if (st) return st;
+        }
     }
     if (out) {
 #pragma omp parallel for schedule(static)
@@ -222,7 +289,9 @@ cllm_status model_moe_forward(const cllm_model *m, model_lp_scratch *lp, int l, 
             float *y = out + (size_t)n * C;
             memset(y, 0, (size_t)C * sizeof(float));
             for (int j = 0; j < k; j++) {
-                const float w = s.wsel[(size_t)n * k + j], *eo = s.eo + (size_t)s.pos[(size_t)n * k + j] * C;
+                const int p = s.pos[(size_t)n * k + j];
+                if (p < 0) continue; /* dropped: no expert output */
+                const float w = s.wsel[(size_t)n * k + j], *eo = s.eo + (size_t)p * C;
                 for (int i = 0; i < C; i++) y[i] += w * eo[i];
             }
         }
@@ -233,6 +302,11 @@ cllm_status model_moe_forward(const cllm_model *m, model_lp_scratch *lp, int l, 
         for (int n = 0; n < N; n++)
             for (int e = 0; e < E; e++) sum[E + e] += s.probs[(size_t)n * E + e];
         sum[2 * E] += N;
+    }
+    if (stats && m->moe_load) {
+        for (int r = 0; r < R; r++) m->moe_load[s.sel[r]]++;
+        m->moe_load[E] += dropped;
+        m->moe_load[E + 1] += R;
     }
     return CLLM_OK;
 }
@@ -245,13 +319,18 @@ cllm_status model_moe_backward(cllm_model *m, int l, const layer_acts *a, float 
     model_lp_scratch *lp = &m->lp_run;
     moe_state s;
     moe_scratch z;
+    (void)F;
     cllm_status st;
     state_carve(c, (size_t)N, a->moe, &s);
     scratch_carve(c, (size_t)N, true, m->moe_scratch, &z);
 
-    /* combine: out[n] = sum_j w[n,j] eo[pos[n,j]] */
+    /* combine: out[n] = sum_j w[n,j] eo[pos[n,j]] over the kept choices */
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < R; r++) {
+        if (s.pos[r] < 0) {
+            z.dw[r] = 0;
+            continue;
+        }
         const float *g = dy + (size_t)(r / k) * C, *eo = s.eo + (size_t)s.pos[r] * C;
         float *de = z.deo + (size_t)s.pos[r] * C, w = s.wsel[r];
         double dot = 0;
@@ -262,25 +341,17 @@ cllm_status model_moe_backward(cllm_model *m, int l, const layer_acts *a, float 
         z.dw[r] = (float)dot;
     }
     /* experts, each on its own rows */
-    memset(z.dact, 0, (size_t)R * F * sizeof(float));
-    memset(z.dh1, 0, (size_t)R * F * sizeof(float));
-    memset(z.dh3, 0, (size_t)R * F * sizeof(float));
-    memset(z.dxs, 0, (size_t)R * C * sizeof(float));
-    for (int e = 0; e < E; e++) {
-        int r0 = s.off[e], n = s.off[e + 1] - r0;
-        if (!n) continue;
-        size_t oc = (size_t)r0 * C, of = (size_t)r0 * F;
-        int w1 = sl[L_EXP_W1] + e, w3 = sl[L_EXP_W3] + e, w2 = sl[L_EXP_W2] + e;
-        st = model_linear_backward(m, lp, z.dact + of, model_grad(m, w2), NULL, z.deo + oc, s.act + of,
-                                   model_param(m, w2), n, F, C, false);
-        if (st) return st;
-        cllm_swiglu_backward(z.dh1 + of, z.dh3 + of, z.dact + of, s.h1 + of, s.h3 + of, (long)n * F);
-        st = model_linear_backward(m, lp, z.dxs + oc, model_grad(m, w1), NULL, z.dh1 + of, s.xs + oc,
-                                   model_param(m, w1), n, C, F, false);
-        if (st) return st;
-        st = model_linear_backward(m, lp, z.dxs + oc, model_grad(m, w3), NULL, z.dh3 + of, s.xs + oc,
-                                   model_param(m, w3), n, C, F, false);
-        if (st) return st;
+    if (m->ep_size > 1) {
+        if ((st = model_moe_ep_backward(m, l, s.off, z.deo, z.dxs))) return st;
+    } else {
+        for (int e = 0; e < E; e++) {
+            int r0 = s.off[e], n = s.off[e + 1] - r0;
+            if (!n) continue;
+            size_t oc = (size_t)r0 * C, of = (size_t)r0 * F;
+            st = model_moe_expert_backward(m, l, e, n, z.deo + oc, s.xs + oc, s.h1 + of, s.h3 + of, s.act + of,
+                                           z.dact + of, z.dh1 + of, z.dh3 + of, z.dxs + oc);
+            if (st) return st;
+        }
     }
     /* router: through the renormalisation, the aux loss and the softmax */
     const double *sum = m->moe_stats;
@@ -289,7 +360,9 @@ cllm_status model_moe_backward(cllm_model *m, int l, const layer_acts *a, float 
     for (int n = 0; n < N; n++) {
         float *g = dln + (size_t)n * C;
         for (int j = 0; j < k; j++) {
-            const float *dx = z.dxs + (size_t)s.pos[(size_t)n * k + j] * C;
+            const int p = s.pos[(size_t)n * k + j];
+            if (p < 0) continue;
+            const float *dx = z.dxs + (size_t)p * C;
             for (int i = 0; i < C; i++) g[i] += dx[i];
         }
         const float *p = s.probs + (size_t)n * E;

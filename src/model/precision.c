@@ -55,6 +55,17 @@ bool cllm_precision_from_name(const char *name, cllm_precision *out) {
 
 static size_t elem_size(cllm_precision p) { return p == CLLM_PREC_BF16 ? sizeof(uint16_t) : sizeof(float); }
 
+size_t cllm_precision_copy_bytes(cllm_precision p) {
+    return p == CLLM_PREC_BF16 || p == CLLM_PREC_FP16 ? elem_size(p) : 0;
+}
+
+void cllm_model_lp_copy(cllm_precision p, void *dst, const float *src, size_t n) {
+    if (p == CLLM_PREC_BF16)
+        cllm_to_bf16(dst, src, (long)n);
+    else if (p == CLLM_PREC_FP16)
+        cllm_round_f16(dst, src, (long)n);
+}
+
 /* Elements of each operand scratch region: the largest matmul operand of a
  * B x T batch (an input or output of any linear layer, or a logits chunk). */
 static size_t scratch_elems(const cllm_model_config *c, int B, int T) {
@@ -185,6 +196,9 @@ cllm_status model_lp_scratch_init(model_lp_scratch *lp, const cllm_model *m, int
 cllm_status cllm_model_set_precision(cllm_model *m, cllm_precision p) {
     if ((unsigned)p >= CLLM_PREC_COUNT) return CLLM_FAIL(CLLM_ERR_ARG, "unknown precision %d", (int)p);
     if (p == m->prec) return CLLM_OK;
+    if (m->qb)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s matmuls over a %s base: a quantized base computes in fp32 "
+                         "(bnb_4bit_compute_dtype float32)", cllm_precision_name(p), cllm_bnb_type_name(cllm_model_quantized(m)));
     if (m->ws)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s matmuls over %s weights: the weight format sets the precision "
                          "(use --weights fp32 for mixed precision)", cllm_precision_name(p), cllm_wfmt_name(cllm_model_weights(m)));
@@ -196,8 +210,10 @@ cllm_status cllm_model_set_precision(cllm_model *m, cllm_precision p) {
     m->prec = p;
     cllm_status st = CLLM_OK;
     if (p != CLLM_PREC_FP32) {
-        m->lp_params = cllm_calloc(m->n_params, elem_size(p), "low-precision parameter copy");
-        st = m->lp_params ? model_lp_prepare(m) : CLLM_ERR_NOMEM;
+        /* no flat parameters (ZeRO-3 dropped them): the layer hooks hand
+         * out each gathered group's copy instead */
+        if (m->params) m->lp_params = cllm_calloc(m->n_params, elem_size(p), "low-precision parameter copy");
+        st = m->lp_params || !m->params ? model_lp_prepare(m) : CLLM_ERR_NOMEM;
     }
     if (st) { /* restore the previous state */
         model_lp_release(m);
@@ -229,29 +245,50 @@ void cllm_model_params_updated(cllm_model *m) {
  * acquire load pairs with the release store below). */
 static pthread_mutex_t g_refresh = PTHREAD_MUTEX_INITIALIZER;
 
-static void refresh(const cllm_model *m) {
-    if (!atomic_load_explicit(&m->lp_stale, memory_order_acquire)) return;
+static cllm_status refresh(const cllm_model *m) {
+    if (!atomic_load_explicit(&m->lp_stale, memory_order_acquire)) return CLLM_OK;
+    cllm_status st = CLLM_OK;
     pthread_mutex_lock(&g_refresh);
     cllm_model *w = (cllm_model *)(uintptr_t)m; /* the derived copy only */
     if (atomic_load_explicit(&w->lp_stale, memory_order_relaxed)) {
-        if (w->prec == CLLM_PREC_BF16)
-            cllm_to_bf16(w->lp_params, w->params, (long)w->n_params);
-        else
-            cllm_round_f16(w->lp_params, w->params, (long)w->n_params);
-        atomic_store_explicit(&w->lp_stale, false, memory_order_release);
+        /* parameters set again after cllm_model_drop_params: the copy is made anew */
+        if (!w->lp_params) w->lp_params = cllm_alloc(w->n_params * elem_size(w->prec), "low-precision parameter copy");
+        if (w->lp_params) {
+            cllm_model_lp_copy(w->prec, w->lp_params, w->params, w->n_params);
+            atomic_store_explicit(&w->lp_stale, false, memory_order_release);
+        } else {
+            st = CLLM_ERR_NOMEM;
+        }
     }
     pthread_mutex_unlock(&g_refresh);
+    return st;
 }
 
-/* Element offset of w inside the flat parameter buffer (compared as
- * integers: w may legitimately point elsewhere only in fp32 mode). */
-static cllm_status weight_offset(const cllm_model *m, const float *w, size_t numel, size_t *off) {
-    uintptr_t base = (uintptr_t)m->params, p = (uintptr_t)w;
-    if (p < base || (p - base) / sizeof(float) + numel > m->n_params)
-        return CLLM_FAIL(CLLM_ERR_INTERNAL, "%s linear layer with a weight outside the parameter buffer",
-                         cllm_precision_name(m->prec));
-    *off = (p - base) / sizeof(float);
-    return CLLM_OK;
+/* The low-precision copy of weight w (numel floats): inside the flat
+ * buffer's copy, or inside the copy a layer hook handed out with w's
+ * gathered group (ZeRO-3). Pointers are compared as integers: w may
+ * legitimately point elsewhere only in fp32 mode. */
+static cllm_status lp_weight(const cllm_model *m, const float *w, size_t numel, const void **out) {
+    const uintptr_t p = (uintptr_t)w;
+    const size_t es = elem_size(m->prec);
+    if (m->params) {
+        uintptr_t base = (uintptr_t)m->params;
+        if (p >= base && (p - base) / sizeof(float) + numel <= m->n_params) {
+            cllm_status st = refresh(m);
+            if (st) return st;
+            *out = (const char *)m->lp_params + (p - base) / sizeof(float) * es;
+            return CLLM_OK;
+        }
+    }
+    for (int g = 0; g < m->cfg.n_layer + 2; g++) {
+        const struct model_group *gr = &m->groups[g];
+        uintptr_t base = (uintptr_t)gr->p;
+        if (!gr->p || !gr->lp || p < base || (p - base) / sizeof(float) + numel > gr->end - gr->begin) continue;
+        *out = (const char *)gr->lp + (p - base) / sizeof(float) * es;
+        return CLLM_OK;
+    }
+    return CLLM_FAIL(CLLM_ERR_INTERNAL, "%s linear layer with a weight that has no low-precision copy (outside the "
+                     "parameter buffer, or in a gathered group handed out without one)", cllm_precision_name(m->prec));
 }
 
 static void add_bias(float *out, const float *bias, int N, int OUT) {
@@ -267,6 +304,8 @@ static cllm_status linear_forward(const cllm_model *m, model_lp_scratch *lp, flo
                                   const float *bias, int N, int IN, int OUT, bool w_in_out) {
     const cllm_qweight *q = model_weights_get(m, widx);
     if (q) return model_weights_linear(m, lp, out, inp, q, bias, N);
+    const cllm_bnb_matrix *qb = model_qbase_get(m, widx);
+    if (qb) return model_qbase_forward(m, lp, out, inp, qb, bias, N);
     const float *w = model_param(m, widx);
     if (m->prec == CLLM_PREC_FP32) {
         /* decode steps of [out, in] weights: the bandwidth-bound kernel, in place on the
@@ -277,22 +316,21 @@ static cllm_status linear_forward(const cllm_model *m, model_lp_scratch *lp, flo
         cllm_qmatmul(out, inp, &v, bias, N, NULL);
         return CLLM_OK;
     }
-    size_t off = 0, nin = (size_t)N * IN;
-    cllm_status st = weight_offset(m, w, (size_t)IN * OUT, &off);
+    size_t nin = (size_t)N * IN;
+    const void *wl = NULL;
+    cllm_status st = lp_weight(m, w, (size_t)IN * OUT, &wl);
     if (!st) st = reserve(lp, m->prec, nin);
     if (st) return st;
-    refresh(m);
     if (m->prec == CLLM_PREC_BF16) {
         uint16_t *a = lp->a;
         cllm_to_bf16(a, inp, (long)nin);
-        st = cllm_matmul_bf16_ws(out, a, (const uint16_t *)m->lp_params + off, N, OUT, IN, false, !w_in_out, 1.0f, 0.0f,
-                                 lp->widen, lp->widen_bytes);
+        st = cllm_matmul_bf16_ws(out, a, wl, N, OUT, IN, false, !w_in_out, 1.0f, 0.0f, lp->widen, lp->widen_bytes);
         if (!st && bias) add_bias(out, bias, N, OUT);
         return st;
     }
     float *a = lp->a;
     cllm_round_f16(a, inp, (long)nin);
-    st = cllm_linear_forward(out, a, (const float *)m->lp_params + off, bias, N, IN, OUT, w_in_out);
+    st = cllm_linear_forward(out, a, wl, bias, N, IN, OUT, w_in_out);
     if (!st) cllm_round_f16(out, out, (long)N * OUT);
     return st;
 }
@@ -300,16 +338,18 @@ static cllm_status linear_forward(const cllm_model *m, model_lp_scratch *lp, flo
 static cllm_status linear_backward(const cllm_model *m, model_lp_scratch *lp, float *dinp, float *dw, float *dbias,
                                    const float *dout, const float *inp, const float *w, int N, int IN, int OUT,
                                    bool w_in_out) {
+    int qi = model_qbase_index(m, w);
+    if (qi >= 0) return model_qbase_backward(m, lp, dinp, dw, dbias, dout, qi, N);
     if (m->prec == CLLM_PREC_FP32) return cllm_linear_backward(dinp, dw, dbias, dout, inp, w, N, IN, OUT, w_in_out);
-    size_t off = 0, nin = (size_t)N * IN, nout = (size_t)N * OUT;
-    cllm_status st = weight_offset(m, w, (size_t)IN * OUT, &off);
+    size_t nin = (size_t)N * IN, nout = (size_t)N * OUT;
+    const void *wl = NULL;
+    cllm_status st = lp_weight(m, w, (size_t)IN * OUT, &wl);
     if (!st) st = reserve(lp, m->prec, nin > nout ? nin : nout);
     if (!st && !lp->b) st = CLLM_FAIL(CLLM_ERR_INTERNAL, "a backward pass through a forward-only operand scratch");
     if (st) return st;
-    refresh(m);
     if (m->prec == CLLM_PREC_BF16) {
         uint16_t *d = lp->a, *x = lp->b;
-        const uint16_t *w16 = (const uint16_t *)m->lp_params + off;
+        const uint16_t *w16 = wl;
         cllm_to_bf16(d, dout, (long)nout);
         if (dinp)
             st = cllm_matmul_bf16_ws(dinp, d, w16, N, IN, OUT, false, w_in_out, 1.0f, 1.0f, lp->widen, lp->widen_bytes);
@@ -327,7 +367,7 @@ static cllm_status linear_backward(const cllm_model *m, model_lp_scratch *lp, fl
     float *d = lp->a, *x = lp->b;
     cllm_round_f16(d, dout, (long)nout);
     if (dw) cllm_round_f16(x, inp, (long)nin);
-    st = cllm_linear_backward(dinp, dw, dbias, d, x, (const float *)m->lp_params + off, N, IN, OUT, w_in_out);
+    st = cllm_linear_backward(dinp, dw, dbias, d, x, wl, N, IN, OUT, w_in_out);
     if (!st && dinp) cllm_round_f16(dinp, dinp, (long)nin);
     return st;
 }
@@ -338,7 +378,9 @@ cllm_status model_linear_forward(const cllm_model *m, model_lp_scratch *lp, floa
                                  const float *bias, int N, int IN, int OUT, bool w_in_out) {
     cllm_status st = linear_forward(m, lp, out, inp, w, bias, N, IN, OUT, w_in_out);
     const struct model_adapter *ad = st || !m->lora ? NULL : model_lora_find(m, model_param(m, w));
-    return ad ? model_lora_forward(m, ad, out, inp, N) : st;
+    if (ad) st = model_lora_forward(m, ad, out, inp, N);
+    if (!st && lp && lp->rows) st = model_lora_rows_forward(lp->rows, w, out, inp, N); /* a set's, per row */
+    return st;
 }
 
 cllm_status model_linear_backward(const cllm_model *m, model_lp_scratch *lp, float *dinp, float *dw, float *dbias,

@@ -346,11 +346,17 @@ static cllm_status fetch(cllm_model *m, int g, int next) {
     float *p = NULL;
     TRY(m->hooks.fetch_params(m->hooks.ctx, g, next, &p));
     m->groups[g].p = p;
+    if (m->prec != CLLM_PREC_FP32 && m->hooks.fetch_params_lp) {
+        const void *lp = NULL;
+        TRY(m->hooks.fetch_params_lp(m->hooks.ctx, g, &lp));
+        m->groups[g].lp = lp;
+    }
     return CLLM_OK;
 }
 static cllm_status release(cllm_model *m, int g) {
     if (!m->hooks.fetch_params) return CLLM_OK;
     m->groups[g].p = NULL;
+    m->groups[g].lp = NULL;
     return m->hooks.release_params ? m->hooks.release_params(m->hooks.ctx, g) : CLLM_OK;
 }
 static cllm_status fetch_grads(cllm_model *m, int g) {
@@ -459,6 +465,36 @@ static cllm_status score_run(cllm_model *m, const cllm_token_io *io, int B, int 
     return CLLM_OK;
 }
 
+/* The value head over the final norm's output: values[n] = w . lnf[n] + b
+ * at every position; with backward, dvalues go into w's and b's gradients
+ * and are added to dlnf. */
+static void value_run(cllm_model *m, const cllm_token_io *io, int N, bool backward) {
+    const int C = m->cfg.n_embd;
+    const float *w = model_param(m, m->gslot[G_VHEAD_W]), *bias = model_param(m, m->gslot[G_VHEAD_B]);
+    if (io->values)
+        for (int n = 0; n < N; n++) {
+            const float *h = m->lnf + (size_t)n * C;
+            double acc = bias[0];
+            for (int i = 0; i < C; i++) acc += (double)w[i] * (double)h[i];
+            io->values[n] = acc > FLT_MAX ? INFINITY : acc < -FLT_MAX ? -INFINITY : (float)acc;
+        }
+    if (!backward || !io->dvalues) return;
+    float *dw = model_grad(m, m->gslot[G_VHEAD_W]), *db = model_grad(m, m->gslot[G_VHEAD_B]);
+    double dbias = 0;
+    for (int n = 0; n < N; n++) {
+        const float g = io->dvalues[n];
+        if (g == 0.0f) continue;
+        const float *h = m->lnf + (size_t)n * C;
+        float *dh = m->dlnf + (size_t)n * C;
+        for (int i = 0; i < C; i++) {
+            dw[i] += g * h[i];
+            dh[i] += g * w[i];
+        }
+        dbias += g;
+    }
+    db[0] += (float)dbias;
+}
+
 static cllm_status check_prepared(const cllm_model *m, int B, int T, bool backward) {
     if (!m->acts || B > m->act_B || T > m->act_T)
         return CLLM_FAIL(CLLM_ERR_ARG, "model prepared for %d x %d tokens, called with %d x %d (call cllm_model_prepare)",
@@ -503,6 +539,9 @@ static cllm_status forward_backward(cllm_model *m, const int32_t *tokens, const 
                          "(a causal LM; see cllm_model_to_reward)" : "score positions given without a scores buffer");
     if (score && m->tp_size > 1)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "the score head of a tensor-parallel part");
+    const bool value = io && (io->values || io->dvalues);
+    if (value && !c->value_head)
+        return CLLM_FAIL(CLLM_ERR_ARG, "values asked of a model without a value head (see cllm_model_add_value_head)");
     int hs = head_slot(m);
     bool tied = lm && m->tgroup[hs] == 0; /* the head is the embedding: group 0 again */
     TRY(forward_blocks(m, tokens, B, T));
@@ -534,6 +573,7 @@ static cllm_status forward_backward(cllm_model *m, const int32_t *tokens, const 
     }
     if (io && io->hidden) memcpy(io->hidden, m->lnf, (size_t)N * C * sizeof(float));
     if (backward && io && io->dhidden) cllm_add(m->dlnf, m->dlnf, io->dhidden, (long)N * C);
+    if (value) value_run(m, io, N, backward);
     if (tied) TRY(release(m, 0));
     if (!backward) return release(m, L + 1);
 

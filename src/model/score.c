@@ -4,8 +4,10 @@
  * tensor of the layout (slot G_SCORE, the last parameter group), so the
  * optimizer, ZeRO and checkpoints treat it like any other; run.c applies it
  * (cllm_token_io.score_pos). Here: HF's choice of the scored token, and the
- * conversion of a causal LM into a reward model.
+ * conversion of a causal LM into a reward model; the value head of PPO's
+ * policy (v_head.summary, applied in run.c through cllm_token_io.values).
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -79,6 +81,41 @@ cllm_status cllm_model_to_reward(cllm_model **pm, uint64_t seed) {
         memcpy(dst, m->params + s->offset, t->numel * sizeof(float));
     }
     st = cllm_model_set_precision(r, cllm_model_precision(m));
+    if (st) {
+        cllm_model_free(r);
+        return st;
+    }
+    cllm_model_free(m);
+    *pm = r;
+    return CLLM_OK;
+}
+
+cllm_status cllm_model_add_value_head(cllm_model **pm, uint64_t seed) {
+    cllm_model *m = *pm;
+    if (m->cfg.value_head) return CLLM_OK;
+    if (!m->params) return CLLM_FAIL(CLLM_ERR_ARG, "the model holds no parameters");
+    if (m->tp_size > 1) return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a value head on a tensor-parallel part");
+    cllm_model *r = NULL;
+    cllm_status st = model_from_config_vh(&r, m->config_json, "config", true, true);
+    if (st) return st;
+    /* torch's nn.Linear(C, 1) default: weight and bias uniform in +-1/sqrt(C) */
+    const double bound = 1.0 / sqrt((double)m->cfg.n_embd);
+    cllm_rng rng;
+    cllm_rng_seed(&rng, seed);
+    for (int i = 0; i < r->n_tensors && !st; i++) {
+        const cllm_tensor_info *t = &r->tensors[i];
+        float *dst = r->params + t->offset;
+        if (i == r->gslot[G_VHEAD_W] || i == r->gslot[G_VHEAD_B]) {
+            for (size_t k = 0; k < t->numel; k++) dst[k] = (float)(bound * (2.0 * cllm_rng_uniform(&rng) - 1.0));
+            continue;
+        }
+        const cllm_tensor_info *s = cllm_model_find_tensor(m, t->name);
+        if (!s || s->numel != t->numel)
+            st = CLLM_FAIL(CLLM_ERR_INTERNAL, "value head: no tensor %s in the model", t->name);
+        else
+            memcpy(dst, m->params + s->offset, t->numel * sizeof(float));
+    }
+    if (!st) st = cllm_model_set_precision(r, cllm_model_precision(m));
     if (st) {
         cllm_model_free(r);
         return st;

@@ -73,6 +73,12 @@ cllm_status cllm_model_set_trainable(cllm_model *m, const cllm_trainable_spec *s
             break;
         }
         snprintf(ti->name, sizeof ti->name, "%s", s->name);
+        if (s->base >= 0 && model_qbase_get(m, s->base)) {
+            st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s is held quantized (a QLoRA base) and cannot train: adapt it "
+                           "with LoRA, or keep it in fp32 with quantization.llm_int8_skip_modules",
+                           m->tensors[s->base].name);
+            break;
+        }
         if (s->base >= 0) {
             const cllm_tensor_info *b = &m->tensors[s->base];
             ti->ndim = b->ndim;

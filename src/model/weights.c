@@ -186,6 +186,7 @@ cllm_status cllm_model_set_weights(cllm_model *m, cllm_wfmt f) {
     if (!m->params) return CLLM_FAIL(CLLM_ERR_ARG, "the model's parameters were dropped");
     if (m->has_backward)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a model prepared for training keeps fp32 weights");
+    if (m->qb) return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "--weights with a quantized base (load_in_4bit / load_in_8bit)");
     if (f == CLLM_WFMT_FP32) {
         model_weights_free(m);
         return CLLM_OK;
@@ -248,6 +249,7 @@ static size_t scratch_floats(const cllm_model *m, int rows, int widest) {
 }
 
 size_t model_weights_scratch(const cllm_model *m, int rows) {
+    if (m->qb) return model_qbase_scratch(m); /* a quantized base: one dequantized matrix */
     int widest = 0;
     for (int i = 0; m->ws && i < m->n_tensors; i++)
         if (m->ws->w[i].data && m->ws->w[i].cols > widest) widest = m->ws->w[i].cols;

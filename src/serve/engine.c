@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "cllm/engine.h"
+#include "cllm/lora.h"
 
 typedef struct request {
     uint64_t id;
@@ -23,12 +24,14 @@ typedef struct request {
     int32_t *prompt;
     size_t n_prompt, fed; /* prompt tokens, those already through the model */
     int reserve;          /* blocks reserved */
+    int adapter;          /* LoRA adapter of the engine's set, -1: none */
     struct request *next; /* queue */
 } request;
 
 struct cllm_engine {
     const cllm_model *m;
     const cllm_tokenizer *tok;
+    const struct cllm_lora_set *adapters;
     cllm_kv_cache *kv;
     int max_seqs, max_pos, block_size, n_blocks, max_rows, V;
     request **slot;       /* [max_seqs] running requests or NULL */
@@ -71,6 +74,8 @@ cllm_status cllm_engine_init(cllm_engine **out, const cllm_model *m, const cllm_
                          ? CLLM_FAIL(CLLM_ERR_ARG, "max_batch_tokens %d is below max_seqs %d: every running "
                                      "sequence needs a row per step", e->max_rows, e->max_seqs)
                          : cllm_kv_cache_init_paged(&e->kv, m, &kp);
+    e->adapters = p->adapters;
+    if (!st && p->adapters) st = cllm_kv_cache_set_adapters(e->kv, p->adapters);
     if (!st) {
         e->max_pos = cllm_kv_cache_capacity(e->kv);
         e->block_size = cllm_kv_cache_block_size(e->kv);
@@ -113,8 +118,15 @@ static int positions(const cllm_engine *e, size_t n, int max_new) {
 
 cllm_status cllm_engine_submit(cllm_engine *e, const int32_t *ids, size_t n, const cllm_generate_params *p,
                                uint64_t *id) {
+    return cllm_engine_submit_adapter(e, ids, n, p, -1, id);
+}
+
+cllm_status cllm_engine_submit_adapter(cllm_engine *e, const int32_t *ids, size_t n, const cllm_generate_params *p,
+                                       int adapter, uint64_t *id) {
     if (id) *id = 0;
     if (!p) return CLLM_FAIL(CLLM_ERR_ARG, "no generation parameters");
+    if (adapter < -1 || adapter >= cllm_lora_set_count(e->adapters))
+        return CLLM_FAIL(CLLM_ERR_ARG, "adapter %d: the engine has %d", adapter, cllm_lora_set_count(e->adapters));
     if (n > (size_t)e->max_pos)
         return CLLM_FAIL(CLLM_ERR_ARG, "the prompt has %zu tokens; a sequence holds at most %d positions", n,
                          e->max_pos);
@@ -137,6 +149,7 @@ cllm_status cllm_engine_submit(cllm_engine *e, const int32_t *ids, size_t n, con
         return st;
     }
     r->n_prompt = n;
+    r->adapter = adapter;
     r->id = e->next_id++;
     if (e->tail) e->tail->next = r;
     else e->head = r;
@@ -190,6 +203,7 @@ static void admit(cllm_engine *e) {
         e->queued--;
         e->committed += r->reserve;
         e->slot[i] = r;
+        if (e->adapters) cllm_kv_cache_seq_adapter(e->kv, i, r->adapter); /* in range: checked at submit */
     }
 }
 

@@ -68,6 +68,26 @@ static void hist_out(out_t *o, const char *name, const char *help, const srv_his
          name, (unsigned long long)h->n);
 }
 
+/* A label value in the exposition format: \\, \" and \n escaped (cut to fit). */
+static const char *label(char *buf, size_t cap, const char *v) {
+    size_t k = 0;
+    for (; *v && k + 3 < cap; v++) {
+        if (*v == '\\' || *v == '"' || *v == '\n') buf[k++] = '\\';
+        buf[k++] = *v == '\n' ? 'n' : *v;
+    }
+    buf[k] = 0;
+    return buf;
+}
+
+/* A counter per LoRA adapter: v[0] the base (under its model id), v[i] adapter i - 1. */
+static void adapter_counter(out_t *o, const cllm_server *s, const char *name, const char *help, const uint64_t *v) {
+    char lb[512];
+    outf(o, "# HELP %s %s\n# TYPE %s counter\n", name, help, name);
+    for (int i = 0; i <= cllm_lora_set_count(s->p.adapters); i++)
+        outf(o, "%s{adapter=\"%s\"} %llu\n", name,
+             label(lb, sizeof lb, i ? cllm_lora_set_name(s->p.adapters, i - 1) : s->model_id), (unsigned long long)v[i]);
+}
+
 char *srv_metrics_text(cllm_server *s) {
     out_t o = {.ok = true};
     int pool_tokens;
@@ -97,6 +117,10 @@ char *srv_metrics_text(cllm_server *s) {
              "cllm_prompt_tokens_total %llu\n", (unsigned long long)m->prompt_tokens);
     outf(&o, "# HELP cllm_generated_tokens_total Tokens generated.\n# TYPE cllm_generated_tokens_total counter\n"
              "cllm_generated_tokens_total %llu\n", (unsigned long long)m->generated_tokens);
+    adapter_counter(&o, s, "cllm_adapter_requests_total",
+                    "Successful requests by LoRA adapter (the base model's id: none).", m->adapter_req);
+    adapter_counter(&o, s, "cllm_adapter_generated_tokens_total",
+                    "Tokens generated for successful requests by LoRA adapter.", m->adapter_tokens);
     hist_out(&o, "cllm_time_to_first_token_seconds", "From arrival to the first generated token.", &m->ttft);
     hist_out(&o, "cllm_time_per_output_token_seconds", "Mean time per generated token after the first, per request.",
              &m->tpot);

@@ -130,7 +130,7 @@ static void oa_stream_free(void *p) {
 static json_t *chunk(const cllm_server *s, const oa_stream *st, json_t *choice, const srv_job *j) {
     json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", st->id, "object",
                           st->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)st->created, "model",
-                          s->model_id, "choices", choice);
+                          srv_model_name(s, &j->gen), "choices", choice);
     if (c && j->gen.include_usage) json_object_set_new(c, "usage", json_null());
     return c;
 }
@@ -208,7 +208,7 @@ static bool oa_format(srv_job *j, void *state, char **buf, size_t *len, size_t *
         srv_buf_sse_json(buf, len, cap,
                          json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", st->id, "object",
                                    st->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)st->created,
-                                   "model", s->model_id, "choices", "usage", usage_json(j)),
+                                   "model", srv_model_name(s, &j->gen), "choices", "usage", usage_json(j)),
                          true);
     }
     if (!st->done_sent) {
@@ -237,7 +237,7 @@ enum MHD_Result srv_openai_complete(cllm_server *s, struct MHD_Connection *c, co
             s->met.req_validation++;
             pthread_mutex_unlock(&s->mu);
         }
-        return srv_reply_openai_error(c, (unsigned)e.status, e.msg);
+        return srv_reply_openai_error_code(c, (unsigned)e.status, e.msg, e.code);
     }
     bool stream = g.stream;
     srv_job *j;
@@ -300,7 +300,7 @@ enum MHD_Result srv_openai_complete(cllm_server *s, struct MHD_Connection *c, co
         }
         json_t *res = json_pack("{s:s, s:s, s:I, s:s, s:s, s:o, s:o}", "id", st->id, "object",
                                 chat ? "chat.completion" : "text_completion", "created", (json_int_t)st->created, "model",
-                                s->model_id, "system_fingerprint", "cllm", "choices", choices, "usage", usage_json(j));
+                                srv_model_name(s, &j->gen), "system_fingerprint", "cllm", "choices", choices, "usage", usage_json(j));
         r = srv_reply_json(c, 200, res);
     }
     oa_stream_free(st);
@@ -308,8 +308,17 @@ enum MHD_Result srv_openai_complete(cllm_server *s, struct MHD_Connection *c, co
     return r;
 }
 
+/* The base, then each adapter (with its base as "parent", as vLLM lists
+ * LoRA modules). */
 enum MHD_Result srv_openai_models(cllm_server *s, struct MHD_Connection *c) {
-    json_t *j = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id", s->model_id, "object",
-                          "model", "created", (json_int_t)time(NULL), "owned_by", "cllm");
-    return srv_reply_json(c, 200, j);
+    json_int_t now = (json_int_t)time(NULL);
+    json_t *data = json_array();
+    json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s}", "id", s->model_id, "object", "model", "created", now,
+                                          "owned_by", "cllm"));
+    for (int i = 0; i < cllm_lora_set_count(s->p.adapters); i++)
+        json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s, s:s, s:s}", "id",
+                                              cllm_lora_set_name(s->p.adapters, i), "object", "model", "created", now,
+                                              "owned_by", "cllm", "root", cllm_lora_set_dir(s->p.adapters, i),
+                                              "parent", s->model_id));
+    return srv_reply_json(c, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
 }

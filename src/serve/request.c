@@ -145,6 +145,38 @@ static int settle_max_new(cllm_server *s, srv_gen *g, long long max_new, bool gi
     return 0;
 }
 
+/* The adapter a request names (TGI parameters.adapter_id, OpenAI model):
+ * none or the base's id is the base; another name must be an adapter
+ * (TGI: 422; OpenAI: 404 model_not_found, when the server has adapters;
+ * without, OpenAI's model is only a label, as in TGI's OpenAI routes). */
+static int pick_adapter(cllm_server *s, const json_t *v, srv_gen *g, srv_err *e, bool openai) {
+    const char *key = openai ? "model" : "adapter_id";
+    g->adapter = 0;
+    if (is_null_or_absent(v)) return 0;
+    if (!json_is_string(v)) return srv_errf(e, openai ? 400 : 422, "`%s` must be a string", key);
+    const char *name = json_string_value(v);
+    int n = cllm_lora_set_count(s->p.adapters);
+    if (openai && !n) return 0;
+    int i = srv_adapter_find(s, name);
+    if (i >= 0) {
+        g->adapter = i;
+        return 0;
+    }
+    char list[256] = "";
+    size_t k = 0;
+    for (int a = 0; a < n && k + 1 < sizeof list; a++) {
+        int w = snprintf(list + k, sizeof list - k, "%s'%s'", a ? ", " : "", cllm_lora_set_name(s->p.adapters, a));
+        k += w > 0 ? (size_t)w : 0;
+    }
+    if (openai) {
+        e->code = "model_not_found";
+        return srv_errf(e, 404, "The model `%.200s` does not exist. This server has the base model '%s' and the "
+                        "adapters %s.", name, s->model_id, n ? list : "(none)");
+    }
+    return srv_errf(e, 422, "`adapter_id`: no adapter '%.200s' on this server (%s%s; '%s' or none for the base "
+                    "model)", name, n ? "adapters: " : "it has no adapters", n ? list : "", s->model_id);
+}
+
 /* ------------------------------------------------------------------ TGI */
 
 int srv_parse_tgi(cllm_server *s, const json_t *body, srv_gen *g, srv_err *e) {
@@ -201,8 +233,7 @@ int srv_parse_tgi(cllm_server *s, const json_t *body, srv_gen *g, srv_err *e) {
         rc = srv_errf(e, 422, "`top_n_tokens` must be >= 0 and <= %d. Given: %lld", s->p.max_top_n_tokens, top_n);
     else if (watermark) rc = srv_errf(e, 422, "`watermark` is not supported");
     else if (!is_null_or_absent(json_object_get(par, "grammar"))) rc = srv_errf(e, 422, "`grammar` is not supported");
-    else if (!is_null_or_absent(json_object_get(par, "adapter_id")))
-        rc = srv_errf(e, 422, "`adapter_id`: this server has no adapters");
+    if (!rc) rc = pick_adapter(s, json_object_get(par, "adapter_id"), g, e, false);
     if (rc) goto out;
     if ((rc = get_stops(par, g, s->p.max_stop_sequences, e, 422))) goto out;
     if (json_string_length(in) == 0) {
@@ -348,8 +379,7 @@ int srv_parse_openai(cllm_server *s, const json_t *body, bool chat, srv_gen *g, 
     if (!json_is_object(body)) return srv_errf(e, 400, "the request body must be a JSON object");
     int rc = check_keys(body, chat ? chat_keys : comp_keys, e, 400, true);
     if (rc) return rc;
-    const json_t *model = json_object_get(body, "model");
-    if (!is_null_or_absent(model) && !json_is_string(model)) return srv_errf(e, 400, "`model` must be a string");
+    if ((rc = pick_adapter(s, json_object_get(body, "model"), g, e, true))) return rc;
 
     double temp = 1, top_p = 1, typ = 1, rep = 1, freq = 0, pres = 0;
     long long max_new = 0, max_new2 = 0, n = 1, seed = 0, top_k = 0, logprobs_n = 0, best_of = 1;

@@ -71,6 +71,8 @@ static void job_account_locked(cllm_server *s, srv_job *j) {
         m->req_ok++;
         size_t gen = 0;
         for (int i = 0; i < j->gen.n; i++) gen += j->seq[i].n_toks;
+        m->adapter_req[j->gen.adapter]++;
+        m->adapter_tokens[j->gen.adapter] += gen;
         srv_hist_add(&m->duration, j->t_last - j->t_arrive);
         srv_hist_add(&m->gen_len, (double)gen);
         if (gen > 1 && j->t_last > j->t_first) srv_hist_add(&m->tpot, (j->t_last - j->t_first) / (double)(gen - 1));
@@ -273,8 +275,11 @@ static void prompt_logprobs(cllm_server *s, srv_job *j) {
         for (size_t t = 0; t + 1 < n; t++) targets[t] = j->gen.ids[t + 1];
         targets[n - 1] = -100;
     }
-    if (!loss || !targets || !j->prompt_lp || cllm_model_prepare(s->m, 1, (int)n, false) ||
-        cllm_model_forward_backward_ex(s->m, j->gen.ids, targets, 1, (int)n, false, 1.0f, &io, &sum, &counted)) {
+    bool ok = loss && targets && j->prompt_lp && !cllm_model_prepare(s->m, 1, (int)n, false);
+    if (ok && j->gen.adapter) ok = !cllm_lora_set_apply(s->p.adapters, j->gen.adapter - 1); /* the request's adapter */
+    ok = ok && !cllm_model_forward_backward_ex(s->m, j->gen.ids, targets, 1, (int)n, false, 1.0f, &io, &sum, &counted);
+    if (j->gen.adapter) cllm_lora_set_apply(s->p.adapters, -1);
+    if (!ok) {
         free(j->prompt_lp);
         j->prompt_lp = NULL;
     } else {
@@ -294,7 +299,7 @@ static void submit_job(cllm_server *s, srv_job *j) {
         cllm_generate_params gp = g->gp;
         if (i) gp.seed = g->gp.seed + (uint64_t)i;
         uint64_t eid = 0;
-        cllm_status st = cllm_engine_submit(s->engine, g->ids, g->n_ids, &gp, &eid);
+        cllm_status st = cllm_engine_submit_adapter(s->engine, g->ids, g->n_ids, &gp, g->adapter - 1, &eid);
         if (st) {
             failed = st == CLLM_ERR_ARG ? 422 : 500;
             snprintf(msg, sizeof msg, "%s", cllm_last_error());

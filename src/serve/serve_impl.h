@@ -46,6 +46,7 @@ typedef struct {
     bool stream, include_usage;
     bool echo;                 /* OpenAI completions: prompt text before the completion */
     char *prompt_text;         /* the text the ids came from (owned; for echo / return_full_text) */
+    int adapter;               /* 0: the base; i + 1: adapter i of the server's set */
 } srv_gen;
 
 void srv_gen_free(srv_gen *g);
@@ -54,6 +55,7 @@ void srv_gen_free(srv_gen *g);
 typedef struct {
     int status;
     char msg[512];
+    const char *code; /* OpenAI error code (static string) or NULL */
 } srv_err;
 
 int srv_errf(srv_err *e, int status, const char *fmt, ...)
@@ -113,6 +115,7 @@ typedef struct {
 typedef struct {
     uint64_t req_ok, req_validation, req_overloaded, req_generation, req_cancelled, req_unauthorized;
     uint64_t prompt_tokens, generated_tokens;
+    uint64_t *adapter_req, *adapter_tokens; /* [1 + adapters]: successful requests and their tokens, base first */
     srv_hist ttft, tpot, duration;
     srv_hist input_len, gen_len;
 } srv_metrics;
@@ -169,8 +172,15 @@ bool srv_job_finished_locked(const srv_job *j);
 enum MHD_Result srv_reply_json(struct MHD_Connection *c, unsigned status, json_t *j);
 /* TGI error body {"error", "error_type"}. */
 enum MHD_Result srv_reply_tgi_error(struct MHD_Connection *c, unsigned status, const char *msg);
-/* OpenAI error body {"error": {"message", "type", "param", "code"}}. */
+/* OpenAI error body {"error": {"message", "type", "param", "code"}}; code
+ * may be NULL (null). */
 enum MHD_Result srv_reply_openai_error(struct MHD_Connection *c, unsigned status, const char *msg);
+enum MHD_Result srv_reply_openai_error_code(struct MHD_Connection *c, unsigned status, const char *msg,
+                                            const char *code);
+/* The name a request's responses carry: its adapter's, else model_id. */
+const char *srv_model_name(const struct cllm_server *s, const srv_gen *g);
+/* The adapter named `name` (0: the base, i + 1: adapter i), or -1. */
+int srv_adapter_find(const struct cllm_server *s, const char *name);
 /* True when the client of the connection has closed its end. */
 bool srv_client_gone(struct MHD_Connection *c);
 /* Streams a job as server-sent events: `format` appends the events for

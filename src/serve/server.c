@@ -58,13 +58,29 @@ enum MHD_Result srv_reply_tgi_error(struct MHD_Connection *c, unsigned status, c
 }
 
 enum MHD_Result srv_reply_openai_error(struct MHD_Connection *c, unsigned status, const char *msg) {
+    return srv_reply_openai_error_code(c, status, msg, NULL);
+}
+
+const char *srv_model_name(const cllm_server *s, const srv_gen *g) {
+    return g->adapter > 0 ? cllm_lora_set_name(s->p.adapters, g->adapter - 1) : s->model_id;
+}
+
+int srv_adapter_find(const cllm_server *s, const char *name) {
+    if (!strcmp(name, s->model_id)) return 0;
+    int i = cllm_lora_set_find(s->p.adapters, name);
+    return i >= 0 ? i + 1 : -1;
+}
+
+enum MHD_Result srv_reply_openai_error_code(struct MHD_Connection *c, unsigned status, const char *msg,
+                                            const char *code) {
     const char *type = status == 401   ? "authentication_error"
-                       : status == 404 ? "not_found_error"
+                       : status == 404 && !code ? "not_found_error"
                        : status == 429 ? "rate_limit_error"
                        : status >= 500 ? "server_error"
                                        : "invalid_request_error";
     return srv_reply_json(c, status,
-                          json_pack("{s:{s:s, s:s, s:n, s:n}}", "error", "message", msg, "type", type, "param", "code"));
+                          json_pack("{s:{s:s, s:s, s:n, s:o}}", "error", "message", msg, "type", type, "param", "code",
+                                    code ? json_string(code) : json_null()));
 }
 
 bool srv_client_gone(struct MHD_Connection *c) {
@@ -473,7 +489,21 @@ cllm_status cllm_server_init(cllm_server **out, cllm_model *m, const cllm_tokeni
                              .max_pos = q->max_total_tokens,
                              .block_size = q->block_size,
                              .n_blocks = (q->kv_cache_tokens + q->block_size - 1) / q->block_size,
-                             .max_batch_tokens = q->max_batch_prefill_tokens};
+                             .max_batch_tokens = q->max_batch_prefill_tokens,
+                             .adapters = q->adapters};
+    size_t na = 1 + (size_t)cllm_lora_set_count(q->adapters);
+    s->met.adapter_req = calloc(na, sizeof *s->met.adapter_req);
+    s->met.adapter_tokens = calloc(na, sizeof *s->met.adapter_tokens);
+    if (!s->met.adapter_req || !s->met.adapter_tokens) {
+        st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i + 1 < na; i++)
+        if (!strcmp(cllm_lora_set_name(q->adapters, (int)i), s->model_id)) {
+            st = CLLM_FAIL(CLLM_ERR_ARG, "adapter name '%s' is the base model's id: choose another (or --model-id)",
+                           s->model_id);
+            goto fail;
+        }
     if ((st = cllm_engine_init(&s->engine, m, tok, &ep))) goto fail;
     *out = s;
     return CLLM_OK;
@@ -566,6 +596,8 @@ void cllm_server_free(cllm_server *s) {
     cllm_server_drain(s);
     srv_sched_stop(s);
     cllm_engine_free(s->engine);
+    free(s->met.adapter_req);
+    free(s->met.adapter_tokens);
     free(s->host);
     free(s->model_id);
     free(s->api_key);

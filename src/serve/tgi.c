@@ -239,6 +239,16 @@ enum MHD_Result srv_tgi_info(cllm_server *s, struct MHD_Connection *c) {
         json_object_set_new(j, "tensor_parallel_size", json_integer(cllm_model_tensor_size(s->m)));
         json_object_set_new(j, "rank_weight_bytes", json_integer((json_int_t)(cllm_model_buffer_len(s->m) * sizeof(float))));
         json_object_set_new(j, "rank_kv_cache_bytes", json_integer((json_int_t)pool_bytes));
+        json_t *ad = json_array(); /* LoRA adapters: what a request's adapter_id may name */
+        for (int i = 0; i < cllm_lora_set_count(s->p.adapters); i++) {
+            const cllm_lora_config *lc = cllm_lora_set_config(s->p.adapters, i);
+            json_array_append_new(ad, json_pack("{s:s, s:s, s:i, s:f, s:i, s:I}", "id",
+                                                cllm_lora_set_name(s->p.adapters, i), "path",
+                                                cllm_lora_set_dir(s->p.adapters, i), "r", lc->r, "lora_alpha",
+                                                lc->lora_alpha, "layers", cllm_lora_set_layers(s->p.adapters, i),
+                                                "parameters", (json_int_t)cllm_lora_set_numel(s->p.adapters, i)));
+        }
+        json_object_set_new(j, "lora_adapters", ad);
     }
     return srv_reply_json(c, 200, j);
 }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cllm/lora.h"
 #include "cllm/objective.h"
 
 enum { M_RC, M_RR, M_ACC, M_MARGIN, M_LC, M_LR, M_COUNT };
@@ -32,10 +33,16 @@ typedef struct {
     size_t cap_tok, cap_rows;
     double sums[M_COUNT];
     long n_pairs;
+    /* precompute_ref_log_probs: reference log-probabilities by row content
+     * (open addressing on a 64-bit hash; key 0 = empty) */
+    uint64_t *keys;
+    double *vals;
+    size_t cap_map, n_map;
+    bool precomputed;
 } dpo;
 
 cllm_dpo_params cllm_dpo_params_default(void) {
-    cllm_dpo_params p = {0.1, CLLM_DPO_SIGMOID, 0.0, false};
+    cllm_dpo_params p = {0.1, CLLM_DPO_SIGMOID, 0.0, false, false};
     return p;
 }
 
@@ -102,18 +109,23 @@ static cllm_status grow(dpo *d, int B, int T) {
 }
 
 /* Row log-probabilities of m: lp[b] = -sum of its token losses (the mean
- * for ipo); counts in d->n_tok. */
-static cllm_status row_logps(dpo *d, cllm_model *m, const cllm_objective_batch *bt, bool train, double *lp) {
+ * for ipo); counts in d->n_tok. base: m with its adapters disabled. */
+static cllm_status row_logps_of(dpo *d, cllm_model *m, const cllm_objective_batch *bt, bool train, double *lp,
+                                bool base) {
     const int B = bt->B, T = bt->T;
     cllm_status st = cllm_model_prepare(m, B, T, train);
     if (st) return st;
+    if (base && !cllm_lora_attached(m))
+        return CLLM_FAIL(CLLM_ERR_ARG, "DPO: no reference model and no LoRA adapters to disable");
     cllm_token_io io;
     memset(&io, 0, sizeof io);
     io.token_loss = d->tl;
     double sum = 0;
     long k = 0;
-    if ((st = cllm_model_forward_backward_ex(m, bt->tokens, bt->targets, B, T, false, 0.0f, &io, &sum, &k)))
-        return st;
+    if (base) cllm_lora_set_enabled(m, false);
+    st = cllm_model_forward_backward_ex(m, bt->tokens, bt->targets, B, T, false, 0.0f, &io, &sum, &k);
+    if (base) cllm_lora_set_enabled(m, true);
+    if (st) return st;
     for (int b = 0; b < B; b++) {
         double s = 0;
         long n = 0;
@@ -133,6 +145,93 @@ static cllm_status row_logps(dpo *d, cllm_model *m, const cllm_objective_batch *
     return CLLM_OK;
 }
 
+static cllm_status row_logps(dpo *d, cllm_model *m, const cllm_objective_batch *bt, bool train, double *lp) {
+    return row_logps_of(d, m, bt, train, lp, false);
+}
+
+/* The content key of row b: FNV-1a over its tokens and targets (never 0). */
+static uint64_t row_key(const int32_t *tokens, const int32_t *targets, int T) {
+    uint64_t h = 1469598103934665603ULL;
+    for (int t = 0; t < T; t++) {
+        h = (h ^ (uint32_t)tokens[t]) * 1099511628211ULL;
+        h = (h ^ (uint32_t)targets[t]) * 1099511628211ULL;
+    }
+    return h ? h : 1;
+}
+
+static size_t map_slot(const dpo *d, uint64_t key) {
+    size_t i = (size_t)(key * 0x9e3779b97f4a7c15ULL) & (d->cap_map - 1);
+    while (d->keys[i] && d->keys[i] != key) i = (i + 1) & (d->cap_map - 1);
+    return i;
+}
+
+static cllm_status map_put(dpo *d, uint64_t key, double v) {
+    if (2 * (d->n_map + 1) > d->cap_map) {
+        size_t nc = d->cap_map ? 2 * d->cap_map : 1024;
+        uint64_t *ok = d->keys;
+        double *ov = d->vals;
+        size_t oc = d->cap_map;
+        d->keys = calloc(nc, sizeof *d->keys);
+        d->vals = calloc(nc, sizeof *d->vals);
+        if (!d->keys || !d->vals) {
+            free(d->keys);
+            free(d->vals);
+            d->keys = ok;
+            d->vals = ov;
+            return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory for precomputed reference log-probabilities");
+        }
+        d->cap_map = nc;
+        for (size_t i = 0; i < oc; i++)
+            if (ok[i]) {
+                size_t j = map_slot(d, ok[i]);
+                d->keys[j] = ok[i];
+                d->vals[j] = ov[i];
+            }
+        free(ok);
+        free(ov);
+    }
+    size_t j = map_slot(d, key);
+    if (!d->keys[j]) d->n_map++;
+    d->keys[j] = key;
+    d->vals[j] = v;
+    return CLLM_OK;
+}
+
+cllm_status cllm_dpo_precompute(cllm_objective *o, cllm_model *policy, const int32_t *tokens, const int32_t *targets,
+                                int B, int T) {
+    dpo *d = (dpo *)o;
+    if (d->p.reference_free) return CLLM_OK;
+    cllm_status st = grow(d, B, T);
+    if (st) return st;
+    cllm_objective_batch bt = {tokens, targets, B, T, NULL};
+    if ((st = row_logps_of(d, d->ref ? d->ref : policy, &bt, false, d->lp_ref, !d->ref)))
+        return cllm_fail_context(st, "reference model");
+    for (int b = 0; b < B && !st; b++)
+        st = map_put(d, row_key(tokens + (size_t)b * T, targets + (size_t)b * T, T), d->lp_ref[b]);
+    d->precomputed = true;
+    return st;
+}
+
+void cllm_dpo_drop_reference(cllm_objective *o) {
+    dpo *d = (dpo *)o;
+    cllm_model_free(d->ref);
+    d->ref = NULL;
+}
+
+/* The reference's row log-probabilities: precomputed, the reference
+ * model's, or the policy's with its adapters disabled. */
+static cllm_status ref_logps(dpo *d, cllm_model *m, const cllm_objective_batch *bt) {
+    if (!d->precomputed) return row_logps_of(d, d->ref ? d->ref : m, bt, false, d->lp_ref, !d->ref);
+    for (int b = 0; b < bt->B; b++) {
+        size_t j = map_slot(d, row_key(bt->tokens + (size_t)b * bt->T, bt->targets + (size_t)b * bt->T, bt->T));
+        if (!d->keys[j])
+            return CLLM_FAIL(CLLM_ERR_ARG, "DPO: row %d of the micro-batch has no precomputed reference "
+                             "log-probability (precompute_ref_log_probs)", b);
+        d->lp_ref[b] = d->vals[j];
+    }
+    return CLLM_OK;
+}
+
 static cllm_status dpo_run(cllm_objective *o, cllm_model *m, const cllm_objective_batch *bt, bool backward,
                            float grad_scale, double *loss_sum, long *n_counted) {
     dpo *d = (dpo *)o;
@@ -144,7 +243,7 @@ static cllm_status dpo_run(cllm_objective *o, cllm_model *m, const cllm_objectiv
     if (st) return st;
     if (d->p.reference_free) {
         for (int b = 0; b < B; b++) d->lp_ref[b] = 0;
-    } else if ((st = row_logps(d, d->ref, bt, false, d->lp_ref))) {
+    } else if ((st = ref_logps(d, m, bt))) {
         return cllm_fail_context(st, "reference model");
     }
     if ((st = row_logps(d, m, bt, backward, d->lp_pol))) return st;
@@ -210,10 +309,12 @@ static void dpo_free(cllm_objective *o) {
     free(d->lp_pol);
     free(d->lp_ref);
     free(d->n_tok);
+    free(d->keys);
+    free(d->vals);
     free(d);
 }
 
-static const cllm_objective_ops dpo_ops = {"dpo", dpo_run, dpo_free, dpo_take_metrics, NULL};
+static const cllm_objective_ops dpo_ops = {"dpo", dpo_run, dpo_free, dpo_take_metrics, NULL, NULL};
 
 cllm_status cllm_objective_dpo_init(cllm_objective **out, const cllm_dpo_params *p, cllm_model *ref) {
     *out = NULL;
@@ -224,8 +325,6 @@ cllm_status cllm_objective_dpo_init(cllm_objective **out, const cllm_dpo_params 
         st = CLLM_FAIL(CLLM_ERR_ARG, "DPO: label_smoothing must be in [0, 0.5) (got %g)", p->label_smoothing);
     else if ((unsigned)p->loss_type > CLLM_DPO_ROBUST)
         st = CLLM_FAIL(CLLM_ERR_ARG, "DPO: unknown loss type %d", (int)p->loss_type);
-    else if (!ref && !p->reference_free)
-        st = CLLM_FAIL(CLLM_ERR_ARG, "DPO: no reference model (or set reference_free)");
     dpo *d = st ? NULL : calloc(1, sizeof *d);
     if (!st && !d) st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     if (st) {

@@ -16,7 +16,7 @@ static cllm_status lm_run(cllm_objective *o, cllm_model *m, const cllm_objective
 
 static void lm_free(cllm_objective *o) { free(o); }
 
-static const cllm_objective_ops lm_ops = {"lm", lm_run, lm_free, NULL, NULL};
+static const cllm_objective_ops lm_ops = {"lm", lm_run, lm_free, NULL, NULL, NULL};
 
 cllm_status cllm_objective_lm_init(cllm_objective **out) {
     *out = calloc(1, sizeof **out);
@@ -36,6 +36,13 @@ int cllm_objective_take_metrics(cllm_objective *o, cllm_objective_metric *out, i
 
 int cllm_objective_take_eval_metrics(cllm_objective *o, cllm_objective_metric *out, int cap) {
     return o && o->ops->take_eval_metrics ? o->ops->take_eval_metrics(o, out, cap) : 0;
+}
+
+bool cllm_objective_has_rows(const cllm_objective *o) { return o && o->ops->rows; }
+
+cllm_status cllm_objective_rows(cllm_objective *o, cllm_model *m, long step, int n, int T, int32_t *tokens,
+                                int32_t *labels) {
+    return o->ops->rows(o, m, step, n, T, tokens, labels);
 }
 
 const char *cllm_objective_name(const cllm_objective *o) { return o->ops->name; }

@@ -532,6 +532,18 @@ cllm_status cllm_ckpt_load_model(cllm_model **out, const char *dir) {
     st = cllm_model_init_random(&m, conf, 0); /* every parameter is overwritten below */
     json_decref(conf);
     if (st) return cllm_fail_context(st, "%s", path);
+    /* a PPO policy's value head is the layout's last tensor */
+    layout L;
+    if (!(st = layout_open(&L, dir))) {
+        size_t nt = json_array_size(L.tensors);
+        const char *last = nt ? json_string_value(json_object_get(json_array_get(L.tensors, nt - 1), "name")) : NULL;
+        if (last && !strcmp(last, "v_head.summary.bias")) st = cllm_model_add_value_head(&m, 0);
+        layout_free(&L);
+    }
+    if (st) {
+        cllm_model_free(m);
+        return st;
+    }
     st = cllm_ckpt_read_range(dir, m, CLLM_CKPT_PARAMS, 0, cllm_model_buffer_len(m), cllm_model_params(m));
     if (st) {
         cllm_model_free(m);

@@ -33,8 +33,8 @@ static const char *const top_keys[] = {
     /* cllm */
     "model", "data", "train_iters", "epochs", "eval_interval", "eval_iters", "save_interval", "save_total_limit",
     "output_dir", "seed", "log", "weight_decay_skip", "max_consecutive_skips", "shuffle", "peak_gflops",
-    "max_shard_size", "async_save", "save_final_checkpoint", "task", "dpo", "reward", "heartbeat_timeout", "lora",
-    "adapter", NULL};
+    "max_shard_size", "async_save", "save_final_checkpoint", "task", "dpo", "reward", "ppo", "heartbeat_timeout", "lora",
+    "adapter", "moe", "quantization", NULL};
 
 /* DeepSpeed keys accepted without effect on a single-process CPU fp32 run. */
 static const char *const top_ignored[] = {
@@ -470,6 +470,10 @@ static cllm_status parse_zero(cllm_train_config *c, const json_t *j, const char 
     note_auto(c, z, "reduce_bucket_size", CLLM_AUTO_REDUCE_BUCKET_SIZE);
     note_auto(c, z, "stage3_prefetch_bucket_size", CLLM_AUTO_PREFETCH_BUCKET_SIZE);
     note_auto(c, z, "stage3_param_persistence_threshold", CLLM_AUTO_PERSISTENCE_THRESHOLD);
+    TRY(get_bool(z, "zero_quantized_weights", &zc->quantized_weights, w, path));
+    TRY(get_bool(z, "zero_quantized_gradients", &zc->quantized_gradients, w, path));
+    zc->hpz_partition_size = 1;
+    TRY(get_long(z, "zero_hpz_partition_size", &zc->hpz_partition_size, 1, w, path));
     TRY(parse_offload(z, "offload_optimizer", &zc->offload_optimizer, path, strict));
     TRY(parse_offload(z, "offload_param", &zc->offload_param, path, strict));
     if (zc->offload_param.device == CLLM_OFFLOAD_NVME && zc->stage < 3)
@@ -531,6 +535,41 @@ static cllm_status parse_topo(cllm_train_config *c, const json_t *j, const char 
         (!json_is_string(sched) || cllm_pipe_schedule_parse(json_string_value(sched), &mt->schedule) != CLLM_OK))
         return CLLM_FAIL(CLLM_ERR_ARG, "%s: model_topo.schedule: expected \"gpipe\" or \"1f1b\", got %s", path,
                          show(sched).s);
+    return CLLM_OK;
+}
+
+/* "moe": DeepSpeed-MoE's keys, Megatron's names as aliases (one name per
+ * setting: both present is an error naming them). */
+static cllm_status moe_alias(const json_t *m, const char *ds, const char *mg, const char **key, const char *path) {
+    *key = json_object_get(m, mg) ? mg : ds;
+    if (json_object_get(m, ds) && json_object_get(m, mg))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: moe.%s and moe.%s name the same setting: give one", path, ds, mg);
+    return CLLM_OK;
+}
+
+static cllm_status parse_moe(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
+    json_t *m = NULL;
+    TRY(get_obj(j, "moe", &m, "", path));
+    c->moe.expert_parallel_size = 1;
+    c->moe.capacity_factor = c->moe.eval_capacity_factor = 1.0;
+    c->moe.min_capacity = 4;
+    c->moe.drop_tokens = true;
+    c->moe.given = m != NULL;
+    if (!m) return CLLM_OK;
+    static const char *const k[] = {"expert_parallel_size", "expert_model_parallel_size", "capacity_factor",
+                                    "moe_expert_capacity_factor", "eval_capacity_factor", "min_capacity",
+                                    "drop_tokens", NULL};
+    /* DeepSpeed's per-layer MoE arguments that have a fixed meaning here */
+    static const char *const ignored[] = {"use_residual", "noisy_gate_policy", "use_rts", "enable_expert_tensor_parallelism", NULL};
+    TRY(check_keys(m, k, ignored, "moe", path, strict));
+    const char *key;
+    TRY(moe_alias(m, "expert_parallel_size", "expert_model_parallel_size", &key, path));
+    TRY(get_int(m, key, &c->moe.expert_parallel_size, 1, "moe", path));
+    TRY(moe_alias(m, "capacity_factor", "moe_expert_capacity_factor", &key, path));
+    TRY(get_num(m, key, &c->moe.capacity_factor, 0.0, "moe", path));
+    TRY(get_num(m, "eval_capacity_factor", &c->moe.eval_capacity_factor, 0.0, "moe", path));
+    TRY(get_int(m, "min_capacity", &c->moe.min_capacity, 0, "moe", path));
+    TRY(get_bool(m, "drop_tokens", &c->moe.drop_tokens, "moe", path));
     return CLLM_OK;
 }
 
@@ -599,19 +638,85 @@ static cllm_status parse_reward(cllm_train_config *c, const json_t *j, const cha
     return CLLM_OK;
 }
 
+/* The "ppo" section (trl's classic PPOConfig names; kl_coef is the newer
+ * name of init_kl_coef, generation settings under generation_kwargs). */
+static cllm_status parse_ppo(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
+    json_t *d = NULL;
+    TRY(get_obj(j, "ppo", &d, "", path));
+    if (!d) return CLLM_OK;
+    if (strcmp(c->task, "ppo") != 0)
+        cllm_log(CLLM_LOG_WARN, "%s: the \"ppo\" section is ignored with task \"%s\"", path, c->task);
+    static const char *const k[] = {"kl_coef", "init_kl_coef", "adap_kl_ctrl", "target", "horizon", "gamma", "lam",
+                                    "cliprange", "cliprange_value", "vf_coef", "ppo_epochs", "batch_size",
+                                    "mini_batch_size", "whiten_rewards", "ratio_threshold", "reward_model",
+                                    "ref_model", "rollouts", "generation_kwargs", NULL};
+    TRY(check_keys(d, k, NULL, "ppo", path, strict));
+    cllm_ppo_params *p = &c->ppo;
+    if (json_object_get(d, "kl_coef") && json_object_get(d, "init_kl_coef"))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: ppo: kl_coef and init_kl_coef name the same setting: give one", path);
+    TRY(get_num(d, "kl_coef", &p->init_kl_coef, 0.0, "ppo", path));
+    TRY(get_num(d, "init_kl_coef", &p->init_kl_coef, 0.0, "ppo", path));
+    TRY(get_bool(d, "adap_kl_ctrl", &p->adap_kl_ctrl, "ppo", path));
+    TRY(get_num(d, "target", &p->target, 0.0, "ppo", path));
+    TRY(get_num(d, "horizon", &p->horizon, 0.0, "ppo", path));
+    TRY(get_num(d, "gamma", &p->gamma, 0.0, "ppo", path));
+    TRY(get_num(d, "lam", &p->lam, 0.0, "ppo", path));
+    TRY(get_num(d, "cliprange", &p->cliprange, 0.0, "ppo", path));
+    TRY(get_num(d, "cliprange_value", &p->cliprange_value, 0.0, "ppo", path));
+    TRY(get_num(d, "vf_coef", &p->vf_coef, 0.0, "ppo", path));
+    TRY(get_num(d, "ratio_threshold", &p->ratio_threshold, 0.0, "ppo", path));
+    TRY(get_int(d, "ppo_epochs", &p->ppo_epochs, 1, "ppo", path));
+    TRY(get_int(d, "batch_size", &p->batch_size, 1, "ppo", path));
+    TRY(get_int(d, "mini_batch_size", &c->ppo_mini_batch_size, 1, "ppo", path));
+    TRY(get_bool(d, "whiten_rewards", &p->whiten_rewards, "ppo", path));
+    TRY(get_str(d, "reward_model", &c->reward_model_dir, "ppo", path));
+    TRY(get_str(d, "ref_model", &c->ref_model_dir, "ppo", path));
+    TRY(get_str(d, "rollouts", &c->ppo_rollouts, "ppo", path));
+    static const char *const ck[] = {"max_new_tokens", "temperature", "top_k", "top_p", "do_sample", NULL};
+    json_t *g = NULL;
+    TRY(get_obj(d, "generation_kwargs", &g, "ppo", path));
+    if (g) {
+        TRY(check_keys(g, ck, NULL, "ppo.generation_kwargs", path, strict));
+        TRY(get_int(g, "max_new_tokens", &p->max_new_tokens, 1, "ppo.generation_kwargs", path));
+        TRY(get_num(g, "temperature", &p->temperature, 0.0, "ppo.generation_kwargs", path));
+        TRY(get_int(g, "top_k", &p->top_k, 0, "ppo.generation_kwargs", path));
+        TRY(get_num(g, "top_p", &p->top_p, 0.0, "ppo.generation_kwargs", path));
+        bool sample = true;
+        TRY(get_bool(g, "do_sample", &sample, "ppo.generation_kwargs", path));
+        if (!sample)
+            return CLLM_FAIL(CLLM_ERR_ARG, "%s: ppo.generation_kwargs.do_sample: PPO samples its rollouts "
+                             "(false is not supported)", path);
+    }
+    if (!(p->temperature > 0))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: ppo.generation_kwargs.temperature: must be positive, got 0", path);
+    if (!(p->top_p > 0) || p->top_p > 1)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: ppo.generation_kwargs.top_p: must be in (0, 1], got %g", path, p->top_p);
+    if (p->gamma > 1 || p->lam > 1)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: ppo.%s: must be in [0, 1], got %g", path, p->gamma > 1 ? "gamma" : "lam",
+                         p->gamma > 1 ? p->gamma : p->lam);
+    const char *pos[] = {"target", "horizon", "cliprange", "cliprange_value", "ratio_threshold"};
+    const double val[] = {p->target, p->horizon, p->cliprange, p->cliprange_value, p->ratio_threshold};
+    for (int i = 0; i < 5; i++)
+        if (!(val[i] > 0)) return CLLM_FAIL(CLLM_ERR_ARG, "%s: ppo.%s: must be positive, got 0", path, pos[i]);
+    return CLLM_OK;
+}
+
 /* "task" and its "dpo" section (trl's DPOConfig names). */
 static cllm_status parse_task(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
     TRY(get_str(j, "task", &c->task, "", path));
-    if (strcmp(c->task, "lm") != 0 && strcmp(c->task, "dpo") != 0 && strcmp(c->task, "reward") != 0)
-        return CLLM_FAIL(CLLM_ERR_ARG, "%s: task: expected \"lm\", \"dpo\" or \"reward\", got \"%s\"", path,
-                         c->task);
+    if (strcmp(c->task, "lm") != 0 && strcmp(c->task, "dpo") != 0 && strcmp(c->task, "reward") != 0 &&
+        strcmp(c->task, "ppo") != 0)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: task: expected \"lm\", \"dpo\", \"reward\" or \"ppo\", got \"%s\"",
+                         path, c->task);
     TRY(parse_reward(c, j, path, strict));
+    TRY(parse_ppo(c, j, path, strict));
     json_t *d = NULL;
     TRY(get_obj(j, "dpo", &d, "", path));
     if (!d) return CLLM_OK;
     if (strcmp(c->task, "dpo") != 0)
         cllm_log(CLLM_LOG_WARN, "%s: the \"dpo\" section is ignored with task \"%s\"", path, c->task);
-    static const char *const k[] = {"beta", "loss_type", "label_smoothing", "reference_free", "ref_model", NULL};
+    static const char *const k[] = {"beta", "loss_type", "label_smoothing", "reference_free", "ref_model",
+                                    "precompute_ref_log_probs", NULL};
     TRY(check_keys(d, k, NULL, "dpo", path, strict));
     TRY(get_num(d, "beta", &c->dpo.beta, 0.0, "dpo", path));
     if (!(c->dpo.beta > 0)) return CLLM_FAIL(CLLM_ERR_ARG, "%s: dpo.beta: must be positive, got 0", path);
@@ -620,6 +725,7 @@ static cllm_status parse_task(cllm_train_config *c, const json_t *j, const char 
         return CLLM_FAIL(CLLM_ERR_ARG, "%s: dpo.label_smoothing: %g is out of range [0, 0.5)", path,
                          c->dpo.label_smoothing);
     TRY(get_bool(d, "reference_free", &c->dpo.reference_free, "dpo", path));
+    TRY(get_bool(d, "precompute_ref_log_probs", &c->dpo.precompute_ref_log_probs, "dpo", path));
     TRY(get_str(d, "ref_model", &c->ref_model_dir, "dpo", path));
     const char *lt = NULL;
     TRY(get_str(d, "loss_type", &lt, "dpo", path));
@@ -642,9 +748,17 @@ static cllm_status parse_lora(cllm_train_config *c, const json_t *j, const char 
     return cllm_lora_config_parse(&c->lora, l, "lora", path, false);
 }
 
+/* "quantization" (BitsAndBytesConfig keys, read by cllm/quant.h's reader). */
+static cllm_status parse_quant(cllm_train_config *c, const json_t *j, const char *path) {
+    json_t *q = NULL;
+    TRY(get_obj(j, "quantization", &q, "", path));
+    return q ? cllm_bnb_config_parse(&c->quant, q, "quantization", path) : CLLM_OK;
+}
+
 static cllm_status parse_ours(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
     TRY(parse_task(c, j, path, strict));
     TRY(parse_lora(c, j, path));
+    TRY(parse_quant(c, j, path));
     TRY(parse_model(c, j, path, strict));
     TRY(parse_data(c, j, path, strict));
     TRY(get_long(j, "train_iters", &c->train_iters, 0, "", path));
@@ -730,7 +844,9 @@ static void set_defaults(cllm_train_config *c) {
     c->task = "lm";
     c->dpo = cllm_dpo_params_default();
     cllm_lora_config_default(&c->lora);
+    cllm_bnb_config_default(&c->quant);
     c->reward = cllm_reward_params_default();
+    c->ppo = cllm_ppo_params_default();
 }
 
 cllm_status cllm_train_config_parse(cllm_train_config *cfg, json_t *j, const char *path, bool strict) {
@@ -757,6 +873,7 @@ cllm_status cllm_train_config_parse(cllm_train_config *cfg, json_t *j, const cha
     TRY(parse_zero(cfg, j, path, strict));
     TRY(parse_topo(cfg, j, path, strict));
     TRY(parse_act_ckpt(cfg, j, path, strict));
+    TRY(parse_moe(cfg, j, path, strict));
     TRY(parse_ours(cfg, j, path, strict));
     return CLLM_OK;
 }
@@ -764,6 +881,7 @@ cllm_status cllm_train_config_parse(cllm_train_config *cfg, json_t *j, const cha
 void cllm_train_config_free(cllm_train_config *cfg) {
     if (!cfg) return;
     cllm_lora_config_free(&cfg->lora);
+    cllm_bnb_config_free(&cfg->quant);
     json_decref(cfg->json);
     cfg->json = NULL;
 }

@@ -241,6 +241,11 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
     json_object_set_new(j, "wall_clock_breakdown", json_boolean(c->wall_clock_breakdown));
     json_object_set_new(j, "use_grad_ckpt", json_boolean(c->use_grad_ckpt));
     if (c->model_topo.given) json_object_set_new(j, "model_topo", topo_to_json(&c->model_topo));
+    if (c->moe.given)
+        json_object_set_new(j, "moe", json_pack("{sisfsfsisb}", "expert_parallel_size", c->moe.expert_parallel_size,
+                                                "capacity_factor", c->moe.capacity_factor, "eval_capacity_factor",
+                                                c->moe.eval_capacity_factor, "min_capacity", c->moe.min_capacity,
+                                                "drop_tokens", c->moe.drop_tokens));
     json_object_set_new(j, "model", c->has_model_init ? model_init_to_json(&c->model_init) : str_or_null(c->model_dir));
     json_t *d = json_object();
     json_object_set_new(d, "train", str_or_null(c->data_train));
@@ -274,15 +279,40 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
     json_object_set_new(j, "dp_size", json_integer(c->dp_size));
     json_object_set_new(j, "task", json_string(c->task ? c->task : "lm"));
     if (c->task && strcmp(c->task, "dpo") == 0)
-        json_object_set_new(j, "dpo", json_pack("{sfsssfsbss?}", "beta", c->dpo.beta, "loss_type",
+        json_object_set_new(j, "dpo", json_pack("{sfsssfsbss?sb}", "beta", c->dpo.beta, "loss_type",
                                                 cllm_dpo_loss_name(c->dpo.loss_type), "label_smoothing",
                                                 c->dpo.label_smoothing, "reference_free", c->dpo.reference_free,
-                                                "ref_model", c->ref_model_dir));
+                                                "ref_model", c->ref_model_dir, "precompute_ref_log_probs",
+                                                c->dpo.precompute_ref_log_probs));
     if (c->lora.enabled) json_object_set_new(j, "lora", cllm_lora_config_to_json(&c->lora));
     if (c->adapter_dir) json_object_set_new(j, "adapter", json_string(c->adapter_dir));
+    if (c->quant.enabled) {
+        json_t *q = json_pack("{sbsbsssbsf}", "load_in_8bit", c->quant.load_in_8bit, "load_in_4bit",
+                              c->quant.load_in_4bit, "bnb_4bit_quant_type", cllm_bnb_type_name(c->quant.quant_type),
+                              "bnb_4bit_use_double_quant", c->quant.double_quant, "llm_int8_threshold",
+                              c->quant.int8_threshold);
+        json_t *skip = c->quant.n_skip_modules ? json_array() : json_null();
+        for (int i = 0; i < c->quant.n_skip_modules; i++)
+            json_array_append_new(skip, json_string(c->quant.skip_modules[i]));
+        json_object_set_new(q, "llm_int8_skip_modules", skip);
+        json_object_set_new(j, "quantization", q);
+    }
     if (c->task && strcmp(c->task, "reward") == 0)
         json_object_set_new(j, "reward", json_pack("{sf}", "center_rewards_coefficient",
                                                    c->reward.center_rewards_coefficient));
+    if (c->task && strcmp(c->task, "ppo") == 0) {
+        const cllm_ppo_params *p = &c->ppo;
+        json_t *g = json_pack("{sisfsisf}", "max_new_tokens", p->max_new_tokens, "temperature", p->temperature,
+                              "top_k", p->top_k, "top_p", p->top_p);
+        json_object_set_new(j, "ppo", json_pack("{sfsbsfsfsfsfsfsfsfsisisbsfss?ss?ss?so}", "init_kl_coef",
+                                                p->init_kl_coef, "adap_kl_ctrl", p->adap_kl_ctrl, "target", p->target,
+                                                "horizon", p->horizon, "gamma", p->gamma, "lam", p->lam, "cliprange",
+                                                p->cliprange, "cliprange_value", p->cliprange_value, "vf_coef",
+                                                p->vf_coef, "ppo_epochs", p->ppo_epochs, "batch_size", p->batch_size,
+                                                "whiten_rewards", p->whiten_rewards, "ratio_threshold",
+                                                p->ratio_threshold, "reward_model", c->reward_model_dir, "ref_model",
+                                                c->ref_model_dir, "rollouts", c->ppo_rollouts, "generation_kwargs", g));
+    }
     return j;
 }
 
@@ -323,6 +353,24 @@ uint64_t cllm_train_config_hash(const cllm_train_config *c) {
     if (lora) {
         s = json_dumps(lora, JSON_COMPACT | JSON_SORT_KEYS);
         h = fnv1a(fnv1a(h, "lora"), s ? s : "");
+        free(s);
+    }
+    /* mixture of experts: the capacity changes the math, the expert-parallel
+     * size does not (a checkpoint resumes on another without a warning) */
+    json_t *moe = json_object_get(j, "moe");
+    if (moe) {
+        json_t *m = json_deep_copy(moe);
+        json_object_del(m, "expert_parallel_size");
+        s = json_dumps(m, JSON_COMPACT | JSON_SORT_KEYS);
+        h = fnv1a(fnv1a(h, "moe"), s ? s : "");
+        free(s);
+        json_decref(m);
+    }
+    /* a quantized base (its format changes every forward) */
+    json_t *qz = json_object_get(j, "quantization");
+    if (qz) {
+        s = json_dumps(qz, JSON_COMPACT | JSON_SORT_KEYS);
+        h = fnv1a(fnv1a(h, "quantization"), s ? s : "");
         free(s);
     }
     json_t *rw = json_object_get(j, "reward");

@@ -39,6 +39,8 @@ void cllm_train_request_stop(void) { stop_requested = 1; }
 
 /* ------------------------------------------------------------ set-up */
 
+static bool task_is(const cllm_train_config *c, const char *t) { return c->task && strcmp(c->task, t) == 0; }
+
 /* The starting weights: the model folder or a new model by the init spec. */
 static cllm_status open_start(trainer *tr);
 
@@ -49,12 +51,32 @@ static cllm_status open_model(trainer *tr, const char *resume_dir) {
         cllm_status st = open_start(tr);
         return st ? st : train_lora_attach(tr->m, tr->cfg, resume_dir);
     }
-    if (resume_dir) return cllm_ckpt_load_model(&tr->m, resume_dir); /* either checkpoint format */
+    if (resume_dir) {
+        cllm_status st = cllm_ckpt_load_model(&tr->m, resume_dir); /* either checkpoint format */
+        return st || !task_is(tr->cfg, "ppo") ? st : cllm_model_add_value_head(&tr->m, tr->cfg->seed);
+    }
     return open_start(tr);
 }
 
+static cllm_status open_start_weights(trainer *tr);
+
+/* PPO's policy carries a value head (before any adapters go on). */
 static cllm_status open_start(trainer *tr) {
+    cllm_status st = open_start_weights(tr);
+    if (!st && task_is(tr->cfg, "ppo")) st = cllm_model_add_value_head(&tr->m, tr->cfg->seed);
+    return st;
+}
+
+static cllm_status open_start_weights(trainer *tr) {
     cllm_train_config *c = tr->cfg;
+    if (c->quant.enabled) { /* QLoRA: the base's linear layers quantized while loading */
+        if (!train_lora_run(c))
+            return CLLM_FAIL(CLLM_ERR_ARG, "quantization: a quantized base is frozen and trains only with LoRA "
+                             "adapters: add a \"lora\" section (--lora-r) or --adapter");
+        if (!c->model_dir)
+            return CLLM_FAIL(CLLM_ERR_ARG, "quantization: needs \"model\" to be an HF folder (--model)");
+        return cllm_model_load_quantized(&tr->m, c->model_dir, &c->quant);
+    }
     if (c->model_dir) return cllm_model_load(&tr->m, c->model_dir);
     const cllm_model_init_spec *mi = &c->model_init;
     if (!c->has_model_init)
@@ -70,7 +92,16 @@ static cllm_status open_start(trainer *tr) {
 
 static cllm_status open_data(trainer *tr) {
     cllm_train_config *c = tr->cfg;
+    if (task_is(c, "ppo") && c->ppo_rollouts) {
+        if (c->data_train || c->data_eval || c->splits)
+            return CLLM_FAIL(CLLM_ERR_ARG, "ppo.rollouts (--rollouts): the rollouts are the training data; leave "
+                             "data.train, data.eval and data.splits unset");
+        return CLLM_OK;
+    }
     if (!c->data_train) return CLLM_FAIL(CLLM_ERR_ARG, "no training data: set data.train (or --data)");
+    if (task_is(c, "ppo") && (c->data_eval || c->splits))
+        return CLLM_FAIL(CLLM_ERR_ARG, "task \"ppo\": no evaluation (it trains on its own rollouts); leave data.eval "
+                         "and data.splits unset");
     /* Training always reads the "train" split: all of a dataset without
      * split weights, and never the valid/test documents of one prepared
      * with --split. Raw text is tokenized with data.tokenizer, else with the
@@ -93,55 +124,6 @@ static cllm_status open_data(trainer *tr) {
         o.shuffle = false;
         if ((st = cllm_loader_open(&tr->eval, &o))) return cllm_fail_context(st, "eval data");
     }
-    return CLLM_OK;
-}
-
-/* task "dpo": the DPO objective, its reference model the starting weights
- * (the model folder, not a resumed checkpoint) or dpo.ref_model, loaded
- * whole and run forward only. */
-static cllm_status open_dpo(trainer *tr, bool piped, bool tensor) {
-    cllm_train_config *c = tr->cfg;
-    if (piped || tensor)
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "task \"dpo\" with %s parallelism: not supported; use data "
-                         "parallelism (any ZeRO stage)", piped ? "pipeline" : "tensor");
-    const char *dir = c->ref_model_dir ? c->ref_model_dir : c->model_dir;
-    cllm_model *ref = NULL;
-    if (!c->dpo.reference_free) {
-        if (!dir)
-            return CLLM_FAIL(CLLM_ERR_ARG, "task \"dpo\": no reference model: \"model\" is not an HF folder; set "
-                             "dpo.ref_model (--ref-model) or dpo.reference_free");
-        cllm_status st = cllm_model_load(&ref, dir);
-        if (st) return cllm_fail_context(st, "reference model %s", dir);
-        const cllm_model_config *a = cllm_model_get_config(ref), *b = cllm_model_get_config(tr->m);
-        if (a->vocab_size != b->vocab_size) {
-            cllm_model_free(ref);
-            return CLLM_FAIL(CLLM_ERR_ARG, "reference model %s: vocabulary of %d, the policy's is %d", dir,
-                             (int)a->vocab_size, (int)b->vocab_size);
-        }
-    }
-    cllm_objective *o = NULL;
-    cllm_status st = cllm_objective_dpo_init(&o, &c->dpo, ref);
-    if (st) return st;
-    cllm_objective_free(tr->obj);
-    tr->obj = o;
-    return CLLM_OK;
-}
-
-/* task "reward": trl's RewardTrainer objective on a sequence-classification
- * model; a causal LM (the "model" folder, or an init spec) gets a new score
- * head first, a reward model (or a resumed checkpoint of one) is used as
- * it is. */
-static cllm_status open_reward(trainer *tr, bool piped, bool tensor) {
-    cllm_train_config *c = tr->cfg;
-    if (piped || tensor)
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "task \"reward\" with %s parallelism: not supported; use data "
-                         "parallelism (any ZeRO stage)", piped ? "pipeline" : "tensor");
-    cllm_status st = cllm_model_to_reward(&tr->m, c->seed);
-    if (st) return cllm_fail_context(st, "task \"reward\"");
-    cllm_objective *o = NULL;
-    if ((st = cllm_objective_reward_init(&o, &c->reward))) return st;
-    cllm_objective_free(tr->obj);
-    tr->obj = o;
     return CLLM_OK;
 }
 
@@ -434,7 +416,12 @@ static cllm_status save_checkpoint(trainer *tr, bool sync) {
 static cllm_status load_rows(trainer *tr, uint64_t g0, long *count) {
     int T = tr->cfg->seq_len;
     uint64_t base = g0 + (uint64_t)tr->cfg->dp_rank * (uint64_t)tr->local;
-    for (long i = 0; i < tr->local; i++) {
+    if (cllm_objective_has_rows(tr->obj)) { /* the objective's own rows (PPO's rollouts) */
+        cllm_status st = cllm_objective_rows(tr->obj, tr->m, tr->state.global_step + 1, (int)tr->local, T, tr->tokens,
+                                             tr->labels);
+        if (st) return st;
+    }
+    for (long i = 0; i < tr->local && !cllm_objective_has_rows(tr->obj); i++) {
         cllm_status st = cllm_loader_get(tr->train, base + (uint64_t)i, tr->tokens + (size_t)i * T,
                                          tr->labels + (size_t)i * T, NULL);
         if (st) return st;
@@ -688,21 +675,24 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     /* the data were opened with the whole vocabulary; from here on tr->m is this rank's part */
     const bool reward = c->task && strcmp(c->task, "reward") == 0;
     tr->pairs = reward || (c->task && strcmp(c->task, "dpo") == 0);
-    if (reward) st = open_reward(tr, piped, tensor);
-    else if (tr->pairs) st = open_dpo(tr, piped, tensor);
+    if (reward) st = train_open_reward(tr, piped, tensor);
+    else if (tr->pairs) st = train_open_dpo(tr, piped, tensor);
     if (st) goto done;
+    const uint64_t n_data = tr->train ? cllm_loader_size(tr->train) : 0;
     if (!reward && cllm_model_get_config(tr->m)->num_labels > 0) {
         st = CLLM_FAIL(CLLM_ERR_ARG, "task \"%s\" on a sequence-classification (reward) model: it has no LM head; "
                        "train it with task \"reward\"", c->task ? c->task : "lm");
         goto done;
     }
     if (tensor && (st = train_tp_init(&tr->tp, &tr->m, &tr->topo))) goto done;
+    if ((st = train_moe_setup(tr, piped, tensor))) goto done; /* "moe": capacity, expert parallelism */
     /* DPO: batch sizes count pairs; from here on they count rows (2 a pair) */
-    if ((st = cllm_train_config_resolve(c, cllm_loader_size(tr->train) / (tr->pairs ? 2 : 1)))) goto done;
+    if ((st = cllm_train_config_resolve(c, n_data / (tr->pairs ? 2 : 1)))) goto done;
     if (tr->pairs) {
         c->train_batch_size *= 2;
         c->train_micro_batch_size_per_gpu *= 2;
     }
+    if (task_is(c, "ppo") && (st = train_open_ppo(tr, piped, tensor))) goto done;
     const cllm_model_config *mc = cllm_model_get_config(tr->m);
     if (mc->n_ctx > 0 && c->seq_len > mc->n_ctx) {
         st = CLLM_FAIL(CLLM_ERR_ARG, "seq_len %d exceeds the model's %d positions", c->seq_len, mc->n_ctx);
@@ -738,19 +728,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         goto done;
     }
     if (tensor && (st = tp_norm_skip(tr))) goto done;
-    if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), cllm_loader_size(tr->train)))) goto done;
-    if (tr->zero.stage == 3 && (c->bf16_enabled || c->fp16_enabled)) {
-        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s with zero_optimization.stage 3: the 16-bit weight copy is made from "
-                       "the whole flat parameter buffer, which stage 3 does not keep; use stage 0-2, or fp32",
-                       c->bf16_enabled ? "bf16" : "fp16");
-        goto done;
-    }
-    if (tr->zero.stage >= 2 && c->comm_dtype != CLLM_F32) {
-        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "communication_data_type %s with zero_optimization.stage %d: stages 2-3 "
-                       "reduce each layer in fp32; 16-bit reductions apply at stages 0-1", (c->comm_dtype == CLLM_BF16 ? "bf16" : "fp16"),
-                       tr->zero.stage);
-        goto done;
-    }
+    if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), n_data))) goto done;
     /* stages 2-3: layer hooks before prepare (no flat gradient buffer); at
      * stage 3 the model's flat parameters are freed here */
     if (tr->zero.stage >= 2 && !cllm_model_has_trainable_set(tr->m) &&
@@ -766,6 +744,8 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         goto done;
     }
     if ((st = cllm_model_set_precision(tr->m, prec))) goto done;
+    /* stage 3: a 16-bit copy of each gathered group instead of the whole buffer's */
+    if (tr->shard && (st = train_shard_set_precision(tr->shard, prec))) goto done;
     if ((st = cllm_model_prepare(tr->m, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true))) goto done;
     tr->act_bytes = cllm_model_activation_alloc(tr->m);
     /* a stage keeps the memory of its own parameters and gradients only */
@@ -841,17 +821,23 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
                 cllm_model_trainable_numel(tr->m),
                 100.0 * (double)cllm_model_trainable_numel(tr->m) / (double)cllm_model_n_params(tr->m),
                 cllm_model_n_params(tr->m), cllm_model_n_trainable(tr->m));
+    if (c->log != CLLM_LOG_MODE_QUIET && cllm_model_quantized(tr->m) && cllm_dist_rank() == 0)
+        fprintf(stderr, "cllm train: QLoRA base: the blocks' linear layers in %s%s, %.1f MB\n",
+                cllm_bnb_type_name(cllm_model_quantized(tr->m)),
+                c->quant.double_quant && !c->quant.load_in_8bit ? " with double quantization" : "",
+                (double)cllm_model_quantized_bytes(tr->m) / 1e6);
     if (c->log != CLLM_LOG_MODE_QUIET)
         fprintf(stderr,
                 "cllm train: %zu parameters, %llu samples, steps %ld..%ld of %ld x %d tokens "
                 "(micro %ld x accumulation %ld x dp %d), %s, %s lr %g, peak %.1f GFLOP/s (%s)%s\n",
-                cllm_model_n_params(tr->m), (unsigned long long)cllm_loader_size(tr->train), first + 1,
+                cllm_model_n_params(tr->m), (unsigned long long)(tr->train ? cllm_loader_size(tr->train) : 0), first + 1,
                 c->train_iters, c->train_batch_size, c->seq_len, c->train_micro_batch_size_per_gpu,
                 c->gradient_accumulation_steps, c->dp_size, cllm_opt_name(c->optim.type),
                 cllm_sched_name(c->sched.type), c->optim.lr, tr->peak_gflops,
                 cllm_train_gemm_summary(c->bf16_enabled), resume_dir ? " (resumed)" : "");
     train_modes_pick(tr);
     if ((st = train_zero_report(&tr->zero, c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0))) goto done;
+    if (c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0) train_zpp_log(c, &tr->zero);
     if (tr->pipe && (st = pipe_report(tr, false))) goto done;
     if (c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0) {
         cllm_act_bytes other;
@@ -973,6 +959,7 @@ cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks
     train_offload_free(tr.offload);
     train_pipe_free(tr.pipe);
     cllm_dist_group_free(tr.data_grp);
+    train_moe_free(&tr);
     train_tp_free(tr.tp);
     cllm_loader_free(tr.train);
     cllm_loader_free(tr.eval);

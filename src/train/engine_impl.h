@@ -58,6 +58,12 @@ typedef struct {
      * targets, summed over its micro-batches (for metrics.jsonl) */
     double moe_aux_sum;
     long moe_aux_count;
+    /* mixture of experts (moe_train.c): the expert-parallel group, and the
+     * step's counters summed over every rank: [E] choices per expert, then
+     * dropped, all choices, all-to-all bytes (all ranks), rank 0's seconds */
+    cllm_dist_group *ep_grp;
+    double *moe_step;
+    double a2a_bytes0, a2a_sec0;
 } trainer;
 
 /* step_modes.c: the parts of a step that differ by layout. */
@@ -89,6 +95,25 @@ struct train_state_mode {
 bool train_lora_run(const cllm_train_config *c);
 cllm_status train_lora_check_layout(const cllm_train_config *c, bool piped, bool tensor);
 cllm_status train_lora_attach(cllm_model *m, const cllm_train_config *c, const char *resume_dir);
+
+/* task_open.c: the objective of task "dpo", "reward" (tr->m becomes a
+ * reward model) or "ppo" with its other models, in place of tr->obj;
+ * pipeline and tensor parallelism are refused by name. */
+cllm_status train_open_dpo(trainer *tr, bool piped, bool tensor);
+cllm_status train_open_reward(trainer *tr, bool piped, bool tensor);
+cllm_status train_open_ppo(trainer *tr, bool piped, bool tensor);
+/* moe_train.c: the "moe" section. setup checks it against the world and
+ * the model (errors name the key), makes the expert-parallel groups
+ * (consecutive ranks) and the counters; step_begin turns expert
+ * parallelism and the training capacity on and resets the counters,
+ * step_end (collective) turns them off (train-time evaluation runs with
+ * every expert local and eval_capacity_factor) and sums the counters;
+ * record adds them to the step's metrics record. */
+cllm_status train_moe_setup(trainer *tr, bool piped, bool tensor);
+cllm_status train_moe_step_begin(trainer *tr);
+cllm_status train_moe_step_end(trainer *tr);
+void train_moe_record(const trainer *tr, train_record *r);
+void train_moe_free(trainer *tr);
 
 /* Sets tr->exec and tr->smode from the set-up (tr->pipe, tr->shard). */
 void train_modes_pick(trainer *tr);

@@ -49,6 +49,28 @@ static void gemm_work(const cllm_model_config *c, int N, int rows, int threads, 
     *head = rows > 0 ? linear_work(rows, C, c->vocab_size, false, threads) : 0;
 }
 
+/* Mixture of experts: the active parameters, and the rows an expert-parallel
+ * rank receives per block (src/model/moe_ep.c): at most every rank's N*k
+ * choices, or with a capacity factor f at most E * capacity ~ N*k*f. */
+static cllm_status expert_terms(const cllm_model_config *c, const cllm_mem_setup *s, cllm_mem_estimate *out) {
+    const int ep = s->expert_parallel > 1 ? s->expert_parallel : 1, E = c->n_experts, k = c->n_experts_per_tok;
+    const size_t C = (size_t)c->n_embd, F = (size_t)c->n_inner, L = (size_t)c->n_layer;
+    out->active_params = out->n_params;
+    if (E > 0) out->active_params -= L * (size_t)(E - k) * 3 * C * F;
+    if (ep == 1) return CLLM_OK;
+    if (!E) return CLLM_FAIL(CLLM_ERR_ARG, "expert parallelism %d: the model has no experts", ep);
+    if (E % ep) return CLLM_FAIL(CLLM_ERR_ARG, "expert parallelism %d does not divide the model's %d experts", ep, E);
+    if (s->dp % ep)
+        return CLLM_FAIL(CLLM_ERR_ARG, "expert parallelism %d does not divide the %d data-parallel ranks", ep, s->dp);
+    if (s->pipe > 1 || s->tensor > 1)
+        return CLLM_FAIL(CLLM_ERR_ARG, "expert parallelism with pipeline or tensor parallelism is not supported");
+    const double nk = (double)s->micro_batch * s->seq_len * k;
+    double rows = s->capacity_factor > 0 && s->capacity_factor < ep ? nk * s->capacity_factor : nk * ep;
+    size_t r = (size_t)rows + (size_t)E; /* the capacity's rounding up, per expert */
+    out->expert_buffers = (L * r * (C + 3 * F) + r * (3 * C + 3 * F)) * sizeof(float);
+    return CLLM_OK;
+}
+
 cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setup *s, cllm_mem_estimate *out) {
     memset(out, 0, sizeof *out);
     if (s->micro_batch <= 0 || s->seq_len <= 0 || s->grad_accum <= 0 || s->dp <= 0 || s->pipe < 0 || s->tensor < 0 ||
@@ -67,6 +89,8 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
                          s->zero_stage);
     if (s->trainable && (P > 1 || TP > 1 || s->zero_stage >= 3 || s->offload_optimizer || s->offload_param))
         return CLLM_FAIL(CLLM_ERR_ARG, "a frozen base (LoRA) trains with data parallelism at ZeRO stage 0-2 only");
+    if (s->quant_numel && !s->trainable)
+        return CLLM_FAIL(CLLM_ERR_ARG, "a quantized base trains only with LoRA adapters");
     size_t n_params, len, full_len = 0;
     cllm_status st = cllm_model_config_params(c, &n_params, &len);
     if (st) return st;
@@ -124,7 +148,8 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     if (s->trainable) { /* the frozen base whole; the trainable buffer beside it */
         opt_len = s->trainable;
         bytes = s->trainable * sizeof(float);
-        out->params += bytes;
+        /* a quantized base: its linear layers' fp32 slots are never touched */
+        out->params += bytes + s->quant_bytes - s->quant_numel * sizeof(float);
     }
     out->grads = s->zero_stage >= 2 ? shard(opt_len, s->dp) * sizeof(float) : bytes;
     out->optim = (size_t)states * (s->zero_stage >= 1 ? shard(opt_len, s->dp) : opt_len) * sizeof(float);
@@ -146,6 +171,7 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
          * an adapter's pass holds its rank-r activations and their gradient */
         out->work = 2 * (size_t)s->micro_batch * (size_t)s->seq_len * (size_t)(s->lora_rank > 0 ? s->lora_rank : 8) *
                     sizeof(float);
+        out->work += s->quant_widest * sizeof(float); /* one dequantized layer of a quantized base */
     } else if (s->zero_stage >= 2) {
         /* stages 2-3 reduce per group: a group's gradient is written into a
          * working buffer (group 0, last group, blocks); stage 3 also gathers
@@ -153,7 +179,10 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
         size_t first, last, block;
         if ((st = cllm_model_config_groups(c, &first, &last, &block))) return st;
         out->work = (first + last + block) * sizeof(float);
-        if (s->zero_stage >= 3) out->work += (first + last + 2 * block) * sizeof(float);
+        /* stage 3: the gathered buffers, and with 16-bit matmuls a 16-bit
+         * copy of each (instead of one of the whole flat buffer, below) */
+        if (s->zero_stage >= 3)
+            out->work += (first + last + 2 * block) * (sizeof(float) + cllm_precision_copy_bytes(s->precision));
     }
     cllm_model_activation_bytes(c, s->micro_batch, s->seq_len, true, s->grad_ckpt, &out->act);
     out->logits = out->act.logits;
@@ -218,11 +247,13 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     if (TP > 1) out->pipe_buffers += (size_t)TP * len * sizeof(float);
     free(stages);
     free(units);
-    out->precision = cllm_model_precision_bytes(c, len, s->micro_batch, s->seq_len, s->precision);
+    if ((st = expert_terms(c, s, out))) return st;
+    out->precision = cllm_model_precision_bytes(c, s->zero_stage >= 3 && !s->trainable ? 0 : len, s->micro_batch,
+                                                s->seq_len, s->precision);
     out->overhead = s->overhead;
     out->total = out->params + out->grads + out->optim + out->offload_buffer + out->work + out->activations +
                  out->logits + out->snapshot + out->other + out->precision + out->pipe_buffers + out->gemm_work +
-                 out->overhead;
+                 out->expert_buffers + out->overhead;
     return CLLM_OK;
 }
 

@@ -114,6 +114,12 @@ void rec_bool(train_record *r, const char *key, bool v) {
     rec_add(r, "%s\"%s\": %s", sep(r), key, v ? "true" : "false");
 }
 
+void rec_ints(train_record *r, const char *key, const long long *v, int n) {
+    rec_add(r, "%s\"%s\": [", sep(r), key);
+    for (int i = 0; i < n; i++) rec_add(r, "%s%lld", i ? ", " : "", v[i]);
+    rec_add(r, "]");
+}
+
 const char *rec_end(train_record *r) {
     rec_add(r, "}");
     return r->buf;

@@ -1,7 +1,9 @@
 /*
  * cllm_train_plot: metrics.jsonl -> one SVG file with two panels sharing
  * the step axis: training loss (line) with evaluation loss (points) on top,
- * learning rate below. A small hand-written SVG writer: axes with "nice"
+ * learning rate below, and for a mixture of experts (records with
+ * "expert_load") a third panel: each expert's share of the step's routed
+ * choices (1/E when balanced), up to MAX_EXPERTS experts. A small hand-written SVG writer: axes with "nice"
  * ticks (1, 2, 5 x 10^k), labels and a legend; no scripts, no external
  * resources, so any browser opens it.
  */
@@ -18,6 +20,12 @@ typedef struct {
     double *x, *y;
     size_t n, cap;
 } series;
+
+enum { MAX_EXPERTS = 16 };
+typedef struct {
+    series e[MAX_EXPERTS];
+    int n; /* experts seen (the first record's count) */
+} loads;
 
 static int push(series *s, double x, double y) {
     if (s->n == s->cap) {
@@ -100,7 +108,19 @@ static void polyline(FILE *f, const panel *p, const series *s, const char *color
     fprintf(f, "\"/>\n");
 }
 
-static cllm_status read_series(const char *path, series *loss, series *eval, series *lr) {
+/* One record's expert_load as shares of its sum. */
+static int push_loads(loads *ld, double x, const json_t *arr) {
+    size_t E = json_array_size(arr);
+    if (!E) return 0;
+    double sum = 0;
+    for (size_t e = 0; e < E; e++) sum += json_number_value(json_array_get(arr, e));
+    if (ld->n == 0) ld->n = E < MAX_EXPERTS ? (int)E : MAX_EXPERTS;
+    for (int e = 0; e < ld->n && (size_t)e < E && sum > 0; e++)
+        if (push(&ld->e[e], x, json_number_value(json_array_get(arr, (size_t)e)) / sum)) return -1;
+    return 0;
+}
+
+static cllm_status read_series(const char *path, series *loss, series *eval, series *lr, loads *ld) {
     char *text = NULL;
     size_t len = 0;
     cllm_status st = cllm_read_file(path, &text, &len);
@@ -124,6 +144,7 @@ static cllm_status read_series(const char *path, series *loss, series *eval, ser
             if ((v = json_object_get(j, "loss")) && json_is_number(v) && push(loss, x, json_number_value(v))) st = CLLM_ERR_NOMEM;
             if ((v = json_object_get(j, "lr")) && json_is_number(v) && push(lr, x, json_number_value(v))) st = CLLM_ERR_NOMEM;
             if ((v = json_object_get(j, "eval_loss")) && json_is_number(v) && push(eval, x, json_number_value(v))) st = CLLM_ERR_NOMEM;
+            if ((v = json_object_get(j, "expert_load")) && json_is_array(v) && push_loads(ld, x, v)) st = CLLM_ERR_NOMEM;
             json_decref(j);
         }
         line += n + 1;
@@ -133,9 +154,32 @@ static cllm_status read_series(const char *path, series *loss, series *eval, ser
     return st;
 }
 
+/* The expert-load panel below the learning rate, a legend at its right. */
+static void expert_panel(FILE *f, const loads *ld, double xlo, double xhi) {
+    static const char *const colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                                         "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+    panel p = {80, 640, 740, 160, xlo, xhi, 0, 0};
+    double lo = INFINITY, hi = -INFINITY;
+    for (int e = 0; e < ld->n; e++) {
+        double a, b;
+        range_of(&ld->e[e], NULL, false, &a, &b);
+        lo = fmin(lo, a), hi = fmax(hi, b);
+    }
+    p.ylo = fmin(lo, 0.0);
+    p.yhi = hi > p.ylo ? hi : p.ylo + 1;
+    axes(f, &p, "expert load (share of the routed choices; 1/E balanced)", "share");
+    for (int e = 0; e < ld->n; e++) {
+        const char *col = colors[e % 10];
+        polyline(f, &p, &ld->e[e], col);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"%s\">expert %d</text>\n", p.x0 + p.w + 8,
+                p.y0 + 12 + 14 * e, col, e);
+    }
+}
+
 cllm_status cllm_train_plot(const char *metrics_path, const char *svg_path) {
     series loss = {0}, eval = {0}, lr = {0};
-    cllm_status st = read_series(metrics_path, &loss, &eval, &lr);
+    loads ld = {0};
+    cllm_status st = read_series(metrics_path, &loss, &eval, &lr, &ld);
     if (!st && loss.n == 0 && eval.n == 0)
         st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: no training or evaluation records to plot", metrics_path);
     FILE *f = NULL;
@@ -147,7 +191,7 @@ cllm_status cllm_train_plot(const char *metrics_path, const char *svg_path) {
         if (!tmp || !(f = fopen(tmp, "w"))) st = CLLM_FAIL(CLLM_ERR_IO, "cannot write '%s'", svg_path);
     }
     if (!st) {
-        const double W = 900, H = 640;
+        const double W = 900, H = ld.n ? 860 : 640;
         panel top = {80, 40, 780, 330, 0, 0, 0, 0}, bot = {80, 440, 780, 150, 0, 0, 0, 0};
         double xlo, xhi;
         range_of(&loss, &eval, true, &xlo, &xhi);
@@ -174,8 +218,9 @@ cllm_status cllm_train_plot(const char *metrics_path, const char *svg_path) {
                 top.x0 + top.w - 104);
         axes(f, &bot, "learning rate", "lr");
         polyline(f, &bot, &lr, "#2ca02c");
+        if (ld.n) expert_panel(f, &ld, xlo, xhi);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">step</text>\n",
-                bot.x0 + bot.w / 2, bot.y0 + bot.h + 35);
+                bot.x0 + bot.w / 2, H - 25);
         fprintf(f, "</svg>\n");
         if (fclose(f) != 0 || rename(tmp, svg_path) != 0) st = CLLM_FAIL(CLLM_ERR_IO, "cannot write '%s'", svg_path);
         f = NULL;
@@ -184,5 +229,6 @@ cllm_status cllm_train_plot(const char *metrics_path, const char *svg_path) {
     if (st && tmp) remove(tmp);
     free(tmp);
     free(loss.x), free(loss.y), free(eval.x), free(eval.y), free(lr.x), free(lr.y);
+    for (int e = 0; e < MAX_EXPERTS; e++) free(ld.e[e].x), free(ld.e[e].y);
     return st;
 }

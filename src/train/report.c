@@ -59,6 +59,7 @@ cllm_status train_record_step(trainer *tr, const train_step_report *s) {
         rec_num(&r, "aux_loss", aux);
         rec_num(&r, "ce_loss", s->loss - (mc->router_aux ? mc->router_aux_coef * aux : 0.0));
     }
+    train_moe_record(tr, &r); /* expert load, dropped choices, all-to-all traffic */
     rec_num(&r, "lr", s->lr);
     rec_num(&r, "grad_norm", s->gnorm);
     rec_int(&r, "tokens", s->count);
@@ -71,7 +72,7 @@ cllm_status train_record_step(trainer *tr, const train_step_report *s) {
     rec_num(&r, "time_optim", s->t_optim);
     rec_num(&r, "time_save", tr->time_save_pending);
     rec_int(&r, "samples", (long long)tr->state.next_sample);
-    rec_num(&r, "epoch", (double)tr->state.next_sample / (double)cllm_loader_size(tr->train));
+    if (tr->train) rec_num(&r, "epoch", (double)tr->state.next_sample / (double)cllm_loader_size(tr->train));
     rec_num(&r, "tokens_seen", tr->state.tokens_seen);
     rec_int(&r, "state_bytes_params", (long long)tr->zero.mem.params);
     rec_int(&r, "state_bytes_grads", (long long)tr->zero.mem.grads);
@@ -81,6 +82,12 @@ cllm_status train_record_step(trainer *tr, const train_step_report *s) {
      * part of it the computation did not wait for (overlap_comm) */
     rec_num(&r, "time_comm", s->comm);
     rec_num(&r, "comm_hidden_fraction", train_hidden_fraction(s->comm, s->comm_wait));
+    if (tr->shard) { /* stages 2-3: the bytes this rank received in the step's collectives */
+        uint64_t bp = 0, bg = 0;
+        train_shard_take_bytes(tr->shard, &bp, &bg);
+        rec_int(&r, "comm_bytes_params", (long long)bp);
+        rec_int(&r, "comm_bytes_grads", (long long)bg);
+    }
     rec_int(&r, "activation_bytes", (long long)tr->act_bytes);
     if (tr->offload) {
         double io = 0, wait = 0;

@@ -32,6 +32,8 @@ static cllm_status local_run(trainer *tr, float scale, double *loss_sum) {
     const int T = c->seq_len, mb = (int)c->train_micro_batch_size_per_gpu;
     tr->moe_aux_sum = 0;
     tr->moe_aux_count = 0;
+    cllm_status st = train_moe_step_begin(tr); /* expert parallelism on, counters reset */
+    if (st) return st;
     for (long j = 0; j < c->gradient_accumulation_steps; j++) {
         size_t off = (size_t)j * (size_t)mb * (size_t)T;
         if (tr->overlap) train_overlap_arm(tr->overlap, j + 1 == c->gradient_accumulation_steps);
@@ -42,13 +44,12 @@ static cllm_status local_run(trainer *tr, float scale, double *loss_sum) {
         /* LoRA dropout masks: a function of the seed, step, micro-batch and rank (the same after a resume) */
         cllm_lora_set_dropout_key(tr->m, (c->seed * 0x9e3779b97f4a7c15ULL) ^ ((uint64_t)tr->state.global_step << 24) ^
                                              ((uint64_t)j << 8) ^ (uint64_t)c->dp_rank);
-        cllm_status st = cllm_objective_run(tr->obj, tr->m, &b, true, scale, &s, &k);
-        if (st) return st;
+        if ((st = cllm_objective_run(tr->obj, tr->m, &b, true, scale, &s, &k))) return st;
         *loss_sum += s;
         tr->moe_aux_sum += cllm_model_aux_loss(tr->m) * (double)k;
         tr->moe_aux_count += k;
     }
-    return CLLM_OK;
+    return train_moe_step_end(tr);
 }
 
 static cllm_status no_sync(trainer *tr, float *buf) {

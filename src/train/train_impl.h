@@ -35,13 +35,14 @@ void train_metrics_close(train_metrics *mt);
 
 /* A small appender for one JSON record: {"k": v, ...}. */
 typedef struct {
-    char buf[2048];
+    char buf[8192];
     size_t len;
 } train_record;
 void rec_begin(train_record *r);
 void rec_num(train_record *r, const char *key, double v); /* null if not finite */
 void rec_int(train_record *r, const char *key, long long v);
 void rec_bool(train_record *r, const char *key, bool v);
+void rec_ints(train_record *r, const char *key, const long long *v, int n); /* a JSON array */
 const char *rec_end(train_record *r);
 
 /* ---- checkpoint pieces shared by checkpoint.c and ckpt_shard.c ---- */
@@ -152,6 +153,11 @@ typedef struct train_shard train_shard;
 cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, const cllm_train_config *c,
                              const cllm_param_range *ranges, int n_ranges);
 void train_shard_free(train_shard *s);
+/* Stage 3 with bf16/fp16 matmuls (the model's precision p): allocates a
+ * low-precision copy per working parameter buffer, handed to the model with
+ * each gathered group (fetch_params_lp), and counts it in z->mem.work.
+ * Nothing for fp32 or below stage 3. */
+cllm_status train_shard_set_precision(train_shard *s, cllm_precision p);
 /* mem.optim: the slice's state plus that of the replicated tensors. */
 void train_shard_count_optim(train_shard *s, cllm_optimizer *opt);
 /* Zeroes the summed gradient slice (once per optimizer step). */
@@ -196,6 +202,46 @@ void train_shard_ckpt_fill(train_shard *s, float *state0, float *state1);
 /* Stage 3 resume: the replicated tensors' optimizer state from checkpoint
  * dir (any format), and their optimizer's step count. */
 cllm_status train_shard_ckpt_load(train_shard *s, const char *dir, long optim_step);
+
+/* Bytes this rank received in the parameter gathers and in the gradient
+ * reductions of the current step (reset by train_shard_zero_grads and by
+ * this call): what the collectives must
+ * deliver to it whatever MPI's algorithm (an all-gather: every other part;
+ * a reduce-scatter: size - 1 copies of its own part; an all-reduce:
+ * 2 (size - 1) / size of the buffer), in the bytes on the wire. */
+void train_shard_take_bytes(train_shard *s, uint64_t *params, uint64_t *grads);
+
+/* ---- ZeRO++: quantized collectives at stage 3 (zeropp.c) ---- */
+typedef struct train_zpp train_zpp;
+/* Which of zero_quantized_weights / _gradients apply (stage 3, > 1 rank);
+ * true when any ZeRO++ part does (hpZ too: 1 < H < ranks). */
+bool train_zpp_active(const cllm_train_config *c, const train_zero *z, bool *weights, bool *grads);
+/* Rank 0's start-up lines: each ZeRO++ key set, active or why not. */
+void train_zpp_log(const cllm_train_config *c, const train_zero *z);
+/* Buffers for calls of up to max_chunk values; with hpZ the group of H ranks
+ * (collective over the world) and the secondary slice. train_zpp_free also
+ * after a failure. */
+cllm_status train_zpp_init(train_zpp **out, const train_zero *z, const cllm_train_config *c, size_t max_chunk);
+void train_zpp_free(train_zpp *q);
+bool train_zpp_weights(const train_zpp *q); /* false for NULL */
+bool train_zpp_grads(const train_zpp *q);
+bool train_zpp_hpz(const train_zpp *q);
+size_t train_zpp_hpz_bytes(const train_zpp *q); /* the secondary slice; 0 without hpZ */
+/* hpZ: keeps this rank's secondary part of flat range [b, e), gathered
+ * whole into buf (a parameter group after its first gather since a step). */
+void train_zpp_hpz_keep(train_zpp *q, const float *buf, size_t b, size_t e);
+/* hpZ: all-gathers flat range [b, e) into buf from the secondary parts of
+ * this rank's group (chunk values per call; blocking). Collective over the
+ * group. Adds the bytes received to *bytes. */
+cllm_status train_zpp_hpz_gather(train_zpp *q, float *buf, size_t b, size_t e, size_t chunk, size_t *bytes);
+/* qwZ, in place: buf[sum(counts)] holds this rank's part at its offset; on
+ * return every part holds the dequantized int8 blocks of its owner's values
+ * (this rank's too). Adds the bytes received to *bytes. Collective. */
+cllm_status train_zpp_gather(train_zpp *q, float *buf, const size_t *counts, size_t *bytes);
+/* qgZ: buf[sum(counts)] is this rank's gradient chunk; on return buf[0,
+ * counts[rank]) is the sum over ranks of their quantized parts for this
+ * rank. Adds the bytes received to *bytes. Collective. */
+cllm_status train_zpp_reduce_scatter(train_zpp *q, float *buf, const size_t *counts, size_t *bytes);
 
 /* ---- fp16 loss scaling in the step (fp16_step.c) ---- */
 /* Sets the scaler up from the fp16 keys; `resumed` (or NULL) is a restored

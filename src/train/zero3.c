@@ -26,6 +26,20 @@
  * The gradient norm is the sum of the slices' squares (every element of the
  * flat buffer, persistent ones included, is in exactly one slice).
  *
+ * With bf16/fp16 compute (train_shard_set_precision) each gathered group
+ * also gets its low-precision copy, made from the gathered fp32 values the
+ * first time the passes fetch it after the gather (fetch_params_lp) and kept
+ * with it until the next optimizer step, so the matmuls read exactly the
+ * operands of the unpartitioned run's whole-buffer copy. With
+ * communication_data_type bf16/fp16 the reduce-scatters (and the replicated
+ * tensors' all-reduce) sum in that type (blocking: MPI has no nonblocking
+ * form of the user-defined 16-bit sum here).
+ *
+ * ZeRO++ (zeropp.c): with zero_quantized_weights the gathers, with
+ * zero_quantized_gradients the reduce-scatters move int8 blocks (blocking);
+ * the final gather of the model stays exact. The bytes each collective
+ * delivers to this rank are counted per step (train_shard_take_bytes).
+ *
  * With overlap_comm the per-group collectives are nonblocking: a group's
  * reduce-scatter is waited for only when its gradient buffer is needed
  * again (blocks alternate between two), and fetching a group at stage 3
@@ -83,6 +97,9 @@ struct train_shard {
     float *pslice;          /* [slice] this rank's parameters (a file mapping with offload_param) */
     size_t pmap_bytes;      /* offload_param: bytes of the mapping (0: pslice is ordinary memory) */
     float *pwork[N_PSLOTS]; /* working parameters */
+    void *plp[N_PSLOTS];    /* bf16/fp16: their low-precision copies (NULL for fp32) */
+    bool lp_ok[N_PSLOTS];   /* plp[k] matches pwork[k] */
+    cllm_precision prec;
     int slot_group[N_PSLOTS];
     inflight pfly[N_PSLOTS];  /* gathers in flight (prefetches) */
     bool slot_busy[N_PSLOTS];
@@ -97,6 +114,10 @@ struct train_shard {
     cllm_optimizer *popt;
     size_t *counts;           /* [size] scratch */
     bool reduced;             /* this step's reductions are finished (finish_reduction) */
+    train_zpp *zpp;           /* ZeRO++ quantized gathers / reductions (zeropp.c), or NULL */
+    bool gather_exact;        /* the final gather of the model: never quantized */
+    bool *sec_ok;             /* hpZ: [n_groups] the secondary copy holds the group since the last step */
+    size_t bytes_params, bytes_grads; /* received since train_shard_take_bytes */
     double comm_seconds;      /* collectives from start to completion */
     double wait_seconds;      /* of which the computation waited */
 };
@@ -135,8 +156,14 @@ static cllm_status gather_start(train_shard *s, inflight *f, float *buf, size_t 
     for (size_t c0 = b; c0 < e; c0 += z->gather_bucket) {
         size_t c1 = e - c0 > z->gather_bucket ? c0 + z->gather_bucket : e;
         parts(s, c0, c1);
-        cllm_status st = s->overlap && f->req ? cllm_dist_iallgather_f32(buf + (c0 - b), s->counts, &f->req[f->n++])
-                                              : cllm_dist_allgather_f32(buf + (c0 - b), s->counts);
+        cllm_status st;
+        if (train_zpp_weights(s->zpp) && !s->gather_exact) {
+            st = train_zpp_gather(s->zpp, buf + (c0 - b), s->counts, &s->bytes_params);
+        } else {
+            st = s->overlap && f->req ? cllm_dist_iallgather_f32(buf + (c0 - b), s->counts, &f->req[f->n++])
+                                      : cllm_dist_allgather_f32(buf + (c0 - b), s->counts);
+            s->bytes_params += (c1 - c0 - s->counts[z->rank]) * sizeof(float);
+        }
         if (st) return cllm_fail_context(st, "parameter all-gather at %zu", c0);
     }
     f->pending = f->n > 0;
@@ -212,7 +239,16 @@ static cllm_status pslot_load(train_shard *s, int k, int g) {
         if (st) return st;
     }
     s->slot_group[k] = -1;
-    cllm_status st = gather_start(s, &s->pfly[k], s->pwork[k], s->gb[g], s->ge[g]);
+    s->lp_ok[k] = false;
+    cllm_status st;
+    if (train_zpp_hpz(s->zpp) && s->sec_ok[g]) { /* within the hpZ group, from the secondary copies */
+        double t0 = cllm_time_sec();
+        st = train_zpp_hpz_gather(s->zpp, s->pwork[k], s->gb[g], s->ge[g], s->z->gather_bucket, &s->bytes_params);
+        s->comm_seconds += cllm_time_sec() - t0;
+        s->wait_seconds += cllm_time_sec() - t0;
+    } else {
+        st = gather_start(s, &s->pfly[k], s->pwork[k], s->gb[g], s->ge[g]);
+    }
     if (st) return st;
     s->slot_group[k] = g;
     return CLLM_OK;
@@ -226,6 +262,10 @@ static cllm_status hook_fetch_params(void *ctx, int g, int next, float **out) {
     cllm_status st = pslot_load(s, k, g);
     if (!st) st = gather_finish(s, &s->pfly[k], s->pwork[k], s->gb[g], s->ge[g]);
     if (st) return st;
+    if (train_zpp_hpz(s->zpp) && !s->sec_ok[g]) { /* the first gather since the step: keep the secondary part */
+        train_zpp_hpz_keep(s->zpp, s->pwork[k], s->gb[g], s->ge[g]);
+        s->sec_ok[g] = true;
+    }
     s->slot_busy[k] = true;
     s->slot_used[k] = ++s->clock;
     *out = s->pwork[k];
@@ -235,6 +275,20 @@ static cllm_status hook_fetch_params(void *ctx, int g, int next, float **out) {
         if (j >= 0 && !s->slot_busy[j] && (st = pslot_load(s, j, next))) return st;
     }
     return CLLM_OK;
+}
+
+/* The low-precision copy of a fetched group, made once per gather. */
+static cllm_status hook_fetch_params_lp(void *ctx, int g, const void **lp) {
+    train_shard *s = ctx;
+    for (int k = 0; k < N_PSLOTS; k++) {
+        if (s->slot_group[k] != g || !s->slot_busy[k] || !s->plp[k]) continue;
+        if (!s->lp_ok[k]) cllm_model_lp_copy(s->prec, s->plp[k], s->pwork[k], gsize(s, g));
+        s->lp_ok[k] = true;
+        *lp = s->plp[k];
+        return CLLM_OK;
+    }
+    return CLLM_FAIL(CLLM_ERR_INTERNAL, "low-precision copy of parameter group %d asked for while it is not fetched "
+                     "(or without train_shard_set_precision)", g);
 }
 
 static cllm_status hook_release_params(void *ctx, int g) {
@@ -268,8 +322,15 @@ static cllm_status reduce_start(train_shard *s, int i, int g) {
         size_t c1 = e - c0 > z->bucket ? c0 + z->bucket : e;
         parts(s, c0, c1);
         float *buf = w + (c0 - b);
-        cllm_status st = s->overlap && f->req ? cllm_dist_ireduce_scatter_sum_f32(buf, s->counts, &f->req[f->n++])
-                                              : cllm_dist_reduce_scatter_sum_f32(buf, buf, s->counts);
+        cllm_status st;
+        if (train_zpp_grads(s->zpp)) {
+            st = train_zpp_reduce_scatter(s->zpp, buf, s->counts, &s->bytes_grads);
+        } else {
+            st = s->overlap && f->req && z->comm == CLLM_F32
+                     ? cllm_dist_ireduce_scatter_sum_f32(buf, s->counts, &f->req[f->n++])
+                     : cllm_dist_reduce_scatter_sum_f32_as(buf, buf, s->counts, z->comm);
+            s->bytes_grads += (size_t)(z->size - 1) * s->counts[z->rank] * (z->comm == CLLM_F32 ? 4 : 2);
+        }
         if (st) return cllm_fail_context(st, "gradient reduce-scatter of group %d at %zu", g, c0);
     }
     f->pending = true;
@@ -506,6 +567,11 @@ cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, co
     }
     cllm_status st = s->stage == 3 ? init_stage3(s, c, ranges, n_ranges) : CLLM_OK;
     if (st) return st;
+    bool qw = false, qg = false;
+    size_t widest = z->bucket > z->gather_bucket ? z->bucket : z->gather_bucket; /* values per call at most */
+    if (train_zpp_active(c, z, &qw, &qg) && (st = train_zpp_init(&s->zpp, z, c, longest < widest ? longest : widest)))
+        return st;
+    if (!(s->sec_ok = calloc((size_t)s->n_groups, sizeof *s->sec_ok))) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     size_t glen[N_GSLOTS] = {gsize(s, 0), gsize(s, s->n_groups - 1), s->max_block, s->overlap ? s->max_block : 0};
     s->gslice = alloc_floats(slice, "gradient slice");
     if (!s->gslice) return CLLM_ERR_NOMEM;
@@ -513,11 +579,12 @@ cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, co
         if (!(s->gwork[k] = alloc_floats(glen[k], "working gradients"))) return CLLM_ERR_NOMEM;
     z->mem.work = work_floats(s) * sizeof(float);
     z->mem.grads = z->mem.grads_reduced = (slice + s->n_compact) * sizeof(float);
-    if (s->stage == 3) z->mem.params = (slice + s->n_compact) * sizeof(float);
+    if (s->stage == 3) z->mem.params = (slice + s->n_compact) * sizeof(float) + train_zpp_hpz_bytes(s->zpp);
     cllm_model_hooks h = {.ctx = s, .fetch_grads = hook_fetch_grads, .grads_ready = hook_grads_ready};
     if (s->stage == 3) {
         h.fetch_params = hook_fetch_params;
         h.release_params = hook_release_params;
+        h.fetch_params_lp = hook_fetch_params_lp;
     }
     cllm_model_set_hooks(m, &h);
     return CLLM_OK;
@@ -538,9 +605,12 @@ void train_shard_free(train_shard *s) {
         for (int k = 0; k < N_GSLOTS; k++) cllm_free(s->gwork[k]);
         for (int k = 0; k < N_PSLOTS; k++) cllm_free(s->pwork[k]);
     }
+    for (int k = 0; k < N_PSLOTS; k++) cllm_free(s->plp[k]);
     for (int k = 0; k < N_GSLOTS; k++) free(s->gfly[k].req);
     for (int k = 0; k < N_PSLOTS; k++) free(s->pfly[k].req);
     cllm_free(s->gslice);
+    train_zpp_free(s->zpp);
+    free(s->sec_ok);
     if (s->pmap_bytes)
         munmap(s->pslice, s->pmap_bytes);
     else
@@ -556,6 +626,20 @@ void train_shard_free(train_shard *s) {
     free(s);
 }
 
+cllm_status train_shard_set_precision(train_shard *s, cllm_precision p) {
+    size_t es = cllm_precision_copy_bytes(p);
+    if (s->stage < 3 || !es || s->plp[0]) return CLLM_OK;
+    s->prec = p;
+    size_t len[N_PSLOTS] = {gsize(s, 0), gsize(s, s->n_groups - 1), s->max_block, s->max_block}, total = 0;
+    for (int k = 0; k < N_PSLOTS; k++) {
+        if (!(s->plp[k] = cllm_alloc((len[k] ? len[k] : 1) * es, "low-precision gathered parameters")))
+            return CLLM_ERR_NOMEM;
+        total += len[k] * es;
+    }
+    s->z->mem.work += total;
+    return CLLM_OK;
+}
+
 void train_shard_count_optim(train_shard *s, cllm_optimizer *opt) {
     size_t k = (cllm_optim_state(opt, 0) != NULL) + (cllm_optim_state(opt, 1) != NULL);
     s->z->mem.optim = k * (s->z->end - s->z->begin + s->n_compact) * sizeof(float);
@@ -568,6 +652,7 @@ void train_shard_zero_grads(train_shard *s) {
     if (slice) memset(s->gslice, 0, slice * sizeof(float));
     if (s->n_compact) memset(s->pgrads, 0, s->n_compact * sizeof(float));
     s->reduced = false;
+    s->bytes_params = s->bytes_grads = 0; /* a step's bytes: not those of an evaluation before it */
 }
 
 float *train_shard_grads(train_shard *s) { return s->z->end > s->z->begin ? s->gslice : NULL; }
@@ -579,7 +664,8 @@ static cllm_status finish_reduction(train_shard *s) {
     cllm_status st = finish_all(s);
     if (st) return st;
     double t0 = cllm_time_sec();
-    st = s->n_compact ? cllm_dist_allreduce_sum_f32(s->pgrads, s->n_compact) : CLLM_OK;
+    st = s->n_compact ? cllm_dist_allreduce_sum_f32_as(s->pgrads, s->n_compact, s->z->comm) : CLLM_OK;
+    s->bytes_grads += 2 * (size_t)(s->z->size - 1) * s->n_compact * (s->z->comm == CLLM_F32 ? 4 : 2) / (size_t)s->z->size;
     s->comm_seconds += cllm_time_sec() - t0;
     s->wait_seconds += cllm_time_sec() - t0;
     if (st) return cllm_fail_context(st, "replicated gradients");
@@ -646,6 +732,7 @@ cllm_status train_shard_step(train_shard *s, cllm_optimizer *opt, double lr) {
         if (so) return so;
         double t0 = cllm_time_sec();
         cllm_status st = train_zero_gather_params(z, params);
+        s->bytes_params += (z->n - (z->end - z->begin)) * sizeof(float) * (z->size > 1);
         s->comm_seconds += cllm_time_sec() - t0;
         s->wait_seconds += cllm_time_sec() - t0;
         return st;
@@ -656,10 +743,17 @@ cllm_status train_shard_step(train_shard *s, cllm_optimizer *opt, double lr) {
     drop_pages(s, 0, z->end - z->begin);
     if (s->popt) cllm_optim_step(s->popt, s->pparams, s->pgrads, s->pranges, s->n_pers, lr);
     for (int k = 0; k < N_PSLOTS; k++) s->slot_group[k] = -1; /* gathered copies are stale now */
+    memset(s->sec_ok, 0, (size_t)s->n_groups * sizeof *s->sec_ok); /* and the hpZ secondary copy */
     return CLLM_OK;
 }
 
 double train_shard_comm_seconds(const train_shard *s) { return s->comm_seconds; }
+
+void train_shard_take_bytes(train_shard *s, uint64_t *params, uint64_t *grads) {
+    *params = s->bytes_params;
+    *grads = s->bytes_grads;
+    s->bytes_params = s->bytes_grads = 0;
+}
 double train_shard_wait_seconds(const train_shard *s) { return s->wait_seconds; }
 
 float *train_shard_param_slice(train_shard *s) { return s->stage == 3 ? s->pslice : NULL; }
@@ -678,7 +772,9 @@ cllm_status train_shard_gather_model(train_shard *s) {
     cllm_model_set_hooks(s->m, NULL);
     for (int k = 0; k < N_PSLOTS; k++) {
         cllm_free(s->pwork[k]);
+        cllm_free(s->plp[k]);
         s->pwork[k] = NULL;
+        s->plp[k] = NULL;
         s->slot_group[k] = -1;
     }
     for (int k = 0; k < N_GSLOTS; k++) {
@@ -688,6 +784,7 @@ cllm_status train_shard_gather_model(train_shard *s) {
     size_t n = s->z->n;
     float *full = cllm_alloc(n * sizeof(float), "gathered model");
     if (!full) return CLLM_ERR_NOMEM;
+    s->gather_exact = true; /* the trained weights as they are, not quantized */
     st = gather_range(s, full, 0, n);
     if (st) {
         cllm_free(full);

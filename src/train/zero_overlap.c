@@ -58,7 +58,7 @@ cllm_status train_overlap_init(train_overlap **out, train_zero *z, cllm_model *m
     o->z = z;
     o->m = m;
     o->grads = cllm_model_grads(m);
-    cllm_model_hooks h = {o, NULL, NULL, NULL, on_grads_ready};
+    cllm_model_hooks h = {.ctx = o, .grads_ready = on_grads_ready};
     cllm_model_set_hooks(m, &h);
     o->progress = cllm_dist_progress_start();
     *out = o;

@@ -18,6 +18,7 @@
 #include "cllm/memory.h"
 #include "cllm/model.h"
 #include "commands.h"
+#include "quant_flags.h"
 
 /* Measured peak RSS of `cllm train` on a 2-layer 64-wide model (libraries,
  * OpenMP and oneDNN state, stacks); see docs/memory.md. */
@@ -72,6 +73,7 @@ static void print_setup(const cllm_mem_setup *s) {
            s->offload_optimizer ? ", optimizer state offloaded" : "");
     if (s->pipe > 1) printf(", %d pipeline stages", s->pipe);
     if (s->tensor > 1) printf(", %d tensor ranks", s->tensor);
+    if (s->expert_parallel > 1) printf(", %d expert-parallel ranks", s->expert_parallel);
     printf("\n");
 }
 
@@ -92,12 +94,62 @@ static void print_table(const cllm_mem_estimate *e) {
     row("other buffers", e->other, e->total, "token, label and target arrays");
     if (e->pipe_buffers)
         row("parallel buffers", e->pipe_buffers, e->total, "pipeline messages and inputs in flight; tensor gather");
+    if (e->expert_buffers)
+        row("expert-parallel rows", e->expert_buffers, e->total, "rows received for this rank's experts, all blocks");
     row("GEMM workspace", e->gemm_work, e->total, "oneDNN's packed operands, largest GEMM (this CPU's ISA)");
     if (e->precision) row("low-precision copy", e->precision, e->total, "bf16/fp16 weights and matmul operand scratch");
     row("process overhead", e->overhead, e->total, "libraries, threads (--overhead)");
     row("total", e->total, e->total, "");
     if (e->optim_disk) printf("  %-22s %12.1f MB on disk under nvme_path (not in the total)\n", "offloaded state",
                               (double)e->optim_disk / 1e6);
+}
+
+/* The alignment task's models beside the one trained (docs/alignment.md),
+ * all fp32 and forward only: a reference (dpo, ppo; none with LoRA, whose
+ * reference is the base without adapters, or reference-free DPO), PPO's
+ * reward model (a forward over a whole rollout batch) and its rollout
+ * buffers (the batch's per-token arrays, one sequence's key/value cache
+ * and logits). */
+typedef struct {
+    size_t ref, reward, rollouts;
+} side_bytes;
+
+static size_t forward_model(const cllm_model_config *c, int rows, int T) {
+    size_t n = 0, len = 0;
+    cllm_act_bytes a;
+    if (cllm_model_config_params(c, &n, &len)) return 0;
+    cllm_model_activation_bytes(c, rows, T, false, false, &a);
+    return len * sizeof(float) + a.total;
+}
+
+static int side_models(const char *task, const cllm_model_config *cfg, const char *ref_dir, const char *rm_dir,
+                       bool lora, int B, int T, int R, side_bytes *out) {
+    memset(out, 0, sizeof *out);
+    if (!strcmp(task, "lm") || !strcmp(task, "reward")) return 0;
+    if (strcmp(task, "dpo") && strcmp(task, "ppo")) {
+        fprintf(stderr, "cllm estimate: --task: expected lm, dpo, reward or ppo, got '%s'\n", task);
+        return 2;
+    }
+    const bool ppo = !strcmp(task, "ppo");
+    const char *dirs[2] = {ref_dir, rm_dir};
+    cllm_model_config c[2] = {*cfg, *cfg};
+    c[0].value_head = c[1].value_head = false;
+    for (int i = 0; i < 2; i++) {
+        json_t *j = NULL;
+        if (!dirs[i]) continue;
+        int rc = load_config(&j, dirs[i], NULL, NULL, &(arg_list){0});
+        if (!rc && cllm_model_config_from_json(&c[i], j, dirs[i])) rc = tool_fail("estimate");
+        json_decref(j);
+        if (rc) return rc;
+    }
+    c[1].num_labels = 1; /* a reward model: the score head instead of the LM head */
+    if (ref_dir || !lora) out->ref = forward_model(&c[0], ppo ? B : 2 * B, T);
+    if (!ppo) return 0;
+    out->reward = forward_model(&c[1], R, T);
+    size_t kv = (size_t)c[0].n_kv_head * (size_t)c[0].head_dim;
+    out->rollouts = (size_t)R * T * (2 * sizeof(int32_t) + 5 * sizeof(float)) +
+                    (2 * (size_t)cfg->n_layer * (size_t)T * kv + (size_t)cfg->vocab_size) * sizeof(float);
+    return 0;
 }
 
 static json_t *to_json(const cllm_mem_estimate *e) {
@@ -114,11 +166,20 @@ static json_t *to_json(const cllm_mem_estimate *e) {
                      (json_int_t)e->gemm_work);
 }
 
+/* Mixture of experts: the active parameters and the expert-parallel rows. */
+static void add_moe_json(json_t *j, const cllm_mem_estimate *e) {
+    json_object_set_new(j, "active_params", json_integer((json_int_t)e->active_params));
+    json_object_set_new(j, "expert_buffers", json_integer((json_int_t)e->expert_buffers));
+}
+
 int cmd_estimate(int argc, char **argv) {
-    const char *model, *arch_name, *preset, *opt_name, *precision, *overhead_s, *memory_s, *lora_target;
-    int B, T, accum, stage, dp, off_count, off_size, pipe, tensor, threads, lora_r;
+    const char *model, *arch_name, *preset, *opt_name, *precision, *overhead_s, *memory_s, *lora_target, *task,
+        *ref_dir, *rm_dir;
+    int B, T, accum, stage, dp, off_count, off_size, pipe, tensor, threads, lora_r, ppo_batch, ep;
+    double capacity;
     bool grad_ckpt = false, momentum = false, async_save = false, as_json = false, offload = false, offload_p = false;
     arg_list sets;
+    quant_flags qf = {0};
     arg_spec specs[] = {
         {"model", ARG_STR, &model, NULL, false, "HF model folder (its config.json is read)"},
         {"arch", ARG_STR, &arch_name, NULL, false, "model family without --model: gpt2, llama, bloom or mixtral"},
@@ -134,6 +195,9 @@ int cmd_estimate(int argc, char **argv) {
         {"dp", ARG_INT, &dp, "1", false, "data-parallel ranks"},
         {"pipe", ARG_INT, &pipe, "1", false, "pipeline stages (model_topo pipe axis)"},
         {"tensor", ARG_INT, &tensor, "1", false, "tensor-parallel ranks (model_topo tensor axis)"},
+        {"expert-parallel", ARG_INT, &ep, "1", false, "expert-parallel ranks (moe.expert_parallel_size; divides --dp)"},
+        {"capacity-factor", ARG_F64, &capacity, "0", false,
+         "with --expert-parallel: moe.capacity_factor (0: no token dropped, the worst-case rows)"},
         {"precision", ARG_STR, &precision, "fp32", false, "matmul precision: fp32, bf16 or fp16 (bf16.enabled / fp16.enabled)"},
         {"offload-optimizer", ARG_FLAG, &offload, NULL, false,
          "optimizer state offloaded to a file (offload_optimizer device nvme)"},
@@ -149,7 +213,14 @@ int cmd_estimate(int argc, char **argv) {
         {"lora-r", ARG_INT, &lora_r, "0", false, "LoRA rank: a frozen base with rank-r adapters (0 = full training)"},
         {"lora-target", ARG_STR, &lora_target, NULL, false,
          "LoRA target modules (q_proj,v_proj, a regular expression or all-linear; default: PEFT's per architecture)"},
+        QUANT_FLAG_SPECS(qf),
         {"json", ARG_FLAG, &as_json, NULL, false, "print the estimate as JSON (bytes)"},
+        {"task", ARG_STR, &task, "lm", false,
+         "lm, reward, dpo or ppo: dpo and ppo add the reference model, ppo the reward model, value head and rollouts"},
+        {"ref-model", ARG_STR, &ref_dir, NULL, false, "dpo, ppo: the reference's folder (default: the model's shape; "
+         "none with --lora-r, whose reference is the base without adapters)"},
+        {"reward-model", ARG_STR, &rm_dir, NULL, false, "ppo: the reward model's folder (default: the model's shape)"},
+        {"ppo-batch", ARG_INT, &ppo_batch, "0", false, "ppo: rollouts per PPO batch per rank (ppo.batch_size; 0: --micro-batch)"},
     };
     int rc = args_parse("estimate", "Estimates the per-rank memory of a training run.", argc, argv, specs,
                         ARGS_COUNT(specs));
@@ -160,7 +231,8 @@ int cmd_estimate(int argc, char **argv) {
                         .sgd_momentum = momentum, .zero_stage = stage, .dp = dp, .async_save = async_save,
                         .offload_optimizer = offload, .offload_buffer_count = off_count,
                         .offload_buffer_size = off_size, .pipe = pipe, .tensor = tensor,
-                        .offload_param = offload_p, .threads = threads};
+                        .offload_param = offload_p, .threads = threads, .expert_parallel = ep,
+                        .capacity_factor = capacity};
     size_t budget = 0;
     if (!cllm_precision_from_name(precision, &s.precision)) {
         fprintf(stderr, "cllm estimate: --precision must be fp32, bf16 or fp16, got '%s'\n", precision);
@@ -204,17 +276,49 @@ int cmd_estimate(int argc, char **argv) {
         }
         s.lora_rank = lora_r;
     }
+    side_bytes side;
+    if (!strcmp(task, "ppo")) cfg.value_head = true; /* v_head.summary: C + 1 trained parameters */
+    if ((rc = side_models(task, &cfg, ref_dir, rm_dir, lora_r > 0, B * accum, T, ppo_batch > 0 ? ppo_batch : B * accum,
+                          &side)))
+        goto done;
+    s.overhead += side.ref + side.reward + side.rollouts;
+    cllm_bnb_config qc;
+    cllm_bnb_config_default(&qc);
+    if (quant_flags_any(&qf)) { /* QLoRA: the base's linear layers quantized */
+        json_t *qo = json_object();
+        quant_flags_to_json(&qf, qo);
+        cllm_status qst = lora_r > 0 ? cllm_bnb_config_parse(&qc, qo, "quantization", "flags")
+                                     : CLLM_FAIL(CLLM_ERR_ARG, "a quantized base (--load-in-4bit / --load-in-8bit) "
+                                                 "trains only with LoRA adapters: give --lora-r");
+        json_decref(qo);
+        if (!qst) qst = cllm_model_config_quantized(&cfg, &qc, &s.quant_numel, &s.quant_bytes, &s.quant_widest);
+        cllm_bnb_config_free(&qc);
+        if (qst) {
+            fprintf(stderr, "cllm estimate: %s\n", cllm_last_error());
+            rc = 2;
+            goto done;
+        }
+    }
     cllm_mem_estimate e;
     if (cllm_memory_estimate(&cfg, &s, &e)) {
         fprintf(stderr, "cllm estimate: %s\n", cllm_last_error());
         rc = 2;
         goto done;
     }
+    e.overhead -= side.ref + side.reward + side.rollouts;
     cllm_mem_setup best;
     cllm_mem_estimate be;
     bool fits = memory_s && cllm_memory_suggest(&cfg, &s, budget, &best, &be);
     if (as_json) {
         json_t *j = to_json(&e);
+        json_object_set_new(j, "reference_model", json_integer((json_int_t)side.ref));
+        json_object_set_new(j, "reward_model", json_integer((json_int_t)side.reward));
+        json_object_set_new(j, "rollouts", json_integer((json_int_t)side.rollouts));
+        if (cfg.n_experts) add_moe_json(j, &e);
+        if (s.quant_numel) { /* a quantized base: its layers' parameters and stored bytes */
+            json_object_set_new(j, "quantized_params", json_integer((json_int_t)s.quant_numel));
+            json_object_set_new(j, "quantized_bytes", json_integer((json_int_t)s.quant_bytes));
+        }
         if (memory_s) json_object_set_new(j, "fits", json_boolean(e.total <= budget));
         if (fits)
             json_object_set_new(j, "suggest",
@@ -229,11 +333,22 @@ int cmd_estimate(int argc, char **argv) {
     }
     printf("%s, %zu parameters (%d layers, hidden %d, vocab %d), %s matmuls, fp32 master weights\n",
            cfg.n_experts ? "mixtral" : cllm_arch_name(cfg.arch), e.n_params, cfg.n_layer, cfg.n_embd, cfg.vocab_size, cllm_precision_name(s.precision));
+    if (cfg.n_experts)
+        printf("%d experts per block, %d per token: %zu active parameters per token (%.1f%%)\n", cfg.n_experts,
+               cfg.n_experts_per_tok, e.active_params, 100.0 * (double)e.active_params / (double)e.n_params);
     if (lora_r > 0)
         printf("LoRA r=%d: %d adapted layers, %zu trainable parameters (%.3f%%); the base is frozen (no gradient or "
                "optimizer state)\n", lora_r, lora_n, lora_numel, 100.0 * (double)lora_numel / (double)e.n_params);
+    if (s.quant_numel)
+        printf("QLoRA base: %zu parameters of its linear layers in %s%s: %.1f MB instead of %.1f MB fp32\n",
+               s.quant_numel, cllm_bnb_type_name(cllm_bnb_config_type(&qc)),
+               qc.double_quant && !qc.load_in_8bit ? " with double quantization" : "", (double)s.quant_bytes / 1e6,
+               (double)s.quant_numel * 4.0 / 1e6);
     print_setup(&s);
     print_table(&e);
+    if (side.ref || side.reward)
+        printf("  of which %s: reference model %.1f MB, reward model %.1f MB, rollout buffers %.1f MB (fp32, forward "
+               "only)\n", task, (double)side.ref / 1e6, (double)side.reward / 1e6, (double)side.rollouts / 1e6);
     if (memory_s) {
         if (e.total <= budget) {
             printf("fits in %.1f MB as given\n", (double)budget / 1e6);

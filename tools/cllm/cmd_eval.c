@@ -16,10 +16,12 @@
 #include "cllm/lora.h"
 #include "cllm/model.h"
 #include "commands.h"
+#include "quant_flags.h"
 
 int cmd_eval(int argc, char **argv) {
     const char *model_dir, *data_path, *tok_dir, *split, *prec_name, *weights, *adapter;
     int B, T, skip_bad;
+    quant_flags qf = {0};
     arg_spec specs[] = {
         {"model", ARG_STR, &model_dir, NULL, true, "HF model folder, checkpoint folder, or a training output folder (its latest checkpoint)"},
         {"data", ARG_STR, &data_path, NULL, true,
@@ -32,6 +34,7 @@ int cmd_eval(int argc, char **argv) {
         {"precision", ARG_STR, &prec_name, "fp32", false, "matmul precision: fp32, bf16 or fp16"},
         {"weights", ARG_STR, &weights, NULL, false, "fp32, bf16, int8 (Q8_0 blocks) or q4 (Q4_0 blocks) weights (default: as stored)"},
         {"adapter", ARG_STR, &adapter, NULL, false, "PEFT LoRA adapter folder applied to the model (docs/lora.md)"},
+        QUANT_FLAG_SPECS(qf),
     };
     int rc = args_parse("eval", "Reports the mean loss and perplexity of a model on data.", argc, argv, specs,
                         ARGS_COUNT(specs));
@@ -57,7 +60,9 @@ int cmd_eval(int argc, char **argv) {
         rc = 2;
         goto done;
     }
-    if (cllm_ckpt_load_model_weights(&m, model_dir, weights) || cllm_model_set_precision(m, prec) ||
+    if ((quant_flags_any(&qf) ? quant_flags_load(&qf, &m, model_dir, weights)
+                              : cllm_ckpt_load_model_weights(&m, model_dir, weights)) ||
+        cllm_model_set_precision(m, prec) ||
         (adapter && cllm_lora_load(m, adapter))) { /* an HF folder or either checkpoint format */
         rc = tool_fail("eval");
         goto done;

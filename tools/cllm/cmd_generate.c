@@ -34,6 +34,7 @@
 #include "cllm/model.h"
 #include "cllm/tokenizer.h"
 #include "commands.h"
+#include "quant_flags.h"
 
 /* Parses "1,2,3" (spaces allowed around commas) into a malloc'd array. */
 static int parse_id_list(const char *s, int32_t **ids, size_t *n) {
@@ -111,9 +112,11 @@ int cmd_generate(int argc, char **argv) {
     long long seed;
     bool greedy = false, ignore_eos = false;
     arg_list stops = {0}, bias = {0};
+    quant_flags qf = {0};
     arg_spec specs[] = {
         {"model", ARG_STR, &model_dir, NULL, true, "HF model folder (config.json + safetensors)"},
         {"adapter", ARG_STR, &adapter, NULL, false, "PEFT LoRA adapter folder applied to the model (docs/lora.md)"},
+        QUANT_FLAG_SPECS(qf),
         {"prompt", ARG_STR, &prompt, NULL, false, "prompt text (encoded with the tokenizer)"},
         {"prompt-ids", ARG_STR, &prompt_ids, NULL, false, "prompt as comma-separated token ids, e.g. \"1,2,3\""},
         {"tokenizer", ARG_STR, &tok_dir, NULL, false, "folder with tokenizer.json (default: the model folder)"},
@@ -198,13 +201,18 @@ int cmd_generate(int argc, char **argv) {
     cllm_generation *gen = NULL;
     cllm_token_buf enc = {0};
     rc = 1;
+    if (quant_flags_any(&qf) && tensor > 1) {
+        fprintf(stderr, "cllm generate: --tensor with a quantized base (--load-in-4bit / --load-in-8bit): not "
+                        "supported\n");
+        goto done;
+    }
     if (tool_tp_load(&m, model_dir, tensor, weights, "generate")) goto fail;
     if (tool_tp_follower(m)) { /* ranks > 0 follow rank 0's forward passes */
         rc = tool_tp_follow(m, "generate");
         m = NULL;
         goto done;
     }
-    if (!m && cllm_model_load_weights(&m, model_dir, weights)) goto fail;
+    if (!m && quant_flags_load(&qf, &m, model_dir, weights)) goto fail;
     if (adapter && cllm_lora_load(m, adapter)) goto fail;
     const cllm_model_config *c = cllm_model_get_config(m);
     const char *tdir = tok_dir ? tok_dir : model_dir;

@@ -10,6 +10,8 @@
  * loads a PEFT LoRA adapter folder onto the model: the base is frozen and
  * the gradients written are those of the trainable views (lora_A, lora_B,
  * trained biases and modules_to_save) under their PEFT names.
+ * --load-in-4bit / --load-in-8bit (with --adapter) quantize the base's
+ * linear layers as QLoRA does (docs/lora.md#qlora).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,11 +23,13 @@
 #include "cllm/lora.h"
 #include "cllm/model.h"
 #include "commands.h"
+#include "quant_flags.h"
 
 int cmd_grad(int argc, char **argv) {
     const char *model_dir, *data_path, *out, *prec_name, *logits_out, *adapter;
     int B, T;
     bool grad_ckpt = false;
+    quant_flags qf = {0};
     arg_spec specs[] = {
         {"model", ARG_STR, &model_dir, NULL, true, "HF model folder"},
         {"data", ARG_STR, &data_path, NULL, true, "pre-tokenized JSONL"},
@@ -37,6 +41,7 @@ int cmd_grad(int argc, char **argv) {
         {"precision", ARG_STR, &prec_name, "fp32", false, "matmul precision: fp32, bf16 or fp16"},
         {"logits-out", ARG_STR, &logits_out, NULL, false, "safetensors file for the last position's logits"},
         {"adapter", ARG_STR, &adapter, NULL, false, "PEFT LoRA adapter folder: gradients of its tensors only"},
+        QUANT_FLAG_SPECS(qf),
     };
     int rc = args_parse("grad", "Computes loss and parameter gradients for one batch.", argc, argv, specs,
                         ARGS_COUNT(specs));
@@ -53,7 +58,13 @@ int cmd_grad(int argc, char **argv) {
         args_free(specs, ARGS_COUNT(specs));
         return 2;
     }
-    if (cllm_model_load(&m, model_dir) || cllm_model_set_precision(m, prec) || (adapter && cllm_lora_load(m, adapter))) {
+    if (quant_flags_any(&qf) && !adapter) {
+        fprintf(stderr, "cllm grad: a quantized base (--load-in-4bit / --load-in-8bit) is frozen: give --adapter\n");
+        args_free(specs, ARGS_COUNT(specs));
+        return 2;
+    }
+    if (quant_flags_load(&qf, &m, model_dir, "fp32") || cllm_model_set_precision(m, prec) ||
+        (adapter && cllm_lora_load(m, adapter))) {
         cllm_model_free(m);
         args_free(specs, ARGS_COUNT(specs));
         return tool_fail("grad");

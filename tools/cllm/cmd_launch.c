@@ -6,13 +6,18 @@
  *               [--timeout SEC] [--heartbeat-timeout SEC] [--launcher-args "ARGS"]
  *               [--dry-run] -- train ...
  *
- * The hosts come from a DeepSpeed-style hostfile (or this machine alone),
- * filtered by --include / --exclude and cut to -n ranks (parsing in
- * src/dist/launch.c). Each host becomes one mpirun application context
- * `-np K --host NAME:K`, so ranks are numbered host by host in hostfile
- * order and every context carries its own OMP_NUM_THREADS: this machine's
- * core count divided by the ranks on that host (hosts are assumed to be
- * alike), unless OMP_NUM_THREADS is set in the environment or .cllm_env.
+ * The hosts come from a DeepSpeed-style hostfile, else from the Slurm
+ * allocation the launcher runs in (SLURM_JOB_ID set: SLURM_JOB_NODELIST,
+ * SLURM_TASKS_PER_NODE, SLURM_NTASKS; src/dist/launch_slurm.c), else this
+ * machine alone; they are filtered by --include / --exclude and cut to -n
+ * ranks (parsing in src/dist/launch.c). Each host becomes one mpirun
+ * application context `-np K --host NAME:K`, so ranks are numbered host by
+ * host in hostfile order and every context carries its own
+ * OMP_NUM_THREADS: the host's CPUs divided by the ranks on it (the CPUs
+ * Slurm gave the job there, SLURM_CPUS_PER_TASK when set, else this
+ * machine's core count: hosts are assumed to be alike), unless
+ * OMP_NUM_THREADS is set in the environment or .cllm_env. Inside Slurm,
+ * OpenMPI's mpirun starts its daemons on the other nodes through srun.
  * Variables of .cllm_env (current directory first, then $HOME), and
  * CLLM_* and OMP_* variables of the environment, reach every rank via
  * `-x`. The exact command is printed before it runs; --dry-run only prints.
@@ -151,8 +156,9 @@ int cmd_launch(int argc, char **argv) {
     const char *hostfile = NULL, *include = NULL, *exclude = NULL, *largs = NULL, *mpirun = "mpirun";
     bool dry = false;
     arg_spec specs[] = {
-        {"np", ARG_INT, &np, "0", false, "ranks (-n N); 0 = every selected slot, or this machine's cores without --hostfile"},
-        {"hostfile", ARG_STR, &hostfile, NULL, false, "DeepSpeed hostfile: 'HOST slots=N' lines"},
+        {"np", ARG_INT, &np, "0", false, "ranks (-n N); 0 = SLURM_NTASKS in a Slurm allocation, else every selected slot, or this machine's cores without --hostfile"},
+        {"hostfile", ARG_STR, &hostfile, NULL, false,
+         "DeepSpeed hostfile: 'HOST slots=N' lines (default: the Slurm allocation when SLURM_JOB_ID is set, else this machine)"},
         {"include", ARG_STR, &include, NULL, false, "only these hosts/slots: host1:0,2@host2"},
         {"exclude", ARG_STR, &exclude, NULL, false, "all but these hosts/slots: host1:1@host3"},
         {"timeout", ARG_F64, &timeout, "0", false, "collective timeout in seconds for every rank (CLLM_DIST_TIMEOUT); 0 = keep the default"},
@@ -191,14 +197,38 @@ int cmd_launch(int argc, char **argv) {
     int n_env = 0;
     strvec cmd = {0};
     rc = 0;
+    const char *slurm_job = getenv("SLURM_JOB_ID");
+    int cpus_per_task = 0, slurm_ntasks = 0;
     if (hostfile) {
         if (cllm_launch_hostfile_load(hostfile, &hosts)) {
             rc = tool_fail("launch");
             goto done;
         }
+    } else if (slurm_job && *slurm_job) {
+        cllm_launch_slurm env = {getenv("SLURM_JOB_NODELIST"), getenv("SLURM_TASKS_PER_NODE"), getenv("SLURM_NTASKS"),
+                                 getenv("SLURM_JOB_CPUS_PER_NODE")};
+        if (cllm_launch_hosts_slurm(&env, &hosts, &slurm_ntasks)) {
+            fprintf(stderr, "cllm launch: Slurm job %s: %s (or give --hostfile)\n", slurm_job, cllm_last_error());
+            rc = 1;
+            goto done;
+        }
+        const char *cpt = getenv("SLURM_CPUS_PER_TASK");
+        if (cpt && *cpt) {
+            char *end = NULL;
+            long v = strtol(cpt, &end, 10);
+            if (*end || v < 1 || v > 65536) {
+                fprintf(stderr, "cllm launch: Slurm job %s: SLURM_CPUS_PER_TASK '%s' is not a CPU count\n", slurm_job, cpt);
+                rc = 1;
+                goto done;
+            }
+            cpus_per_task = (int)v;
+        }
+        fprintf(stderr, "cllm launch: Slurm job %s: hosts from SLURM_JOB_NODELIST=%s SLURM_TASKS_PER_NODE=%s%s%s\n",
+                slurm_job, env.nodelist, env.tasks_per_node, env.ntasks ? " SLURM_NTASKS=" : "",
+                env.ntasks ? env.ntasks : "");
     } else {
         if ((include && *include) || (exclude && *exclude)) {
-            fprintf(stderr, "cllm launch: --include/--exclude need a --hostfile\n");
+            fprintf(stderr, "cllm launch: --include/--exclude need a --hostfile (or a Slurm allocation)\n");
             rc = 2;
             goto done;
         }
@@ -208,7 +238,16 @@ int cmd_launch(int argc, char **argv) {
             goto done;
         }
     }
-    if (cllm_launch_hosts_filter(&hosts, include, exclude) || (np && cllm_launch_hosts_limit(&hosts, np))) {
+    /* SLURM_NTASKS is the default -n (never more than the filters leave) */
+    bool np_slurm = !np && slurm_ntasks;
+    if (np_slurm) np = slurm_ntasks;
+    if (cllm_launch_hosts_filter(&hosts, include, exclude)) {
+        fprintf(stderr, "cllm launch: %s\n", cllm_last_error());
+        rc = 2;
+        goto done;
+    }
+    if (np_slurm && np > cllm_launch_hosts_count(&hosts)) np = cllm_launch_hosts_count(&hosts);
+    if (np && cllm_launch_hosts_limit(&hosts, np)) {
         fprintf(stderr, "cllm launch: %s\n", cllm_last_error());
         rc = 2;
         goto done;
@@ -258,7 +297,7 @@ int cmd_launch(int argc, char **argv) {
             push(&cmd, envkv[i]);
         }
         if (!omp_set) {
-            long t = cores / x->n_sel;
+            long t = cpus_per_task ? cpus_per_task : (x->cpus ? x->cpus : cores) / x->n_sel;
             push(&cmd, "-x");
             pushf(&cmd, "OMP_NUM_THREADS=%s%d", "", (int)(t < 1 ? 1 : t));
         }

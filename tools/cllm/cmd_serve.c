@@ -6,7 +6,7 @@
  *              [--model-id NAME] [--max-concurrent-requests 128]
  *              [--max-batch-size N] [--max-input-tokens N] [--max-total-tokens N]
  *              [--kv-cache-tokens N] [--api-key KEY] [--threads N]
- *              [--weights fp32|bf16|int8|q4]
+ *              [--weights fp32|bf16|int8|q4] [--lora-adapters NAME=DIR,...]
  *
  * DIR is an HF folder, a checkpoint folder (either format) or a run folder
  * (its newest checkpoint). When ready it prints "listening on
@@ -27,6 +27,7 @@
 #include "cllm/checkpoint.h"
 #include "cllm/core.h"
 #include "cllm/dist.h"
+#include "cllm/lora.h"
 #include "cllm/server.h"
 #include "commands.h"
 
@@ -50,10 +51,46 @@ static const char *base_name(const char *dir, char *buf, size_t n) {
     return buf;
 }
 
+/* --lora-adapters: NAME=DIR or DIR (named after its folder), separated by
+ * commas or given as several values. Returns 0, or 2 after a message. */
+static int load_adapters(cllm_lora_set *set, const arg_list *l) {
+    for (int i = 0; i < l->n; i++) {
+        char *all = strdup(l->items[i]), *save = NULL, nb[256];
+        if (!all) {
+            CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+            return 1;
+        }
+        for (char *it = strtok_r(all, ",", &save); it; it = strtok_r(NULL, ",", &save)) {
+            char *eq = strchr(it, '=');
+            const char *dir = eq ? eq + 1 : it, *name = eq ? (*eq = 0, it) : base_name(it, nb, sizeof nb);
+            bool bad = !*name || !*dir;
+            for (const char *c = name; *c && !bad; c++)
+                bad = (unsigned char)*c <= ' ' || *c == '"' || *c == '\\' || *c == 0x7f;
+            if (bad) {
+                fprintf(stderr, "cllm serve: --lora-adapters '%s': expected NAME=DIR (a name without spaces, quotes "
+                                "or control characters), e.g. sql=runs/lora-sql\n", l->items[i]);
+                free(all);
+                return 2;
+            }
+            if (cllm_lora_set_add(set, name, dir)) {
+                free(all);
+                return 1;
+            }
+            int k = cllm_lora_set_count(set) - 1;
+            const cllm_lora_config *c = cllm_lora_set_config(set, k);
+            fprintf(stderr, "cllm serve: adapter %s (%s): r=%d alpha=%g on %d layers, %zu parameters\n", name, dir,
+                    c->r, c->lora_alpha, cllm_lora_set_layers(set, k), cllm_lora_set_numel(set, k));
+        }
+        free(all);
+    }
+    return 0;
+}
+
 int cmd_serve(int argc, char **argv) {
     const char *model_dir, *tok_dir, *host, *model_id, *api_key, *wfmt;
     int port, max_conc, max_batch, max_prefill, max_in, max_total, kv_tokens, threads, drain, timeout, tensor;
     long long max_body;
+    arg_list lora = {0};
     arg_spec specs[] = {
         {"model", ARG_STR, &model_dir, NULL, true, "HF model folder, checkpoint folder or run folder"},
         {"tokenizer", ARG_STR, &tok_dir, NULL, false, "folder with tokenizer.json (default: the model's)"},
@@ -77,6 +114,9 @@ int cmd_serve(int argc, char **argv) {
         {"drain-seconds", ARG_INT, &drain, "30", false, "on SIGTERM, how long requests in flight may take"},
         {"tensor", ARG_INT, &tensor, "1", false,
          "tensor-parallel ranks: under mpirun -np N each rank holds 1/N of the weights; rank 0 serves HTTP"},
+        {"lora-adapters", ARG_LIST, &lora, NULL, false,
+         "NAME=DIR,... PEFT LoRA adapter folders on the one base; a request picks one by TGI's adapter_id or "
+         "OpenAI's model (docs/serve.md)"},
     };
     int rc = args_parse("serve", "Serves a model over HTTP: TGI and OpenAI APIs with continuous batching.", argc,
                         argv, specs, ARGS_COUNT(specs));
@@ -93,6 +133,9 @@ int cmd_serve(int argc, char **argv) {
     else if (threads < 0) usage = "--threads must be >= 0";
     else if (max_body < 64 || max_body > (1LL << 30)) usage = "--max-body-bytes must be in [64, 2^30]";
     else if (timeout < 1 || drain < 1) usage = "--timeout and --drain-seconds must be >= 1";
+    else if (lora.n && tensor > 1)
+        usage = "--lora-adapters with --tensor: adapters are not served on a tensor-parallel model (merge one with "
+                "`cllm lora merge`, or serve without --tensor)";
     if (usage) {
         fprintf(stderr, "cllm serve: %s (see cllm serve --help)\n", usage);
         args_free(specs, ARGS_COUNT(specs));
@@ -104,6 +147,7 @@ int cmd_serve(int argc, char **argv) {
     cllm_tokenizer *tok = NULL;
     cllm_chat_template *tmpl = NULL;
     cllm_server *srv = NULL;
+    cllm_lora_set *adapters = NULL;
     char *ckpt = NULL, *bos = NULL, *eos = NULL, idbuf[256];
     rc = 1;
     /* A run folder means its newest checkpoint; the tokenizer and template
@@ -120,6 +164,12 @@ int cmd_serve(int argc, char **argv) {
         goto done;
     }
     if (!m && cllm_ckpt_load_model_weights(&m, weights, wfmt)) goto fail;
+    if (lora.n) {
+        if (cllm_lora_set_init(&adapters, m)) goto fail;
+        int lrc = load_adapters(adapters, &lora);
+        if (lrc == 2) rc = 2;
+        if (lrc) goto fail_rc;
+    }
     const char *tdir = tok_dir ? tok_dir : has_file(weights, "tokenizer.json") ? weights : model_dir;
     char parent[4096];
     if (!tok_dir && !has_file(tdir, "tokenizer.json")) {
@@ -146,7 +196,8 @@ int cmd_serve(int argc, char **argv) {
                              .timeout_s = timeout,
                              .drain_s = drain,
                              .version = CLLM_VERSION_STRING,
-                             .threads = threads};
+                             .threads = threads,
+                             .adapters = adapters};
     if (cllm_server_init(&srv, m, tok, tmpl, bos, eos, &sp)) goto fail;
 
     /* Signals are taken by this thread only (sigwait); every thread the
@@ -185,8 +236,12 @@ int cmd_serve(int argc, char **argv) {
     goto done;
 fail:
     rc = tool_fail("serve");
+    goto done;
+fail_rc:
+    if (rc != 2) rc = tool_fail("serve");
 done:
     cllm_server_free(srv);
+    cllm_lora_set_free(adapters);
     tool_tp_end(m);
     cllm_chat_template_free(tmpl);
     cllm_tokenizer_free(tok);

@@ -25,6 +25,7 @@
 #include "cllm/optim.h"
 #include "cllm/train.h"
 #include "commands.h"
+#include "quant_flags.h"
 
 /* The test hooks' settings, read from the environment. */
 typedef struct {
@@ -134,8 +135,10 @@ typedef struct {
     const char *config, *model, *data, *eval_data, *out, *steps, *batch, *micro, *accum, *seq_len, *save_interval,
         *save_limit, *eval_interval, *eval_iters, *resume, *seed, *optimizer, *lr, *wd, *clip, *log_every, *shard,
         *log, *peak, *tokenizer, *splits, *skip_bad, *task, *ref_model, *beta, *loss_type, *smoothing, *heartbeat,
-        *lora_r, *lora_alpha, *lora_dropout, *lora_target, *adapter, *center;
-    bool no_shuffle, strict, print_config, sync_save, grad_ckpt, reference_free;
+        *lora_r, *lora_alpha, *lora_dropout, *lora_target, *adapter, *center, *reward_model, *rollouts, *kl_coef,
+        *ppo_epochs;
+    bool no_shuffle, strict, print_config, sync_save, grad_ckpt, reference_free, precompute;
+    quant_flags quant;
 } train_flags;
 
 /* Sets optimizer.type from a cllm optimizer name: "adam" keeps torch Adam's
@@ -225,7 +228,25 @@ static int apply_flags(json_t *j, const train_flags *f) {
     if (f->sync_save) json_object_set_new(j, "async_save", json_false());
     if (f->grad_ckpt) json_object_set_new(j, "use_grad_ckpt", json_true());
     if (f->task) json_object_set_new(j, "task", json_string(f->task));
-    if (f->ref_model || f->beta || f->loss_type || f->smoothing || f->reference_free) {
+    const char *task = json_string_value(json_object_get(j, "task"));
+    if (task && strcmp(task, "ppo") == 0 && (f->ref_model || f->reward_model || f->rollouts || f->kl_coef ||
+                                             f->ppo_epochs)) {
+        json_t *d = json_object_get(j, "ppo");
+        if (d && !json_is_object(d)) {
+            fprintf(stderr, "cllm train: ppo: expected an object\n");
+            return 2;
+        }
+        d = sub_object(j, "ppo");
+        if (f->ref_model) json_object_set_new(d, "ref_model", json_string(f->ref_model));
+        if (f->reward_model) json_object_set_new(d, "reward_model", json_string(f->reward_model));
+        if (f->rollouts) json_object_set_new(d, "rollouts", json_string(f->rollouts));
+        if (f->kl_coef) rc = rc ? rc : set_num(d, json_object_get(d, "kl_coef") ? "kl_coef" : "init_kl_coef",
+                                               "init-kl-coef", f->kl_coef);
+        if (f->ppo_epochs) rc = rc ? rc : set_int(d, "ppo_epochs", "ppo-epochs", f->ppo_epochs);
+    } else if (f->reward_model || f->rollouts || f->kl_coef || f->ppo_epochs) {
+        fprintf(stderr, "cllm train: --reward-model, --rollouts, --init-kl-coef and --ppo-epochs apply to --task ppo\n");
+        return 2;
+    } else if (f->ref_model || f->beta || f->loss_type || f->smoothing || f->reference_free || f->precompute) {
         json_t *d = json_object_get(j, "dpo");
         if (d && !json_is_object(d)) {
             fprintf(stderr, "cllm train: dpo: expected an object\n");
@@ -237,6 +258,7 @@ static int apply_flags(json_t *j, const train_flags *f) {
         if (f->loss_type) json_object_set_new(d, "loss_type", json_string(f->loss_type));
         if (f->smoothing) rc = rc ? rc : set_num(d, "label_smoothing", "label-smoothing", f->smoothing);
         if (f->reference_free) json_object_set_new(d, "reference_free", json_true());
+        if (f->precompute) json_object_set_new(d, "precompute_ref_log_probs", json_true());
     }
     if (f->adapter) json_object_set_new(j, "adapter", json_string(f->adapter));
     if (f->lora_r || f->lora_alpha || f->lora_dropout || f->lora_target) {
@@ -266,6 +288,14 @@ static int apply_flags(json_t *j, const train_flags *f) {
             cllm_lora_config_free(&t);
         }
     }
+    if (quant_flags_any(&f->quant)) {
+        json_t *q = json_object_get(j, "quantization");
+        if (q && !json_is_object(q)) {
+            fprintf(stderr, "cllm train: quantization: expected an object\n");
+            return 2;
+        }
+        quant_flags_to_json(&f->quant, sub_object(j, "quantization"));
+    }
     if (f->center) {
         json_t *d = json_object_get(j, "reward");
         if (d && !json_is_object(d)) {
@@ -292,7 +322,7 @@ int cmd_train(int argc, char **argv) {
         {"eval-data", ARG_STR, &f.eval_data, NULL, false, "evaluation data spec (data.eval)"},
         {"out", ARG_STR, &f.out, NULL, false, "output folder: model, checkpoints, metrics.jsonl (output_dir)"},
         {"steps", ARG_STR, &f.steps, NULL, false, "total optimizer steps of the run; a resumed run continues up to it (train_iters)"},
-        {"batch-size", ARG_STR, &f.batch, NULL, false, "samples (dpo, reward: pairs) per optimizer step (train_batch_size; default 8 without --config)"},
+        {"batch-size", ARG_STR, &f.batch, NULL, false, "samples (dpo, reward: pairs; ppo: rollouts) per optimizer step (train_batch_size; default 8 without --config)"},
         {"micro-batch-size", ARG_STR, &f.micro, NULL, false, "samples per forward/backward (train_micro_batch_size_per_gpu)"},
         {"grad-accum", ARG_STR, &f.accum, NULL, false, "micro-batches per step (gradient_accumulation_steps)"},
         {"seq-len", ARG_STR, &f.seq_len, NULL, false, "tokens per sample, longer truncated, shorter padded (data.seq_len; default 128)"},
@@ -315,12 +345,22 @@ int cmd_train(int argc, char **argv) {
         {"grad-ckpt", ARG_FLAG, &f.grad_ckpt, NULL, false,
          "activation checkpointing: recompute block activations in backward (use_grad_ckpt; docs/memory.md)"},
         {"task", ARG_STR, &f.task, NULL, false,
-         "lm (language modelling, default), dpo or reward (preference pairs; docs/alignment.md)"},
-        {"ref-model", ARG_STR, &f.ref_model, NULL, false, "dpo: reference model folder (dpo.ref_model; default: --model)"},
+         "lm (language modelling, default), dpo or reward (preference pairs), ppo (docs/alignment.md)"},
+        {"ref-model", ARG_STR, &f.ref_model, NULL, false,
+         "dpo, ppo: reference model folder (dpo.ref_model, ppo.ref_model; default: --model, or with LoRA for ppo the base without adapters)"},
         {"beta", ARG_STR, &f.beta, NULL, false, "dpo: beta (dpo.beta; default 0.1)"},
         {"loss-type", ARG_STR, &f.loss_type, NULL, false, "dpo: sigmoid, ipo, hinge or robust (dpo.loss_type; default sigmoid)"},
         {"label-smoothing", ARG_STR, &f.smoothing, NULL, false, "dpo: label smoothing in [0, 0.5) (dpo.label_smoothing; default 0)"},
         {"reference-free", ARG_FLAG, &f.reference_free, NULL, false, "dpo: no reference model (dpo.reference_free)"},
+        {"precompute-ref-log-probs", ARG_FLAG, &f.precompute, NULL, false,
+         "dpo: the reference's log-probabilities of the data once before training, then the model freed "
+         "(dpo.precompute_ref_log_probs)"},
+        {"reward-model", ARG_STR, &f.reward_model, NULL, false,
+         "ppo: reward model folder scoring the rollouts (ppo.reward_model; a `--task reward` output)"},
+        {"rollouts", ARG_STR, &f.rollouts, NULL, false,
+         "ppo: fixed rollouts (JSONL of query/response ids and scores) instead of generated ones (ppo.rollouts)"},
+        {"init-kl-coef", ARG_STR, &f.kl_coef, NULL, false, "ppo: initial KL coefficient (ppo.init_kl_coef; default 0.2)"},
+        {"ppo-epochs", ARG_STR, &f.ppo_epochs, NULL, false, "ppo: passes over each rollout batch (ppo.ppo_epochs; default 4)"},
         {"center-rewards-coefficient", ARG_STR, &f.center, NULL, false,
          "reward: weight of trl's centring term mean((r_c + r_r)^2) (reward.center_rewards_coefficient; default none)"},
         {"heartbeat-timeout", ARG_STR, &f.heartbeat, NULL, false,
@@ -332,6 +372,7 @@ int cmd_train(int argc, char **argv) {
         {"lora-target", ARG_STR, &f.lora_target, NULL, false,
          "LoRA: modules such as q_proj,v_proj, a regular expression or all-linear (lora.target_modules; default: "
          "PEFT's per architecture)"},
+        QUANT_FLAG_SPECS(f.quant),
         {"adapter", ARG_STR, &f.adapter, NULL, false, "LoRA: continue training this PEFT adapter folder (adapter)"},
         {"strict", ARG_FLAG, &f.strict, NULL, false, "unknown config keys are errors instead of warnings"},
         {"print-config", ARG_FLAG, &f.print_config, NULL, false, "print the resolved config as JSON and exit"},

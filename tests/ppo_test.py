@@ -1,0 +1,664 @@
+#!/usr/bin/python3
+"""`cllm train --task ppo` against an independent float64 PyTorch
+implementation of trl's classic PPOTrainer formulas (docs/alignment.md).
+
+Cases (--case):
+  losses  tiny random GPT-2, LLaMA and BLOOM policies with a value head
+          (v_head.summary.weight/bias in the folder, trl's names) and a
+          separate reference; fixed rollouts from a file (--rollouts).
+          One SGD step (lr L) of cllm against torch: the step's loss
+          (policy + vf_coef * value, masked mean over response tokens),
+          trl's metrics (ppo/loss/*, clip fractions, objective/kl,
+          objective/entropy, env/reward_mean), and the update (w0 - w1) / L
+          against autograd's gradient of that loss for every tensor, the
+          value head included (relative L2 1e-4). Variants: old
+          log-probabilities and values given in the file (ratios away from
+          1, both clips active), computed by cllm (whiten_rewards, the
+          default reference), gradient accumulation, 2 epochs over a batch
+          (two SGD steps against torch's two). Also the
+          adaptive KL coefficient of the second batch against trl's
+          controller, and the output folder keeping v_head.* with trl's
+          names.
+  generate  rollouts generated with the key/value cache from prompts and
+          scored by a reward model (`cllm train --task reward` output):
+          runs, logs trl's metrics, saves the value head; the mean reward
+          rises when the reward model prefers one token.
+  lora    LoRA adapters on a frozen base: the value head trains beside
+          them (saved in the adapter folder), the default reference is the
+          base with the adapters disabled (equal to the base folder as
+          --ref-model), and the first step equals the full model's.
+  estimate  `cllm estimate --task ppo` within 10% of a PPO run's peak RSS.
+  errors  bad rollout lines (FILE:LINE and the key), bad ppo keys and
+          values named, missing reward model, LoRA reference without
+          adapters.
+  mpi     2 ranks at ZeRO 1, 2 and 3 against the torch loss over both ranks'
+          rollouts (each rank whitens its own batch, as trl's processes do);
+          LoRA at ZeRO 1 and 2 on 2 ranks.
+
+Run by ctest (label train; mpi: label mpi) as
+  /usr/bin/python3 tests/ppo_test.py --cllm build/cllm --case CASE
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import OrderedDict
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
+import hf_models as hm  # noqa: E402
+
+LOSS_RTOL = 1e-5
+GRAD_RTOL = 1e-4
+FAILED = []
+
+
+def check(name, ok, detail=""):
+    print("%s  %s%s" % ("ok  " if ok else "FAIL", name, ("  " + detail) if detail else ""))
+    if not ok:
+        FAILED.append(name)
+    return ok
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kw)
+
+
+# ------------------------------------------------------------------ torch side
+
+
+def hidden_size(cfg):
+    return cfg.get("n_embd") or cfg["hidden_size"]
+
+
+def hidden_states(cfg, p, ids):
+    """The final norm's output: the model with an identity LM head."""
+    hc = OrderedDict(cfg)
+    hc["tie_word_embeddings"] = False
+    q = dict(p)
+    q["lm_head.weight"] = torch.eye(hidden_size(cfg), dtype=next(iter(p.values())).dtype)
+    return hm.forward(hc, q, ids)
+
+
+def rows_tensor(recs, T, pad):
+    ids = torch.full((len(recs), T), pad, dtype=torch.long)
+    for i, r in enumerate(recs):
+        x = r["query"] + r["response"]
+        ids[i, :len(x)] = torch.tensor(x)
+    return ids
+
+
+def token_logps(cfg, p, ids):
+    logits = hm.forward(cfg, p, ids)[:, :-1, :]
+    return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def masked_mean(x, m):
+    return (x * m).sum() / m.sum()
+
+
+def masked_whiten(x, m, shift_mean=True):
+    mean = masked_mean(x, m)
+    var = masked_mean((x - mean) ** 2, m)
+    n = m.sum()
+    var = var * n / (n - 1)
+    w = (x - mean) * torch.rsqrt(var + 1e-8)
+    return w if shift_mean else w + mean
+
+
+def prepare(recs, T, lp, v, ref_lp, kl_coef, gamma, lam, whiten_rewards):
+    """trl's compute_rewards and compute_advantages on right-padded rows
+    (GAE over each row's response slice, as trl's left-padded batches run
+    it): advantages (whitened) and returns, [R, T-1]."""
+    R = len(recs)
+    mask = torch.zeros(R, T - 1, dtype=torch.float64)
+    for i, r in enumerate(recs):
+        q, n = len(r["query"]), len(r["response"])
+        mask[i, q - 1:q - 1 + n] = 1
+    rewards = -kl_coef * (lp - ref_lp) * mask
+    for i, r in enumerate(recs):
+        last = int(mask[i].nonzero()[-1])
+        rewards[i, last] += r["score"]
+    if whiten_rewards:
+        rewards = masked_whiten(rewards, mask, shift_mean=False)
+    adv = torch.zeros(R, T - 1, dtype=torch.float64)
+    for i, r in enumerate(recs):
+        q, n = len(r["query"]), len(r["response"])
+        rw, vv = rewards[i, q - 1:q - 1 + n], v[i, q - 1:q - 1 + n]
+        last, out = 0.0, []
+        for t in reversed(range(n)):
+            nv = vv[t + 1] if t < n - 1 else 0.0
+            delta = rw[t] + gamma * nv - vv[t]
+            last = delta + gamma * lam * last
+            out.append(last)
+        adv[i, q - 1:q - 1 + n] = torch.stack(out[::-1])
+    returns = adv + v * mask
+    kl = ((lp - ref_lp) * mask).sum(-1).mean()
+    ent = (-lp * mask).sum(-1).mean()
+    return masked_whiten(adv, mask), returns, mask, {"objective/kl": float(kl), "objective/entropy": float(ent)}
+
+
+def ppo_loss(lp, vpred, old_lp, old_v, adv, ret, mask, cliprange, cliprange_value, vf_coef):
+    """trl's PPOTrainer.loss: clipped value loss (0.5 max of squares) and
+    clipped policy loss, masked means."""
+    vclip = torch.max(torch.min(vpred, old_v + cliprange_value), old_v - cliprange_value)
+    vf1, vf2 = (vpred - ret) ** 2, (vclip - ret) ** 2
+    vf_loss = 0.5 * masked_mean(torch.max(vf1, vf2), mask)
+    vf_clip = masked_mean((vf2 > vf1).double(), mask)
+    ratio = torch.exp(lp - old_lp)
+    pg1, pg2 = -adv * ratio, -adv * torch.clamp(ratio, 1 - cliprange, 1 + cliprange)
+    pg_loss = masked_mean(torch.max(pg1, pg2), mask)
+    pg_clip = masked_mean((pg2 > pg1).double(), mask)
+    loss = pg_loss + vf_coef * vf_loss
+    return loss, {"ppo/loss/policy": float(pg_loss), "ppo/loss/value": float(vf_loss),
+                  "ppo/loss/total": float(loss), "ppo/policy/clipfrac": float(pg_clip),
+                  "ppo/val/clipfrac": float(vf_clip)}
+
+
+def values_of(cfg, p, ids):
+    h = hidden_states(cfg, p, ids)[:, :-1, :]
+    return (h @ p["v_head.summary.weight"].t())[..., 0] + p["v_head.summary.bias"][0]
+
+
+def torch_step(cfg, pol, ref, recs, T, pad, hp, groups=None, epochs=1, lr=None):
+    """One step's loss, metrics and gradients. groups: lists of record
+    indices prepared (whitened) separately (ranks), the loss a
+    token-weighted mean over all of them. epochs > 1: that many SGD steps
+    (lr) on the same batch, old log-probabilities, values and advantages
+    from its start; the last step's loss and metrics, the summed
+    gradients."""
+    groups = groups or [list(range(len(recs)))]
+    params = {n: t.detach().double() for n, t in pol.items()}
+    prepared = {}
+    gsum = None
+    for e in range(epochs):
+        loss, metrics, grads = _epoch(cfg, params, ref, recs, T, pad, hp, groups, prepared)
+        gsum = grads if gsum is None else {n: gsum[n] + grads[n] for n in grads}
+        if e + 1 < epochs:
+            params = {n: params[n] - lr * grads[n] for n in params}
+    return loss, metrics, gsum
+
+
+def _epoch(cfg, params, ref, recs, T, pad, hp, groups, prepared):
+    leaves = {n: t.clone().requires_grad_(True) for n, t in params.items()}
+    total, ntok, metrics = 0.0, 0.0, {}
+    for gi, g in enumerate(groups):
+        rs = [recs[i] for i in g]
+        ids = rows_tensor(rs, T, pad)
+        lp = token_logps(cfg, leaves, ids)
+        vp = values_of(cfg, leaves, ids)
+        if gi in prepared:
+            old_lp, old_v, adv, ret, mask, bstats = prepared[gi]
+            m = _losses(lp, vp, old_lp, old_v, adv, ret, mask, hp, bstats, rs)
+            total, ntok = _accumulate(total, ntok, m, metrics, mask, len(groups))
+            continue
+        with torch.no_grad():
+            ref_lp = token_logps(cfg, {n: t.double() for n, t in ref.items()}, ids)
+        old_lp, old_v = lp.detach().clone(), vp.detach().clone()
+        for i, r in enumerate(rs):
+            q, n = len(r["query"]), len(r["response"])
+            if "logprobs" in r:
+                old_lp[i, q - 1:q - 1 + n] = torch.tensor(r["logprobs"], dtype=torch.float64)
+            if "values" in r:
+                old_v[i, q - 1:q - 1 + n] = torch.tensor(r["values"], dtype=torch.float64)
+        adv, ret, mask, bstats = prepare(rs, T, old_lp, old_v, ref_lp, hp["kl"], hp["gamma"], hp["lam"],
+                                         hp["whiten"])
+        prepared[gi] = (old_lp, old_v, adv, ret, mask, bstats)
+        m = _losses(lp, vp, old_lp, old_v, adv, ret, mask, hp, bstats, rs)
+        total, ntok = _accumulate(total, ntok, m, metrics, mask, len(groups))
+    total = total / ntok
+    total.backward()
+    return float(total), metrics, {n: t.grad for n, t in leaves.items()}
+
+
+def _losses(lp, vp, old_lp, old_v, adv, ret, mask, hp, bstats, rs):
+    loss, m = ppo_loss(lp, vp, old_lp, old_v, adv, ret, mask, hp["cliprange"], hp["cliprange_value"], hp["vf_coef"])
+    m.update(bstats)
+    m["env/reward_mean"] = sum(r["score"] for r in rs) / len(rs)
+    m["_loss"] = loss
+    return m
+
+
+def _accumulate(total, ntok, m, metrics, mask, n_groups):
+    k = float(mask.sum())
+    total = total + m.pop("_loss") * k
+    for key, x in m.items():
+        metrics[key] = metrics.get(key, 0.0) + x / n_groups
+    return total, ntok + k
+
+
+# ------------------------------------------------------------------- data
+
+
+def policy_params(cfg, seed):
+    p = hm.init_params(cfg, seed=seed)
+    g = torch.Generator().manual_seed(seed + 7)
+    p["v_head.summary.weight"] = 0.3 * torch.randn(1, hidden_size(cfg), generator=g)
+    p["v_head.summary.bias"] = torch.tensor([0.1])
+    return p
+
+
+def make_rollouts(cfg, pol, T, n, seed, given):
+    """n rollouts of random queries and responses; with `given`, old
+    log-probabilities and values of a perturbed old policy in the file."""
+    V = cfg["vocab_size"]
+    r = random.Random(seed)
+    recs = []
+    for _ in range(n):
+        q = [r.randrange(V) for _ in range(r.randint(1, 4))]
+        resp = [r.randrange(V) for _ in range(r.randint(1, T - len(q)))]
+        recs.append({"query": q, "response": resp, "score": round(r.uniform(-2, 2), 3)})
+    if given:
+        ids = rows_tensor(recs, T, 0)
+        p = {k: t.double() for k, t in pol.items()}
+        with torch.no_grad():
+            lp, vp = token_logps(cfg, p, ids), values_of(cfg, p, ids)
+        for i, x in enumerate(recs):
+            q, m = len(x["query"]), len(x["response"])
+            x["logprobs"] = [float(lp[i, q - 1 + j]) + r.uniform(-0.4, 0.4) for j in range(m)]
+            x["values"] = [float(vp[i, q - 1 + j]) + r.uniform(-0.3, 0.3) for j in range(m)]
+    return recs
+
+
+def load_st(d):
+    return OrderedDict((n, x.float()) for n, x in hm.load_safetensors(os.path.join(d, "model.safetensors")).items())
+
+
+def write_jsonl(path, recs):
+    with open(path, "w") as f:
+        for x in recs:
+            f.write(json.dumps(x) + "\n")
+
+
+def metrics_of(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(l) for l in f if l.strip() and "loss" in json.loads(l)]
+
+
+def rel_l2(a, b):
+    a, b = a.double(), b.double()
+    d = float(torch.linalg.vector_norm(a - b))
+    n = float(torch.linalg.vector_norm(b))
+    return d / n if n > 0 else d
+
+
+def write_config(path, hp, extra=None):
+    ppo = {"init_kl_coef": hp["kl"], "gamma": hp["gamma"], "lam": hp["lam"], "cliprange": hp["cliprange"],
+           "cliprange_value": hp["cliprange_value"], "vf_coef": hp["vf_coef"], "whiten_rewards": hp["whiten"],
+           "ppo_epochs": hp.get("epochs", 1), "adap_kl_ctrl": hp.get("adaptive", False)}
+    ppo.update(extra or {})
+    with open(path, "w") as f:
+        json.dump({"task": "ppo", "ppo": ppo}, f)
+
+
+def train_cmd(cllm, model, out, cfg_path, T, LR, *extra):
+    return [cllm, "train", "--config", cfg_path, "--model", model, "--out", out, "--seq-len", str(T),
+            "--optimizer", "sgd", "--lr", str(LR), "--log", "quiet", "--peak-gflops", "1"] + list(extra)
+
+
+# --------------------------------------------------------------------- cases
+
+
+HP = {"kl": 0.3, "gamma": 0.9, "lam": 0.8, "cliprange": 0.1, "cliprange_value": 0.05, "vf_coef": 0.4,
+      "whiten": False}
+
+
+def compare(tag, out, pol, loss, metrics, grads, LR, step=-1):
+    ms = metrics_of(out)
+    m = ms[step]
+    lrel = abs(m["loss"] - loss) / max(abs(loss), 1e-30)
+    check("%s: loss" % tag, lrel <= LOSS_RTOL, "cllm %.9g torch %.9g rel %.1e" % (m["loss"], loss, lrel))
+    bad = ["%s %.9g vs %.9g" % (k, m.get(k, float("nan")), x) for k, x in metrics.items()
+           if not (abs(m.get(k, float("nan")) - x) <= 1e-5 * max(1.0, abs(x)))]
+    check("%s: trl metrics (%d)" % (tag, len(metrics)), not bad, "; ".join(bad))
+    new = hm.load_safetensors(os.path.join(out, "model.safetensors"))
+    worst, errs = 0.0, []
+    for n, g in grads.items():
+        upd = (pol[n].double() - new[n].double()) / LR
+        e = rel_l2(upd, g)
+        worst = max(worst, e)
+        if e > GRAD_RTOL:
+            errs.append("%s rel %.1e" % (n, e))
+    check("%s: SGD update = trl gradient (%d tensors, v_head included)" % (tag, len(grads)),
+          not errs and "v_head.summary.weight" in grads, "; ".join(errs[:6]) if errs else "worst rel-L2 %.1e" % worst)
+    return m
+
+
+def case_losses(cllm, tmp):
+    T, LR = 12, 100.0
+    for arch in ("gpt2", "llama", "bloom"):
+        cfg = hm.make_config(arch)
+        pol_dir, ref_dir = os.path.join(tmp, arch + ".pol"), os.path.join(tmp, arch + ".ref")
+        hm.save_hf_folder(pol_dir, cfg, policy_params(cfg, 5))
+        hm.save_hf_folder(ref_dir, cfg, hm.init_params(cfg, seed=6))
+        pol, ref = load_st(pol_dir), hm.load_hf_folder(ref_dir)[1]
+        pad = cfg.get("pad_token_id") if cfg.get("pad_token_id") is not None else cfg.get("eos_token_id") or 0
+        variants = [
+            # old logprobs and values from the file: ratios off 1, both clips active
+            ("given", True, dict(HP), ref_dir, ["--batch-size", "4"], None),
+            # computed at the batch's start, rewards whitened, the default reference
+            ("computed", False, dict(HP, whiten=True, gamma=1.0, lam=0.95), None, ["--batch-size", "4"], None),
+            ("accum", True, dict(HP), ref_dir, ["--batch-size", "4", "--micro-batch-size", "2", "--grad-accum", "2"],
+             None),
+        ]
+        for name, given, hp, rdir, extra, _ in variants:
+            tag = "%s %s" % (arch, name)
+            recs = make_rollouts(cfg, pol, T, 4, seed=len(arch) + len(name), given=given)
+            data = os.path.join(tmp, "%s.%s.jsonl" % (arch, name))
+            write_jsonl(data, recs)
+            conf = os.path.join(tmp, "%s.%s.json" % (arch, name))
+            write_config(conf, hp)
+            out = os.path.join(tmp, "%s.%s.out" % (arch, name))
+            cmd = train_cmd(cllm, pol_dir, out, conf, T, LR, "--rollouts", data, "--steps", "1", *extra)
+            if rdir:
+                cmd += ["--ref-model", rdir]
+            r = run(cmd)
+            if not check("%s: exit 0" % tag, r.returncode == 0, r.stderr[-600:] if r.returncode else ""):
+                continue
+            loss, metrics, grads = torch_step(cfg, pol, ref if rdir else pol, recs, T, pad, hp)
+            metrics["env/reward_mean"] = sum(x["score"] for x in recs) / len(recs)
+            m = compare(tag, out, pol, loss, metrics, grads, LR)
+            if name == "given":
+                check("%s: both clips active" % tag, 0 < m["ppo/policy/clipfrac"] < 1 and 0 < m["ppo/val/clipfrac"] < 1,
+                      "policy %.3f value %.3f" % (m["ppo/policy/clipfrac"], m["ppo/val/clipfrac"]))
+        # two epochs over one batch: step 2 trains on the same rollouts with
+        # the old log-probabilities, values and advantages of the batch's start
+        tag = "%s 2-epochs" % arch
+        recs = make_rollouts(cfg, pol, T, 4, seed=21, given=False)
+        data = os.path.join(tmp, arch + ".ep.jsonl")
+        write_jsonl(data, recs)
+        conf = os.path.join(tmp, arch + ".ep.json")
+        hp = dict(HP, epochs=2)
+        write_config(conf, hp)
+        out = os.path.join(tmp, arch + ".ep.out")
+        LR2 = 0.5
+        r = run(train_cmd(cllm, pol_dir, out, conf, T, LR2, "--rollouts", data, "--steps", "2", "--batch-size", "4",
+                          "--ref-model", ref_dir))
+        if check("%s: exit 0" % tag, r.returncode == 0, r.stderr[-600:]):
+            loss, metrics, grads = torch_step(cfg, pol, ref, recs, T, pad, hp, epochs=2, lr=LR2)
+            m = compare(tag, out, pol, loss, metrics, grads, LR2)
+            check("%s: step 2's ratios move off 1 (approxkl %.2e)" % (tag, m["ppo/policy/approxkl"]),
+                  m["ppo/policy/approxkl"] > 0 and metrics_of(out)[0]["ppo/policy/approxkl"] == 0)
+        # the adaptive KL controller: batch 2's coefficient from batch 1's KL
+        tag = "%s adaptive-kl" % arch
+        recs = make_rollouts(cfg, pol, T, 8, seed=11, given=False)
+        data = os.path.join(tmp, arch + ".akl.jsonl")
+        write_jsonl(data, recs)
+        conf = os.path.join(tmp, arch + ".akl.json")
+        write_config(conf, dict(HP, adaptive=True), {"target": 0.5, "horizon": 20})
+        out = os.path.join(tmp, arch + ".akl.out")
+        r = run(train_cmd(cllm, pol_dir, out, conf, T, 1e-3, "--rollouts", data, "--steps", "2", "--batch-size", "4",
+                          "--ref-model", ref_dir))
+        if check("%s: exit 0" % tag, r.returncode == 0, r.stderr[-600:]):
+            ms = metrics_of(out)
+            kl1 = ms[0]["objective/kl"]
+            err = max(-0.2, min(0.2, kl1 / 0.5 - 1))
+            want = HP["kl"] * (1 + err * 4 / 20)
+            got = ms[1]["objective/kl_coef"]
+            check("%s: kl_coef %.6g after KL %.4g (trl's controller %.6g)" % (tag, got, kl1, want),
+                  abs(got - want) <= 1e-9 * max(1, want) and ms[0]["objective/kl_coef"] == HP["kl"])
+        names = sorted(hm.load_safetensors(os.path.join(out, "model.safetensors")))
+        check("%s: output keeps v_head.summary.weight/bias (trl's names)" % arch,
+              "v_head.summary.weight" in names and "v_head.summary.bias" in names)
+
+
+def case_generate(cllm, tmp):
+    # a reward model whose score is large when the last token is 7: its
+    # blocks add nothing (o_proj, down_proj zero), so the final hidden state
+    # is the normed embedding of the last token, and the score head points
+    # along token 7's embedding
+    cfg = hm.make_config("llama")
+    pol_dir, rm_dir = os.path.join(tmp, "gen.pol"), os.path.join(tmp, "gen.rm")
+    hm.save_hf_folder(pol_dir, cfg, hm.init_params(cfg, seed=3))
+    rc = OrderedDict(cfg)
+    rc["architectures"] = ["LlamaForSequenceClassification"]
+    rc["id2label"] = {"0": "LABEL_0"}
+    rm = hm.init_params(dict(cfg, architectures=["x"]), seed=3)
+    rm.pop("lm_head.weight", None)
+    for n in rm:
+        if n.endswith("o_proj.weight") or n.endswith("down_proj.weight"):
+            rm[n].zero_()
+    e = rm["model.embed_tokens.weight"][7]
+    rm["score.weight"] = (e / e.norm() * 0.5).reshape(1, -1)
+    hm.save_hf_folder(rm_dir, rc, rm)
+    r = random.Random(1)
+    prompts = os.path.join(tmp, "gen.prompts.jsonl")
+    write_jsonl(prompts, [{"input_ids": [r.randrange(101) for _ in range(r.randint(2, 5))]} for _ in range(64)])
+    conf = os.path.join(tmp, "gen.json")
+    with open(conf, "w") as f:
+        json.dump({"task": "ppo", "ppo": {"init_kl_coef": 0.01, "ppo_epochs": 4, "batch_size": 16,
+                                          "generation_kwargs": {"max_new_tokens": 3}}}, f)
+    out = os.path.join(tmp, "gen.out")
+    r = run([cllm, "train", "--config", conf, "--model", pol_dir, "--reward-model", rm_dir, "--data", prompts,
+             "--out", out, "--steps", "48", "--batch-size", "8", "--seq-len", "12", "--optimizer", "adamw", "--lr",
+             "2e-2", "--log", "quiet", "--peak-gflops", "1"])
+    if not check("generate: exit 0", r.returncode == 0, r.stderr[-600:]):
+        return
+    ms = metrics_of(out)
+    names = ["ppo/loss/policy", "ppo/loss/value", "ppo/policy/clipfrac", "ppo/val/clipfrac", "objective/kl",
+             "objective/kl_coef", "objective/entropy", "env/reward_mean", "env/reward_std"]
+    check("generate: trl's metrics on every step", all(all(k in m for k in names) for m in ms))
+    check("generate: 3 response tokens a rollout (24 a step)", all(m["tokens"] == 24 for m in ms),
+          str(sorted(set(m["tokens"] for m in ms))))
+    first, last = ms[0]["env/reward_mean"], (ms[-1]["env/reward_mean"] + ms[-9]["env/reward_mean"]) / 2
+    check("generate: mean reward rises (%.3f -> %.3f over 6 PPO batches)" % (first, last), last > first + 1.0)
+    coefs = [m["objective/kl_coef"] for m in ms[::8]]
+    check("generate: the KL coefficient adapts (%s)" % ", ".join("%.5f" % c for c in coefs),
+          coefs[0] == 0.01 and len(set(coefs)) == len(coefs))
+    names = hm.load_safetensors(os.path.join(out, "model.safetensors"))
+    check("generate: the policy saved with its value head", "v_head.summary.weight" in names)
+
+
+def case_mpi(cllm, tmp):
+    """2 ranks at ZeRO 1, 2 and 3, 2 rollouts each (rank r takes records
+    2r, 2r + 1 and whitens them alone, as each of trl's processes does): the
+    loss over both ranks' response tokens and the update against torch."""
+    T, LR = 12, 100.0
+    cfg = hm.make_config("gpt2")
+    pol_dir, ref_dir = os.path.join(tmp, "mpi.pol"), os.path.join(tmp, "mpi.ref")
+    hm.save_hf_folder(pol_dir, cfg, policy_params(cfg, 5))
+    hm.save_hf_folder(ref_dir, cfg, hm.init_params(cfg, seed=6))
+    pol, ref = load_st(pol_dir), hm.load_hf_folder(ref_dir)[1]
+    recs = make_rollouts(cfg, pol, T, 4, seed=3, given=True)
+    data = os.path.join(tmp, "mpi.jsonl")
+    write_jsonl(data, recs)
+    pad = cfg.get("eos_token_id") or 0
+    loss, metrics, grads = torch_step(cfg, pol, ref, recs, T, pad, HP, groups=[[0, 1], [2, 3]])
+    for stage in (1, 2, 3):
+        conf = os.path.join(tmp, "mpi.z%d.json" % stage)
+        write_config(conf, HP)
+        with open(conf) as f:
+            c = json.load(f)
+        c["zero_optimization"] = {"stage": stage}
+        with open(conf, "w") as f:
+            json.dump(c, f)
+        out = os.path.join(tmp, "mpi.z%d" % stage)
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        r = subprocess.run(["timeout", "-k", "5", "240", "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to",
+                            "none", "-np", "2"] + train_cmd(cllm, pol_dir, out, conf, T, LR, "--rollouts", data,
+                                                            "--steps", "1", "--batch-size", "4", "--ref-model",
+                                                            ref_dir), capture_output=True, text=True, env=env)
+        if not check("mpi: ZeRO %d on 2 ranks" % stage, r.returncode == 0, r.stderr[-400:]):
+            continue
+        compare("mpi ZeRO %d" % stage, out, pol, loss, metrics, grads, LR)
+        if stage == 3:
+            continue
+        # LoRA at the same stage: new adapters (B = 0) give the same first loss
+        lout = out + ".lora"
+        r = subprocess.run(["timeout", "-k", "5", "240", "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to",
+                            "none", "-np", "2"] + train_cmd(cllm, pol_dir, lout, conf, T, LR, "--rollouts", data,
+                                                            "--steps", "1", "--batch-size", "4", "--ref-model",
+                                                            ref_dir, "--lora-r", "4"),
+                           capture_output=True, text=True, env=env)
+        if check("mpi: LoRA at ZeRO %d on 2 ranks" % stage, r.returncode == 0, r.stderr[-400:]):
+            got = metrics_of(lout)[0]["loss"]
+            check("mpi: LoRA at ZeRO %d: first loss %.9g = torch's %.9g" % (stage, got, loss),
+                  abs(got - loss) <= LOSS_RTOL * abs(loss))
+
+
+def case_lora(cllm, tmp):
+    """LoRA: the policy is the frozen base plus adapters, the value head
+    trains beside them, and the default reference is the base with the
+    adapters disabled."""
+    T, LR = 12, 0.05
+    cfg = hm.make_config("llama")
+    pol_dir = os.path.join(tmp, "lora.pol")
+    hm.save_hf_folder(pol_dir, cfg, policy_params(cfg, 5))
+    pol = load_st(pol_dir)
+    recs = make_rollouts(cfg, pol, T, 8, seed=4, given=False)
+    data = os.path.join(tmp, "lora.jsonl")
+    write_jsonl(data, recs)
+    conf = os.path.join(tmp, "lora.json")
+    write_config(conf, HP)
+    lora = ["--lora-r", "4", "--lora-target", "all-linear", "--rollouts", data, "--steps", "2", "--batch-size", "4"]
+    runs = {}
+    for name, extra in (("default", []), ("explicit", ["--ref-model", pol_dir])):
+        out = os.path.join(tmp, "lora.%s" % name)
+        cmd = train_cmd(cllm, pol_dir, out, conf, T, LR, *lora) + extra
+        cmd[cmd.index("sgd")] = "adamw"
+        r = run(cmd)
+        if not check("lora %s reference: exit 0" % name, r.returncode == 0, r.stderr[-400:]):
+            return
+        runs[name] = (out, metrics_of(out))
+    d, e = runs["default"][1], runs["explicit"][1]
+    check("lora: batch 1 KL 0 (new adapters: policy = base)", abs(d[0]["objective/kl"]) < 1e-6, str(d[0]["objective/kl"]))
+    check("lora: batch 2 KL against the base without adapters (%.6g) = against the base folder (%.6g), not 0"
+          % (d[1]["objective/kl"], e[1]["objective/kl"]),
+          abs(d[1]["objective/kl"] - e[1]["objective/kl"]) <= 1e-5 * max(1, abs(e[1]["objective/kl"])) and
+          abs(d[1]["objective/kl"]) > 1e-6)
+    t = hm.load_safetensors(os.path.join(runs["default"][0], "adapter_model.safetensors"))
+    vw = t.get("base_model.model.v_head.summary.weight")
+    check("lora: the adapter folder carries the trained value head",
+          vw is not None and float((vw - pol["v_head.summary.weight"]).abs().max()) > 0)
+    # without LoRA, the first step is the same computation (adapters start at B = 0)
+    out = os.path.join(tmp, "lora.full")
+    cmd = train_cmd(cllm, pol_dir, out, conf, T, LR, "--rollouts", data, "--steps", "1", "--batch-size", "4")
+    r = run(cmd)
+    if check("lora: full-model run exit 0", r.returncode == 0, r.stderr[-400:]):
+        f = metrics_of(out)[0]
+        check("lora: step 1 loss equals the full model's (%.9g vs %.9g)" % (d[0]["loss"], f["loss"]),
+              abs(d[0]["loss"] - f["loss"]) <= 1e-6 * max(1, abs(f["loss"])))
+
+
+PEAK = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(r.returncode)")
+
+
+def case_estimate(cllm, tmp):
+    """cllm estimate --task ppo within 10% of a PPO run's peak RSS (the
+    small LLaMA preset: policy, reference, reward model, rollouts)."""
+    sft, rm = os.path.join(tmp, "est.sft"), os.path.join(tmp, "est.rm")
+    r = run([cllm, "init", "--arch", "llama", "--preset", "small", "--seed", "1", "--out", sft])
+    pairs, prompts = os.path.join(tmp, "est.pairs.jsonl"), os.path.join(tmp, "est.prompts.jsonl")
+    rnd = random.Random(2)
+    write_jsonl(pairs, [{"chosen_input_ids": [rnd.randrange(10, 1000), 7],
+                         "rejected_input_ids": [rnd.randrange(10, 1000), 9]} for _ in range(8)])
+    write_jsonl(prompts, [{"input_ids": [rnd.randrange(10, 1000) for _ in range(4)]} for _ in range(64)])
+    r2 = run([cllm, "train", "--task", "reward", "--model", sft, "--data", pairs, "--out", rm, "--steps", "1",
+              "--batch-size", "4", "--seq-len", "16", "--log", "quiet"])
+    if not check("estimate: set-up", r.returncode == 0 and r2.returncode == 0, r.stderr[-300:] + r2.stderr[-300:]):
+        return
+    conf = os.path.join(tmp, "est.json")
+    with open(conf, "w") as f:
+        json.dump({"task": "ppo", "ppo": {"batch_size": 8, "ppo_epochs": 1, "generation_kwargs": {"max_new_tokens": 32}}},
+                  f)
+    r = run([sys.executable, "-c", PEAK, cllm, "train", "--config", conf, "--model", sft, "--reward-model", rm, "--data",
+             prompts, "--out", os.path.join(tmp, "est.out"), "--steps", "2", "--batch-size", "4", "--seq-len", "64",
+             "--log", "quiet", "--optimizer", "adamw", "--lr", "1e-5"])
+    if not check("estimate: PPO run", r.returncode == 0, r.stderr[-300:]):
+        return
+    peak = int(r.stdout.split()[-1]) * 1024
+    e = run([cllm, "estimate", "--model", sft, "--task", "ppo", "--micro-batch", "4", "--seq-len", "64", "--ppo-batch",
+             "8", "--json"])
+    j = json.loads(e.stdout)
+    rel = (j["total"] - peak) / peak
+    check("estimate: --task ppo %.1f MB (reference %.1f, reward model %.1f) vs peak RSS %.1f MB (%+.1f%%)"
+          % (j["total"] / 1e6, j["reference_model"] / 1e6, j["reward_model"] / 1e6, peak / 1e6, 100 * rel),
+          abs(rel) <= 0.10 and j["reference_model"] > 0 and j["reward_model"] > 0)
+
+
+def case_errors(cllm, tmp):
+    cfg = hm.make_config("llama")
+    T = 12
+    pol_dir = os.path.join(tmp, "err.pol")
+    hm.save_hf_folder(pol_dir, cfg, policy_params(cfg, 5))
+    V = cfg["vocab_size"]
+    good = {"query": [1, 2], "response": [3, 4], "score": 1.0}
+    conf = os.path.join(tmp, "err.json")
+    write_config(conf, HP)
+    lines = [
+        ("missing score", dict(good, score=None), '"score"'),
+        ("id outside vocabulary", dict(good, response=[3, V]), '"response"[1]'),
+        ("logprobs length", dict(good, logprobs=[0.1]), '"logprobs"'),
+        ("empty query", dict(good, query=[]), '"query"'),
+        ("too long", dict(good, response=list(range(T))), "seq_len"),
+    ]
+    for name, rec, want in lines:
+        data = os.path.join(tmp, "err.jsonl")
+        rec = {k: v for k, v in rec.items() if v is not None}
+        write_jsonl(data, [good, rec])
+        out = os.path.join(tmp, "err.out")
+        r = run(train_cmd(cllm, pol_dir, out, conf, T, 0.1, "--rollouts", data, "--steps", "1", "--batch-size", "2"))
+        check("errors: %s" % name, r.returncode == 1 and "err.jsonl:2" in r.stderr and want in r.stderr,
+              r.stderr.strip()[-300:])
+    data = os.path.join(tmp, "ok.jsonl")
+    write_jsonl(data, [good, good])
+    bad_confs = [("misspelt key", {"clip_range": 0.2}, "clip_range"),
+                 ("gamma out of range", {"gamma": 1.5}, "ppo.gamma"),
+                 ("cliprange 0", {"cliprange": 0}, "ppo.cliprange"),
+                 ("batch_size not a multiple", {"batch_size": 3}, "ppo.batch_size"),
+                 ("mini_batch_size mismatch", {"mini_batch_size": 4}, "ppo.mini_batch_size"),
+                 ("do_sample false", {"generation_kwargs": {"do_sample": False}}, "do_sample"),
+                 ("kl_coef twice", {"kl_coef": 0.1, "init_kl_coef": 0.1}, "kl_coef")]
+    for name, extra, want in bad_confs:
+        c2 = os.path.join(tmp, "bad.json")
+        write_config(c2, HP, extra)
+        r = run(train_cmd(cllm, pol_dir, os.path.join(tmp, "bad.out"), c2, T, 0.1, "--rollouts", data, "--steps", "1",
+                          "--batch-size", "2", "--strict"))
+        check("errors: %s named" % name, r.returncode in (1, 2) and want in r.stderr, r.stderr.strip()[-300:])
+    prompts = os.path.join(tmp, "prompts.jsonl")
+    write_jsonl(prompts, [{"input_ids": [1, 2, 3]}] * 4)
+    r = run(train_cmd(cllm, pol_dir, os.path.join(tmp, "bad.out"), conf, T, 0.1, "--data", prompts, "--steps", "1",
+                      "--batch-size", "2"))
+    check("errors: no reward model named", r.returncode == 1 and "ppo.reward_model" in r.stderr,
+          r.stderr.strip()[-300:])
+    r = run(train_cmd(cllm, pol_dir, os.path.join(tmp, "bad.out"), conf, T, 0.1, "--rollouts", data, "--data", data,
+                      "--steps", "1"))
+    check("errors: --rollouts with --data", r.returncode == 1 and "ppo.rollouts" in r.stderr, r.stderr.strip()[-300:])
+    r = run([cllm, "train", "--model", pol_dir, "--rollouts", data, "--data", prompts, "--steps", "1", "--out",
+             os.path.join(tmp, "bad.out")])
+    check("errors: --rollouts without --task ppo", r.returncode == 2 and "--task ppo" in r.stderr,
+          r.stderr.strip()[-300:])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cllm", required=True)
+    ap.add_argument("--build", default=None)
+    ap.add_argument("--case", default="all")
+    ap.add_argument("--keep", action="store_true")
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="cllm-ppo-")
+    cases = {"losses": case_losses, "generate": case_generate, "lora": case_lora, "estimate": case_estimate,
+             "errors": case_errors,
+             "mpi": case_mpi}
+    try:
+        for name, fn in cases.items():
+            if a.case == name or (a.case == "all" and name != "mpi"):
+                fn(a.cllm, tmp)
+    finally:
+        if a.keep:
+            print("kept", tmp)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print("%d failed" % len(FAILED))
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
