@@ -1,9 +1,11 @@
 /*
  * Weight formats and small-batch kernels (cllm/quant.h).
  *
- * Without arguments: the format table (names, sizes) and the kernels'
+ * Without arguments: the format table (names, sizes), the kernels'
  * batch independence on random data (a row's output alone equals its row
- * of a batch, bit for bit, in every variant).
+ * of a batch, bit for bit, in every variant) and their thread pool (the
+ * output of 1 thread equals that of 3, and of 4 threads calling at once,
+ * bit for bit, over many calls).
  * With a directory: the cases written by tests/ref/quant_ref.py. Each
  * weight matrix is stored by cllm_quant_matrix (from [rows, cols], and from
  * the transposed [cols, rows] layout) and must equal torch's bytes exactly;
@@ -12,6 +14,8 @@
  * to |d| <= 2e-6 * sum_k |x_k w_k| + 1e-6.
  */
 #include <math.h>
+#include <omp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,6 +157,87 @@ done:
     free(W), free(x), free(out), free(one), free(q), free(scratch);
 }
 
+/* The thread pool of the kernels: a matrix large enough to be cut into
+ * chunks gives the same bytes with 1 thread, with 3 (two helpers, more
+ * threads than this machine may have cores, so helpers get descheduled
+ * mid-job), and from 4 threads calling at once (one gets the pool, the
+ * others run alone), 40 calls each. */
+enum { PR = 1000, PK = 544, PM = 3, PCALLS = 40 };
+typedef struct {
+    const cllm_qweight *w;
+    const float *x, *want;
+    bool same;
+} pool_arg;
+
+static void *pool_caller(void *p) {
+    pool_arg *a = p;
+    float *out = malloc((size_t)PM * PR * 4);
+    void *scratch = malloc(cllm_qmatmul_scratch_bytes(CLLM_WFMT_Q4, PK, PM));
+    a->same = out && scratch;
+    for (int i = 0; i < PCALLS && a->same; i++) {
+        memset(out, 0, (size_t)PM * PR * 4);
+        cllm_qmatmul(out, a->x, a->w, NULL, PM, scratch);
+        a->same = memcmp(out, a->want, (size_t)PM * PR * 4) == 0;
+    }
+    free(out), free(scratch);
+    return NULL;
+}
+
+static void pool_threads(void) {
+    float *W = malloc((size_t)PR * PK * 4), *x = malloc((size_t)PM * PK * 4), *want = malloc((size_t)PM * PR * 4);
+    unsigned char *q = malloc(cllm_qweight_bytes(CLLM_WFMT_FP32, PR, PK));
+    void *scratch = malloc(cllm_qmatmul_scratch_bytes(CLLM_WFMT_Q4, PK, PM));
+    CHECK(W && x && want && q && scratch, "alloc");
+    if (!(W && x && want && q && scratch)) goto done;
+    for (int i = 0; i < PR * PK; i++) W[i] = frand();
+    for (int i = 0; i < PM * PK; i++) x[i] = frand();
+    const int threads0 = omp_get_max_threads();
+    for (int f = 0; f <= CLLM_WFMT_COUNT; f++) {
+        /* the last pass: fp32 read as GPT-2's [cols, rows] (in_out) */
+        const bool in_out = f == CLLM_WFMT_COUNT;
+        if (in_out) f = CLLM_WFMT_FP32;
+        cllm_qweight w = {.fmt = (cllm_wfmt)f, .data = q, .rows = PR, .cols = PK, .in_out = in_out};
+        CHECK(cllm_quant_matrix(q, (cllm_wfmt)f, W, in_out ? PK : PR, in_out ? PR : PK, false) == CLLM_OK, "quant");
+        omp_set_num_threads(1);
+        cllm_qmatmul(want, x, &w, NULL, PM, scratch);
+        if ((f == CLLM_WFMT_INT8 || f == CLLM_WFMT_Q4) && cllm_cpu()->isa >= CLLM_ISA_AVX2) {
+            /* the integer dots are exact: avx512 (with VNNI where the CPU has
+             * it) gives avx2's bytes */
+            float *v = malloc((size_t)PM * PR * 4), *v2 = malloc((size_t)PM * PR * 4);
+            CHECK(v && v2, "alloc");
+            if (v && v2) {
+                cllm_qmatmul_isa(v, x, &w, NULL, PM, scratch, CLLM_ISA_AVX2);
+                cllm_qmatmul_isa(v2, x, &w, NULL, PM, scratch, CLLM_ISA_AVX512);
+                CHECK(memcmp(v, v2, (size_t)PM * PR * 4) == 0, "%s: %s differs from avx2",
+                      cllm_wfmt_name((cllm_wfmt)f), cllm_qmatmul_variant());
+            }
+            free(v), free(v2);
+        }
+        omp_set_num_threads(3);
+        pool_arg one = {.w = &w, .x = x, .want = want};
+        pool_caller(&one);
+        CHECK(one.same, "%s%s: 3 threads differ from 1", cllm_wfmt_name((cllm_wfmt)f), in_out ? " in_out" : "");
+        pool_arg args[4];
+        pthread_t th[4];
+        int started = 0;
+        for (int t = 0; t < 4; t++) {
+            args[t] = one;
+            if (pthread_create(&th[t], NULL, pool_caller, &args[t]) == 0) started++;
+            else break;
+        }
+        for (int t = 0; t < started; t++) {
+            pthread_join(th[t], NULL);
+            CHECK(args[t].same, "%s%s: caller %d of 4 at once differs from 1 thread", cllm_wfmt_name((cllm_wfmt)f),
+                  in_out ? " in_out" : "", t);
+        }
+        CHECK(started == 4, "pthread_create");
+        if (in_out) break;
+    }
+    omp_set_num_threads(threads0);
+done:
+    free(W), free(x), free(want), free(q), free(scratch);
+}
+
 static void formats(void) {
     cllm_wfmt f;
     CHECK(cllm_wfmt_from_name("q4", &f) && f == CLLM_WFMT_Q4, "q4");
@@ -186,6 +271,7 @@ int main(int argc, char **argv) {
     if (argc > 1) return run_dir(argv[1]);
     formats();
     batch_independence();
+    pool_threads();
     printf("kernel variant %s\n", cllm_qmatmul_variant());
     return check_summary();
 }

@@ -80,17 +80,32 @@ typedef struct cllm_kv_cache cllm_kv_cache;
  *               call: the scratch is sized for it; 0 = max_seqs x max_pos
  *   block_size  positions per block (default 64)
  *   n_blocks    blocks in the pool; 0 = enough for every sequence to reach
- *               max_pos */
+ *               max_pos
+ *   kv_dtype    how keys and values are stored: CLLM_KV_AUTO (0, the
+ *               default) is bf16 when the model's weights are in a format
+ *               other than fp32 (cllm_model_weights) and fp32 otherwise;
+ *               CLLM_KV_FP32 / CLLM_KV_BF16 force one. A bf16 cache rounds
+ *               each key and value to bf16 (nearest even) as it is written;
+ *               attention widens them and computes in fp32. */
+typedef enum { CLLM_KV_AUTO = 0, CLLM_KV_FP32, CLLM_KV_BF16 } cllm_kv_dtype;
 typedef struct {
     int max_seqs, max_pos, max_rows, block_size, n_blocks;
+    cllm_kv_dtype kv_dtype;
 } cllm_kv_cache_params;
 
 /* max_seqs 1, everything else the defaults above. */
 cllm_kv_cache_params cllm_kv_cache_params_default(void);
 
+/* Bytes of one cached key or value element that CLLM_KV_AUTO gives for m:
+ * 2 (bf16) when its weights are not fp32, else 4. */
+size_t cllm_kv_cache_value_bytes(const cllm_model *m);
+/* Whether the cache stores bf16 keys and values. */
+bool cllm_kv_cache_is_bf16(const cllm_kv_cache *kv);
+
 /* Allocates a paged cache with everything it will use (pool, block tables,
  * scratch); forward calls do not allocate. Memory: 2 * n_layer * n_blocks *
- * block_size * n_kv_head * head_dim floats of pool plus about max_rows *
+ * block_size * n_kv_head * head_dim values of pool (4 bytes each, 2 in a
+ * bf16 cache) plus about max_rows *
  * (4 C + 3 F + QKV) floats of scratch, max_seqs * V floats of logits
  * when max_seqs > 1, and, for a model set to bf16 (fp16), max_rows *
  * max(C, F, n_head * head_dim) bf16 values (floats) of operand scratch,

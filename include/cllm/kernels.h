@@ -297,6 +297,15 @@ void cllm_attention_forward_paged_window(cllm_view out, cllm_cview q, const floa
                                          const int32_t *past, const float *alibi, int n_seq, int NH, int NKV,
                                          int HS, float scale, int window);
 
+/* The same over a cache that stores keys and values as bf16 (the upper 16
+ * bits of the fp32 value): each is widened exactly, products, softmax and
+ * sums are fp32, so the output is cllm_attention_forward_paged_window's on
+ * the widened values. */
+void cllm_attention_forward_paged_bf16(cllm_view out, cllm_cview q, const uint16_t *kpool, const uint16_t *vpool,
+                                       const int32_t *table, int max_blocks, int BS, const int32_t *rows,
+                                       const int32_t *past, const float *alibi, int n_seq, int NH, int NKV, int HS,
+                                       float scale, int window);
+
 #ifdef __cplusplus
 }
 #endif

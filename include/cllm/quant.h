@@ -28,8 +28,11 @@
  * a dot product computed the same way whatever M is, so a sequence gets the
  * same logits alone or in a batch. They run on OpenMP threads over output
  * rows, never allocate, and come in variants chosen once at run time from
- * cllm_cpu() (CLLM_MAX_ISA lowers the choice): avx512 (x86-64-v4), avx2
- * (AVX2 + FMA) and a portable C build. fp32 and bf16 weights multiply fp32
+ * cllm_cpu() (CLLM_MAX_ISA lowers the choice): avx512 (x86-64-v4; int8 /
+ * q4 dots on AVX512-VNNI where the CPU has it), avx2 (AVX2 + FMA) and a
+ * portable C build. Output rows are cut into chunks that a small thread
+ * pool (omp_get_max_threads() threads, the caller included) claims, so a
+ * thread that loses its core delays one chunk, not every matmul. fp32 and bf16 weights multiply fp32
  * activations (bf16 widened by a shift): the fp32 product up to the order
  * of the sum. int8 and q4 weights multiply activations quantized per block
  * of 32 like Q8_0 (fp32 scale max|x| / 127, int8 codes rounded half away
@@ -107,7 +110,8 @@ void cllm_qmatmul(float *out, const float *x, const cllm_qweight *w, const float
  * that compare the variants in one process. */
 void cllm_qmatmul_isa(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch,
                       cllm_isa isa);
-/* "portable", "avx2" or "avx512": the variant cllm_qmatmul uses. */
+/* "portable", "avx2", "avx512" or "avx512-vnni" (the avx512 build with
+ * int8 / q4 dots on vpdpbusd): the variant cllm_qmatmul uses. */
 const char *cllm_qmatmul_variant(void);
 
 

@@ -29,23 +29,31 @@
  *
  * A sliding window starts each row's keys at position p - window + 1.
  *
- * Left out: a backward (inference only), quantised caches.
+ * Keys and values are fp32, or bf16 (cllm_attention_forward_paged_bf16:
+ * half the bytes a decode step reads from the cache; the products and the
+ * softmax stay fp32).
+ *
+ * Left out: a backward (inference only), 8-bit caches.
  */
 #include "variant.h" /* first: renames the kernels to their ISA variant */
 #include <assert.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cllm/kernels.h"
 
 enum { KT = 64, HSMAX = CLLM_ATTN_MAX_HS };
 
-static inline float dot(const float *restrict a, const float *restrict b, int n) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
+/* Keys and values as fp32, or as bf16 (the upper half of an fp32 value,
+ * widened by a shift): one attend_row per storage type. */
+static inline float ld_f32(const float *p, int i) { return p[i]; }
+static inline float ld_bf16(const uint16_t *p, int i) {
+    uint32_t u = (uint32_t)p[i] << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
 }
 
 /* One query row: out[HS] = softmax(scores over keys 0..L-1) @ values.
@@ -54,52 +62,54 @@ static inline float dot(const float *restrict a, const float *restrict b, int n)
  * k + table[s / BS] * bstride (values alike). The online softmax state
  * (max m, sum l, acc) runs across tiles and blocks. slope * (s - pos) is
  * the ALiBi bias. */
-static void attend_row(float *restrict out, const float *restrict q, const float *restrict k,
-                       const float *restrict v, const int32_t *table, int BS, size_t bstride, int first, int L,
-                       int pos, int HS, float scale, float slope) {
-    float acc[HSMAX];
-    float sc[KT];
-    float m = -INFINITY, l = 0.0f;
-    for (int d = 0; d < HS; d++) acc[d] = 0.0f;
-    /* keys first..L-1: from block first / BS, row first % BS of it */
-    for (int bi = first / BS, b0 = bi * BS; b0 < L; b0 += BS, bi++) {
-        const float *restrict kb = k + (size_t)table[bi] * bstride, *restrict vb = v + (size_t)table[bi] * bstride;
-        const int in_block = L - b0 < BS ? L - b0 : BS;
-        for (int s0 = b0 < first ? first - b0 : 0; s0 < in_block; s0 += KT) {
-            const int n = in_block - s0 < KT ? in_block - s0 : KT;
-            float mx = m;
-            for (int j = 0; j < n; j++) {
-                const float x =
-                    scale * dot(q, kb + (size_t)(s0 + j) * HS, HS) + slope * (float)(b0 + s0 + j - pos);
-                sc[j] = x;
-                mx = x > mx ? x : mx;
-            }
-            /* m is -inf only before the first tile, where acc and l are zero. */
-            const float corr = expf(m - mx);
-            if (corr != 1.0f) {
-                l *= corr;
-#pragma omp simd
-                for (int d = 0; d < HS; d++) acc[d] *= corr;
-            }
-            m = mx;
-            for (int j = 0; j < n; j++) {
-                const float p = expf(sc[j] - mx);
-                const float *restrict vs = vb + (size_t)(s0 + j) * HS;
-                l += p;
-#pragma omp simd
-                for (int d = 0; d < HS; d++) acc[d] += p * vs[d];
-            }
-        }
+#define DEFINE_ATTEND_ROW(NAME, T, LD)                                                                           \
+    static void NAME(float *restrict out, const float *restrict q, const T *restrict k, const T *restrict v,     \
+                     const int32_t *table, int BS, size_t bstride, int first, int L, int pos, int HS, float scale, \
+                     float slope) {                                                                              \
+        float acc[HSMAX];                                                                                        \
+        float sc[KT];                                                                                            \
+        float m = -INFINITY, l = 0.0f;                                                                           \
+        for (int d = 0; d < HS; d++) acc[d] = 0.0f;                                                              \
+        /* keys first..L-1: from block first / BS, row first % BS of it */                                      \
+        for (int bi = first / BS, b0 = bi * BS; b0 < L; b0 += BS, bi++) {                                        \
+            const T *restrict kb = k + (size_t)table[bi] * bstride, *restrict vb = v + (size_t)table[bi] * bstride; \
+            const int in_block = L - b0 < BS ? L - b0 : BS;                                                      \
+            for (int s0 = b0 < first ? first - b0 : 0; s0 < in_block; s0 += KT) {                               \
+                const int n = in_block - s0 < KT ? in_block - s0 : KT;                                           \
+                float mx = m;                                                                                    \
+                for (int j = 0; j < n; j++) {                                                                    \
+                    const T *restrict ks = kb + (size_t)(s0 + j) * HS;                                           \
+                    float dd = 0.0f;                                                                             \
+                    _Pragma("omp simd reduction(+ : dd)") for (int i = 0; i < HS; i++) dd += q[i] * LD(ks, i);   \
+                    const float x = scale * dd + slope * (float)(b0 + s0 + j - pos);                             \
+                    sc[j] = x;                                                                                   \
+                    mx = x > mx ? x : mx;                                                                        \
+                }                                                                                                \
+                /* m is -inf only before the first tile, where acc and l are zero. */                           \
+                const float corr = expf(m - mx);                                                                 \
+                if (corr != 1.0f) {                                                                              \
+                    l *= corr;                                                                                   \
+                    _Pragma("omp simd") for (int d = 0; d < HS; d++) acc[d] *= corr;                            \
+                }                                                                                                \
+                m = mx;                                                                                          \
+                for (int j = 0; j < n; j++) {                                                                    \
+                    const float p = expf(sc[j] - mx);                                                            \
+                    const T *restrict vs = vb + (size_t)(s0 + j) * HS;                                           \
+                    l += p;                                                                                      \
+                    _Pragma("omp simd") for (int d = 0; d < HS; d++) acc[d] += p * LD(vs, d);                   \
+                }                                                                                                \
+            }                                                                                                    \
+        }                                                                                                        \
+        const float inv = 1.0f / l;                                                                              \
+        _Pragma("omp simd") for (int d = 0; d < HS; d++) out[d] = acc[d] * inv;                                 \
     }
-    const float inv = 1.0f / l;
-#pragma omp simd
-    for (int d = 0; d < HS; d++) out[d] = acc[d] * inv;
-}
+DEFINE_ATTEND_ROW(attend_row, float, ld_f32)
+DEFINE_ATTEND_ROW(attend_row_bf16, uint16_t, ld_bf16)
 
-void cllm_attention_forward_paged_window(cllm_view out, cllm_cview q, const float *kpool, const float *vpool,
-                                         const int32_t *table, int max_blocks, int BS, const int32_t *rows,
-                                         const int32_t *past, const float *alibi, int n_seq, int NH, int NKV,
-                                         int HS, float scale, int window) {
+/* Both storage types: kpool / vpool hold floats, or bf16 values when bf16. */
+static void paged(cllm_view out, cllm_cview q, const void *kpool, const void *vpool, bool bf16, const int32_t *table,
+                  int max_blocks, int BS, const int32_t *rows, const int32_t *past, const float *alibi, int n_seq,
+                  int NH, int NKV, int HS, float scale, int window) {
     assert(HS > 0 && HS <= HSMAX && NKV > 0 && NH % NKV == 0 && BS > 0 && n_seq >= 0);
     const int group = NH / NKV, N = n_seq > 0 ? rows[n_seq] : 0;
     const size_t bstride = (size_t)NKV * BS * HS;
@@ -124,7 +134,27 @@ void cllm_attention_forward_paged_window(cllm_view out, cllm_cview q, const floa
         float *o = out.p + (ptrdiff_t)r * out.rs + (ptrdiff_t)h * out.hs;
         const size_t goff = (size_t)g * BS * HS;
         const int first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-        attend_row(o, qr, kpool + goff, vpool + goff, table + (size_t)i * max_blocks, BS, bstride, first, pos + 1,
-                   pos, HS, scale, alibi ? alibi[h] : 0.0f);
+        const int32_t *tab = table + (size_t)i * max_blocks;
+        const float slope = alibi ? alibi[h] : 0.0f;
+        if (bf16)
+            attend_row_bf16(o, qr, (const uint16_t *)kpool + goff, (const uint16_t *)vpool + goff, tab, BS, bstride,
+                            first, pos + 1, pos, HS, scale, slope);
+        else
+            attend_row(o, qr, (const float *)kpool + goff, (const float *)vpool + goff, tab, BS, bstride, first,
+                       pos + 1, pos, HS, scale, slope);
     }
+}
+
+void cllm_attention_forward_paged_bf16(cllm_view out, cllm_cview q, const uint16_t *kpool, const uint16_t *vpool,
+                                       const int32_t *table, int max_blocks, int BS, const int32_t *rows,
+                                       const int32_t *past, const float *alibi, int n_seq, int NH, int NKV, int HS,
+                                       float scale, int window) {
+    paged(out, q, kpool, vpool, true, table, max_blocks, BS, rows, past, alibi, n_seq, NH, NKV, HS, scale, window);
+}
+
+void cllm_attention_forward_paged_window(cllm_view out, cllm_cview q, const float *kpool, const float *vpool,
+                                         const int32_t *table, int max_blocks, int BS, const int32_t *rows,
+                                         const int32_t *past, const float *alibi, int n_seq, int NH, int NKV,
+                                         int HS, float scale, int window) {
+    paged(out, q, kpool, vpool, false, table, max_blocks, BS, rows, past, alibi, n_seq, NH, NKV, HS, scale, window);
 }

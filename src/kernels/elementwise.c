@@ -11,7 +11,7 @@
 
 /* out[N] = a + b; out may alias a or b (element i reads before it writes). */
 void cllm_add(float *out, const float *a, const float *b, long N) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (N >= CLLM_PAR_MIN)
     for (long i = 0; i < N; i++) out[i] = a[i] + b[i];
 }
 
@@ -19,7 +19,7 @@ void cllm_add(float *out, const float *a, const float *b, long N) {
  * kept bit, then truncate. NaN is kept a (quiet) NaN instead of being
  * carried into the exponent. Branch-free so the loop vectorises. */
 void cllm_to_bf16(uint16_t *dst, const float *src, long N) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (N >= CLLM_PAR_MIN)
     for (long i = 0; i < N; i++) {
         uint32_t u;
         memcpy(&u, &src[i], sizeof u);

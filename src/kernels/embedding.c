@@ -18,7 +18,7 @@
  * tokens[N], wte[V,C], wpe[T,C]. */
 void cllm_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                             int N, int T, int C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)N * C >= CLLM_PAR_MIN)
     for (int n = 0; n < N; n++) {
         float *o = out + (size_t)n * C;
         const float *w = wte + (size_t)tokens[n] * C;

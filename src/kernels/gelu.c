@@ -18,7 +18,7 @@
 
 /* out[N] = 0.5 * x * (1 + tanh(k * (x + 0.044715 * x^3))), k = sqrt(2/pi) */
 void cllm_gelu_forward(float *out, const float *inp, long N) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (N >= CLLM_PAR_MIN)
     for (long i = 0; i < N; i++) {
         float x = inp[i];
         float u = GELU_K * (x + GELU_A * x * x * x);

@@ -21,7 +21,7 @@ enum { COL_BLOCK = 64 };
  * mean = sum(x)/C, var = sum((x-mean)^2)/C, rstd = 1/sqrt(var + eps). */
 void cllm_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                             const float *weight, const float *bias, int N, int C, float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)N * C >= CLLM_PAR_MIN)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         float *o = out + (size_t)n * C;

@@ -18,7 +18,7 @@ enum { COL_BLOCK = 64 };
 /* out[N,C] = weight * (inp * rstd);  rstd[N] saved for backward. */
 void cllm_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N,
                           int C, float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)N * C >= CLLM_PAR_MIN)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         float *o = out + (size_t)n * C;

@@ -41,7 +41,7 @@ void cllm_rope_apply(float *x, const float *cos_t, const float *sin_t, int B, in
                      int row_stride, int head_stride, int sign) {
     int half = HS / 2;
     float sg = sign < 0 ? -1.0f : 1.0f;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)B * T * nh * HS >= CLLM_PAR_MIN)
     for (int bt = 0; bt < B * T; bt++) {
         int t = bt % T;
         const float *c = cos_t + (size_t)t * half, *s = sin_t + (size_t)t * half;

@@ -20,6 +20,7 @@
 #define cllm_attention_forward_window KV_CAT(cllm_attention_forward_window, CLLM_KV)
 #define cllm_attention_backward_window KV_CAT(cllm_attention_backward_window, CLLM_KV)
 #define cllm_attention_forward_paged_window KV_CAT(cllm_attention_forward_paged_window, CLLM_KV)
+#define cllm_attention_forward_paged_bf16 KV_CAT(cllm_attention_forward_paged_bf16, CLLM_KV)
 #define cllm_add KV_CAT(cllm_add, CLLM_KV)
 #define cllm_to_bf16 KV_CAT(cllm_to_bf16, CLLM_KV)
 #define cllm_round_f16 KV_CAT(cllm_round_f16, CLLM_KV)
@@ -42,4 +43,11 @@
 #define cllm_embedding_vp_backward KV_CAT(cllm_embedding_vp_backward, CLLM_KV)
 #define cllm_xent_forward_backward KV_CAT(cllm_xent_forward_backward, CLLM_KV)
 #define cllm_xent_forward KV_CAT(cllm_xent_forward, CLLM_KV)
+
+/* Below this many values an elementwise or per-row pass runs on the calling
+ * thread: waking the thread team and meeting it at the barrier costs more
+ * than the work (a decode step's norms, residual adds and activations are a
+ * few thousand values, several per layer), and a barrier with a thread that
+ * lost its core waits out that thread's time slice. */
+#define CLLM_PAR_MIN 32768L
 #endif

@@ -28,7 +28,13 @@
  * A sliding window (Mixtral's sliding_window) limits what each row reads;
  * the cache still holds every position.
  *
- * Left out: cache quantisation, sharing blocks between
+ * The pool holds fp32 keys and values, or bf16 ones (half the bytes a
+ * decode step reads and half the memory per position) when the model's
+ * weights are in a format other than fp32 (cllm_kv_cache_params.kv_dtype
+ * overrides): a model already rounded to bf16 or coarser loses nothing it
+ * had to the cache's rounding, while an fp32 model keeps fp32's results.
+ *
+ * Left out: 8-bit caches, sharing blocks between
  * sequences (prefix caching), logits of every new position (only the last
  * one of each sequence is returned).
  */
@@ -63,7 +69,8 @@ struct cllm_kv_cache {
     int n_free;
     int32_t *rows, *call_past; /* [n_seq + 1], [n_seq]: the rows of the current call */
     int32_t *seq_of;          /* [n_seq] sequence of each call entry */
-    float *kc, *vc;           /* pools */
+    void *kc, *vc;            /* pools: floats, or bf16 values when kv_bf16 */
+    bool kv_bf16;
     float *buf;               /* everything below is carved from buf */
     layer_acts a;             /* [N,...] scratch for one block (ln1 == ln2, mean/rstd shared) */
     float *emb;               /* [N,C] BLOOM's embedding before its LayerNorm */
@@ -140,6 +147,8 @@ cllm_status cllm_kv_cache_init_paged(cllm_kv_cache **out, const cllm_model *m, c
     if (c->num_labels > 0)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a sequence-classification (reward) model has no LM head to generate "
                          "with; score texts with `cllm score`");
+    if ((unsigned)p->kv_dtype > CLLM_KV_BF16)
+        return CLLM_FAIL(CLLM_ERR_ARG, "kv_dtype %d: expected CLLM_KV_AUTO, CLLM_KV_FP32 or CLLM_KV_BF16", (int)p->kv_dtype);
     if (p->max_seqs < 1 || p->max_pos < 0 || p->max_rows < 0 || p->block_size < 1 || p->n_blocks < 0)
         return CLLM_FAIL(CLLM_ERR_ARG, "max_seqs %d, max_pos %d, max_rows %d, block_size %d, n_blocks %d: need "
                          "max_seqs >= 1, block_size >= 1 and sizes >= 0", p->max_seqs, p->max_pos, p->max_rows,
@@ -177,8 +186,10 @@ cllm_status cllm_kv_cache_init_paged(cllm_kv_cache **out, const cllm_model *m, c
     kv->call_table = malloc(table_len * sizeof *kv->call_table);
     kv->n_lock = malloc(ns * sizeof *kv->n_lock);
     kv->free_list = malloc(n_blocks * sizeof *kv->free_list);
-    kv->kc = cllm_alloc(kv_floats * sizeof(float), "key cache");
-    kv->vc = kv->kc ? cllm_alloc(kv_floats * sizeof(float), "value cache") : NULL;
+    kv->kv_bf16 = p->kv_dtype == CLLM_KV_BF16 || (p->kv_dtype == CLLM_KV_AUTO && cllm_model_weights(m) != CLLM_WFMT_FP32);
+    const size_t vb = kv->kv_bf16 ? sizeof(uint16_t) : sizeof(float);
+    kv->kc = cllm_alloc(kv_floats * vb, "key cache");
+    kv->vc = kv->kc ? cllm_alloc(kv_floats * vb, "value cache") : NULL;
     kv->buf = kv->vc ? cllm_alloc(scratch * sizeof(float), "generation scratch") : NULL;
     if (kv->buf && m->tp_size > 1) {
         size_t part = (size_t)kv->n_seq * (size_t)c->vocab_size;
@@ -271,6 +282,11 @@ void cllm_kv_cache_free(cllm_kv_cache *kv) {
 }
 
 int cllm_kv_cache_pos(const cllm_kv_cache *kv) { return kv->past[0]; }
+bool cllm_kv_cache_is_bf16(const cllm_kv_cache *kv) { return kv->kv_bf16; }
+
+size_t cllm_kv_cache_value_bytes(const cllm_model *m) {
+    return cllm_model_weights(m) != CLLM_WFMT_FP32 ? sizeof(uint16_t) : sizeof(float);
+}
 int cllm_kv_cache_capacity(const cllm_kv_cache *kv) { return kv->S; }
 int cllm_kv_cache_max_seqs(const cllm_kv_cache *kv) { return kv->n_seq; }
 int cllm_kv_cache_block_size(const cllm_kv_cache *kv) { return kv->block_size; }
@@ -440,6 +456,7 @@ static cllm_status run_rows_inner(cllm_kv_cache *kv, const int32_t *tokens, int 
         memcpy(kv->call_table + (size_t)j * kv->max_blocks, kv->table + (size_t)kv->seq_of[j] * kv->max_blocks,
                (size_t)kv->max_blocks * sizeof *kv->table);
     model_rows rows = {.n_seq = n_call, .rows = kv->rows, .past = kv->call_past, .k = kv->kc, .v = kv->vc,
+                       .kv_bf16 = kv->kv_bf16,
                        .layer_stride = (size_t)kv->n_blocks * c->n_kv_head * kv->block_size * c->head_dim,
                        .block_size = kv->block_size, .max_blocks = kv->max_blocks, .table = kv->call_table,
                        .rope_cos = kv->rope_cos, .rope_sin = kv->rope_sin, .alibi = kv->alibi};

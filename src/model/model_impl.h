@@ -213,8 +213,9 @@ typedef struct {
     int n_seq;
     const int32_t *rows;       /* [n_seq + 1] row offsets */
     const int32_t *past;       /* [n_seq] positions already cached */
-    float *k, *v;              /* [n_layer][n_blocks][NKV][block_size][HS] */
-    size_t layer_stride;       /* floats of one layer's pool */
+    void *k, *v;               /* [n_layer][n_blocks][NKV][block_size][HS] floats, or bf16 values */
+    bool kv_bf16;              /* k, v hold bf16 values */
+    size_t layer_stride;       /* values of one layer's pool */
     int block_size, max_blocks;
     const int32_t *table;      /* [n_seq][max_blocks] block ids */
     const float *rope_cos, *rope_sin; /* [positions, HS/2] from position 0 (llama) */

@@ -138,18 +138,24 @@ static void rope_rows(const cllm_model *m, cllm_view x, int nh, int B, int T, co
 }
 
 /* Writes the new rows' keys and values of layer l into the cache blocks
- * at their positions. */
+ * at their positions (a bf16 cache: rounded to nearest even). */
 static void cache_append(const model_rows *rows, int l, cllm_view k, cllm_view v, int NKV, int HS) {
     const int BS = rows->block_size;
-    float *kl = rows->k + (size_t)l * rows->layer_stride, *vl = rows->v + (size_t)l * rows->layer_stride;
+    const size_t off = (size_t)l * rows->layer_stride;
     for (int i = 0; i < rows->n_seq; i++)
         for (int r = rows->rows[i]; r < rows->rows[i + 1]; r++) {
             int pos = rows->past[i] + (r - rows->rows[i]);
             size_t blk = (size_t)rows->table[(size_t)i * rows->max_blocks + pos / BS];
             for (int g = 0; g < NKV; g++) {
-                size_t dst = ((blk * NKV + g) * BS + (size_t)(pos % BS)) * HS;
-                memcpy(kl + dst, k.p + (size_t)r * k.rs + (size_t)g * k.hs, (size_t)HS * sizeof(float));
-                memcpy(vl + dst, v.p + (size_t)r * v.rs + (size_t)g * v.hs, (size_t)HS * sizeof(float));
+                size_t dst = off + ((blk * NKV + g) * BS + (size_t)(pos % BS)) * HS;
+                const float *ks = k.p + (size_t)r * k.rs + (size_t)g * k.hs, *vs = v.p + (size_t)r * v.rs + (size_t)g * v.hs;
+                if (rows->kv_bf16) {
+                    cllm_to_bf16((uint16_t *)rows->k + dst, ks, HS);
+                    cllm_to_bf16((uint16_t *)rows->v + dst, vs, HS);
+                } else {
+                    memcpy((float *)rows->k + dst, ks, (size_t)HS * sizeof(float));
+                    memcpy((float *)rows->v + dst, vs, (size_t)HS * sizeof(float));
+                }
             }
         }
 }
@@ -191,12 +197,18 @@ cllm_status model_block_forward(const cllm_model *m, model_lp_scratch *lp, int l
                                       c->n_head, c->n_kv_head, HS, scale, c->sliding_window);
     } else {
         cache_append(rows, l, v.k, v.v, c->n_kv_head, HS);
-        cllm_attention_forward_paged_window((cllm_view){a->atty, Q, HS}, cv(v.q),
-                                            rows->k + (size_t)l * rows->layer_stride,
-                                            rows->v + (size_t)l * rows->layer_stride, rows->table, rows->max_blocks,
-                                            rows->block_size, rows->rows, rows->past,
-                                            c->arch == CLLM_ARCH_BLOOM ? rows->alibi : NULL, rows->n_seq, c->n_head,
-                                            c->n_kv_head, HS, scale, c->sliding_window);
+        const size_t off = (size_t)l * rows->layer_stride;
+        const float *alibi = c->arch == CLLM_ARCH_BLOOM ? rows->alibi : NULL;
+        if (rows->kv_bf16)
+            cllm_attention_forward_paged_bf16((cllm_view){a->atty, Q, HS}, cv(v.q), (const uint16_t *)rows->k + off,
+                                              (const uint16_t *)rows->v + off, rows->table, rows->max_blocks,
+                                              rows->block_size, rows->rows, rows->past, alibi, rows->n_seq, c->n_head,
+                                              c->n_kv_head, HS, scale, c->sliding_window);
+        else
+            cllm_attention_forward_paged_window((cllm_view){a->atty, Q, HS}, cv(v.q), (const float *)rows->k + off,
+                                                (const float *)rows->v + off, rows->table, rows->max_blocks,
+                                                rows->block_size, rows->rows, rows->past, alibi, rows->n_seq,
+                                                c->n_head, c->n_kv_head, HS, scale, c->sliding_window);
     }
     /* row-parallel under tensor parallelism: partial sums, reduced, then the bias once */
     const bool tp = m->tp_size > 1;

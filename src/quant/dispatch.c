@@ -16,7 +16,8 @@ static qmatmul_fn variant(cllm_isa isa, const char **name) {
     if (isa > cpu) isa = cpu;
 #ifdef CLLM_KV_X86
     if (isa >= CLLM_ISA_AVX512) {
-        *name = "avx512";
+        /* the avx512 build takes VNNI's integer dots itself where the CPU has them */
+        *name = cllm_cpu()->avx512_vnni ? "avx512-vnni" : "avx512";
         return cllm_qmatmul_avx512;
     }
     if (isa >= CLLM_ISA_AVX2) {

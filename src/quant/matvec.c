@@ -5,8 +5,9 @@
  * Compiled once per ISA level (CLLM_KV = portable, avx2, avx512; see
  * CMakeLists.txt); dispatch.c calls the one the CPU allows. The avx2 and
  * avx512 builds share the AVX2 + FMA + F16C intrinsics below (the avx512
- * build lets the compiler use the wider registers elsewhere); the portable
- * build is plain C.
+ * build lets the compiler use the wider registers elsewhere, and runs the
+ * int8 / q4 dots on AVX512-VNNI's vpdpbusd when cllm_cpu() reports it); the
+ * portable build is plain C.
  *
  * Every output is the dot product of one weight row with one input row,
  * computed by the same sequence of operations whatever M is (M only decides
@@ -29,8 +30,11 @@
  * row of the stored matrix (axpy form): each thread owns a strip of 64
  * outputs and accumulates x[m, i] * W[i, strip] for i ascending.
  *
- * Threads: OpenMP over output rows (strips), static schedule, so each
- * thread streams one contiguous part of the matrix. Nothing is allocated.
+ * Threads: the int8 / q4 / bf16 / fp32 [out, in] kernels cut the output
+ * rows into chunks (about 8 per thread, each a contiguous run of the
+ * matrix) that the pool of pool.c hands out, so a thread that lost its core
+ * delays at most the one chunk it holds; the [cols, rows] fp32 kernel runs
+ * on OpenMP over output strips. Nothing is allocated.
  */
 #include <math.h>
 #include <omp.h>
@@ -234,38 +238,60 @@ static void quantize_x(xblock *xq, const float *x, int M, int K) {
 
 /* One output: sum over blocks of d_w * d_x * (integer dot of the codes).
  * The integer dot is exact; the sum runs over 8 lanes (avx2) or one
- * (portable) in block order, the same for any M. */
+ * (portable) in block order, the same for any M.
+ *
+ * SIMD: |w| (unsigned) times x with w's sign, 32 codes at once; AVX2 sums
+ * the products in pairs to int16 (maddubs: |w| <= 127 and |x| <= 127, so a
+ * pair cannot saturate) and then to int32 (madd); AVX512-VNNI's vpdpbusd
+ * adds the four products of each int32 lane in one instruction. Both give
+ * the exact integer sums, so the outputs are the same bit for bit. */
+#ifdef QV_SIMD
+static inline __m256i dot32_avx2(__m256i w, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)),
+                             _mm256_set1_epi16(1));
+}
+#define DEFINE_DOT_Q(NAME, ATTR, DOT32)                                                                   \
+    ATTR static float NAME(cllm_wfmt f, const unsigned char *row, const xblock *xq, int nb) {              \
+        const size_t bb = f == CLLM_WFMT_Q4 ? CLLM_Q4_BLOCK_BYTES : CLLM_Q8_BLOCK_BYTES;                    \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                      \
+        const __m128i m15 = _mm_set1_epi8(15);                                                              \
+        for (int b = 0; b < nb; b++) {                                                                      \
+            const unsigned char *blk = row + (size_t)b * bb;                                                \
+            __m256i w;                                                                                      \
+            if (f == CLLM_WFMT_Q4) {                                                                        \
+                __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2));                      \
+                __m128i lo = _mm_and_si128(q, m15), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m15);          \
+                w = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));                         \
+            } else {                                                                                        \
+                w = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));                           \
+            }                                                                                               \
+            __m256i p = DOT32(w, _mm256_loadu_si256((const __m256i *)(const void *)xq[b].q));               \
+            __m256 dd = _mm256_set1_ps(scale_of(blk) * xq[b].d);                                            \
+            if (b & 1)                                                                                      \
+                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dd, acc1);                                    \
+            else                                                                                            \
+                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dd, acc0);                                    \
+        }                                                                                                   \
+        __m256 s = _mm256_add_ps(acc0, acc1);                                                               \
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));                      \
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));                                                             \
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));                                                              \
+        return _mm_cvtss_f32(h);                                                                            \
+    }
+DEFINE_DOT_Q(dot_q, , dot32_avx2)
+#if defined(__AVX512VL__) && defined(__AVX512BW__)
+/* The avx512 build: VNNI where the CPU has it (Cascade Lake, Ice Lake, Zen 4
+ * and later; not Skylake-X), checked at run time, so only these functions
+ * carry the instruction set. */
+#define QV_VNNI 1
+__attribute__((target("avx512vnni"))) static inline __m256i dot32_vnni(__m256i w, __m256i x) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+DEFINE_DOT_Q(dot_q_vnni, __attribute__((target("avx512vnni"))), dot32_vnni)
+#endif
+#else
 static float dot_q(cllm_wfmt f, const unsigned char *row, const xblock *xq, int nb) {
     const size_t bb = f == CLLM_WFMT_Q4 ? CLLM_Q4_BLOCK_BYTES : CLLM_Q8_BLOCK_BYTES;
-#ifdef QV_SIMD
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1);
-    const __m128i m15 = _mm_set1_epi8(15);
-    for (int b = 0; b < nb; b++) {
-        const unsigned char *blk = row + (size_t)b * bb;
-        __m256i w;
-        if (f == CLLM_WFMT_Q4) {
-            __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2));
-            __m128i lo = _mm_and_si128(q, m15), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m15);
-            w = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
-        } else {
-            w = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
-        }
-        __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)xq[b].q);
-        /* |w| (unsigned) times x with w's sign: pairs summed to int16, then int32 */
-        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w)), ones);
-        __m256 dd = _mm256_set1_ps(scale_of(blk) * xq[b].d);
-        if (b & 1)
-            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dd, acc1);
-        else
-            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dd, acc0);
-    }
-    __m256 s = _mm256_add_ps(acc0, acc1);
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
-#else
     float acc = 0.0f;
     for (int b = 0; b < nb; b++) {
         const unsigned char *blk = row + (size_t)b * bb;
@@ -279,39 +305,97 @@ static float dot_q(cllm_wfmt f, const unsigned char *row, const xblock *xq, int 
         acc += (float)sum * (scale_of(blk) * xq[b].d);
     }
     return acc;
+}
 #endif
+
+/* One matmul cut into chunks of output rows for the thread pool (pool.c):
+ * chunk c computes the outputs of rows [c * rows_per, (c + 1) * rows_per)
+ * for all M inputs. */
+typedef struct {
+    float *out;
+    const float *x;
+    const cllm_qweight *w;
+    const float *bias;
+    const xblock *xq;
+    int M, rows_per;
+    bool vnni; /* int8 / q4 through dot_q_vnni */
+} mm_job;
+
+/* Chunks of at least MIN_CHUNK_BYTES of weights, about 8 per thread (a
+ * thread that stalls holds up at most one small chunk), rows a multiple of 8. */
+enum { MIN_CHUNK_BYTES = 16384, CHUNKS_PER_THREAD = 8 };
+
+static void run_chunks(quant_task_fn fn, mm_job *j) {
+    const int R = j->w->rows, nt = quant_pool_threads();
+    const size_t rb = cllm_wfmt_row_bytes(j->w->fmt, j->w->cols);
+    if (nt <= 1 || (long)R * j->w->cols * j->M < QV_PARALLEL_MIN) {
+        j->rows_per = R;
+        fn(j, 0);
+        return;
+    }
+    int per = (R + nt * CHUNKS_PER_THREAD - 1) / (nt * CHUNKS_PER_THREAD);
+    const int min_rows = (int)((MIN_CHUNK_BYTES + rb - 1) / rb);
+    if (per < min_rows) per = min_rows;
+    per = (per + 7) / 8 * 8;
+    j->rows_per = per;
+    quant_pool_run(fn, j, (R + per - 1) / per);
 }
 
-static void quant_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch) {
-    const int R = w->rows, K = w->cols, nb = (K + QB - 1) / QB;
-    const size_t rb = cllm_wfmt_row_bytes(w->fmt, K);
-    xblock *xq = scratch;
-    quantize_x(xq, x, M, K);
-#pragma omp parallel for schedule(static) if ((long)R * K * M >= QV_PARALLEL_MIN)
-    for (int r = 0; r < R; r++) {
+static void quant_chunk(void *ctx, int c) {
+    const mm_job *j = ctx;
+    const cllm_qweight *w = j->w;
+    const int R = w->rows, nb = (w->cols + QB - 1) / QB, M = j->M;
+    const int r0 = c * j->rows_per, r1 = r0 + j->rows_per < R ? r0 + j->rows_per : R;
+    const size_t rb = cllm_wfmt_row_bytes(w->fmt, w->cols);
+    for (int r = r0; r < r1; r++) {
         const unsigned char *row = (const unsigned char *)w->data + (size_t)r * rb;
-        const float bv = bias ? bias[r] : 0.0f;
-        for (int m = 0; m < M; m++) out[(size_t)m * R + r] = dot_q(w->fmt, row, xq + (size_t)m * nb, nb) + bv;
+        const float bv = j->bias ? j->bias[r] : 0.0f;
+        for (int m = 0; m < M; m++) {
+            const xblock *xm = j->xq + (size_t)m * nb;
+#ifdef QV_VNNI
+            const float d = j->vnni ? dot_q_vnni(w->fmt, row, xm, nb) : dot_q(w->fmt, row, xm, nb);
+#else
+            const float d = dot_q(w->fmt, row, xm, nb);
+#endif
+            j->out[(size_t)m * R + r] = d + bv;
+        }
     }
 }
 
+static void quant_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch) {
+    xblock *xq = scratch;
+    quantize_x(xq, x, M, w->cols);
+    mm_job j = {.out = out, .x = x, .w = w, .bias = bias, .xq = xq, .M = M};
+#ifdef QV_VNNI
+    j.vnni = cllm_cpu()->avx512_vnni;
+#endif
+    run_chunks(quant_chunk, &j);
+}
+
 /* Row-major formats: one output channel per iteration, all M inputs. */
-static void rows_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M) {
-    const int R = w->rows, K = w->cols, nb = (K + QB - 1) / QB;
+static void rows_chunk(void *ctx, int c) {
+    const mm_job *j = ctx;
+    const cllm_qweight *w = j->w;
+    const int R = w->rows, K = w->cols, nb = (K + QB - 1) / QB, M = j->M;
+    const int r0 = c * j->rows_per, r1 = r0 + j->rows_per < R ? r0 + j->rows_per : R;
     const size_t rb = cllm_wfmt_row_bytes(w->fmt, K);
     const bool widen_once = M > 1 && nb * QB <= ROWBUF;
-#pragma omp parallel for schedule(static) if ((long)R * K >= QV_PARALLEL_MIN)
-    for (int r = 0; r < R; r++) {
+    for (int r = r0; r < r1; r++) {
         const unsigned char *row = (const unsigned char *)w->data + (size_t)r * rb;
-        const float bv = bias ? bias[r] : 0.0f;
+        const float bv = j->bias ? j->bias[r] : 0.0f;
         if (!widen_once) {
-            for (int m = 0; m < M; m++) out[(size_t)m * R + r] = dot_row(w->fmt, row, x + (size_t)m * K, K) + bv;
+            for (int m = 0; m < M; m++) j->out[(size_t)m * R + r] = dot_row(w->fmt, row, j->x + (size_t)m * K, K) + bv;
             continue;
         }
         float wrow[ROWBUF];
         widen_row(w->fmt, row, K, wrow);
-        for (int m = 0; m < M; m++) out[(size_t)m * R + r] = dot_wide(wrow, x + (size_t)m * K, K) + bv;
+        for (int m = 0; m < M; m++) j->out[(size_t)m * R + r] = dot_wide(wrow, j->x + (size_t)m * K, K) + bv;
     }
+}
+
+static void rows_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M) {
+    mm_job j = {.out = out, .x = x, .w = w, .bias = bias, .M = M};
+    run_chunks(rows_chunk, &j);
 }
 
 /* acc[0, n) += xv * wi[0, n): one fused multiply-add per weight (a plain

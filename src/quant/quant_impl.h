@@ -12,6 +12,15 @@ void cllm_qmatmul_portable(float *out, const float *x, const cllm_qweight *w, co
 void cllm_qmatmul_avx2(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch);
 void cllm_qmatmul_avx512(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch);
 
+/* The decode matmuls' thread pool (pool.c): runs fn(ctx, c) for every c in
+ * [0, n) on the calling thread and up to quant_pool_threads() - 1 helpers,
+ * returning when all are done. Each chunk runs exactly once, on whichever
+ * thread claims it, so fn must write disjoint outputs per chunk. */
+typedef void (*quant_task_fn)(void *ctx, int chunk);
+void quant_pool_run(quant_task_fn fn, void *ctx, int n);
+/* Threads a job would use: omp_get_max_threads() (1 inside an OpenMP region). */
+int quant_pool_threads(void);
+
 /* Bytes of one quantized activation block of matvec.c (fp32 scale + 32 int8). */
 enum { QUANT_XBLOCK_BYTES = 36 };
 

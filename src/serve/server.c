@@ -518,7 +518,7 @@ void cllm_server_pool(const cllm_server *s, int *tokens, size_t *bytes) {
     if (tokens) *tokens = blocks * s->p.block_size;
     int kvh = c->n_kv_head > 0 ? c->n_kv_head : c->n_head;
     if (bytes) *bytes = 2ull * (size_t)c->n_layer * (size_t)blocks * (size_t)s->p.block_size * (size_t)kvh *
-                        (size_t)c->head_dim * sizeof(float); /* a tensor part: its own heads */
+                        (size_t)c->head_dim * cllm_kv_cache_value_bytes(s->m); /* a tensor part: its own heads */
 }
 
 cllm_status cllm_server_start(cllm_server *s) {
