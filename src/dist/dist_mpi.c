@@ -228,36 +228,31 @@ cllm_status cllm_dist_reduce_scatter_sum_f32_as(const float *send, float *recv, 
     return st;
 }
 
-cllm_status cllm_dist_allgather_f32(float *buf, const size_t *counts) {
+/* In-place all-gather of counts[r] elements of type t from each rank r
+ * (unit names them in the watchdog's messages); caller names the API call. */
+static cllm_status allgather_in_place(void *buf, const size_t *counts, MPI_Datatype t, const char *unit,
+                                      const char *caller) {
     if (!cllm_dist_active()) return CLLM_OK;
     int *ic = malloc(2 * (size_t)w_size * sizeof *ic);
     if (!ic) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
-    cllm_status st = int_counts(counts, ic, ic + w_size, __func__);
+    cllm_status st = int_counts(counts, ic, ic + w_size, caller);
     size_t total = 0;
     for (int r = 0; r < w_size; r++) total += counts[r];
-    if (!st) st = dist_watch_enter("allgather", total, "floats");
+    if (!st) st = dist_watch_enter("allgather", total, unit);
     int rc = st ? MPI_SUCCESS
-                : MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, ic, ic + w_size, MPI_FLOAT, MPI_COMM_WORLD);
+                : MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, ic, ic + w_size, t, MPI_COMM_WORLD);
     dist_watch_leave();
     free(ic);
-    if (!st && rc != MPI_SUCCESS) st = mpi_fail(rc, __func__, "MPI_Allgatherv");
+    if (!st && rc != MPI_SUCCESS) st = mpi_fail(rc, caller, "MPI_Allgatherv");
     return st;
 }
 
+cllm_status cllm_dist_allgather_f32(float *buf, const size_t *counts) {
+    return allgather_in_place(buf, counts, MPI_FLOAT, "floats", __func__);
+}
+
 cllm_status cllm_dist_allgather_bytes(void *buf, const size_t *bytes) {
-    if (!cllm_dist_active()) return CLLM_OK;
-    int *ic = malloc(2 * (size_t)w_size * sizeof *ic);
-    if (!ic) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
-    cllm_status st = int_counts(bytes, ic, ic + w_size, __func__);
-    size_t total = 0;
-    for (int r = 0; r < w_size; r++) total += bytes[r];
-    if (!st) st = dist_watch_enter("allgather", total, "bytes");
-    int rc = st ? MPI_SUCCESS
-                : MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, ic, ic + w_size, MPI_BYTE, MPI_COMM_WORLD);
-    dist_watch_leave();
-    free(ic);
-    if (!st && rc != MPI_SUCCESS) st = mpi_fail(rc, __func__, "MPI_Allgatherv");
-    return st;
+    return allgather_in_place(buf, bytes, MPI_BYTE, "bytes", __func__);
 }
 
 cllm_status cllm_dist_alltoall_bytes(const void *send, const size_t *send_bytes, void *recv, const size_t *recv_bytes) {

@@ -324,6 +324,16 @@ static uint64_t fnv1a(uint64_t h, const char *s) {
     return h;
 }
 
+/* h extended by a config section's name and its sorted compact JSON; an
+ * absent section leaves h as it is (hashes of runs without it unchanged). */
+static uint64_t hash_section(uint64_t h, const char *name, const json_t *v) {
+    if (!v) return h;
+    char *s = json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS);
+    h = fnv1a(fnv1a(h, name), s ? s : "");
+    free(s);
+    return h;
+}
+
 uint64_t cllm_train_config_hash(const cllm_train_config *c) {
     /* Only what changes the math of a step; run length, intervals, logging
      * and paths may change between a run and its resumption. */
@@ -342,43 +352,21 @@ uint64_t cllm_train_config_hash(const cllm_train_config *c) {
     h = fnv1a(h, s ? s : "");
     free(s);
     /* the objective, when not language modelling (older hashes unchanged) */
-    json_t *dpo = json_object_get(j, "dpo");
-    if (dpo) {
-        s = json_dumps(dpo, JSON_COMPACT | JSON_SORT_KEYS);
-        h = fnv1a(fnv1a(h, "dpo"), s ? s : "");
-        free(s);
-    }
+    h = hash_section(h, "dpo", json_object_get(j, "dpo"));
     /* adapters (their dropout changes the math; the rest the buffer) */
-    json_t *lora = json_object_get(j, "lora");
-    if (lora) {
-        s = json_dumps(lora, JSON_COMPACT | JSON_SORT_KEYS);
-        h = fnv1a(fnv1a(h, "lora"), s ? s : "");
-        free(s);
-    }
+    h = hash_section(h, "lora", json_object_get(j, "lora"));
     /* mixture of experts: the capacity changes the math, the expert-parallel
      * size does not (a checkpoint resumes on another without a warning) */
     json_t *moe = json_object_get(j, "moe");
     if (moe) {
         json_t *m = json_deep_copy(moe);
         json_object_del(m, "expert_parallel_size");
-        s = json_dumps(m, JSON_COMPACT | JSON_SORT_KEYS);
-        h = fnv1a(fnv1a(h, "moe"), s ? s : "");
-        free(s);
+        h = hash_section(h, "moe", m);
         json_decref(m);
     }
     /* a quantized base (its format changes every forward) */
-    json_t *qz = json_object_get(j, "quantization");
-    if (qz) {
-        s = json_dumps(qz, JSON_COMPACT | JSON_SORT_KEYS);
-        h = fnv1a(fnv1a(h, "quantization"), s ? s : "");
-        free(s);
-    }
-    json_t *rw = json_object_get(j, "reward");
-    if (rw) {
-        s = json_dumps(rw, JSON_COMPACT | JSON_SORT_KEYS);
-        h = fnv1a(fnv1a(h, "reward"), s ? s : "");
-        free(s);
-    }
+    h = hash_section(h, "quantization", json_object_get(j, "quantization"));
+    h = hash_section(h, "reward", json_object_get(j, "reward"));
     json_decref(j);
     return h;
 }
