@@ -177,15 +177,36 @@ def worker_bf16gemm(args):
 # --------------------------------------------------------------------------
 
 
-def run_child(cmd, env):
-    """Runs cmd; returns (returncode, stdout, stderr, peak RSS in KiB)."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
-        _, status, ru = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
+# A child's ru_maxrss counts the resident set its parent had when it forked
+# (Linux keeps the pre-exec high-water mark), so a parent that has imported
+# torch would lend every child its few hundred MiB. run_child therefore starts
+# each command from this small trampoline, whose own child is measured.
+TRAMPOLINE = (
+    "import os,sys\n"
+    "pid=os.fork()\n"
+    "if pid==0:\n"
+    "    try: os.execvp(sys.argv[2],sys.argv[2:])\n"
+    "    finally: os._exit(127)\n"
+    "_,st,ru=os.wait4(pid,0)\n"
+    "open(sys.argv[1],'w').write(str(ru.ru_maxrss))\n"
+    "sys.exit(os.waitstatus_to_exitcode(st)%256 if os.WIFEXITED(st) else 128+os.WTERMSIG(st))\n")
+
+
+def run_child(cmd, env, preexec_fn=None):
+    """Runs cmd; returns (returncode, stdout, stderr, peak RSS in KiB of
+    cmd's own process). A child killed by a signal returns minus the signal,
+    as subprocess does."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile(prefix="cllm-rss-") as rssf:
+        p = subprocess.Popen([sys.executable, "-c", TRAMPOLINE, rssf.name] + list(cmd), stdout=out, stderr=err, env=env,
+                             preexec_fn=preexec_fn)
+        rc = p.wait()
+        if rc > 128:
+            rc = -(rc - 128)
         out.seek(0)
         err.seek(0)
-        return p.returncode, out.read().decode(), err.read().decode(), ru.ru_maxrss
+        txt = open(rssf.name).read().strip()
+        return rc, out.read().decode(), err.read().decode(), int(txt) if txt else 0
 
 
 def torch_env(threads, coretype):

@@ -17,6 +17,9 @@ Checks of the benchmark drivers' own logic (no timing is asserted):
     them (a stand-in binary), ignored where it fails;
   - a cllm bf16 run that fails (a stand-in binary) yields a "skipped" row
     with the reason instead of stopping the bench.
+  - train_step.run_child's peak RSS is the command's own: a parent holding
+    400 MiB does not lend it to a small child (Linux keeps a forked child's
+    pre-exec high-water mark), and a child's signal death reads as -signal.
 
   /usr/bin/python3 tests/bench_test.py --cllm build/cllm --build build
 """
@@ -197,6 +200,23 @@ def test_bf16_skip(tmp):
     check(code is not None and "exit status 1" in code, "a failing fp32 run still stops the bench")
 
 
+def test_child_rss(tmp):
+    """run_child reports the command's own peak RSS, not the resident set
+    this (parent) process had when it forked."""
+    ballast = bytearray(400 << 20)  # 400 MiB, touched so that it is resident
+    for i in range(0, len(ballast), 4096):
+        ballast[i] = 1
+    rc, _, _, small = train_step.run_child([sys.executable, "-c", "pass"], dict(os.environ))
+    check(rc == 0 and small < 100 * 1024, "a small child's peak RSS leaves out the parent's 400 MiB (%d KiB)" % small)
+    rc, _, _, big = train_step.run_child([sys.executable, "-c", "b=bytearray(200<<20)\nfor i in range(0,len(b),4096): b[i]=1"],
+                                         dict(os.environ))
+    check(rc == 0 and 200 * 1024 <= big < 300 * 1024, "a child that touches 200 MiB reports 200-300 MiB (%d KiB)" % big)
+    rc, _, err, _ = train_step.run_child([sys.executable, "-c", "import os,signal; os.kill(os.getpid(), signal.SIGILL)"],
+                                         dict(os.environ))
+    check(rc == -4, "a child killed by SIGILL gives -4 as subprocess would (%d)" % rc)
+    del ballast
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cllm", required=True)
@@ -210,6 +230,7 @@ def main():
         test_version_preferred(tmp)
         test_coretype_probe(tmp)
         test_bf16_skip(tmp)
+        test_child_rss(tmp)
     if failures:
         print("%d check(s) failed" % len(failures))
         return 1
