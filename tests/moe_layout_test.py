@@ -12,8 +12,8 @@ w1 in rows 0..F-1 and w3 in rows F..2F-1, mlp.experts.down_proj [E, C, F]).
     tensors numpy wrote; converting that back with `--expert-layout
     per-expert` gives every tensor of A, bit for bit.
   - Training from the fused folder saves the same model as training from
-    the per-expert one, and `cllm convert --checkpoint RUN --expert-layout
-    fused` writes that model fused.
+    the per-expert one; `cllm convert --checkpoint RUN --expert-layout
+    fused` and `cllm train --save-expert-layout fused` write that model fused.
   - Errors name the tensor: a folder mixing the layouts, a fused tensor of
     the wrong shape, a missing fused tensor; bad --expert-layout values.
 
@@ -183,6 +183,16 @@ def test_errors(cllm, tmp, p):
         r = run([cllm, "convert", "--model", ll, "--expert-layout", "fused", "--out", os.path.join(tmp, "x")])
     check("error: --expert-layout fused on a llama", r.returncode != 0 and "has no experts" in r.stderr,
           r.stderr.strip()[-200:])
+    data = os.path.join(tmp, "d.jsonl")
+    r = run([cllm, "train", "--model", ll, "--data", data, "--seq-len", "8", "--steps", "1", "--out",
+             os.path.join(tmp, "llama-run"), "--save-expert-layout", "fused"])
+    check("error: train --save-expert-layout fused on a llama, before training",
+          r.returncode != 0 and "save_expert_layout fused: the model has no experts" in r.stderr
+          and not os.path.exists(os.path.join(tmp, "llama-run", "model.safetensors")), r.stderr.strip()[-200:])
+    r = run([cllm, "train", "--model", a, "--data", data, "--seq-len", "8", "--steps", "1", "--out",
+             os.path.join(tmp, "x-run"), "--save-expert-layout", "stacked"])
+    check("error: save_expert_layout stacked", r.returncode != 0 and "save_expert_layout: 'stacked'" in r.stderr,
+          r.stderr.strip()[-200:])
 
 
 def main():
@@ -231,6 +241,11 @@ def main():
             if check("convert --checkpoint --expert-layout fused exits 0", r.returncode == 0, r.stderr[-400:]):
                 ok, why = same_tensors(load(e), fuse(load(ra)))
                 check("convert --checkpoint: the trained model in the fused layout", ok, why)
+            rc_ = os.path.join(tmp, "run-c")
+            r = run([cllm, "train", "--model", a, "--out", rc_, "--save-expert-layout", "fused"] + common)
+            if check("train --save-expert-layout fused exits 0", r.returncode == 0, r.stderr[-400:]):
+                ok, why = same_tensors(load(rc_), fuse(load(ra)))
+                check("train --save-expert-layout fused: the saved model in the fused layout", ok, why)
         test_errors(cllm, tmp, p)
     finally:
         if args.keep:
