@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections import OrderedDict
@@ -33,29 +32,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_models as hm  # noqa: E402  (safetensors and JSONL I/O)
+import test_mixtral_vs_torch as mx  # noqa: E402  (its check/run helpers and tiny Mixtral config)
 
-FAILED = 0
-
-
-def check(name, ok, detail=""):
-    global FAILED
-    FAILED += not ok
-    print("%s  %s%s" % ("ok  " if ok else "FAIL", name, ("  " + detail) if detail else ""))
-    sys.stdout.flush()
-    return ok
-
-
-def run(cmd):
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-
-
-CFG = OrderedDict(
-    architectures=["MixtralForCausalLM"], model_type="mixtral", vocab_size=61, hidden_size=32,
-    intermediate_size=24, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=None,
-    num_local_experts=4, num_experts_per_tok=2, output_router_logits=True, router_aux_loss_coef=0.02,
-    router_jitter_noise=0.0, tie_word_embeddings=False, hidden_act="silu", bos_token_id=1, eos_token_id=2)
+check, run = mx.check, mx.run
+CFG = mx.config(vocab_size=61, num_local_experts=4, output_router_logits=True)
 E, C, F, L = CFG["num_local_experts"], CFG["hidden_size"], CFG["intermediate_size"], CFG["num_hidden_layers"]
 
 
@@ -252,8 +234,8 @@ def main():
             print("kept", tmp)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-        print("FAILED %d" % FAILED if FAILED else "all passed")
-    return 1 if FAILED else 0
+        print("FAILED %d" % mx.FAILED if mx.FAILED else "all passed")
+    return 1 if mx.FAILED else 0
 
 
 if __name__ == "__main__":
