@@ -79,10 +79,9 @@ static cllm_st_tensor view(const cllm_st_tensor *t, size_t at, int64_t rows, int
     return v;
 }
 
-static cllm_status put_view(const cllm_model *m, const cllm_st_tensor *t, const cllm_st_tensor *v, int idx,
-                            model_tensor_fn put, void *ctx, bool *seen) {
+static cllm_status put_view(const cllm_st_tensor *t, const cllm_st_tensor *v, int idx, model_tensor_fn put, void *ctx,
+                            bool *seen) {
     if (seen[idx]) return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: tensor '%s' appears twice", t->file, t->name);
-    (void)m;
     cllm_status st = put(ctx, idx, v);
     if (!st) seen[idx] = true;
     return st;
@@ -125,17 +124,17 @@ cllm_status model_moe_file_tensor(const cllm_model *m, const cllm_st_tensor *t, 
                          t->name, got, t->dtype == CLLM_U8 ? " of U8 values" : "", need, dims[kind]);
     }
     const int *slot = m->lslot[l];
-    if (kind == K_ROUTER) return put_view(m, t, t, slot[L_ROUTER_W], put, ctx, seen);
+    if (kind == K_ROUTER) return put_view(t, t, slot[L_ROUTER_W], put, ctx, seen);
     cllm_status st = CLLM_OK;
     for (int64_t e = 0; e < E && !st; e++) {
         if (kind == K_DOWN) {
             cllm_st_tensor v = view(t, (size_t)(e * C * F), C, F);
-            st = put_view(m, t, &v, slot[L_EXP_W2] + (int)e, put, ctx, seen);
+            st = put_view(t, &v, slot[L_EXP_W2] + (int)e, put, ctx, seen);
             continue;
         }
         cllm_st_tensor w1 = view(t, (size_t)(e * 2 * F * C), F, C), w3 = view(t, (size_t)((e * 2 + 1) * F * C), F, C);
-        st = put_view(m, t, &w1, slot[L_EXP_W1] + (int)e, put, ctx, seen);
-        if (!st) st = put_view(m, t, &w3, slot[L_EXP_W3] + (int)e, put, ctx, seen);
+        st = put_view(t, &w1, slot[L_EXP_W1] + (int)e, put, ctx, seen);
+        if (!st) st = put_view(t, &w3, slot[L_EXP_W3] + (int)e, put, ctx, seen);
     }
     return st;
 }
@@ -145,11 +144,11 @@ static bool expert_tensor(const cllm_model *m, int idx, int *layer, int *kind) {
     const int E = m->cfg.n_experts;
     for (int l = 0; E && l < m->cfg.n_layer; l++) {
         const int *s = m->lslot[l];
-        int k = idx == s[L_ROUTER_W]                               ? K_ROUTER
-                : idx >= s[L_EXP_W1] && idx < s[L_EXP_W1] + E      ? K_GATE_UP
-                : idx >= s[L_EXP_W3] && idx < s[L_EXP_W3] + E      ? K_GATE_UP
-                : idx >= s[L_EXP_W2] && idx < s[L_EXP_W2] + E      ? K_DOWN
-                                                                   : -1;
+        int k = -1;
+        if (idx == s[L_ROUTER_W]) k = K_ROUTER;
+        else if ((idx >= s[L_EXP_W1] && idx < s[L_EXP_W1] + E) || (idx >= s[L_EXP_W3] && idx < s[L_EXP_W3] + E))
+            k = K_GATE_UP;
+        else if (idx >= s[L_EXP_W2] && idx < s[L_EXP_W2] + E) k = K_DOWN;
         if (k >= 0) {
             *layer = l;
             *kind = k;
