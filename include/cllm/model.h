@@ -436,6 +436,16 @@ cllm_status cllm_model_set_moe_capacity(cllm_model *m, double capacity_factor, i
 struct cllm_dist_group;
 cllm_status cllm_model_set_expert_parallel(cllm_model *m, const struct cllm_dist_group *g, int rank, int size);
 int cllm_model_expert_parallel_size(const cllm_model *m);
+/* The file layout of a Mixtral's expert tensors (docs/moe.md, "Tensors"):
+ * per-expert, transformers 4.x's block_sparse_moe.experts.N.w1/w2/w3 and
+ * cllm's own tensor names; fused, transformers 5.x's mlp.experts.gate_up_proj
+ * [E, 2F, C] and down_proj [E, C, F] with the router at mlp.gate. Loading
+ * reads either (the tensor names tell); cllm_model_save writes the one set
+ * here, per-expert by default (transformers 4.x reads only that one, 5.x
+ * converts it when loading). Fused on a model without experts is an error. */
+typedef enum { CLLM_EXPERTS_PER_EXPERT = 0, CLLM_EXPERTS_FUSED = 1 } cllm_expert_layout;
+bool cllm_expert_layout_from_name(const char *name, cllm_expert_layout *out); /* "per-expert", "fused" */
+cllm_status cllm_model_set_expert_layout(cllm_model *m, cllm_expert_layout layout);
 /* Counters of the training forwards since the last reset (which allocates
  * them): [n_experts + 2] = choices routed to each expert (summed over
  * blocks, before the capacity), choices dropped, all choices. NULL before

@@ -234,6 +234,9 @@ typedef struct {
         int min_capacity;                /* default 4 */
         bool drop_tokens;                /* false: no capacity limit at all; default true */
     } moe;
+    cllm_expert_layout save_expert_layout; /* save_expert_layout: "per-expert" (default) or "fused"
+                                            (transformers 5.x): a Mixtral's expert tensors in the
+                                            saved model; checkpoints stay per-expert (docs/moe.md) */
     const char *resume;                  /* not a key (--resume): NULL, "auto" or a checkpoint folder */
     int dp_size, dp_rank;                /* data-parallel world: set by cllm_train_run from cllm_dist
                                           * (1, 0 without MPI); ranks > 0 write no files */

@@ -158,8 +158,12 @@ cllm_status model_load_tensors(const cllm_model *m, const char *dir, model_tenso
         st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
         goto done;
     }
+    model_moe_file mf = {0};
     for (int i = 0; i < cllm_st_set_count(set); i++) {
         const cllm_st_tensor *t = cllm_st_set_at(set, i);
+        bool fused;
+        if ((st = model_moe_file_tensor(m, t, put, ctx, seen, &mf, &fused))) goto done;
+        if (fused) continue;
         int idx = find_index(m, t->name);
         if (idx < 0) {
             if (ignored_buffer(m, t->name)) continue;
@@ -194,7 +198,9 @@ cllm_status model_load_tensors(const cllm_model *m, const char *dir, model_tenso
     }
     for (int i = 0; i < m->n_tensors; i++)
         if (!seen[i]) {
-            st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: missing tensor '%s'%s", dir, m->tensors[i].name,
+            char buf[96];
+            st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: missing tensor '%s'%s", dir,
+                           model_moe_file_name(m, i, &mf, buf, sizeof buf),
                            i == m->gslot[G_SCORE] ? " (the score head [1, hidden] that config.json's "
                            "*ForSequenceClassification architecture needs)" : "");
             goto done;
@@ -321,7 +327,11 @@ cllm_status cllm_model_save(const cllm_model *m, const char *dir, size_t max_sha
         e[i].shape[1] = t->shape[1];
         e[i].data = m->params + t->offset;
     }
-    st = cllm_st_save_dir(dir, e, m->n_tensors, max_shard_bytes);
+    int n = m->n_tensors;
+    model_moe_fused *fused = NULL;
+    st = model_moe_fuse_entries(m, e, &n, &fused);
+    if (!st) st = cllm_st_save_dir(dir, e, n, max_shard_bytes);
+    model_moe_fused_free(fused);
     free(e);
     if (st) return st;
     char path[4096];

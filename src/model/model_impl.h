@@ -204,6 +204,7 @@ struct cllm_model {
     const struct cllm_dist_group *ep_grp;
     int ep_rank, ep_size;
     struct model_moe_ep *ep; /* the owner side's buffers, grown on demand */
+    cllm_expert_layout expert_layout; /* the layout cllm_model_save writes (moe_layout.c) */
 };
 
 /* The rows of a cached forward pass (generate.c builds it, run.c reads
@@ -338,6 +339,25 @@ cllm_status model_from_config_vh(cllm_model **out, const json_t *config, const c
  * skipped, every tensor exactly once): put(ctx, tensor index, file tensor)
  * for each (model.c). */
 typedef cllm_status (*model_tensor_fn)(void *ctx, int idx, const cllm_st_tensor *t);
+/* The expert tensors' file layouts (moe_layout.c). model_moe_file_tensor
+ * looks at file tensor t: a tensor of the fused layout is cut into the
+ * per-expert views put(ctx, idx, view) gets (*handled true); one of either
+ * layout fixes the folder's layout in *f (zeroed before the first call)
+ * and one of the other layout is an error naming both. model_moe_file_name:
+ * tensor idx's name in that layout (buf when it differs). */
+typedef struct {
+    cllm_expert_layout layout;
+    char first[128]; /* the first expert tensor seen; empty: none yet */
+} model_moe_file;
+cllm_status model_moe_file_tensor(const cllm_model *m, const cllm_st_tensor *t, model_tensor_fn put, void *ctx,
+                                  bool *seen, model_moe_file *f, bool *handled);
+const char *model_moe_file_name(const cllm_model *m, int idx, const model_moe_file *f, char *buf, size_t n);
+/* Saving in the fused layout: rewrites the n entries (entry i = tensor i)
+ * into the fused layout's when m's layout is fused (*out owns the
+ * concatenated data; NULL otherwise). */
+typedef struct model_moe_fused model_moe_fused;
+cllm_status model_moe_fuse_entries(const cllm_model *m, cllm_st_entry *e, int *n, model_moe_fused **out);
+void model_moe_fused_free(model_moe_fused *b);
 cllm_status model_load_tensors(const cllm_model *m, const char *dir, model_tensor_fn put, void *ctx);
 
 /* Builds m->tensors, slots and n_params from m->cfg (layout.c). */

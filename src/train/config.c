@@ -34,7 +34,7 @@ static const char *const top_keys[] = {
     "model", "data", "train_iters", "epochs", "eval_interval", "eval_iters", "save_interval", "save_total_limit",
     "output_dir", "seed", "log", "weight_decay_skip", "max_consecutive_skips", "shuffle", "peak_gflops",
     "max_shard_size", "async_save", "save_final_checkpoint", "task", "dpo", "reward", "ppo", "heartbeat_timeout", "lora",
-    "adapter", "moe", "quantization", NULL};
+    "adapter", "moe", "save_expert_layout", "quantization", NULL};
 
 /* DeepSpeed keys accepted without effect on a single-process CPU fp32 run. */
 static const char *const top_ignored[] = {
@@ -573,6 +573,15 @@ static cllm_status parse_moe(cllm_train_config *c, const json_t *j, const char *
     return CLLM_OK;
 }
 
+/* save_expert_layout: the expert tensors' layout of the saved model */
+static cllm_status parse_expert_layout(cllm_train_config *c, const json_t *j, const char *path) {
+    const char *s = NULL;
+    TRY(get_str(j, "save_expert_layout", &s, "", path));
+    if (s && !cllm_expert_layout_from_name(s, &c->save_expert_layout))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: save_expert_layout: '%s' (expected per-expert or fused)", path, s);
+    return CLLM_OK;
+}
+
 /* --------------------------------------------------------- cllm keys */
 
 static cllm_status parse_model(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
@@ -874,6 +883,7 @@ cllm_status cllm_train_config_parse(cllm_train_config *cfg, json_t *j, const cha
     TRY(parse_topo(cfg, j, path, strict));
     TRY(parse_act_ckpt(cfg, j, path, strict));
     TRY(parse_moe(cfg, j, path, strict));
+    TRY(parse_expert_layout(cfg, j, path));
     TRY(parse_ours(cfg, j, path, strict));
     return CLLM_OK;
 }

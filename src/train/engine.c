@@ -907,7 +907,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
                     (double)diff, tr->topo.dims[CLLM_AXIS_TENSOR]);
         if (c->output_dir && cllm_lora_attached(whole))
             st = cllm_lora_save(whole, c->output_dir, c->model_dir);
-        else if (c->output_dir)
+        else if (c->output_dir && !(st = cllm_model_set_expert_layout(whole, c->save_expert_layout)))
             st = cllm_model_save(whole, c->output_dir, c->max_shard_bytes);
         if (st) goto done;
         /* the tokenizer and a chat template of the format trained on, so that

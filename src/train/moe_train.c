@@ -34,6 +34,9 @@ static cllm_status set_capacity(trainer *tr, bool train) {
 cllm_status train_moe_setup(trainer *tr, bool piped, bool tensor) {
     const cllm_train_config *c = tr->cfg;
     const int E = cllm_model_get_config(tr->m)->n_experts, P = ep_size(c), W = cllm_dist_size();
+    if (c->save_expert_layout == CLLM_EXPERTS_FUSED && !E) /* refused before training, not at the save */
+        return CLLM_FAIL(CLLM_ERR_ARG, "save_expert_layout fused: the model has no experts (not a mixture of "
+                         "experts)");
     if (P > 1) {
         if (!E)
             return CLLM_FAIL(CLLM_ERR_ARG, "moe.expert_parallel_size %d: the model has no experts (not a mixture of "

@@ -20,6 +20,12 @@
  * --quantize int8|q4|bf16 writes an HF or checkpoint folder (--model) with
  * its matrices in that weight format (cllm_model_save_weights,
  * docs/formats/quantized.md), loaded by generate/eval/serve as it is.
+ *
+ * --expert-layout per-expert|fused: the layout of a Mixtral's expert tensors
+ * in the HF folder written (docs/moe.md); per-expert by default, since
+ * transformers 4.x reads only that one and 5.x converts it when loading.
+ * With --model (and no --tensor) it writes an HF folder in that layout
+ * instead of a stage layout.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,7 +132,7 @@ static int to_gguf(cllm_model *m, const char *src, const char *tok_dir, const ch
 int cmd_convert(int argc, char **argv) {
     if (argc > 0 && (strcmp(argv[0], "hg_to_pp") == 0 || strcmp(argv[0], "pp_to_hg") == 0))
         return seed_form(argc, argv);
-    const char *ckpt_arg, *model_arg, *layout_arg, *out, *shard, *to, *type, *tok_arg, *quantize;
+    const char *ckpt_arg, *model_arg, *layout_arg, *out, *shard, *to, *type, *tok_arg, *quantize, *experts;
     int tensor = 1;
     arg_spec specs[] = {
         {"checkpoint", ARG_STR, &ckpt_arg, NULL, false,
@@ -142,6 +148,9 @@ int cmd_convert(int argc, char **argv) {
          "with --to gguf: tokenizer folder (default: the model or checkpoint folder)"},
         {"quantize", ARG_STR, &quantize, NULL, false,
          "with --model: write the model with int8, q4 or bf16 matrices to --out, loaded later without conversion"},
+        {"expert-layout", ARG_STR, &experts, NULL, false,
+         "per-expert (transformers 4.x, the default) or fused (5.x: mlp.experts.gate_up_proj): a Mixtral's expert "
+         "tensors in the HF folder written; with --model it writes an HF folder, not a stage layout"},
         {"max-shard-size", ARG_STR, &shard, "2GB", false,
          "split safetensors into shards of at most this size with model.safetensors.index.json; 0 = one file"},
     };
@@ -155,6 +164,18 @@ int cmd_convert(int argc, char **argv) {
     cllm_model *m = NULL;
     if ((ckpt_arg != NULL) + (model_arg != NULL) + (layout_arg != NULL) != 1) {
         fprintf(stderr, "cllm convert: give exactly one of --checkpoint, --model and --layout\n");
+        rc = 2;
+        goto done;
+    }
+    cllm_expert_layout el = CLLM_EXPERTS_PER_EXPERT;
+    if (experts && !cllm_expert_layout_from_name(experts, &el)) {
+        fprintf(stderr, "cllm convert: --expert-layout %s: expected per-expert or fused\n", experts);
+        rc = 2;
+        goto done;
+    }
+    if (experts && (to || quantize || tensor != 1)) {
+        fprintf(stderr, "cllm convert: --expert-layout is the layout of an fp32 HF folder written from --model, "
+                "--checkpoint or --layout: not with --%s\n", to ? "to" : quantize ? "quantize" : "tensor");
         rc = 2;
         goto done;
     }
@@ -208,6 +229,18 @@ int cmd_convert(int argc, char **argv) {
         rc = 2;
         goto done;
     }
+    if (model_arg && experts) { /* HF -> HF in the layout asked */
+        const char *srcs[1] = {model_arg};
+        int copied = 0;
+        if (cllm_model_load(&m, model_arg) || cllm_model_set_expert_layout(m, el) || cllm_make_dirs(out) ||
+            cllm_model_save(m, out, max_shard) || copy_tokenizer(srcs, 1, out, &copied)) {
+            rc = tool_fail("convert");
+            goto done;
+        }
+        fprintf(stderr, "cllm convert: %s -> %s: %s expert tensors%s\n", model_arg, out, experts,
+                copied ? " with its tokenizer" : "");
+        goto done;
+    }
     if (model_arg) {
         if (cllm_model_load(&m, model_arg) ||
             cllm_topo_check_tensor(cllm_model_get_config(m), tensor, model_arg) ||
@@ -223,7 +256,8 @@ int cmd_convert(int argc, char **argv) {
     if (layout_arg) {
         const char *tok_dirs[1] = {layout_arg};
         int copied = 0;
-        if (cllm_split_load(&m, layout_arg) || cllm_make_dirs(out) || cllm_model_save(m, out, max_shard) ||
+        if (cllm_split_load(&m, layout_arg) || cllm_model_set_expert_layout(m, el) || cllm_make_dirs(out) ||
+            cllm_model_save(m, out, max_shard) ||
             copy_tokenizer(tok_dirs, 1, out, &copied)) {
             rc = tool_fail("convert");
             goto done;
@@ -255,7 +289,7 @@ int cmd_convert(int argc, char **argv) {
         goto done;
     }
     if (cllm_ckpt_verify_range(dir, true, 0, 0) || cllm_ckpt_load_model(&m, dir) ||
-        cllm_make_dirs(out) || cllm_model_save(m, out, max_shard)) {
+        cllm_model_set_expert_layout(m, el) || cllm_make_dirs(out) || cllm_model_save(m, out, max_shard)) {
         rc = tool_fail("convert");
         goto done;
     }

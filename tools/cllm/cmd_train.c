@@ -135,7 +135,7 @@ typedef struct {
     const char *config, *model, *data, *eval_data, *out, *steps, *batch, *micro, *accum, *seq_len, *save_interval,
         *save_limit, *eval_interval, *eval_iters, *resume, *seed, *optimizer, *lr, *wd, *clip, *log_every, *shard,
         *log, *peak, *tokenizer, *splits, *skip_bad, *task, *ref_model, *beta, *loss_type, *smoothing, *heartbeat,
-        *lora_r, *lora_alpha, *lora_dropout, *lora_target, *adapter, *center, *reward_model, *rollouts, *kl_coef,
+        *expert_layout, *lora_r, *lora_alpha, *lora_dropout, *lora_target, *adapter, *center, *reward_model, *rollouts, *kl_coef,
         *ppo_epochs;
     bool no_shuffle, strict, print_config, sync_save, grad_ckpt, reference_free, precompute;
     quant_flags quant;
@@ -223,6 +223,7 @@ static int apply_flags(json_t *j, const train_flags *f) {
     if (f->wd)
         rc = rc ? rc : set_num(sub_object(sub_object(j, "optimizer"), "params"), "weight_decay", "weight-decay", f->wd);
     if (f->shard) json_object_set_new(j, "max_shard_size", json_string(f->shard));
+    if (f->expert_layout) json_object_set_new(j, "save_expert_layout", json_string(f->expert_layout));
     if (f->log) json_object_set_new(j, "log", json_string(f->log));
     if (f->no_shuffle) json_object_set_new(j, "shuffle", json_false());
     if (f->sync_save) json_object_set_new(j, "async_save", json_false());
@@ -341,6 +342,8 @@ int cmd_train(int argc, char **argv) {
         {"log", ARG_STR, &f.log, NULL, false, "auto, progress, plain or quiet (default auto: progress line on a terminal)"},
         {"peak-gflops", ARG_STR, &f.peak, NULL, false, "matmul peak for MFU (default: env CLLM_PEAK_GFLOPS or measured)"},
         {"max-shard-size", ARG_STR, &f.shard, NULL, false, "shard saved safetensors (e.g. 2GB); 0 = one file"},
+        {"save-expert-layout", ARG_STR, &f.expert_layout, NULL, false,
+         "per-expert (default) or fused (transformers 5.x): a Mixtral's expert tensors in the saved model"},
         {"sync-save", ARG_FLAG, &f.sync_save, NULL, false, "write checkpoints on the training thread (async_save false)"},
         {"grad-ckpt", ARG_FLAG, &f.grad_ckpt, NULL, false,
          "activation checkpointing: recompute block activations in backward (use_grad_ckpt; docs/memory.md)"},
