@@ -22,7 +22,7 @@
  * file's format, and widened and stored again otherwise. Which rows and
  * inputs a slice holds comes from cllm_tp_slice itself, run over a table of
  * indices, so the cut is the fp32 path's by construction (vocabulary
- * padding included: padded rows are zero blocks, value 0).
+ * padding included: a padded row holds the blocks of a row of zeros).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -112,14 +112,22 @@ cllm_status model_tp_put_blocks(const cllm_model *whole, cllm_model *part, int i
     float *cols = in_cut ? slice_map(K, rule, part->tp_size, part->tp_rank, &nc) : NULL;
     unsigned char *dst = file_fmt == q->fmt ? (unsigned char *)(uintptr_t)q->data
                                             : cllm_alloc((size_t)q->rows * prb, "weight slice");
+    /* a padded vocabulary row: what the quantizer makes of zeros (as a part
+     * cut in fp32 and quantized holds) */
+    float *zeros = calloc((size_t)nc, sizeof *zeros);
+    unsigned char *pad = malloc(prb);
     cllm_status st = CLLM_OK;
-    if ((out_cut && !rows) || (in_cut && !cols) || !dst || nr != q->rows || nc != q->cols) {
-        st = dst && (!out_cut || rows) && (!in_cut || cols)
+    if ((out_cut && !rows) || (in_cut && !cols) || !dst || !zeros || !pad || nr != q->rows || nc != q->cols) {
+        st = dst && zeros && pad && (!out_cut || rows) && (!in_cut || cols)
                  ? CLLM_FAIL(CLLM_ERR_INTERNAL, "%s: slice of [%lld, %lld], store of [%d, %d]", t->name,
                              (long long)nr, (long long)nc, q->rows, q->cols)
                  : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
         goto done;
     }
+    if (file_fmt == CLLM_WFMT_Q4)
+        cllm_quant_q4_0_row(pad, zeros, nc);
+    else
+        cllm_quant_q8_0_row(pad, zeros, nc);
     const unsigned char *src = t->data;
     const int64_t nb = (nc + CLLM_QBLOCK - 1) / CLLM_QBLOCK;
 #pragma omp parallel for schedule(static)
@@ -127,7 +135,7 @@ cllm_status model_tp_put_blocks(const cllm_model *whole, cllm_model *part, int i
         int64_t from = rows ? (int64_t)rows[i] - 1 : i; /* -1: a padded vocabulary row */
         unsigned char *d = dst + (size_t)i * prb;
         if (from < 0) {
-            memset(d, 0, prb);
+            memcpy(d, pad, prb);
             continue;
         }
         if (!cols) {
@@ -152,6 +160,8 @@ cllm_status model_tp_put_blocks(const cllm_model *whole, cllm_model *part, int i
     }
 done:
     if (dst != q->data) cllm_free(dst);
+    free(zeros);
+    free(pad);
     free(rows);
     free(cols);
     return st;
