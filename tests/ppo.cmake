@@ -4,7 +4,7 @@
 # rollouts scored by a reward model (generate); bad rollouts, keys and
 # values named (errors); LoRA with the base as reference (lora);
 # cllm estimate --task ppo against peak RSS (estimate).
-foreach(case losses generate lora errors)
+foreach(case losses generate lora errors shaping)
   cllm_add_py_test(ppo_${case} ppo_test.py LABELS train ARGS --case ${case})
   set_tests_properties(ppo_${case} PROPERTIES TIMEOUT 300)
 endforeach()

@@ -183,6 +183,8 @@ cllm_status cllm_objective_reward_init(cllm_objective **out, const cllm_reward_p
  * coefficient adapts after every batch (adap_kl_ctrl: the proportional
  * error of the batch's mean KL against `target`, clipped to +-0.2, times
  * batch_size * ranks / horizon). */
+typedef enum { CLLM_PPO_KL, CLLM_PPO_KL_ABS, CLLM_PPO_KL_MSE, CLLM_PPO_KL_FULL } cllm_ppo_kl_penalty;
+
 typedef struct {
     double init_kl_coef;    /* kl_coef: 0.2 */
     bool adap_kl_ctrl;      /* true */
@@ -194,6 +196,17 @@ typedef struct {
     int batch_size;         /* rollouts per PPO batch per rank; 0: one minibatch */
     bool whiten_rewards;    /* false */
     double ratio_threshold; /* 10: a micro-batch whose mean ratio exceeds it trains nothing */
+    /* reward shaping (trl's names): the per-token penalty k_t of
+     * r_t = -kl_coef * k_t, with d = logp - ref_logp: "kl" d, "abs" |d|,
+     * "mse" d^2 / 2, "full" the KL of the whole next-token distributions
+     * sum_v p(v) (log p(v) - log ref(v)); objective/kl sums k_t */
+    cllm_ppo_kl_penalty kl_penalty; /* CLLM_PPO_KL */
+    /* scores divided by the running std of all scores so far (+ float
+     * epsilon), after subtracting the running mean with use_score_norm
+     * (trl's RunningMoments over every rank's scores); then clipped to
+     * +-score_clip (0: no clip) */
+    bool use_score_scaling, use_score_norm; /* false, false */
+    double score_clip;                      /* 0 */
     /* rollouts generated from the data's prompts */
     int max_new_tokens;     /* 32 */
     double temperature, top_p; /* 1, 1 */

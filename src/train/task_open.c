@@ -131,6 +131,9 @@ cllm_status train_open_ppo(trainer *tr, bool piped, bool tensor) {
     if (!c->ppo_rollouts && c->zero.stage == 3)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "task \"ppo\" with zero_optimization.stage 3: generating rollouts "
                          "needs the whole policy on every rank; use stage 0-2 (stage 3 trains fixed ppo.rollouts)");
+    if (c->ppo.kl_penalty == CLLM_PPO_KL_FULL && c->zero.stage == 3)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "ppo.kl_penalty \"full\" with zero_optimization.stage 3: the "
+                         "full-vocabulary KL runs the whole policy on every rank; use stage 0-2");
     cllm_status st = CLLM_OK;
     cllm_ppo_source *src = NULL;
     cllm_model *ref = NULL, *rm = NULL;
