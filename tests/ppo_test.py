@@ -524,11 +524,12 @@ def case_shaping(cllm, tmp):
               r.returncode == 0 and got == warns, r.stderr[-400:])
 
 
-def case_generate(cllm, tmp):
-    # a reward model whose score is large when the last token is 7: its
-    # blocks add nothing (o_proj, down_proj zero), so the final hidden state
-    # is the normed embedding of the last token, and the score head points
-    # along token 7's embedding
+def generate_fixture(tmp):
+    """A LLaMA policy, 64 pre-tokenized prompts and a reward model whose
+    score is large when the last token is 7: its blocks add nothing
+    (o_proj, down_proj zero), so the final hidden state is the normed
+    embedding of the last token, and the score head points along token 7's
+    embedding."""
     cfg = hm.make_config("llama")
     pol_dir, rm_dir = os.path.join(tmp, "gen.pol"), os.path.join(tmp, "gen.rm")
     hm.save_hf_folder(pol_dir, cfg, hm.init_params(cfg, seed=3))
@@ -546,6 +547,11 @@ def case_generate(cllm, tmp):
     r = random.Random(1)
     prompts = os.path.join(tmp, "gen.prompts.jsonl")
     write_jsonl(prompts, [{"input_ids": [r.randrange(101) for _ in range(r.randint(2, 5))]} for _ in range(64)])
+    return pol_dir, rm_dir, prompts
+
+
+def case_generate(cllm, tmp):
+    pol_dir, rm_dir, prompts = generate_fixture(tmp)
     conf = os.path.join(tmp, "gen.json")
     with open(conf, "w") as f:
         json.dump({"task": "ppo", "ppo": {"init_kl_coef": 0.01, "ppo_epochs": 4, "batch_size": 16,
@@ -616,6 +622,35 @@ def case_mpi(cllm, tmp):
             got = metrics_of(lout)[0]["loss"]
             check("mpi: LoRA at ZeRO %d: first loss %.9g = torch's %.9g" % (stage, got, loss),
                   abs(got - loss) <= LOSS_RTOL * abs(loss))
+
+
+def case_mpi_generate(cllm, tmp):
+    """Generated rollouts on 2 ranks at ZeRO 3 (the policy's parameters
+    gathered for the sampling) equal those at ZeRO 1: the same rewards, KL
+    and losses step by step."""
+    pol_dir, rm_dir, prompts = generate_fixture(tmp)
+    runs = {}
+    for stage in (1, 3):
+        conf = os.path.join(tmp, "mgen.z%d.json" % stage)
+        with open(conf, "w") as f:
+            json.dump({"task": "ppo", "zero_optimization": {"stage": stage},
+                       "ppo": {"init_kl_coef": 0.01, "ppo_epochs": 2, "batch_size": 4,
+                               "generation_kwargs": {"max_new_tokens": 3}}}, f)
+        out = os.path.join(tmp, "mgen.z%d" % stage)
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        r = subprocess.run(["timeout", "-k", "5", "240", "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to",
+                            "none", "-np", "2", cllm, "train", "--config", conf, "--model", pol_dir, "--reward-model",
+                            rm_dir, "--data", prompts, "--out", out, "--steps", "4", "--batch-size", "8", "--seq-len",
+                            "12", "--optimizer", "sgd", "--lr", "0.5", "--log", "quiet", "--peak-gflops", "1"],
+                           capture_output=True, text=True, env=env)
+        if not check("mpi generate: ZeRO %d on 2 ranks" % stage, r.returncode == 0, r.stderr[-400:]):
+            return
+        runs[stage] = metrics_of(out)
+    keys = ["env/reward_mean", "env/reward_std", "objective/kl", "objective/entropy", "loss"]
+    bad = ["step %d %s %.9g vs %.9g" % (i + 1, k, a[k], b[k]) for i, (a, b) in enumerate(zip(runs[3], runs[1]))
+           for k in keys if not abs(a[k] - b[k]) <= 1e-5 * max(1.0, abs(b[k]))]
+    check("mpi generate: ZeRO 3 rollouts, rewards, KL and losses = ZeRO 1's (4 steps, 2 PPO batches)",
+          len(runs[3]) == 4 and not bad, "; ".join(bad[:6]))
 
 
 def case_lora(cllm, tmp):
@@ -766,10 +801,10 @@ def main():
     tmp = tempfile.mkdtemp(prefix="cllm-ppo-")
     cases = {"losses": case_losses, "generate": case_generate, "lora": case_lora, "estimate": case_estimate,
              "errors": case_errors, "shaping": case_shaping,
-             "mpi": case_mpi}
+             "mpi": case_mpi, "mpi_generate": case_mpi_generate}
     try:
         for name, fn in cases.items():
-            if a.case == name or (a.case == "all" and name != "mpi"):
+            if a.case == name or (a.case == "all" and not name.startswith("mpi")):
                 fn(a.cllm, tmp)
     finally:
         if a.keep:
