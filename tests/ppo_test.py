@@ -507,6 +507,32 @@ def case_shaping(cllm, tmp):
                 if not abs(ms[k][key] - want) <= 1e-5 * max(1.0, abs(want)):
                     bad.append("batch %d %s %.9g vs %.9g" % (k, key, ms[k][key], want))
         check("shaping running moments: scaled scores of 3 batches = trl's RunningMoments", not bad, "; ".join(bad))
+    # a run resumed at a PPO batch boundary ends bit-identical to the straight
+    # run: the adaptive KL coefficient and the score moments are checkpointed
+    conf = os.path.join(tmp, "shbit.json")
+    write_config(conf, dict(HP, epochs=2, adaptive=True), {"use_score_scaling": True, "use_score_norm": True,
+                                                           "target": 0.5, "horizon": 20})
+    outs = {}
+    for name, steps in (("straight", [6]), ("resumed", [2, 6])):
+        o = os.path.join(tmp, "shbit." + name)
+        for i, n in enumerate(steps):
+            cmd = train_cmd(cllm, pol_dir, o, conf, T, 1e-2, "--rollouts", data, "--steps", str(n), "--batch-size",
+                            "4", "--ref-model", ref_dir, "--save-interval", "2")
+            cmd[cmd.index("sgd")] = "adamw"
+            r = run(cmd + (["--resume", "auto"] if i else []))
+            if not check("shaping resume: %s run %d" % (name, i), r.returncode == 0, r.stderr[-400:]):
+                return
+        outs[name] = o
+    ma, mb = metrics_of(outs["straight"]), metrics_of(outs["resumed"])
+    keys = ("loss", "objective/kl_coef", "ppo/mean_scores", "objective/kl")
+    with open(os.path.join(outs["straight"], "model.safetensors"), "rb") as f1, \
+            open(os.path.join(outs["resumed"], "model.safetensors"), "rb") as f2:
+        same = f1.read() == f2.read()
+    coefs = [m["objective/kl_coef"] for m in ma]
+    check("shaping resume: resumed at a batch boundary = the straight run bit for bit (weights; %s of steps 3-6; "
+          "kl_coef %s)" % (", ".join(keys), ", ".join("%.6g" % c for c in coefs[::2])),
+          same and len(set(coefs)) > 1 and [[m[k] for k in keys] for m in ma[2:]] == [[m[k] for k in keys]
+                                                                                     for m in mb[-4:]])
     # the "ppo" section joins the config hash, its paths do not: a resume
     # with another gamma warns, one with the rollouts file moved does not
     moved = os.path.join(tmp, "shrun.moved.jsonl")

@@ -75,6 +75,13 @@ typedef struct {
      * micro-batches then run on exactly those rows in order. */
     cllm_status (*rows)(cllm_objective *o, cllm_model *m, long step, int n, int T, int32_t *tokens,
                         int32_t *labels);
+    /* Optional (NULL: stateless): numbers a checkpoint keeps so that a run
+     * resumed before 1-based step `next_step` continues as the straight run
+     * would (PPO's KL coefficient and score moments); at most cap (16) of
+     * them, the same on every rank. set_state gives them back after a
+     * resume, before the first step. */
+    int (*get_state)(const cllm_objective *o, long next_step, double *out, int cap);
+    cllm_status (*set_state)(cllm_objective *o, const double *v, int n);
 } cllm_objective_ops;
 
 struct cllm_objective {
@@ -269,6 +276,10 @@ int cllm_objective_take_metrics(cllm_objective *o, cllm_objective_metric *out, i
 int cllm_objective_take_eval_metrics(cllm_objective *o, cllm_objective_metric *out, int cap);
 /* Whether o supplies its own rows (cllm_objective_ops.rows), and the call. */
 bool cllm_objective_has_rows(const cllm_objective *o);
+/* The objective's checkpoint state (see cllm_objective_ops.get_state); 0
+ * when it keeps none. */
+int cllm_objective_get_state(const cllm_objective *o, long next_step, double *out, int cap);
+cllm_status cllm_objective_set_state(cllm_objective *o, const double *v, int n);
 cllm_status cllm_objective_rows(cllm_objective *o, cllm_model *m, long step, int n, int T, int32_t *tokens,
                                 int32_t *labels);
 /* "lm", "dpo", "reward", "ppo" */

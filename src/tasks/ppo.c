@@ -36,6 +36,10 @@ static const char *const batch_names[B_COUNT] = {"objective/kl", "objective/kl_c
                                                  "env/reward_mean", "env/reward_std", "ppo/mean_non_score_reward",
                                                  "ppo/returns/mean", "ppo/mean_scores", "ppo/std_scores"};
 
+/* A checkpoint's PPO state: the KL coefficient, whether a batch's KL is
+ * known and that KL (the next batch adapts with them), the score moments. */
+enum { ST_KL_COEF, ST_HAVE_KL, ST_KL, ST_MEAN, ST_VAR, ST_STD, ST_COUNT, N_STATE };
+
 typedef struct {
     cllm_objective base;
     cllm_ppo_params p;
@@ -46,6 +50,7 @@ typedef struct {
     double kl_coef;
     /* trl's RunningMoments of the scores (use_score_scaling) */
     double run_mean, run_var, run_std, run_count;
+    double pre[N_STATE]; /* that state when the held batch began (before adapting) */
     ppo_batch b;
     float *kl_full; /* [R*T]: kl_penalty "full"'s per-token KL */
     float *adv, *ret; /* [R*T] */
@@ -250,8 +255,45 @@ static cllm_status logps(ppo *o, cllm_model *m, int r0, int n, float *lp, float 
     return st;
 }
 
+static void state_now(const ppo *o, double *v) {
+    v[ST_KL_COEF] = o->kl_coef;
+    v[ST_HAVE_KL] = o->have_stats;
+    v[ST_KL] = o->have_stats ? o->batch_stats[B_KL] : 0.0;
+    v[ST_MEAN] = o->run_mean;
+    v[ST_VAR] = o->run_var;
+    v[ST_STD] = o->run_std;
+    v[ST_COUNT] = o->run_count;
+}
+
+/* The state the batch of step next_step starts from: the held batch's
+ * beginning when that step is still in it (a resume regenerates it). */
+static int ppo_get_state(const cllm_objective *ob, long next_step, double *out, int cap) {
+    const ppo *o = (const ppo *)ob;
+    if (cap < N_STATE) return 0;
+    const long per_batch = (long)(o->p.batch_size / o->mini) * o->p.ppo_epochs;
+    if (o->batch_index >= 0 && (next_step - 1) / per_batch == o->batch_index) memcpy(out, o->pre, sizeof o->pre);
+    else state_now(o, out);
+    return N_STATE;
+}
+
+static cllm_status ppo_set_state(cllm_objective *ob, const double *v, int n) {
+    ppo *o = (ppo *)ob;
+    if (n == 0) return CLLM_OK; /* a checkpoint from before PPO kept its state */
+    if (n != N_STATE || !(v[ST_KL_COEF] >= 0) || !(v[ST_COUNT] > 0))
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "trainer_state.json: objective_state: not a PPO state (%d numbers)", n);
+    o->kl_coef = v[ST_KL_COEF];
+    o->have_stats = v[ST_HAVE_KL] != 0;
+    o->batch_stats[B_KL] = v[ST_KL];
+    o->run_mean = v[ST_MEAN];
+    o->run_var = v[ST_VAR];
+    o->run_std = v[ST_STD];
+    o->run_count = v[ST_COUNT];
+    return CLLM_OK;
+}
+
 /* Fills and prepares PPO batch k of this rank. */
 static cllm_status new_batch(ppo *o, cllm_model *m, long k) {
+    state_now(o, o->pre);
     cllm_status st = adapt_kl(o);
     if (st) return st;
     const int R = o->p.batch_size;
@@ -443,7 +485,8 @@ static void ppo_free(cllm_objective *ob) {
     free(o);
 }
 
-static const cllm_objective_ops ppo_ops = {"ppo", ppo_run, ppo_free, ppo_take_metrics, NULL, ppo_rows};
+static const cllm_objective_ops ppo_ops = {"ppo", ppo_run, ppo_free, ppo_take_metrics, NULL, ppo_rows,
+                                           ppo_get_state, ppo_set_state};
 
 static cllm_status check_params(const cllm_ppo_params *p, int mini) {
 #define BAD(cond, ...) if (cond) return CLLM_FAIL(CLLM_ERR_ARG, __VA_ARGS__)
