@@ -658,9 +658,26 @@ static cllm_status parse_ppo(cllm_train_config *c, const json_t *j, const char *
     static const char *const k[] = {"kl_coef", "init_kl_coef", "adap_kl_ctrl", "target", "horizon", "gamma", "lam",
                                     "cliprange", "cliprange_value", "vf_coef", "ppo_epochs", "batch_size",
                                     "mini_batch_size", "whiten_rewards", "ratio_threshold", "reward_model",
-                                    "ref_model", "rollouts", "generation_kwargs", NULL};
+                                    "ref_model", "rollouts", "generation_kwargs", "kl_penalty", "use_score_scaling",
+                                    "use_score_norm", "score_clip", NULL};
     TRY(check_keys(d, k, NULL, "ppo", path, strict));
     cllm_ppo_params *p = &c->ppo;
+    const char *pen = NULL;
+    TRY(get_str(d, "kl_penalty", &pen, "ppo", path));
+    static const char *const pens[] = {"kl", "abs", "mse", "full"};
+    for (int i = 0; pen && i < 4; i++)
+        if (strcmp(pen, pens[i]) == 0) {
+            p->kl_penalty = (cllm_ppo_kl_penalty)i;
+            pen = NULL;
+        }
+    if (pen)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: ppo.kl_penalty: expected \"kl\", \"abs\", \"mse\" or \"full\", got \"%s\"",
+                         path, pen);
+    TRY(get_bool(d, "use_score_scaling", &p->use_score_scaling, "ppo", path));
+    TRY(get_bool(d, "use_score_norm", &p->use_score_norm, "ppo", path));
+    TRY(get_num(d, "score_clip", &p->score_clip, 0.0, "ppo", path));
+    if (json_is_number(json_object_get(d, "score_clip")) && !(p->score_clip > 0))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: ppo.score_clip: must be positive (or null: no clipping), got 0", path);
     if (json_object_get(d, "kl_coef") && json_object_get(d, "init_kl_coef"))
         return CLLM_FAIL(CLLM_ERR_ARG, "%s: ppo: kl_coef and init_kl_coef name the same setting: give one", path);
     TRY(get_num(d, "kl_coef", &p->init_kl_coef, 0.0, "ppo", path));

@@ -505,6 +505,7 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
         }
         train_fp16_store(&tr->scaler, &tr->state);
     }
+    tr->state.n_objective = cllm_objective_get_state(tr->obj, step + 1, tr->state.objective, 16);
     double lr = cllm_sched_lr(&c->sched, c->optim.lr, tr->state.sched_iter);
     if (finite && count > 0) {
         if ((st = tr->smode->update(tr, g, lr)) || (st = tr->exec->sync_params(tr, cllm_model_trainable_params(tr->m))))
@@ -787,6 +788,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     tr->state.data_seed = c->seed;
     tr->state.loss_scale = 1.0;
     if (resume_dir && (st = resume_from(tr, resume_dir))) goto done;
+    if (resume_dir && (st = cllm_objective_set_state(tr->obj, tr->state.objective, tr->state.n_objective))) goto done;
     tr->fp16 = c->fp16_enabled;
     if (tr->fp16) {
         if ((st = train_fp16_init(&tr->scaler, c, resume_dir ? &tr->state : NULL))) goto done;

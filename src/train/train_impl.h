@@ -178,6 +178,11 @@ cllm_status train_shard_step(train_shard *s, cllm_optimizer *opt, double lr);
  * hooks and all-gathers the whole parameters back into the model (for
  * saving; every rank calls it). Nothing at stage 2. */
 cllm_status train_shard_gather_model(train_shard *s);
+/* Stage 3: on, gathers the whole flat parameters (exact, replicated tensors
+ * included) into the model's parameter buffer for a pass outside the layer
+ * hooks (PPO's generation on the key/value cache); off frees it again.
+ * Collective. No-op below stage 3. */
+cllm_status train_shard_lend_params(train_shard *s, bool on);
 /* Seconds this object's collectives took so far, each from its start to
  * its completion, and of those the seconds the computation waited for them
  * (the same when the collectives are blocking: without overlap_comm). */

@@ -794,6 +794,25 @@ cllm_status train_shard_gather_model(train_shard *s) {
     return CLLM_OK;
 }
 
+cllm_status train_shard_lend_params(train_shard *s, bool on) {
+    if (s->stage < 3) return CLLM_OK;
+    if (!on) {
+        cllm_model_set_params(s->m, NULL);
+        return CLLM_OK;
+    }
+    if (cllm_model_params(s->m)) return CLLM_OK;
+    cllm_status st = finish_all(s);
+    float *full = st ? NULL : cllm_alloc(s->z->n * sizeof(float), "parameters lent for generation");
+    if (!st && !full) return CLLM_ERR_NOMEM;
+    const bool exact = s->gather_exact;
+    s->gather_exact = true;
+    if (!st) st = gather_range(s, full, 0, s->z->n);
+    s->gather_exact = exact;
+    if (st) cllm_free(full);
+    else cllm_model_set_params(s->m, full);
+    return st;
+}
+
 /* ---------------------------------------------------------- checkpoints */
 
 void train_shard_ckpt_fill(train_shard *s, float *state0, float *state1) {
