@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -216,7 +217,12 @@ static cllm_status put_whole(void *ctx, int idx, const cllm_st_tensor *t) {
     if (t->dtype == CLLM_U8)
         return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: tensor '%s' holds U8 values but config.json has no cllm_weights",
                          t->file, t->name);
-    return cllm_st_read_f32(t, m->params + m->tensors[idx].offset, (int64_t)m->tensors[idx].numel);
+    cllm_status st = cllm_st_read_f32(t, m->params + m->tensors[idx].offset, (int64_t)m->tensors[idx].numel);
+    /* the file's pages of this tensor are copied: out of the resident set
+     * (a later read maps them again), so that loading holds the parameter
+     * buffer and one tensor of the file, not the whole file beside it */
+    cllm_mem_release((void *)(uintptr_t)t->data, t->nbytes);
+    return st;
 }
 
 /* Loading with a weight store: matrices in the run's format, the rest fp32. */

@@ -307,10 +307,21 @@ static cllm_status run_eval(trainer *tr, long step) {
     return train_metrics_write(&tr->metrics, rec_end(&r));
 }
 
+/* ZeRO-3 with a frozen base: the trainable values the last update left
+ * partitioned, gathered before they are read. Collective. */
+static cllm_status gather_values(trainer *tr) {
+    if (!tr->zero.scattered) return CLLM_OK;
+    cllm_status st = train_zero_gather_values(&tr->zero, cllm_model_trainable_params(tr->m) + tr->base);
+    if (!st) cllm_model_params_updated(tr->m);
+    return st;
+}
+
 /* Evaluation, then (pipeline) the first stage gives the other stages'
  * parameters back. */
 static cllm_status eval_at(trainer *tr, long step) {
-    cllm_status st = run_eval(tr, step);
+    cllm_status st = gather_values(tr);
+    if (st) return cllm_fail_context(st, "evaluation at step %ld", step);
+    st = run_eval(tr, step);
     if (tr->pipe) train_pipe_release(tr->pipe, cllm_model_params(tr->m));
     return st;
 }
@@ -467,7 +478,8 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     double t0 = cllm_time_sec();
     cllm_dist_set_step(step); /* named by the collective timeout's message */
     long count = 0;
-    cllm_status st = load_rows(tr, tr->state.next_sample, &count);
+    cllm_status st = gather_values(tr);
+    if (!st) st = load_rows(tr, tr->state.next_sample, &count);
     if (st) return cllm_fail_context(st, "step %ld", step);
     if ((st = reduce_count(tr, &count))) return cllm_fail_context(st, "step %ld", step);
     double t1 = cllm_time_sec(), comm0 = comm_seconds(tr), wait0 = wait_seconds(tr);
@@ -898,6 +910,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
             tr->opt = NULL;
         }
         if (tr->shard && (st = train_shard_gather_model(tr->shard))) goto done;
+        if ((st = gather_values(tr))) goto done;
         if (tr->pipe && (st = train_pipe_gather_params_to_first(tr->pipe, cllm_model_params(tr->m)))) goto done;
         if (tr->pipe && (st = pipe_report(tr, true))) goto done;
         cllm_model *whole = tr->m;

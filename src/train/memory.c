@@ -87,8 +87,9 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     if ((P > 1 || TP > 1) && s->zero_stage >= 2)
         return CLLM_FAIL(CLLM_ERR_ARG, "ZeRO stage %d with pipeline or tensor parallelism (use stage 0 or 1)",
                          s->zero_stage);
-    if (s->trainable && (P > 1 || TP > 1 || s->zero_stage >= 3 || s->offload_optimizer || s->offload_param))
-        return CLLM_FAIL(CLLM_ERR_ARG, "a frozen base (LoRA) trains with data parallelism at ZeRO stage 0-2 only");
+    if (s->trainable && (P > 1 || TP > 1 || s->offload_param))
+        return CLLM_FAIL(CLLM_ERR_ARG, "a frozen base (LoRA) trains with data parallelism only (ZeRO stage 0-3, "
+                         "offload_optimizer; not offload_param)");
     if (s->quant_numel && !s->trainable)
         return CLLM_FAIL(CLLM_ERR_ARG, "a quantized base trains only with LoRA adapters");
     size_t n_params, len, full_len = 0;
@@ -135,7 +136,9 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     default: states = s->sgd_momentum ? 1 : 0; break;
     }
     out->n_params = n_params;
-    out->params = (s->zero_stage >= 3 ? shard(len, s->dp) * sizeof(float) : bytes) + full_len * sizeof(float);
+    /* a frozen base stays whole on every rank at stage 3 (below) */
+    out->params = (s->zero_stage >= 3 && !s->trainable ? shard(len, s->dp) * sizeof(float) : bytes) +
+                  full_len * sizeof(float);
     if (s->offload_param) {
         if (s->zero_stage < 3) {
             free(stages);
@@ -145,7 +148,7 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
         out->params_disk = out->params; /* mapped from a file; pages dropped after each use */
         out->params = 0;
     }
-    if (s->trainable) { /* the frozen base whole; the trainable buffer beside it */
+    if (s->trainable) { /* the frozen base whole; the trainable buffer beside it (whole during a step) */
         opt_len = s->trainable;
         bytes = s->trainable * sizeof(float);
         /* a quantized base: its linear layers' fp32 slots are never touched */

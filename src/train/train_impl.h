@@ -103,6 +103,10 @@ typedef struct {
      * counts them); NULL/0 otherwise */
     cllm_param_range *norm_skip;
     int n_norm_skip;
+    /* stage 3 on the flat path (a frozen base's trainable buffer): between an
+     * update and the next use each rank holds only its slice of the values
+     * (train_zero_gather_values brings them back) */
+    bool scattered;
 } train_zero;
 
 /* Partitions n floats over the world by c->zero.stage, checks the topology;
@@ -133,8 +137,14 @@ cllm_status train_zero_check_world(const train_zero *z, uint64_t config_hash, ui
 cllm_status train_zero_reduce_grads(train_zero *z, float *grads);
 /* clip_grad_norm_ with the global norm; *norm before clipping. */
 cllm_status train_zero_clip(train_zero *z, float *grads, double max_norm, double *norm);
-/* Optimizer update of this rank's slice, then the all-gather of params. */
+/* Optimizer update of this rank's slice, then the all-gather of params;
+ * at stage 3 (several ranks) no gather: the pages outside the slice are
+ * dropped and z->scattered is set. */
 cllm_status train_zero_step(train_zero *z, cllm_optimizer *opt, float *params, const float *grads, double lr);
+/* Stage 3: the all-gather the last step left out (nothing when the values
+ * are whole). Collective; call before the values are read again (the next
+ * forward pass, evaluation, the final save). */
+cllm_status train_zero_gather_values(train_zero *z, float *params);
 /* *flag <- true if it is true on any rank. */
 cllm_status train_zero_agree(const train_zero *z, bool *flag);
 /* All-gathers params[n] from the slices (allgather_bucket_size calls). */

@@ -13,6 +13,11 @@
  *   2: bucketed reduce-scatter: each rank receives only its slice of the
  *      summed gradient (the summed gradient is never held in full), then as
  *      stage 1.
+ *   3: (only a frozen base's trainable buffer takes this path: full
+ *      training at stage 3 partitions per layer, zero3.c) as stage 2, and
+ *      the values stay partitioned between steps: after the update each rank
+ *      drops the pages outside its slice, and the all-gather waits until the
+ *      values are read again (train_zero_gather_values).
  * Slices are contiguous, 16-float (64-byte) aligned ranges of the flat
  * buffer in rank order; the last ones may be shorter or empty. The global
  * gradient norm is the square root of the all-reduced sum of the slices'
@@ -82,9 +87,10 @@ cllm_status train_zero_init_group(train_zero *z, const cllm_train_config *c, siz
         z->ranges[z->n_ranges++] = (cllm_param_range){b - z->begin, e - z->begin, ranges[i].decay};
     }
     size_t slice = z->end - z->begin;
-    z->mem.params = n * sizeof(float);
+    z->mem.params = (z->stage == 3 ? slice : n) * sizeof(float);
     z->mem.grads = n * sizeof(float);
-    z->mem.grads_reduced = (z->stage == 2 ? slice : n) * sizeof(float);
+    z->mem.grads_reduced = (z->stage >= 2 ? slice : n) * sizeof(float);
+    if (z->stage == 3) z->mem.work = (n - slice) * sizeof(float); /* the other slices, gathered for a step */
     return CLLM_OK;
 }
 
@@ -217,6 +223,16 @@ cllm_status train_zero_step(train_zero *z, cllm_optimizer *opt, float *params, c
     } else {
         cllm_optim_step(opt, params + z->begin, grads + z->begin, z->ranges, z->n_ranges, lr);
     }
+    if (z->stage < 3 || z->size == 1) return train_zero_gather_params(z, params);
+    cllm_mem_release(params, z->begin * sizeof(float)); /* reads as zeros until the gather */
+    cllm_mem_release(params + z->end, (z->n - z->end) * sizeof(float));
+    z->scattered = true;
+    return CLLM_OK;
+}
+
+cllm_status train_zero_gather_values(train_zero *z, float *params) {
+    if (!z->scattered) return CLLM_OK;
+    z->scattered = false;
     return train_zero_gather_params(z, params);
 }
 
