@@ -25,8 +25,10 @@
  * anything behind it, with one exception made safe by a lock: the
  * low-precision copy is rebuilt by the first linear layer that runs after
  * the parameters changed (cllm_model_params, cllm_model_params_updated).
- * There is no separate weights type because nothing is needed beyond that
- * const pointer. Inference state lives outside the model: each KV cache
+ * The weights as an object of their own, shared by many run states (a
+ * server's workers, PPO's reference, LoRA fine-tunes over one base), are
+ * cllm/weights.h: a model made by cllm_model_from_weights borrows them and
+ * owns only its run state. Inference state lives outside the model: each KV cache
  * (generate.h) owns its activations and operand scratch, so caches over one
  * model run forwards concurrently on different threads.
  * Calls that take a non-const model (prepare, forward, backward, training)
