@@ -250,6 +250,23 @@ size_t cllm_model_trainable_numel(const cllm_model *m);
 /* The trainable buffer: cllm_model_params(m) without a set. */
 float *cllm_model_trainable_params(cllm_model *m);
 
+/* Freezes the model tensors whose names match any of the n patterns and
+ * trains the others: a trainable set (above) of copies of the tensors
+ * left, so gradients and optimizer state exist for them alone (the
+ * training config's "freeze", docs/training.md#freezing-tensors). Each
+ * pattern is a PCRE2 regular expression searched anywhere in the
+ * safetensors names (Python's re.search: "embed" freezes
+ * model.embed_tokens.weight; anchor with ^ and $). A pattern that does not
+ * compile or matches no tensor, and patterns that freeze every tensor, are
+ * CLLM_ERR_ARG naming the pattern. */
+cllm_status cllm_model_freeze(cllm_model *m, const char *const *patterns, int n);
+/* The trainable buffer such a freeze gives a model of HF config object
+ * `config` (floats, alignment gaps included: cllm_model_trainable_len)
+ * and the parameters it trains, without allocating the model (cllm
+ * estimate). The same errors. */
+cllm_status cllm_model_config_freeze(const struct json_t *config, const char *const *patterns, int n, size_t *len,
+                                     size_t *numel);
+
 /* ---- running ---- */
 
 /* Allocates activation buffers for batches of up to B x T tokens (and the
