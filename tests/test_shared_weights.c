@@ -4,8 +4,10 @@
  * (LoRA) gradients bit for bit as one model that owns the same weights,
  * the weights' bytes stay unchanged (checksum before and after), and the
  * runs add no copy of them (one parameter buffer, cllm_weights_bytes, the
- * process's resident memory). Calls that would write shared weights are
- * refused, and the weights outlive their handle while runs use them.
+ * process's resident memory). Weights loaded from a folder in int8 and q4
+ * give a run the logits of a model loaded alike. Calls that would write
+ * shared weights are refused, and the weights outlive their handle while
+ * runs use them.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -199,6 +201,44 @@ static void check_refusals(void) {
     cllm_model_free(run); /* the last reference: frees the weights (ASan checks) */
 }
 
+/* Weights loaded in a quantized format (int8, q4) from a folder: runs over
+ * them give the logits of a model loaded the same way, and hold no copy. */
+static void check_loaded(const char *fmt) {
+    cllm_model *src = tiny_model(CLLM_ARCH_LLAMA, "{\"initializer_range\": 0.2}", 9), *own = NULL, *run = NULL;
+    char dir[] = "/tmp/cllm-shared-XXXXXX";
+    CHECK(src && mkdtemp(dir), "%s: model and folder", fmt);
+    if (!src || cllm_model_save(src, dir, 0)) {
+        cllm_model_free(src);
+        return;
+    }
+    cllm_weights *w = NULL;
+    CHECK(cllm_weights_load(&w, dir, fmt) == CLLM_OK, "%s: load: %s", fmt, cllm_last_error());
+    CHECK(cllm_model_load_weights(&own, dir, fmt) == CLLM_OK, "%s: own load: %s", fmt, cllm_last_error());
+    if (w && own) {
+        CHECK(cllm_model_weights(cllm_weights_model(w)) == cllm_model_weights(own) &&
+                  cllm_model_weights(own) != CLLM_WFMT_FP32, "%s: weight format", fmt);
+        CHECK(cllm_weights_bytes(w) < cllm_model_buffer_len(own) * sizeof(float), "%s: %zu bytes of weights", fmt,
+              cllm_weights_bytes(w));
+        job a = {.m = own}, b = {.seed = 0};
+        CHECK(cllm_model_from_weights(&b.m, w) == CLLM_OK, "%s: run", fmt);
+        if (b.m) {
+            run_job(&a);
+            run_job(&b);
+            same(fmt, &a, &b, cllm_model_get_config(own)->vocab_size);
+            run = b.m;
+        }
+        free_result(&a.r);
+        free_result(&b.r);
+    }
+    cllm_model_free(run);
+    cllm_weights_free(w);
+    cllm_model_free(own);
+    cllm_model_free(src);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0, "%s: cleanup", fmt);
+}
+
 static size_t resident_bytes(void) {
     long pages = 0, rss = 0;
     FILE *f = fopen("/proc/self/statm", "r");
@@ -237,6 +277,8 @@ int main(void) {
     check_family("bloom fp16", CLLM_ARCH_BLOOM, big, CLLM_PREC_FP16, false);
     check_family("llama lora", CLLM_ARCH_LLAMA, big, CLLM_PREC_FP32, true);
     check_family("gpt2 bf16 lora", CLLM_ARCH_GPT2, big, CLLM_PREC_BF16, true);
+    check_loaded("int8");
+    check_loaded("q4");
     check_refusals();
     check_memory();
     return check_summary();
