@@ -11,7 +11,8 @@
   estimate  `cllm estimate --freeze` counts the trained tensors' parameters
             and needs less memory than full training
   errors    a pattern matching nothing, a bad regular expression, freeze
-            with LoRA: non-zero exit naming them
+            with LoRA or with a reward head made from a causal LM: non-zero
+            exit naming them
 
 Run by ctest (label train) as
   /usr/bin/python3 tests/freeze_test.py --cllm build/cllm --build build
@@ -142,6 +143,12 @@ def test_errors(cllm, d, tmp):
     check("errors: a bad regular expression", r.returncode not in (0, None) and "layers.(0" in r.stderr, r.stderr[-300:])
     r = run(base + ["--freeze", "embed", "--lora-r", "2"])
     check("errors: freeze with LoRA", r.returncode not in (0, None) and "freeze" in r.stderr, r.stderr[-300:])
+    pairs = os.path.join(tmp, "pairs.jsonl")
+    hm.write_jsonl(pairs, [{"input_ids_chosen": [1, 2, 3, 4], "input_ids_rejected": [1, 2, 5, 6]}] * 4)
+    r = run([cllm, "train", "--model", d, "--data", pairs, "--task", "reward", "--out", os.path.join(tmp, "rw"),
+             "--steps", "1", "--batch-size", "2", "--seq-len", "4", "--log", "quiet", "--freeze", "embed"])
+    check("errors: freeze with a new reward head refused", r.returncode not in (0, None) and "freeze" in r.stderr,
+          r.stderr[-300:])
     r = run([cllm, "estimate", "--model", d, "--freeze", "nothing_here"])
     check("errors: estimate names the pattern", r.returncode not in (0, None) and "'nothing_here'" in r.stderr,
           r.stderr[-300:])
