@@ -6,6 +6,8 @@
             tensors of the saved model are bit-identical to the start, every
             other tensor moved, and each equals torch's SGD on the same
             model with requires_grad off for the frozen ones (float64)
+  inverse   --unfrozen-parameters (axolotl's unfrozen_parameters): exactly
+            the named tensors move
   resume    AdamW stopped at step 2 and resumed: the bits of an
             uninterrupted run; the checkpoint holds the trained tensors only
   estimate  `cllm estimate --freeze` counts the trained tensors' parameters
@@ -102,6 +104,17 @@ def test_train(cllm, tmp):
     check("sgd: tensors after 3 steps vs torch with requires_grad off (rel L2 <= 1e-5)", worst[0] <= 1e-5,
           "worst %.2e %s" % worst)
 
+    # the inverse: axolotl's unfrozen_parameters (matched from the start, "." literal)
+    inv = os.path.join(tmp, "inv")
+    cmd = train_cmd(cllm, d, data, inv, 2, ["--optimizer", "sgd", "--lr", "0.1"])
+    cmd = cmd[:cmd.index("--freeze")] + ["--unfrozen-parameters", "model.layers.1.", "lm_head"]
+    r = run(cmd)
+    if check("unfrozen_parameters: exit 0", r.returncode == 0, r.stderr[-300:]):
+        got = hm.load_hf_folder(inv)[1]
+        train = [k for k in names if k.startswith("model.layers.1.") or k.startswith("lm_head")]
+        check("unfrozen_parameters: exactly the named tensors moved",
+              all(torch.equal(got[k], params[k]) != (k in train) for k in names), str(train))
+
     extra = ["--micro-batch-size", "1", "--grad-accum", "3", "--grad-clip", "0.5", "--save-interval", "2",
              "--sync-save"]
     full, part = os.path.join(tmp, "full"), os.path.join(tmp, "part")
@@ -151,6 +164,9 @@ def test_errors(cllm, d, tmp):
              "--steps", "1", "--batch-size", "2", "--seq-len", "4", "--log", "quiet", "--freeze", "embed"])
     check("errors: freeze with a new reward head refused", r.returncode not in (0, None) and "freeze" in r.stderr,
           r.stderr[-300:])
+    r = run(base + ["--freeze", "embed", "--unfrozen-parameters", "lm_head"])
+    check("errors: freeze and unfrozen_parameters together", r.returncode not in (0, None) and
+          "unfrozen_parameters" in r.stderr, r.stderr[-300:])
     r = run([cllm, "estimate", "--model", d, "--freeze", "nothing_here"])
     check("errors: estimate names the pattern", r.returncode not in (0, None) and "'nothing_here'" in r.stderr,
           r.stderr[-300:])

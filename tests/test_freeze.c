@@ -5,6 +5,8 @@
  * gradient view and stay bit-identical through an update while the
  * trained ones change; the trainable buffer is the size
  * cllm_model_config_freeze predicts; bad patterns are errors naming them.
+ * The same for the inverse (cllm_model_freeze_except, axolotl's
+ * "unfrozen_parameters": the patterns name what trains).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,16 +28,18 @@ static void batch(int32_t *tok, int32_t *tgt, int V) {
     cllm_model_make_targets(tgt, lab, B, T);
 }
 
-static void check_family(const char *name, cllm_arch arch, const char *const *pat, int n, int want_frozen) {
+static void check_family(const char *name, cllm_arch arch, const char *const *pat, int n, bool except,
+                         int want_frozen) {
     const char *extra = "{\"initializer_range\": 0.2}";
     cllm_model *full = tiny_model(arch, extra, 11), *fr = tiny_model(arch, extra, 11);
     CHECK(full && fr, "%s: models", name);
     if (!full || !fr) goto out;
-    CHECK(cllm_model_freeze(fr, pat, n) == CLLM_OK, "%s: freeze: %s", name, cllm_last_error());
+    CHECK((except ? cllm_model_freeze_except(fr, pat, n) : cllm_model_freeze(fr, pat, n)) == CLLM_OK, "%s: freeze: %s",
+          name, cllm_last_error());
     const int nt = cllm_model_n_tensors(fr), ntr = cllm_model_n_trainable(fr);
     CHECK(nt - ntr == want_frozen, "%s: %d tensors frozen, want %d", name, nt - ntr, want_frozen);
     size_t len = 0, numel = 0;
-    CHECK(cllm_model_config_freeze(cllm_model_config_json(fr), pat, n, &len, &numel) == CLLM_OK &&
+    CHECK(cllm_model_config_freeze(cllm_model_config_json(fr), pat, n, except, &len, &numel) == CLLM_OK &&
               len == cllm_model_trainable_len(fr) && numel == cllm_model_trainable_numel(fr),
           "%s: config_freeze %zu/%zu, model %zu/%zu", name, len, numel, cllm_model_trainable_len(fr),
           cllm_model_trainable_numel(fr));
@@ -99,6 +103,15 @@ static void check_errors(void) {
     const char *all[] = {"."};
     CHECK(cllm_model_freeze(m, all, 1) == CLLM_ERR_ARG && strstr(cllm_last_error(), "every tensor"),
           "everything frozen: %s", cllm_last_error());
+    const char *inner[] = {"layers.1"}; /* unfrozen_parameters match at the start of a name */
+    CHECK(cllm_model_freeze_except(m, inner, 1) == CLLM_ERR_ARG && strstr(cllm_last_error(), "'layers.1'"),
+          "unfrozen_parameters matched inside a name: %s", cllm_last_error());
+    const char *dot[] = {"model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.up_proj_weight"};
+    CHECK(cllm_model_freeze_except(m, dot, 2) == CLLM_ERR_ARG && strstr(cllm_last_error(), "up_proj_weight'"),
+          "unfrozen_parameters: '.' matched any character: %s", cllm_last_error());
+    const char *every[] = {"model", "lm_head"};
+    CHECK(cllm_model_freeze_except(m, every, 2) == CLLM_ERR_ARG && strstr(cllm_last_error(), "nothing is frozen"),
+          "unfrozen_parameters naming everything: %s", cllm_last_error());
     CHECK(!cllm_model_has_trainable_set(m), "a failed freeze left a trainable set");
     cllm_model_free(m);
 }
@@ -106,12 +119,16 @@ static void check_errors(void) {
 int main(void) {
     /* the embeddings and the first block (HF's usual "freeze the bottom"), searched */
     const char *gpt2[] = {"wte", "wpe", "\\.h\\.0\\."};
-    check_family("gpt2", CLLM_ARCH_GPT2, gpt2, 3, 2 + 12);
+    check_family("gpt2", CLLM_ARCH_GPT2, gpt2, 3, false, 2 + 12);
     /* anchored: every norm weight (2 a block, 2 blocks, the final one) and the first block's attention */
     const char *llama[] = {"norm\\.weight$", "^model\\.layers\\.0\\.self_attn\\."};
-    check_family("llama", CLLM_ARCH_LLAMA, llama, 2, 5 + 4);
+    check_family("llama", CLLM_ARCH_LLAMA, llama, 2, false, 5 + 4);
+    /* unfrozen_parameters (axolotl's rule): block 1 and the final norm train, matched from the start of
+     * the names with "." literal; the other 21 - 10 tensors are frozen */
+    const char *only[] = {"model.layers.1.", "model.norm"};
+    check_family("llama except", CLLM_ARCH_LLAMA, only, 2, true, 21 - 10);
     const char *bloom[] = {"word_embeddings"};
-    check_family("bloom", CLLM_ARCH_BLOOM, bloom, 1, 3); /* with word_embeddings_layernorm.* */
+    check_family("bloom", CLLM_ARCH_BLOOM, bloom, 1, false, 3); /* with word_embeddings_layernorm.* */
     check_errors();
     return check_summary();
 }

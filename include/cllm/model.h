@@ -260,12 +260,18 @@ float *cllm_model_trainable_params(cllm_model *m);
  * compile or matches no tensor, and patterns that freeze every tensor, are
  * CLLM_ERR_ARG naming the pattern. */
 cllm_status cllm_model_freeze(cllm_model *m, const char *const *patterns, int n);
-/* The trainable buffer such a freeze gives a model of HF config object
- * `config` (floats, alignment gaps included: cllm_model_trainable_len)
- * and the parameters it trains, without allocating the model (cllm
- * estimate). The same errors. */
-cllm_status cllm_model_config_freeze(const struct json_t *config, const char *const *patterns, int n, size_t *len,
-                                     size_t *numel);
+/* The inverse (the config's "unfrozen_parameters", axolotl's key and rule):
+ * the patterns name the tensors that train and every other tensor is
+ * frozen; each pattern matches from the start of a name (Python's
+ * re.match) with every "." literal ("model.layers.1[0-9]" trains blocks
+ * 10-19). The same errors, and patterns that name every tensor. */
+cllm_status cllm_model_freeze_except(cllm_model *m, const char *const *patterns, int n);
+/* The trainable buffer such a freeze (except: cllm_model_freeze_except)
+ * gives a model of HF config object `config` (floats, alignment gaps
+ * included: cllm_model_trainable_len) and the parameters it trains, without
+ * allocating the model (cllm estimate). The same errors. */
+cllm_status cllm_model_config_freeze(const struct json_t *config, const char *const *patterns, int n, bool except,
+                                     size_t *len, size_t *numel);
 
 /* ---- running ---- */
 

@@ -289,7 +289,7 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
     if (c->n_freeze) {
         json_t *f = json_array();
         for (int i = 0; i < c->n_freeze; i++) json_array_append_new(f, json_string(c->freeze[i]));
-        json_object_set_new(j, "freeze", f);
+        json_object_set_new(j, c->freeze_except ? "unfrozen_parameters" : "freeze", f);
     }
     if (c->quant.enabled) {
         json_t *q = json_pack("{sbsbsssbsf}", "load_in_8bit", c->quant.load_in_8bit, "load_in_4bit",
@@ -362,6 +362,7 @@ uint64_t cllm_train_config_hash(const cllm_train_config *c) {
     h = hash_section(h, "lora", json_object_get(j, "lora"));
     /* frozen tensors (the trainable buffer a checkpoint holds) */
     h = hash_section(h, "freeze", json_object_get(j, "freeze"));
+    h = hash_section(h, "unfrozen_parameters", json_object_get(j, "unfrozen_parameters"));
     /* mixture of experts: the capacity changes the math, the expert-parallel
      * size does not (a checkpoint resumes on another without a warning) */
     json_t *moe = json_object_get(j, "moe");

@@ -67,7 +67,9 @@ static cllm_status open_start_weights(trainer *tr);
 static cllm_status train_freeze_open(trainer *tr, const char *resume_dir) {
     cllm_train_config *c = tr->cfg;
     cllm_status st = open_start(tr);
-    if (!st) st = cllm_model_freeze(tr->m, c->freeze, c->n_freeze);
+    if (!st)
+        st = c->freeze_except ? cllm_model_freeze_except(tr->m, c->freeze, c->n_freeze)
+                              : cllm_model_freeze(tr->m, c->freeze, c->n_freeze);
     if (!st && resume_dir)
         st = cllm_ckpt_read_range(resume_dir, tr->m, CLLM_CKPT_PARAMS, 0, cllm_model_trainable_len(tr->m),
                                   cllm_model_trainable_params(tr->m));
