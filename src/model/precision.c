@@ -232,7 +232,7 @@ cllm_status cllm_model_set_precision(cllm_model *m, cllm_precision p) {
 cllm_precision cllm_model_precision(const cllm_model *m) { return m->prec; }
 
 void cllm_model_params_updated(cllm_model *m) {
-    if (m->shared) return; /* shared weights never change (cllm/weights.h) */
+    if (m->shared && !m->own_params) return; /* shared weights never change (cllm/weights.h) */
     if (m->frozen) { /* frozen weights never change: only trained copies of model tensors can */
         model_trainable_sync(m);
         if (!m->tcopies && !m->tshared) return;
