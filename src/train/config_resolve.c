@@ -287,6 +287,11 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
                                                 c->dpo.precompute_ref_log_probs));
     if (c->lora.enabled) json_object_set_new(j, "lora", cllm_lora_config_to_json(&c->lora));
     if (c->adapter_dir) json_object_set_new(j, "adapter", json_string(c->adapter_dir));
+    if (c->n_freeze) {
+        json_t *f = json_array();
+        for (int i = 0; i < c->n_freeze; i++) json_array_append_new(f, json_string(c->freeze[i]));
+        json_object_set_new(j, c->freeze_except ? "unfrozen_parameters" : "freeze", f);
+    }
     if (c->quant.enabled) {
         json_t *q = json_pack("{sbsbsssbsf}", "load_in_8bit", c->quant.load_in_8bit, "load_in_4bit",
                               c->quant.load_in_4bit, "bnb_4bit_quant_type", cllm_bnb_type_name(c->quant.quant_type),
@@ -372,6 +377,9 @@ uint64_t cllm_train_config_hash(const cllm_train_config *c) {
     h = hash_section(h, "dpo", json_object_get(j, "dpo"));
     /* adapters (their dropout changes the math; the rest the buffer) */
     h = hash_section(h, "lora", json_object_get(j, "lora"));
+    /* frozen tensors (the trainable buffer a checkpoint holds) */
+    h = hash_section(h, "freeze", json_object_get(j, "freeze"));
+    h = hash_section(h, "unfrozen_parameters", json_object_get(j, "unfrozen_parameters"));
     /* mixture of experts: the capacity changes the math, the expert-parallel
      * size does not (a checkpoint resumes on another without a warning) */
     static const char *const moe_sizes[] = {"expert_parallel_size", NULL};

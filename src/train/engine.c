@@ -43,6 +43,7 @@ static bool task_is(const cllm_train_config *c, const char *t) { return c->task 
 
 /* The starting weights: the model folder or a new model by the init spec. */
 static cllm_status open_start(trainer *tr);
+static cllm_status train_freeze_open(trainer *tr, const char *resume_dir);
 
 /* A LoRA run: the base from the model (a checkpoint holds only the
  * adapters), then the adapters (lora_train.c). */
@@ -51,6 +52,7 @@ static cllm_status open_model(trainer *tr, const char *resume_dir) {
         cllm_status st = open_start(tr);
         return st ? st : train_lora_attach(tr->m, tr->cfg, resume_dir);
     }
+    if (tr->cfg->n_freeze) return train_freeze_open(tr, resume_dir);
     if (resume_dir) {
         cllm_status st = cllm_ckpt_load_model(&tr->m, resume_dir); /* either checkpoint format */
         return st || !task_is(tr->cfg, "ppo") ? st : cllm_model_add_value_head(&tr->m, tr->cfg->seed);
@@ -59,6 +61,21 @@ static cllm_status open_model(trainer *tr, const char *resume_dir) {
 }
 
 static cllm_status open_start_weights(trainer *tr);
+
+/* Frozen tensors ("freeze"): the start's, always (they never change); a
+ * checkpoint holds the trainable buffer, the tensors that train. */
+static cllm_status train_freeze_open(trainer *tr, const char *resume_dir) {
+    cllm_train_config *c = tr->cfg;
+    cllm_status st = open_start(tr);
+    if (!st)
+        st = c->freeze_except ? cllm_model_freeze_except(tr->m, c->freeze, c->n_freeze)
+                              : cllm_model_freeze(tr->m, c->freeze, c->n_freeze);
+    if (!st && resume_dir)
+        st = cllm_ckpt_read_range(resume_dir, tr->m, CLLM_CKPT_PARAMS, 0, cllm_model_trainable_len(tr->m),
+                                  cllm_model_trainable_params(tr->m));
+    if (!st) cllm_model_params_updated(tr->m);
+    return st ? cllm_fail_context(st, "%s", resume_dir ? "resuming the trained tensors" : "freezing tensors") : CLLM_OK;
+}
 
 /* PPO's policy carries a value head (before any adapters go on). */
 static cllm_status open_start(trainer *tr) {
@@ -683,12 +700,16 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
      * rank's slice of them is read (resume_from) */
     if (resume_dir && (st = cllm_ckpt_verify_range(resume_dir, true, 0, 0))) goto done;
     if (train_lora_run(c) && (st = train_lora_check_layout(c, piped, tensor))) goto done;
+    if (c->n_freeze && (st = train_freeze_check_layout(c, piped, tensor))) goto done;
     if ((st = open_model(tr, resume_dir))) goto done;
     if ((st = open_data(tr))) goto done;
     /* the data were opened with the whole vocabulary; from here on tr->m is this rank's part */
     const bool reward = c->task && strcmp(c->task, "reward") == 0;
     tr->pairs = reward || (c->task && strcmp(c->task, "dpo") == 0);
     if (reward) st = train_open_reward(tr, piped, tensor);
+    if (!st && reward && c->n_freeze && !cllm_model_has_trainable_set(tr->m))
+        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "freeze with task \"reward\" from a causal LM (its score head is made "
+                       "after the tensors are frozen): start from a reward model folder, or train every tensor");
     else if (tr->pairs) st = train_open_dpo(tr, piped, tensor);
     if (st) goto done;
     const uint64_t n_data = tr->train ? cllm_loader_size(tr->train) : 0;
@@ -835,6 +856,12 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
                 cllm_model_trainable_numel(tr->m),
                 100.0 * (double)cllm_model_trainable_numel(tr->m) / (double)cllm_model_n_params(tr->m),
                 cllm_model_n_params(tr->m), cllm_model_n_trainable(tr->m));
+    if (c->log != CLLM_LOG_MODE_QUIET && c->n_freeze && cllm_dist_rank() == 0)
+        fprintf(stderr, "cllm train: freeze: %d of %d tensors frozen, %zu trainable parameters (%.3f%% of %zu)\n",
+                cllm_model_n_tensors(tr->m) - cllm_model_n_trainable(tr->m), cllm_model_n_tensors(tr->m),
+                cllm_model_trainable_numel(tr->m),
+                100.0 * (double)cllm_model_trainable_numel(tr->m) / (double)cllm_model_n_params(tr->m),
+                cllm_model_n_params(tr->m));
     if (c->log != CLLM_LOG_MODE_QUIET && cllm_model_quantized(tr->m) && cllm_dist_rank() == 0)
         fprintf(stderr, "cllm train: QLoRA base: the blocks' linear layers in %s%s, %.1f MB\n",
                 cllm_bnb_type_name(cllm_model_quantized(tr->m)),

@@ -171,9 +171,9 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     }
     if (s->trainable) {
         /* a frozen base reduces after the backward (no per-group buffers);
-         * an adapter's pass holds its rank-r activations and their gradient */
-        out->work = 2 * (size_t)s->micro_batch * (size_t)s->seq_len * (size_t)(s->lora_rank > 0 ? s->lora_rank : 8) *
-                    sizeof(float);
+         * an adapter's pass holds its rank-r activations and their gradient
+         * (none with lora_rank 0: frozen tensors, no adapters) */
+        out->work = 2 * (size_t)s->micro_batch * (size_t)s->seq_len * (size_t)s->lora_rank * sizeof(float);
         out->work += s->quant_widest * sizeof(float); /* one dequantized layer of a quantized base */
     } else if (s->zero_stage >= 2) {
         /* stages 2-3 reduce per group: a group's gradient is written into a
