@@ -10,8 +10,13 @@ embedding is shared by the first and the last stage). Not bit-identical:
 the gradient norm is summed stage by stage and MPI adds the data ranks'
 gradients in its own order.
 
-Errors: parts that do not add up, more stages than units,
-checkpoints with a pipeline.
+ZeRO-2 (case zero2): pipe=2 x data=2 with each stage's gradient
+reduce-scattered within its data group, against the one-process run, and
+its checkpoints resumed in one process, with data parallelism alone and
+with a pipeline at ZeRO 0 (and a one-process checkpoint resumed by it).
+
+Errors: parts that do not add up, more stages than units, ZeRO-3 with a
+pipeline.
 
 Usage: pipe_test.py --cllm BIN --build DIR --case {llama,llama-tied,bloom,gpt2,errors,ckpt}
 """
@@ -22,6 +27,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dist_test as dt  # noqa: E402
 
+PIPE2 = {"axis": ["pipe", "data"], "dims": [2, 1]}
+P2D2 = {"axis": ["pipe", "data"], "dims": [2, 2]}
 # (name, ranks, topology, model_topo extras, config extras)
 LAYOUTS = [
     ("pipe2-1f1b", 2, {"axis": ["pipe", "data"], "dims": [2, 1]}, {}, {}),
@@ -30,9 +37,16 @@ LAYOUTS = [
     ("pipe2xdata2", 4, {"axis": ["pipe", "data"], "dims": [2, 2]}, {}, {}),
     ("pipe2xdata2-zero1", 4, {"axis": ["data", "pipe"], "dims": [2, 2]}, {"schedule": "gpipe"}, {}),
 ]
+# ZeRO-2 inside the stages: each stage's gradient reduce-scattered over its
+# data group, the slices' optimizer state (case zero2: a tied LLaMA, whose
+# embedding's gradient adds up over the first and the last stage first)
+ZERO2_LAYOUTS = [("pipe2xdata2-zero2", 4, P2D2, {}, {}),
+                 ("pipe2xdata2-zero2-gpipe", 4, P2D2, {"schedule": "gpipe"}, {"use_grad_ckpt": True})]
+# checkpoints of ZeRO-2 stages resume in other layouts and stages
+ZERO2_PLANS = [("p2d2z2", 4, P2D2, 2, [("one", 1, None, 0), ("dp2z2", 2, None, 2), ("p2z0", 2, PIPE2, 0)])]
 
 
-def equivalence(env, arch, tie):
+def equivalence(env, arch, tie, layouts=LAYOUTS):
     model = env.init(arch)
     if tie:  # a tied llama: no lm_head tensor, the embedding serves as the head
         shutil.rmtree(model)
@@ -51,9 +65,10 @@ def equivalence(env, arch, tie):
     ref_w = dt.tensors(os.path.join(ref_out, "model.safetensors"))
     start = dt.tensors(os.path.join(model, "model.safetensors"))
     dt.check(all(r["grad_norm"] > 0.5 for r in ref_m[:3]), f"{arch}: clipping not active in the reference")
-    for name, n, topo, extra, top in LAYOUTS:
+    for name, n, topo, extra, top in layouts:
         tag = f"{arch}{' tied' if tie else ''} {name}"
-        zero = {"stage": 1 if "zero1" in name else 0, "reduce_bucket_size": 3000, "allgather_bucket_size": 5000}
+        stage = 2 if "zero2" in name else 1 if "zero1" in name else 0
+        zero = {"stage": stage, "reduce_bucket_size": 3000, "allgather_bucket_size": 5000}
         cfg = env.config(f"{name}.json", model, model_topo=dict(process_topology=topo, **extra),
                          zero_optimization=zero, **base, **top)
         out = env.path(name)
@@ -96,22 +111,22 @@ def errors(env):
     p5 = {"process_topology": {"axis": ["pipe"], "dims": [5]}}
     fails("too-many", 5, p5, "5 pipeline stages but the model has only 4 units")
     fails("schedule", 2, {"process_topology": pipe2, "schedule": "zigzag"}, "model_topo.schedule")
-    fails("zero3", 2, {"process_topology": pipe2}, "stage 3 with pipeline", zero_optimization={"stage": 3})
-    fails("zero2", 2, {"process_topology": pipe2}, "stage 2 with pipeline", zero_optimization={"stage": 2})
+    fails("zero3", 2, {"process_topology": pipe2}, "stage 3 with pipeline parallelism", "use stage 2",
+          zero_optimization={"stage": 3})
     fails("commtype", 2, {"process_topology": pipe2}, "communication_data_type bf16 with pipeline",
           communication_data_type="bf16")
 
 
-PIPE2 = {"axis": ["pipe", "data"], "dims": [2, 1]}
-P2D2 = {"axis": ["pipe", "data"], "dims": [2, 2]}
+
 # (source tag, ranks, topology, ZeRO stage, [(target tag, ranks, topology, ZeRO stage)])
 PIPE_PLANS = [("p2", 2, PIPE2, 0, [("one", 1, None, 0), ("p2d2z1", 4, P2D2, 1)]),
               ("p2d2z0", 4, P2D2, 0, [("dp2z1", 2, None, 1), ("p2", 2, PIPE2, 0)]),
               ("p2d2z1", 4, P2D2, 1, [("one", 1, None, 0)])]
 
 
-def checkpoints(env, plans=PIPE_PLANS, from_one=("p2d2z1", 4, P2D2, 1), bad_order=True, sharded=True):
-    """Checkpoints saved in one layout resume in others, and the reverse."""
+def checkpoints(env, plans=PIPE_PLANS, from_one=("p2d2z1", 4, P2D2, 1), bad_order=True, sharded=True, zero_extra=None):
+    """Checkpoints saved in one layout resume in others, and the reverse
+    (zero_extra: more zero_optimization keys for every run)."""
     model = env.init("llama")
     base = dict(train_batch_size=8, train_micro_batch_size_per_gpu=1)
     ref_out = env.path("ref")
@@ -126,7 +141,8 @@ def checkpoints(env, plans=PIPE_PLANS, from_one=("p2d2z1", 4, P2D2, 1), bad_orde
         cfg = dict(base, **kw)
         if topo:
             cfg["model_topo"] = {"process_topology": topo}
-        cfg["zero_optimization"] = {"stage": zero, "reduce_bucket_size": 3000, "allgather_bucket_size": 5000}
+        cfg["zero_optimization"] = dict({"stage": zero, "reduce_bucket_size": 3000, "allgather_bucket_size": 5000},
+                                        **(zero_extra or {}))
         out = env.path(tag)
         p = env.run(["train", "--config", env.config(tag + ".json", model, **cfg), "--out", out, *extra], np_=n)
         if p.returncode != 0:
@@ -179,7 +195,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cllm", required=True)
     ap.add_argument("--build", required=True)
-    ap.add_argument("--case", required=True, choices=["llama", "llama-tied", "bloom", "gpt2", "errors", "ckpt"])
+    ap.add_argument("--case", required=True, choices=["llama", "llama-tied", "bloom", "gpt2", "errors", "ckpt", "zero2"])
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
     env = dt.Env(a.cllm, a.build, "pipe_" + a.case)
@@ -188,6 +204,9 @@ def main():
             errors(env)
         elif a.case == "ckpt":
             checkpoints(env)
+        elif a.case == "zero2":
+            equivalence(env, "llama", True, ZERO2_LAYOUTS)
+            checkpoints(env, ZERO2_PLANS, from_one=("p2d2z2", 4, P2D2, 2), bad_order=False)
         else:
             equivalence(env, a.case.split("-")[0], a.case.endswith("tied"))
     finally:

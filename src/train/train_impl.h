@@ -131,6 +131,10 @@ size_t train_zero_slice_len(const train_zero *z);
 cllm_status train_zero_check_world(const train_zero *z, uint64_t config_hash, uint64_t data_size);
 /* Sums the gradients over ranks (all of them, or this rank's slice). */
 cllm_status train_zero_reduce_grads(train_zero *z, float *grads);
+/* This rank's share of the squared gradient norm: the sum of squares of
+ * slice[end - begin] (the slice's summed gradient) less the replicated
+ * tensors another tensor rank counts (norm_skip); never negative. */
+double train_zero_norm_sq(const train_zero *z, const float *slice);
 /* clip_grad_norm_ with the global norm; *norm before clipping. */
 cllm_status train_zero_clip(train_zero *z, float *grads, double max_norm, double *norm);
 /* Optimizer update of this rank's slice, then the all-gather of params. */
@@ -200,8 +204,13 @@ float *train_shard_replicated(train_shard *s, size_t *n, cllm_optimizer **opt);
  * below stage 3. */
 void train_shard_ckpt_fill(train_shard *s, float *state0, float *state1);
 /* Stage 3 resume: the replicated tensors' optimizer state from checkpoint
- * dir (any format), and their optimizer's step count. */
+ * dir (any format), and their optimizer's step count (dir NULL: the count
+ * alone, the state having come through train_shard_set_replicated_state). */
 cllm_status train_shard_ckpt_load(train_shard *s, const char *dir, long optim_step);
+/* Stage 3 resume of a tensor-parallel part: the replicated tensors'
+ * optimizer state k (0 or 1) from flat, a state buffer laid out as the
+ * model's flat buffer. Nothing below stage 3. */
+void train_shard_set_replicated_state(train_shard *s, int k, const float *flat);
 
 /* Bytes this rank received in the parameter gathers and in the gradient
  * reductions of the current step (reset by train_shard_zero_grads and by

@@ -161,7 +161,7 @@ static cllm_status gather_start(train_shard *s, inflight *f, float *buf, size_t 
             st = train_zpp_gather(s->zpp, buf + (c0 - b), s->counts, &s->bytes_params);
         } else {
             st = s->overlap && f->req ? cllm_dist_iallgather_f32(buf + (c0 - b), s->counts, &f->req[f->n++])
-                                      : cllm_dist_allgather_f32(buf + (c0 - b), s->counts);
+                                      : cllm_dist_g_allgather_f32(z->grp, buf + (c0 - b), s->counts);
             s->bytes_params += (c1 - c0 - s->counts[z->rank]) * sizeof(float);
         }
         if (st) return cllm_fail_context(st, "parameter all-gather at %zu", c0);
@@ -328,7 +328,8 @@ static cllm_status reduce_start(train_shard *s, int i, int g) {
         } else {
             st = s->overlap && f->req && z->comm == CLLM_F32
                      ? cllm_dist_ireduce_scatter_sum_f32(buf, s->counts, &f->req[f->n++])
-                     : cllm_dist_reduce_scatter_sum_f32_as(buf, buf, s->counts, z->comm);
+                     : z->grp ? cllm_dist_g_reduce_scatter_sum_f32(z->grp, buf, buf, s->counts)
+                              : cllm_dist_reduce_scatter_sum_f32_as(buf, buf, s->counts, z->comm);
             s->bytes_grads += (size_t)(z->size - 1) * s->counts[z->rank] * (z->comm == CLLM_F32 ? 4 : 2);
         }
         if (st) return cllm_fail_context(st, "gradient reduce-scatter of group %d at %zu", g, c0);
@@ -551,7 +552,8 @@ cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, co
         if (g > 0 && g + 1 < s->n_groups && gsize(s, g) > s->max_block) s->max_block = gsize(s, g);
     }
     size_t slice = z->end - z->begin;
-    s->overlap = c->zero.overlap_comm && z->size > 1;
+    /* a data group (pipeline, tensor parallelism) has blocking collectives only */
+    s->overlap = c->zero.overlap_comm && z->size > 1 && !z->grp;
     size_t chunk = z->bucket < z->gather_bucket ? z->bucket : z->gather_bucket, longest = s->max_block;
     if (gsize(s, 0) > longest) longest = gsize(s, 0);
     if (gsize(s, s->n_groups - 1) > longest) longest = gsize(s, s->n_groups - 1);
@@ -664,7 +666,9 @@ static cllm_status finish_reduction(train_shard *s) {
     cllm_status st = finish_all(s);
     if (st) return st;
     double t0 = cllm_time_sec();
-    st = s->n_compact ? cllm_dist_allreduce_sum_f32_as(s->pgrads, s->n_compact, s->z->comm) : CLLM_OK;
+    st = !s->n_compact ? CLLM_OK
+         : s->z->grp   ? cllm_dist_g_allreduce_sum_f32(s->z->grp, s->pgrads, s->n_compact)
+                       : cllm_dist_allreduce_sum_f32_as(s->pgrads, s->n_compact, s->z->comm);
     s->bytes_grads += 2 * (size_t)(s->z->size - 1) * s->n_compact * (s->z->comm == CLLM_F32 ? 4 : 2) / (size_t)s->z->size;
     s->comm_seconds += cllm_time_sec() - t0;
     s->wait_seconds += cllm_time_sec() - t0;
@@ -698,9 +702,7 @@ cllm_status train_shard_clip(train_shard *s, double max_norm, double *norm) {
     cllm_status st = finish_reduction(s);
     if (st) return st;
     float *g = s->gslice;
-    double sum = 0;
-#pragma omp parallel for simd reduction(+ : sum) schedule(static)
-    for (size_t i = 0; i < k; i++) sum += (double)g[i] * g[i];
+    double sum = train_zero_norm_sq(s->z, g);
     if ((st = cllm_dist_allreduce_sum_f64(&sum, 1))) return cllm_fail_context(st, "gradient norm");
     *norm = sqrt(sum);
     if (max_norm > 0) {
@@ -811,8 +813,18 @@ void train_shard_ckpt_fill(train_shard *s, float *state0, float *state1) {
     }
 }
 
+void train_shard_set_replicated_state(train_shard *s, int k, const float *flat) {
+    float *ps = s->stage == 3 && s->popt ? cllm_optim_state(s->popt, k) : NULL;
+    for (int i = 0; ps && i < s->n_pers; i++)
+        memcpy(ps + s->pers[i].compact, flat + s->pers[i].flat, s->pers[i].numel * sizeof(float));
+}
+
 cllm_status train_shard_ckpt_load(train_shard *s, const char *dir, long optim_step) {
     if (s->stage != 3 || !s->popt) return CLLM_OK;
+    if (!dir) {
+        cllm_optim_set_step_count(s->popt, optim_step);
+        return CLLM_OK;
+    }
     float *ps[2] = {cllm_optim_state(s->popt, 0), cllm_optim_state(s->popt, 1)};
     const cllm_ckpt_buffer which[2] = {CLLM_CKPT_STATE0, CLLM_CKPT_STATE1};
     for (int i = 0; i < s->n_pers; i++) {
