@@ -13,7 +13,7 @@ if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
     set_tests_properties(dist_${case} PROPERTIES TIMEOUT 300)
   endforeach()
   # pipeline parallelism (pipe_test.py): equivalence per family, and errors
-  foreach(case llama llama-tied bloom gpt2 errors ckpt zero2)
+  foreach(case llama llama-tied bloom gpt2 errors ckpt zero2 zero3)
     cllm_add_py_test(pipe_${case} pipe_test.py LABELS mpi ARGS --case ${case})
     set_tests_properties(pipe_${case} PROPERTIES TIMEOUT 180)
   endforeach()

@@ -15,10 +15,16 @@ reduce-scattered within its data group, against the one-process run, and
 its checkpoints resumed in one process, with data parallelism alone and
 with a pipeline at ZeRO 0 (and a one-process checkpoint resumed by it).
 
-Errors: parts that do not add up, more stages than units, ZeRO-3 with a
-pipeline.
+ZeRO-3 (case zero3): pipe=2 x data=2 with each stage's parameters
+partitioned over its data group and gathered layer by layer (an untied
+LLaMA), against the one-process run; its checkpoints resumed in one
+process, at ZeRO-2 in the same layout and at ZeRO-3 with data parallelism
+alone.
 
-Usage: pipe_test.py --cllm BIN --build DIR --case {llama,llama-tied,bloom,gpt2,errors,ckpt}
+Errors: parts that do not add up, more stages than units, ZeRO-3 with a
+pipeline and a tied head, or with evaluation.
+
+Usage: pipe_test.py --cllm BIN --build DIR --case {llama,llama-tied,bloom,gpt2,errors,ckpt,zero2,zero3}
 """
 import argparse, os, shutil, sys
 
@@ -42,8 +48,14 @@ LAYOUTS = [
 # embedding's gradient adds up over the first and the last stage first)
 ZERO2_LAYOUTS = [("pipe2xdata2-zero2", 4, P2D2, {}, {}),
                  ("pipe2xdata2-zero2-gpipe", 4, P2D2, {"schedule": "gpipe"}, {"use_grad_ckpt": True})]
+# ZeRO-3 inside the stages (an untied LLaMA: a tied head is refused):
+# each stage's parameters partitioned over its data group, gathered layer
+# by layer in the stage's passes
+ZERO3_LAYOUTS = [("pipe2xdata2-zero3", 4, P2D2, {}, {}),
+                 ("pipe2xdata2-zero3-gpipe", 4, P2D2, {"schedule": "gpipe"}, {"use_grad_ckpt": True})]
 # checkpoints of ZeRO-2 stages resume in other layouts and stages
 ZERO2_PLANS = [("p2d2z2", 4, P2D2, 2, [("one", 1, None, 0), ("dp2z2", 2, None, 2), ("p2z0", 2, PIPE2, 0)])]
+ZERO3_PLANS = [("p2d2z3", 4, P2D2, 3, [("one", 1, None, 0), ("p2d2z2", 4, P2D2, 2), ("dp2z3", 2, None, 3)])]
 
 
 def equivalence(env, arch, tie, layouts=LAYOUTS):
@@ -67,8 +79,10 @@ def equivalence(env, arch, tie, layouts=LAYOUTS):
     dt.check(all(r["grad_norm"] > 0.5 for r in ref_m[:3]), f"{arch}: clipping not active in the reference")
     for name, n, topo, extra, top in layouts:
         tag = f"{arch}{' tied' if tie else ''} {name}"
-        stage = 2 if "zero2" in name else 1 if "zero1" in name else 0
+        stage = 3 if "zero3" in name else 2 if "zero2" in name else 1 if "zero1" in name else 0
         zero = {"stage": stage, "reduce_bucket_size": 3000, "allgather_bucket_size": 5000}
+        if stage == 3:  # tensors under 2000 elements stay whole, the others are partitioned
+            zero["stage3_param_persistence_threshold"] = 2000
         cfg = env.config(f"{name}.json", model, model_topo=dict(process_topology=topo, **extra),
                          zero_optimization=zero, **base, **top)
         out = env.path(name)
@@ -98,8 +112,8 @@ def equivalence(env, arch, tie, layouts=LAYOUTS):
 def errors(env):
     model = env.init("llama")
 
-    def fails(tag, np_, topo, *needles, **kw):
-        cfg = env.config(f"{tag}.json", model, model_topo=topo, **kw)
+    def fails(tag, np_, topo, *needles, mdl=model, **kw):
+        cfg = env.config(f"{tag}.json", mdl, model_topo=topo, **kw)
         p = env.run(["train", "--config", cfg, "--out", env.path(tag)], np_=np_)
         dt.check(p.returncode not in (0, 124, 137), f"{tag}: exit {p.returncode} (expected a failure, not a hang)")
         for s in needles:
@@ -111,8 +125,11 @@ def errors(env):
     p5 = {"process_topology": {"axis": ["pipe"], "dims": [5]}}
     fails("too-many", 5, p5, "5 pipeline stages but the model has only 4 units")
     fails("schedule", 2, {"process_topology": pipe2, "schedule": "zigzag"}, "model_topo.schedule")
-    fails("zero3", 2, {"process_topology": pipe2}, "stage 3 with pipeline parallelism", "use stage 2",
-          zero_optimization={"stage": 3})
+    fails("zero3-tied", 2, {"process_topology": pipe2}, "stage 3 with pipeline parallelism and a tied head",
+          "use stage 2", mdl=env.init("gpt2"), zero_optimization={"stage": 3})
+    fails("zero3-eval", 2, {"process_topology": pipe2}, "eval_interval 5 with zero_optimization.stage 3 and pipeline",
+          zero_optimization={"stage": 3}, eval_interval=5,
+          data={"train": env.data, "eval": env.data, "seq_len": 32})
     fails("commtype", 2, {"process_topology": pipe2}, "communication_data_type bf16 with pipeline",
           communication_data_type="bf16")
 
@@ -195,7 +212,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cllm", required=True)
     ap.add_argument("--build", required=True)
-    ap.add_argument("--case", required=True, choices=["llama", "llama-tied", "bloom", "gpt2", "errors", "ckpt", "zero2"])
+    ap.add_argument("--case", required=True, choices=["llama", "llama-tied", "bloom", "gpt2", "errors", "ckpt", "zero2", "zero3"])
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
     env = dt.Env(a.cllm, a.build, "pipe_" + a.case)
@@ -207,6 +224,10 @@ def main():
         elif a.case == "zero2":
             equivalence(env, "llama", True, ZERO2_LAYOUTS)
             checkpoints(env, ZERO2_PLANS, from_one=("p2d2z2", 4, P2D2, 2), bad_order=False)
+        elif a.case == "zero3":
+            equivalence(env, "llama", False, ZERO3_LAYOUTS)
+            checkpoints(env, ZERO3_PLANS, from_one=("p2d2z3", 4, P2D2, 3), bad_order=False,
+                        zero_extra={"stage3_param_persistence_threshold": 2000})
         else:
             equivalence(env, a.case.split("-")[0], a.case.endswith("tied"))
     finally:

@@ -574,11 +574,15 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
  * range of the flat buffer. */
 static cllm_status setup_pipeline(trainer *tr) {
     cllm_train_config *c = tr->cfg;
-    if (c->zero.stage == 3)
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "zero_optimization.stage 3 with pipeline parallelism: a stage's pass "
-                         "reads its layers from the flat buffer and does not gather them per layer; use stage 2 (the "
-                         "gradients and optimizer state partitioned within each stage's data group) or tensor "
-                         "parallelism without a pipeline");
+    if (c->zero.stage == 3 && cllm_model_get_config(tr->m)->tie_embeddings)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "zero_optimization.stage 3 with pipeline parallelism and a tied head "
+                         "(tie_word_embeddings): the last stage's head reads the embedding the first stage "
+                         "partitions; use stage 2, or a model with its own lm_head");
+    if (c->zero.stage == 3 && c->eval_interval > 0)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "eval_interval %ld with zero_optimization.stage 3 and pipeline "
+                         "parallelism: evaluation runs the whole model on the first stage, whose parameters are "
+                         "partitioned over the other stages' data groups; set eval_interval 0 (or use stage 2)",
+                         (long)c->eval_interval);
     if (c->comm_dtype != CLLM_F32)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "communication_data_type %s with pipeline parallelism: the stages' "
                          "reductions run in fp32", (c->comm_dtype == CLLM_BF16 ? "bf16" : "fp16"));
@@ -605,8 +609,10 @@ static cllm_status setup_pipeline(trainer *tr) {
     }
     tr->n_ranges = k;
     /* the gradient norm adds up over the model replica: the stages (and their tensor ranks) */
-    return train_zero_init_group(&tr->zero, c, e - b, cllm_model_buffer_len(tr->m), tr->ranges, tr->n_ranges,
-                                 tr->data_grp, tr->tp ? train_tp_model_group(tr->tp) : train_pipe_group(tr->pipe));
+    st = train_zero_init_group(&tr->zero, c, e - b, cllm_model_buffer_len(tr->m), tr->ranges, tr->n_ranges,
+                               tr->data_grp, tr->tp ? train_tp_model_group(tr->tp) : train_pipe_group(tr->pipe));
+    tr->zero.base = b;
+    return st;
 }
 
 /* Tensor parallelism: replicated tensors that this rank leaves out of the
@@ -747,10 +753,10 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), n_data))) goto done;
     /* stages 2-3: layer hooks before prepare (no flat gradient buffer); at
      * stage 3 the model's flat parameters are freed here */
-    if (tr->zero.stage >= 2 && !cllm_model_has_trainable_set(tr->m) && !tr->pipe &&
+    if (tr->zero.stage >= 2 && !cllm_model_has_trainable_set(tr->m) && (!tr->pipe || tr->zero.stage == 3) &&
         (st = train_shard_init(&tr->shard, &tr->zero, tr->m, c, tr->ranges, tr->n_ranges)))
-        goto done; /* a frozen base, a pipeline stage: stage 2 reduce-scatters the trainable buffer (the stage's
-                      range) after the backward (zero.c) */
+        goto done; /* a frozen base, a pipeline stage at stage 2: the trainable buffer (the stage's range) is
+                      reduce-scattered after the backward (zero.c) */
     cllm_model_set_recompute(tr->m, c->use_grad_ckpt);
     cllm_precision prec = c->bf16_enabled ? CLLM_PREC_BF16 : c->fp16_enabled ? CLLM_PREC_FP16 : CLLM_PREC_FP32;
     /* CLLM_TRAIN_PRECISION overrides the matmul precision alone (fp16 loss

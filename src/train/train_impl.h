@@ -89,6 +89,7 @@ typedef struct {
     const cllm_dist_group *norm_grp; /* stage 0 with a pipeline: the stages whose norms add up */
     size_t n_total;              /* floats of the whole flat buffer (n: the part this group reduces) */
     size_t n;                    /* floats in the flat buffers */
+    size_t base;                 /* where the part starts in the model's flat buffer (a pipeline stage's) */
     size_t begin, end;           /* this rank's slice of them (all of them at stage 0) */
     size_t *counts;              /* [size] slice lengths, in rank order */
     size_t *bucket_counts;       /* [size] scratch: the slices within one bucket */
@@ -152,7 +153,9 @@ typedef struct train_shard train_shard;
  * stage 3 it copies this rank's parameter slice and the replicated small
  * tensors (numel < zero_optimization.stage3_param_persistence_threshold,
  * default 1e5) out of the model and frees the model's flat parameters.
- * ranges[i] are tensor i's decay ranges (n_ranges = tensors). Fills z->mem.
+ * ranges are the decay ranges of the part z covers (from z->base: a
+ * pipeline stage's layers; the groups and tensors outside it are another
+ * stage's). Fills z->mem.
  * train_shard_free also after a failure (removes the hooks). */
 cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, const cllm_train_config *c,
                              const cllm_param_range *ranges, int n_ranges);
@@ -311,7 +314,7 @@ cllm_status train_pipe_gather_params_to_first(train_pipe *p, float *params);
 cllm_status train_pipe_gather_layout(train_pipe *p, const cllm_model *m, float *buf);
 const cllm_dist_group *train_pipe_group(const train_pipe *p);
 /* Zeroes the parts of the gradient buffer this stage writes (its range, and
- * the tied embedding on the last stage). */
+ * the tied embedding on the last stage); nothing for NULL. */
 void train_pipe_zero_grads(const train_pipe *p, float *grads);
 /* Gives back the memory of the rest of a flat buffer (other stages' parts):
  * a stage then holds only its share of parameters and gradients. */

@@ -468,6 +468,13 @@ static void drop_pages(train_shard *s, size_t b, size_t e) {
 
 static void *alloc_floats(size_t n, const char *what) { return cllm_calloc(n ? n : 1, sizeof(float), what); }
 
+/* Whether the tensor at part offset `at` decays: the range holding it. */
+static bool decay_at(const cllm_param_range *ranges, int n, size_t at) {
+    for (int i = 0; i < n; i++)
+        if (at >= ranges[i].begin && at < ranges[i].end) return ranges[i].decay;
+    return false;
+}
+
 static cllm_status init_stage3(train_shard *s, const cllm_train_config *c, const cllm_param_range *ranges,
                                int n_ranges) {
     train_zero *z = s->z;
@@ -475,28 +482,30 @@ static cllm_status init_stage3(train_shard *s, const cllm_train_config *c, const
     const double thr = c->zero.stage3_param_persistence_threshold;
     cllm_status st = CLLM_OK;
     int nt = cllm_model_n_tensors(m);
-    if (n_ranges != nt) return CLLM_FAIL(CLLM_ERR_INTERNAL, "%d ranges for %d tensors", n_ranges, nt);
     s->pers = calloc((size_t)nt, sizeof *s->pers);
     s->pranges = calloc((size_t)nt, sizeof *s->pranges);
     s->ranges = calloc((size_t)nt, sizeof *s->ranges);
     if (!s->pers || !s->pranges || !s->ranges) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     for (int i = 0; i < nt; i++) {
         const cllm_tensor_info *t = cllm_model_tensor(m, i);
+        if (t->offset < z->base || t->offset >= z->base + z->n) continue; /* another pipeline stage's */
+        const size_t at = t->offset - z->base;
         if ((double)t->numel < thr) {
             persistent *p = &s->pers[s->n_pers++];
-            p->flat = t->offset;
+            p->flat = at;
             p->numel = t->numel;
             p->compact = s->n_compact;
-            p->decay = ranges[i].decay;
+            p->decay = decay_at(ranges, n_ranges, at);
             p->group = 0;
             for (int g = 0; g < s->n_groups; g++)
-                if (t->offset >= s->gb[g] && t->offset < s->ge[g]) p->group = g;
+                if (at >= s->gb[g] && at < s->ge[g]) p->group = g;
             s->pranges[s->n_pers - 1] = (cllm_param_range){p->compact, p->compact + p->numel, p->decay};
             s->n_compact += (t->numel + 15) & ~(size_t)15;
         } else {
-            size_t b = ranges[i].begin > z->begin ? ranges[i].begin : z->begin;
-            size_t e = ranges[i].end < z->end ? ranges[i].end : z->end;
-            if (b < e) s->ranges[s->n_ranges++] = (cllm_param_range){b - z->begin, e - z->begin, ranges[i].decay};
+            size_t b = at > z->begin ? at : z->begin;
+            size_t e = at + t->numel < z->end ? at + t->numel : z->end;
+            if (b < e)
+                s->ranges[s->n_ranges++] = (cllm_param_range){b - z->begin, e - z->begin, decay_at(ranges, n_ranges, at)};
         }
     }
     size_t slice = z->end - z->begin;
@@ -511,6 +520,7 @@ static cllm_status init_stage3(train_shard *s, const cllm_train_config *c, const
     s->pparams = alloc_floats(s->n_compact, "replicated parameters");
     s->pgrads = alloc_floats(s->n_compact, "replicated gradients");
     if (!s->pslice || !s->pparams || !s->pgrads) return CLLM_ERR_NOMEM;
+    full += z->base; /* the part's start */
     if (slice) memcpy(s->pslice, full + z->begin, slice * sizeof(float));
     drop_pages(s, 0, slice);
     for (int i = 0; i < s->n_pers; i++)
@@ -547,8 +557,12 @@ cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, co
     s->counts = calloc((size_t)z->size, sizeof *s->counts);
     if (!s->gb || !s->counts) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     s->ge = s->gb + s->n_groups;
-    for (int g = 0; g < s->n_groups; g++) {
-        cllm_model_group_range(m, g, &s->gb[g], &s->ge[g]);
+    for (int g = 0; g < s->n_groups; g++) { /* relative to the part; empty outside it (other pipeline stages') */
+        size_t b, e;
+        cllm_model_group_range(m, g, &b, &e);
+        bool in = b >= z->base && e <= z->base + z->n;
+        s->gb[g] = in ? b - z->base : 0;
+        s->ge[g] = in ? e - z->base : 0;
         if (g > 0 && g + 1 < s->n_groups && gsize(s, g) > s->max_block) s->max_block = gsize(s, g);
     }
     size_t slice = z->end - z->begin;
@@ -729,7 +743,7 @@ static cllm_status update(train_zero *z, cllm_optimizer *opt, float *p, const fl
 cllm_status train_shard_step(train_shard *s, cllm_optimizer *opt, double lr) {
     train_zero *z = s->z;
     if (s->stage < 3) {
-        float *params = cllm_model_params(s->m);
+        float *params = cllm_model_params(s->m) + z->base;
         cllm_status so = update(z, opt, params + z->begin, s->gslice, z->ranges, z->n_ranges, lr);
         if (so) return so;
         double t0 = cllm_time_sec();
@@ -783,11 +797,13 @@ cllm_status train_shard_gather_model(train_shard *s) {
         cllm_free(s->gwork[k]);
         s->gwork[k] = NULL;
     }
-    size_t n = s->z->n;
-    float *full = cllm_alloc(n * sizeof(float), "gathered model");
+    /* a pipeline stage gathers its range of the whole buffer (the stages
+     * then gather theirs to the first: pipe_train.c) */
+    size_t n = s->z->n, total = cllm_model_buffer_len(s->m);
+    float *full = cllm_calloc(total, sizeof(float), "gathered model");
     if (!full) return CLLM_ERR_NOMEM;
     s->gather_exact = true; /* the trained weights as they are, not quantized */
-    st = gather_range(s, full, 0, n);
+    st = gather_range(s, full + s->z->base, 0, n);
     if (st) {
         cllm_free(full);
         return st;
@@ -816,7 +832,7 @@ void train_shard_ckpt_fill(train_shard *s, float *state0, float *state1) {
 void train_shard_set_replicated_state(train_shard *s, int k, const float *flat) {
     float *ps = s->stage == 3 && s->popt ? cllm_optim_state(s->popt, k) : NULL;
     for (int i = 0; ps && i < s->n_pers; i++)
-        memcpy(ps + s->pers[i].compact, flat + s->pers[i].flat, s->pers[i].numel * sizeof(float));
+        memcpy(ps + s->pers[i].compact, flat + s->z->base + s->pers[i].flat, s->pers[i].numel * sizeof(float));
 }
 
 cllm_status train_shard_ckpt_load(train_shard *s, const char *dir, long optim_step) {
@@ -831,7 +847,8 @@ cllm_status train_shard_ckpt_load(train_shard *s, const char *dir, long optim_st
         const persistent *p = &s->pers[i];
         for (int k = 0; k < 2; k++) {
             if (!ps[k]) continue;
-            cllm_status st = cllm_ckpt_read_range(dir, s->m, which[k], p->flat, p->flat + p->numel, ps[k] + p->compact);
+            size_t at = s->z->base + p->flat;
+            cllm_status st = cllm_ckpt_read_range(dir, s->m, which[k], at, at + p->numel, ps[k] + p->compact);
             if (st) return cllm_fail_context(st, "replicated tensor state");
         }
     }
