@@ -161,7 +161,8 @@ static cllm_status gather_start(train_shard *s, inflight *f, float *buf, size_t 
             st = train_zpp_gather(s->zpp, buf + (c0 - b), s->counts, &s->bytes_params);
         } else {
             st = s->overlap && f->req ? cllm_dist_iallgather_f32(buf + (c0 - b), s->counts, &f->req[f->n++])
-                                      : cllm_dist_g_allgather_f32(z->grp, buf + (c0 - b), s->counts);
+                 : z->grp             ? cllm_dist_g_allgather_f32(z->grp, buf + (c0 - b), s->counts)
+                                      : cllm_dist_allgather_f32(buf + (c0 - b), s->counts); /* (watched) */
             s->bytes_params += (c1 - c0 - s->counts[z->rank]) * sizeof(float);
         }
         if (st) return cllm_fail_context(st, "parameter all-gather at %zu", c0);
