@@ -45,7 +45,8 @@ LAYOUTS = [
 ]
 # ZeRO-2 inside the stages: each stage's gradient reduce-scattered over its
 # data group, the slices' optimizer state (case zero2: a tied LLaMA, whose
-# embedding's gradient adds up over the first and the last stage first)
+# embedding's gradient adds up over the first and the last stage before the
+# stage's range is reduced, and an untied one, reduced layer by layer)
 ZERO2_LAYOUTS = [("pipe2xdata2-zero2", 4, P2D2, {}, {}),
                  ("pipe2xdata2-zero2-gpipe", 4, P2D2, {"schedule": "gpipe"}, {"use_grad_ckpt": True})]
 # ZeRO-3 inside the stages (an untied LLaMA: a tied head is refused):
@@ -223,6 +224,7 @@ def main():
             checkpoints(env)
         elif a.case == "zero2":
             equivalence(env, "llama", True, ZERO2_LAYOUTS)
+            equivalence(env, "llama", False, ZERO2_LAYOUTS[:1])
             checkpoints(env, ZERO2_PLANS, from_one=("p2d2z2", 4, P2D2, 2), bad_order=False)
         elif a.case == "zero3":
             equivalence(env, "llama", False, ZERO3_LAYOUTS)

@@ -752,11 +752,14 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if (tensor && (st = tp_norm_skip(tr))) goto done;
     if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), n_data))) goto done;
     /* stages 2-3: layer hooks before prepare (no flat gradient buffer); at
-     * stage 3 the model's flat parameters are freed here */
-    if (tr->zero.stage >= 2 && !cllm_model_has_trainable_set(tr->m) && (!tr->pipe || tr->zero.stage == 3) &&
+     * stage 3 the model's flat parameters are freed here. A pipeline whose
+     * last stage's head is the tied embedding (another stage's group) keeps
+     * the flat gradient at stage 2 (setup_pipeline refuses stage 3). */
+    const bool tied_pipe = tr->pipe && cllm_model_get_config(tr->m)->tie_embeddings;
+    if (tr->zero.stage >= 2 && !cllm_model_has_trainable_set(tr->m) && !tied_pipe &&
         (st = train_shard_init(&tr->shard, &tr->zero, tr->m, c, tr->ranges, tr->n_ranges)))
-        goto done; /* a frozen base, a pipeline stage at stage 2: the trainable buffer (the stage's range) is
-                      reduce-scattered after the backward (zero.c) */
+        goto done; /* a frozen base, a tied pipeline: the trainable buffer (a stage's range) is reduce-scattered
+                      after the backward (zero.c) */
     cllm_model_set_recompute(tr->m, c->use_grad_ckpt);
     cllm_precision prec = c->bf16_enabled ? CLLM_PREC_BF16 : c->fp16_enabled ? CLLM_PREC_FP16 : CLLM_PREC_FP32;
     /* CLLM_TRAIN_PRECISION overrides the matmul precision alone (fp16 loss
