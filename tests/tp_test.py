@@ -16,8 +16,10 @@ ZeRO (case zero): GPT-2 at tensor=2 x data=2 with ZeRO 2 and 3 (gradients,
 optimizer state and, at stage 3, parameters of each tensor rank's part
 partitioned within its data group, reduced and gathered layer by layer)
 against the one-process run; their checkpoints (the one-process format)
-resumed in one process, on a pipeline at ZeRO 2 and on data parallelism
-at ZeRO 3, and a one-process checkpoint resumed at tensor=2 x data=2 ZeRO 3.
+resumed in one process, on a pipeline at ZeRO 2, on pipe=2 x tensor=2 at
+ZeRO 3 (the stage passes' layer hooks on tensor parts) and on data
+parallelism at ZeRO 3, and a one-process checkpoint resumed at tensor=2 x
+data=2 ZeRO 3.
 
 Errors: a tensor size that does not divide the key/value heads, the FFN
 width, 16-bit communication with tensor parallelism.
@@ -159,7 +161,9 @@ def main():
             import pipe_test  # noqa: E402 (same directory)
             equivalence(env, "gpt2", (), ZERO_LAYOUTS)
             d2t2 = {"axis": ["data", "tensor"], "dims": [2, 2]}
-            plans = [("d2t2z3", 4, d2t2, 3, [("one", 1, None, 0), ("p2d2z2", 4, pipe_test.P2D2, 2)]),
+            p2t2 = {"axis": ["pipe", "tensor"], "dims": [2, 2]}
+            plans = [("d2t2z3", 4, d2t2, 3, [("one", 1, None, 0), ("p2d2z2", 4, pipe_test.P2D2, 2),
+                                              ("p2t2z3", 4, p2t2, 3)]),
                      ("d2t2z2", 4, d2t2, 2, [("dp2z3", 2, None, 3)])]
             pipe_test.checkpoints(env, plans, from_one=("d2t2z3", 4, d2t2, 3), bad_order=False, sharded=False,
                                   zero_extra=ZERO_TP)
