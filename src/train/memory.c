@@ -177,7 +177,8 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
                     sizeof(float);
         out->work += s->quant_widest * sizeof(float); /* one dequantized layer of a quantized base */
     } else if (s->zero_stage >= 2 && (P == 1 || !c->tie_embeddings)) {
-        /* stages 2-3 reduce per group (a tied pipeline's stage at stage 2 after its backward): a group's gradient is written into a
+        /* stages 2-3 reduce per group (a tied pipeline's stage at stage 2
+         * after its backward): a group's gradient is written into a
          * working buffer (group 0, last group, blocks); stage 3 also gathers
          * parameters into working buffers (group 0, last group, two blocks) */
         size_t first, last, block;

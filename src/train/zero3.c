@@ -24,7 +24,14 @@
  * and updates them with its own optimizer state (the same on every rank).
  *
  * The gradient norm is the sum of the slices' squares (every element of the
- * flat buffer, persistent ones included, is in exactly one slice).
+ * flat buffer, persistent ones included, is in exactly one slice; a tensor
+ * rank > 0 leaves out the tensors replicated over the tensor group).
+ *
+ * With pipeline or tensor parallelism the slices, gathers and reductions
+ * are those of the data group z->grp (the ranks holding the same layers),
+ * blocking; a pipeline stage's part starts at z->base of the flat buffer
+ * and holds the stage's groups only (the stage pass runs the hooks around
+ * them), group and tensor offsets here being relative to it.
  *
  * With bf16/fp16 compute (train_shard_set_precision) each gathered group
  * also gets its low-precision copy, made from the gathered fp32 values the
