@@ -576,6 +576,9 @@ cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, co
     size_t slice = z->end - z->begin;
     /* a data group (pipeline, tensor parallelism) has blocking collectives only */
     s->overlap = c->zero.overlap_comm && z->size > 1 && !z->grp;
+    if (c->zero.overlap_comm && z->size > 1 && z->grp && c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0)
+        fprintf(stderr, "cllm train: overlap_comm: no effect inside a pipeline stage's or tensor rank's data group "
+                "(its per-layer collectives are blocking)\n");
     size_t chunk = z->bucket < z->gather_bucket ? z->bucket : z->gather_bucket, longest = s->max_block;
     if (gsize(s, 0) > longest) longest = gsize(s, 0);
     if (gsize(s, s->n_groups - 1) > longest) longest = gsize(s, s->n_groups - 1);
