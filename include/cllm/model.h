@@ -399,7 +399,9 @@ cllm_status cllm_model_add_value_head(cllm_model **m, uint64_t seed);
  * the previous one's output and gradient, gives exactly the values of
  * cllm_model_forward_backward (the same kernels in the same order). Only
  * the stage's parameters are read, plus the embedding matrix on a tied
- * head's stage. */
+ * head's stage. The layer hooks (below) run around each of the stage's
+ * groups as in the whole-model pass; a tied head's stage with hooks is
+ * refused (CLLM_ERR_UNSUPPORTED: its embedding is another stage's group). */
 typedef struct {
     int u0, u1;
     const int32_t *tokens, *targets; /* [B*T]: tokens on the first stage, targets on the head's */

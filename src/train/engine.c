@@ -175,10 +175,20 @@ static cllm_status tp_read_optim(trainer *tr, const char *dir, float *s0, float 
         if ((st = cllm_ckpt_read_range(dir, whole, which[k], 0, nf, full))) break;
         cllm_tp_cut_buffer(whole, tr->m, tr->topo.dims[CLLM_AXIS_TENSOR], tr->topo.coord[CLLM_AXIS_TENSOR], full, part);
         memcpy(dst[k], part + tr->base + tr->zero.begin, (tr->zero.end - tr->zero.begin) * sizeof(float));
+        if (tr->shard) train_shard_set_replicated_state(tr->shard, k, part); /* ZeRO-3's whole small tensors */
     }
     cllm_free(full);
     cllm_free(part);
     return st;
+}
+
+/* The part's whole buffer in loc[part length] from this rank's ZeRO slice
+ * of it and the data group's (collective over the group). */
+static cllm_status tp_part_of(trainer *tr, const float *slice, float *loc) {
+    const train_zero *z = &tr->zero;
+    memset(loc, 0, cllm_model_buffer_len(tr->m) * sizeof(float));
+    memcpy(loc + tr->base + z->begin, slice, (z->end - z->begin) * sizeof(float));
+    return z->stage >= 1 && z->size > 1 ? cllm_dist_g_allgather_f32(z->grp, loc + tr->base, z->counts) : CLLM_OK;
 }
 
 /* Tensor parallelism: the parts of the parameters and of the optimizer
@@ -186,25 +196,29 @@ static cllm_status tp_read_optim(trainer *tr, const char *dir, float *s0, float 
  * rank) and rank 0 writes a one-process checkpoint, which any layout
  * resumes. */
 static cllm_status save_tp(trainer *tr) {
-    cllm_model *whole = NULL;
-    cllm_status st = train_tp_gather(tr->tp, tr->m, &whole, NULL);
+    cllm_model *whole = (cllm_model *)train_tp_whole(tr->tp); /* the trainer's copy, refilled here */
+    size_t nl = cllm_model_buffer_len(tr->m), nf = cllm_model_buffer_len(whole);
+    float *loc = cllm_alloc(nl * sizeof(float), "checkpoint state");
+    if (!loc) return CLLM_ERR_NOMEM;
+    float *s[2] = {cllm_optim_state(tr->opt, 0), cllm_optim_state(tr->opt, 1)};
+    cllm_status st = tr->offload ? train_offload_map(tr->offload, false, &s[0], &s[1]) : CLLM_OK;
+    /* ZeRO-3: the part's parameters are slices too (the replicated small
+     * tensors copied into their places first) */
+    float *pslice = tr->shard ? train_shard_param_slice(tr->shard) : NULL;
+    if (tr->shard) train_shard_ckpt_fill(tr->shard, s[0], s[1]);
+    if (!st && pslice) {
+        if (!(st = tp_part_of(tr, pslice, loc)))
+            st = cllm_tp_gather_buffer(whole, tr->m, train_tp_group(tr->tp), loc, cllm_model_params(whole), NULL);
+    } else if (!st) {
+        st = train_tp_gather(tr->tp, tr->m, &whole, NULL);
+    }
     /* with a pipeline each tensor group gathered its stage: the stages next */
     if (!st && tr->pipe) st = train_pipe_gather_layout(tr->pipe, whole, cllm_model_params(whole));
-    if (st) return st;
-    const train_zero *z = &tr->zero;
-    size_t nl = cllm_model_buffer_len(tr->m), nf = cllm_model_buffer_len(whole);
-    float *s[2] = {cllm_optim_state(tr->opt, 0), cllm_optim_state(tr->opt, 1)};
-    if (tr->offload && (st = train_offload_map(tr->offload, false, &s[0], &s[1]))) return st;
-    float *loc = cllm_alloc(nl * sizeof(float), "checkpoint state");
     float *full[2] = {NULL, NULL};
-    if (!loc) st = CLLM_ERR_NOMEM;
     for (int k = 0; k < 2 && !st; k++) {
         if (!s[k]) continue;
         /* the whole part's state: this rank's ZeRO slice, then the data group's */
-        memset(loc, 0, nl * sizeof(float));
-        memcpy(loc + tr->base + z->begin, s[k], (z->end - z->begin) * sizeof(float));
-        if (z->stage >= 1 && z->size > 1 && (st = cllm_dist_g_allgather_f32(z->grp, loc + tr->base, z->counts)))
-            break;
+        if ((st = tp_part_of(tr, s[k], loc))) break;
         if (!(full[k] = cllm_alloc(nf * sizeof(float), "checkpoint state"))) {
             st = CLLM_ERR_NOMEM;
             break;
@@ -241,7 +255,8 @@ static cllm_status resume_from(trainer *tr, const char *dir) {
     train_offload_unmap(tr->offload);
     if (st) return st;
     cllm_optim_set_step_count(tr->opt, tr->state.optim_step);
-    if (tr->shard && (st = train_shard_ckpt_load(tr->shard, dir, tr->state.optim_step))) return st;
+    /* (tensor parallelism: the replicated tensors' state came with the cut parts) */
+    if (tr->shard && (st = train_shard_ckpt_load(tr->shard, tr->tp ? NULL : dir, tr->state.optim_step))) return st;
     uint64_t h = cllm_train_config_hash(tr->cfg);
     if (h != tr->state.config_hash)
         cllm_log(CLLM_LOG_WARN, "resume: the optimizer, schedule, batch or data settings differ from those of %s; "
@@ -589,9 +604,15 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
  * range of the flat buffer. */
 static cllm_status setup_pipeline(trainer *tr) {
     cllm_train_config *c = tr->cfg;
-    if (c->zero.stage >= 2)
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "zero_optimization.stage %d with pipeline parallelism: stages 2 and 3 "
-                         "reduce per layer inside the whole-model pass; use stage 0 or 1", c->zero.stage);
+    if (c->zero.stage == 3 && cllm_model_get_config(tr->m)->tie_embeddings)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "zero_optimization.stage 3 with pipeline parallelism and a tied head "
+                         "(tie_word_embeddings): the last stage's head reads the embedding the first stage "
+                         "partitions; use stage 2, or a model with its own lm_head");
+    if (c->zero.stage == 3 && c->eval_interval > 0)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "eval_interval %ld with zero_optimization.stage 3 and pipeline "
+                         "parallelism: evaluation runs the whole model on the first stage, whose parameters are "
+                         "partitioned over the other stages' data groups; set eval_interval 0 (or use stage 2)",
+                         (long)c->eval_interval);
     if (c->comm_dtype != CLLM_F32)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "communication_data_type %s with pipeline parallelism: the stages' "
                          "reductions run in fp32", (c->comm_dtype == CLLM_BF16 ? "bf16" : "fp16"));
@@ -618,8 +639,10 @@ static cllm_status setup_pipeline(trainer *tr) {
     }
     tr->n_ranges = k;
     /* the gradient norm adds up over the model replica: the stages (and their tensor ranks) */
-    return train_zero_init_group(&tr->zero, c, e - b, cllm_model_buffer_len(tr->m), tr->ranges, tr->n_ranges,
-                                 tr->data_grp, tr->tp ? train_tp_model_group(tr->tp) : train_pipe_group(tr->pipe));
+    st = train_zero_init_group(&tr->zero, c, e - b, cllm_model_buffer_len(tr->m), tr->ranges, tr->n_ranges,
+                               tr->data_grp, tr->tp ? train_tp_model_group(tr->tp) : train_pipe_group(tr->pipe));
+    tr->zero.base = b;
+    return st;
 }
 
 /* Tensor parallelism: replicated tensors that this rank leaves out of the
@@ -748,11 +771,10 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if (piped) {
         if ((st = setup_pipeline(tr))) goto done;
     } else if (tensor) {
-        if (c->zero.stage >= 2 || c->comm_dtype != CLLM_F32) {
-            st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s with tensor parallelism: use zero_optimization.stage 0 or 1 "
-                           "and fp32 communication (the per-layer reductions of stages 2-3 and the 16-bit sums run "
-                           "over the whole world, not the data group)",
-                           c->zero.stage >= 2 ? "zero_optimization.stage 2-3" : "communication_data_type");
+        if (c->comm_dtype != CLLM_F32) {
+            st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "communication_data_type %s with tensor parallelism: the 16-bit "
+                           "sums run over the whole world, not a tensor rank's data group; use fp32",
+                           c->comm_dtype == CLLM_BF16 ? "bf16" : "fp16");
             goto done;
         }
         if ((st = train_zero_init_group(&tr->zero, c, n, n, tr->ranges, tr->n_ranges, train_tp_data_group(tr->tp),
@@ -764,10 +786,14 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if (tensor && (st = tp_norm_skip(tr))) goto done;
     if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), n_data))) goto done;
     /* stages 2-3: layer hooks before prepare (no flat gradient buffer); at
-     * stage 3 the model's flat parameters are freed here */
-    if (tr->zero.stage >= 2 && !cllm_model_has_trainable_set(tr->m) &&
+     * stage 3 the model's flat parameters are freed here. A pipeline whose
+     * last stage's head is the tied embedding (another stage's group) keeps
+     * the flat gradient at stage 2 (setup_pipeline refuses stage 3). */
+    const bool tied_pipe = tr->pipe && cllm_model_get_config(tr->m)->tie_embeddings;
+    if (tr->zero.stage >= 2 && !cllm_model_has_trainable_set(tr->m) && !tied_pipe &&
         (st = train_shard_init(&tr->shard, &tr->zero, tr->m, c, tr->ranges, tr->n_ranges)))
-        goto done; /* a frozen base: stage 2 reduce-scatters the trainable buffer after the backward (zero.c) */
+        goto done; /* a frozen base, a tied pipeline: the trainable buffer (a stage's range) is reduce-scattered
+                      after the backward (zero.c) */
     cllm_model_set_recompute(tr->m, c->use_grad_ckpt);
     cllm_precision prec = c->bf16_enabled ? CLLM_PREC_BF16 : c->fp16_enabled ? CLLM_PREC_FP16 : CLLM_PREC_FP32;
     /* CLLM_TRAIN_PRECISION overrides the matmul precision alone (fp16 loss

@@ -182,6 +182,19 @@ cllm_status train_zero_reduce_grads(train_zero *z, float *grads) {
     return CLLM_OK;
 }
 
+double train_zero_norm_sq(const train_zero *z, const float *slice) {
+    const size_t k = z->end - z->begin;
+    double s = 0;
+#pragma omp parallel for simd reduction(+ : s) schedule(static)
+    for (size_t i = 0; i < k; i++) s += (double)slice[i] * slice[i];
+    for (int j = 0; j < z->n_norm_skip; j++) { /* counted by another tensor rank */
+        size_t b = z->norm_skip[j].begin > z->begin ? z->norm_skip[j].begin : z->begin;
+        size_t e = z->norm_skip[j].end < z->end ? z->norm_skip[j].end : z->end;
+        for (size_t i = b; i < e; i++) s -= (double)slice[i - z->begin] * slice[i - z->begin];
+    }
+    return s < 0 ? 0 : s;
+}
+
 cllm_status train_zero_clip(train_zero *z, float *grads, double max_norm, double *norm) {
     if (z->stage == 0 && !z->norm_grp) {
         /* the reduced gradient is whole on every rank: the one-process code */
@@ -190,15 +203,7 @@ cllm_status train_zero_clip(train_zero *z, float *grads, double max_norm, double
     }
     float *g = grads + z->begin;
     const size_t k = z->end - z->begin;
-    double s = 0;
-#pragma omp parallel for simd reduction(+ : s) schedule(static)
-    for (size_t i = 0; i < k; i++) s += (double)g[i] * g[i];
-    for (int j = 0; j < z->n_norm_skip; j++) { /* counted by another tensor rank */
-        size_t b = z->norm_skip[j].begin > z->begin ? z->norm_skip[j].begin : z->begin;
-        size_t e = z->norm_skip[j].end < z->end ? z->norm_skip[j].end : z->end;
-        for (size_t i = b; i < e; i++) s -= (double)grads[i] * grads[i];
-    }
-    if (s < 0) s = 0;
+    double s = train_zero_norm_sq(z, g);
     /* stage 0: every data rank holds its stage's whole gradient, the pipe
      * group holds the model once; sliced: the world holds it once */
     cllm_status st = z->stage == 0 ? cllm_dist_g_allreduce_sum_f64(z->norm_grp, &s, 1) : cllm_dist_allreduce_sum_f64(&s, 1);
