@@ -15,8 +15,9 @@
   errors    a pattern matching nothing, a bad regular expression, freeze
             with LoRA or with a reward head made from a causal LM: non-zero
             exit naming them
-  mpi       (--case mpi) 2 ranks at ZeRO 2 against one process, a sharded
-            checkpoint resumed exactly; ZeRO-3 and pipeline refused by name
+  mpi       (--case mpi) 2 ranks at ZeRO 2, ZeRO 3, and ZeRO 3 with the
+            optimizer state offloaded against one process, a sharded
+            checkpoint resumed exactly; pipeline refused by name
 
 Run by ctest (label train) as
   /usr/bin/python3 tests/freeze_test.py --cllm build/cllm --build build
@@ -173,8 +174,9 @@ def test_errors(cllm, d, tmp):
 
 
 def test_mpi(cllm, tmp):
-    """2 ranks at ZeRO 2 (the trained copies sliced across ranks) against one
-    process, a sharded checkpoint resumed, and the layouts refused."""
+    """2 ranks at ZeRO 2 and 3 (the trained copies sliced across ranks) and at
+    ZeRO 3 with the optimizer state offloaded, against one process; a sharded
+    checkpoint resumed; pipeline parallelism refused."""
     d = os.path.join(tmp, "mpi-model")
     r = run([cllm, "init", "--arch", "llama", "--set", "initializer_range=0.2", "--seed", "4", "--out", d])
     if not check("mpi: init", r.returncode == 0, r.stderr[-300:]):
@@ -219,9 +221,22 @@ def test_mpi(cllm, tmp):
         if check("mpi: stop at 2 and resume", r1.returncode == 0 and r2.returncode == 0, (r1.stderr + r2.stderr)[-300:]):
             a = hm.load_hf_folder(part)[1]
             check("mpi: resumed bit-identical to the straight run", all(torch.equal(a[k], w[k]) for k in w))
-    for name, obj, what in (("z3", {"zero_optimization": {"stage": 3}}, "zero_optimization.stage 3"),
-                            ("pipe", {"model_topo": {"process_topology": {"axis": ["pipe", "data"], "dims": [2, 1]}}},
-                             "pipeline parallelism")):
+    # stage 3 and the offloaded optimizer state: the trained copies partitioned
+    # (values, gradients, optimizer state), the frozen tensors whole
+    os.makedirs(os.path.join(tmp, "nvme"), exist_ok=True)
+    for name, obj in (("z3", {"zero_optimization": {"stage": 3}}),
+                      ("z3off", {"zero_optimization": {"stage": 3, "offload_optimizer": {
+                          "device": "nvme", "nvme_path": os.path.join(tmp, "nvme")}}})):
+        out = os.path.join(tmp, "mpi." + name)
+        r = subprocess.run(mpi + common + ["--config", conf(name, obj), "--out", out], capture_output=True, text=True,
+                           env=env)
+        if check("mpi: %s on 2 ranks" % name, r.returncode == 0, r.stderr[-300:]):
+            w = hm.load_hf_folder(out)[1]
+            worst = max((w[k] - base[k]).norm().item() / max(base[k].norm().item(), 1e-30) for k in base)
+            check("mpi: %s within 1e-5 of one process after 3 AdamW steps, frozen tensors unchanged" % name,
+                  worst <= 1e-5 and all(torch.equal(w[k], base[k]) for k in base if frozen(k)), "worst rel %.1e" % worst)
+    for name, obj, what in (("pipe", {"model_topo": {"process_topology": {"axis": ["pipe", "data"], "dims": [2, 1]}}},
+                             "pipeline parallelism"),):
         r = subprocess.run(mpi + common + ["--config", conf(name, obj), "--out", os.path.join(tmp, "mpi." + name)],
                            capture_output=True, text=True, env=env)
         check("mpi: %s with freeze refused by name" % what, r.returncode not in (0, None) and what in r.stderr,

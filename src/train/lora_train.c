@@ -14,26 +14,20 @@
 
 bool train_lora_run(const cllm_train_config *c) { return c->lora.enabled || c->adapter_dir; }
 
-/* Frozen tensors (freeze) work with data parallelism at ZeRO stages 0-2
- * (slices of the trainable buffer); the other layouts shard or move the
- * model's own flat buffer. NULL: c's is fine. */
+/* A trainable set (a frozen LoRA base, frozen tensors) works with data
+ * parallelism at every ZeRO stage (slices of the trainable buffer; the
+ * frozen tensors stay whole on every rank) and with the optimizer state
+ * offloaded; the other layouts shard or move the model's own flat buffer.
+ * NULL: c's is fine. */
 static const char *set_layout_conflict(const cllm_train_config *c, bool piped, bool tensor) {
     return piped ? "pipeline parallelism (model_topo pipe > 1)"
            : tensor ? "tensor parallelism (model_topo tensor > 1)"
-           : c->zero.stage >= 3 ? "zero_optimization.stage 3"
-           : c->zero.offload_optimizer.device != CLLM_OFFLOAD_NONE ? "zero_optimization.offload_optimizer"
-                                                                  : NULL;
+           : c->zero.offload_param.device == CLLM_OFFLOAD_NVME ? "zero_optimization.offload_param (nvme)"
+                                                               : NULL;
 }
 
 cllm_status train_lora_check_layout(const cllm_train_config *c, bool piped, bool tensor) {
-    /* a frozen base works with data parallelism at every ZeRO stage (slices
-     * of the trainable buffer; the base stays whole on every rank) and with
-     * the optimizer state offloaded; the other layouts shard or move the
-     * model's own flat buffer */
-    const char *what = piped ? "pipeline parallelism (model_topo pipe > 1)"
-                       : tensor ? "tensor parallelism (model_topo tensor > 1)"
-                       : c->zero.offload_param.device == CLLM_OFFLOAD_NVME ? "zero_optimization.offload_param (nvme)"
-                                                                           : NULL;
+    const char *what = set_layout_conflict(c, piped, tensor);
     if (!what) return CLLM_OK;
     return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "LoRA (a frozen base) with %s: not supported; use data parallelism with "
                      "zero_optimization.stage 0-3 (the adapters are sliced across ranks from stage 1; "
@@ -44,7 +38,7 @@ cllm_status train_freeze_check_layout(const cllm_train_config *c, bool piped, bo
     const char *what = set_layout_conflict(c, piped, tensor);
     if (!what) return CLLM_OK;
     return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "freeze (frozen tensors) with %s: not supported; use data parallelism "
-                     "with zero_optimization.stage 0-2", what);
+                     "with zero_optimization.stage 0-3", what);
 }
 
 /* A checkpoint's adapters: its adapter_config.json gives their structure,
