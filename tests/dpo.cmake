@@ -13,3 +13,7 @@ if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
   cllm_add_py_test(dpo_mpi dpo_test.py LABELS mpi ARGS --case mpi)
   set_tests_properties(dpo_mpi PROPERTIES TIMEOUT 300)
 endif()
+# conversational preference records (message lists) against Jinja2 + trl's
+# apply_chat_template rules: token ids, DPO and reward training, errors
+cllm_add_py_test(dpo_chat dpo_chat_test.py LABELS train ARGS --fixtures ${CLLM_FIXTURES}/hf)
+set_tests_properties(dpo_chat PROPERTIES TIMEOUT 300)

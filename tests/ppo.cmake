@@ -2,9 +2,10 @@
 # implementation of trl's PPOTrainer formulas on tiny gpt2, llama and bloom
 # policies with a value head, from fixed rollouts (losses); generated
 # rollouts scored by a reward model (generate); bad rollouts, keys and
-# values named (errors); LoRA with the base as reference (lora);
+# values named (errors); LoRA with the base as reference (lora); kl_penalty
+# variants, score scaling/norm/clip and the ppo section's config hash (shaping);
 # cllm estimate --task ppo against peak RSS (estimate).
-foreach(case losses generate lora errors)
+foreach(case losses generate lora errors shaping)
   cllm_add_py_test(ppo_${case} ppo_test.py LABELS train ARGS --case ${case})
   set_tests_properties(ppo_${case} PROPERTIES TIMEOUT 300)
 endforeach()
@@ -18,4 +19,7 @@ find_program(CLLM_MPIRUN mpirun)
 if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
   cllm_add_py_test(ppo_mpi ppo_test.py LABELS mpi ARGS --case mpi)
   set_tests_properties(ppo_mpi PROPERTIES TIMEOUT 300)
+  # generated rollouts at ZeRO 3 (parameters gathered for sampling) = ZeRO 1
+  cllm_add_py_test(ppo_mpi_generate ppo_test.py LABELS mpi ARGS --case mpi_generate)
+  set_tests_properties(ppo_mpi_generate PROPERTIES TIMEOUT 300)
 endif()

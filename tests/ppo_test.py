@@ -40,6 +40,7 @@ Run by ctest (label train; mpi: label mpi) as
 """
 import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -111,7 +112,45 @@ def masked_whiten(x, m, shift_mean=True):
     return w if shift_mean else w + mean
 
 
-def prepare(recs, T, lp, v, ref_lp, kl_coef, gamma, lam, whiten_rewards):
+def kl_penalty(lp, ref_lp, pen, kl_full):
+    """trl's PPOTrainer._kl_penalty per token."""
+    d = lp - ref_lp
+    return {"kl": d, "abs": d.abs(), "mse": 0.5 * d * d, "full": kl_full}[pen]
+
+
+class RunningMoments:
+    """trl's RunningMoments (float64 here): the running mean and std of
+    every score so far, merged batch by batch."""
+
+    def __init__(self):
+        self.mean, self.var, self.std, self.count = 0.0, 1.0, 1.0, 1e-24
+
+    def update(self, xs):
+        xs = torch.tensor(xs, dtype=torch.float64)
+        n = xs.numel()
+        var, mean = float(xs.var(unbiased=False)), float(xs.mean())
+        delta, tot = mean - self.mean, self.count + n
+        tot_sum = self.var * self.count + delta ** 2 * self.count * n / tot + var * n
+        self.mean += delta * n / tot
+        self.var = tot_sum / tot
+        self.std = math.sqrt(self.var * tot / (tot - 1))
+        self.count = tot
+
+
+def shape_scores(scores, hp, running):
+    """trl's step(): score scaling (and norm) with the running moments, then
+    the clip."""
+    s = torch.tensor(scores, dtype=torch.float64)
+    if hp.get("use_score_scaling"):
+        running.update(scores)
+        f = running.std + float(torch.finfo(torch.float32).eps)
+        s = (s - running.mean) / f if hp.get("use_score_norm") else s / f
+    if hp.get("score_clip"):
+        s = s.clamp(-hp["score_clip"], hp["score_clip"])
+    return s
+
+
+def prepare(recs, T, lp, v, ref_lp, kl_coef, gamma, lam, whiten_rewards, pen="kl", kl_full=None, scores=None):
     """trl's compute_rewards and compute_advantages on right-padded rows
     (GAE over each row's response slice, as trl's left-padded batches run
     it): advantages (whitened) and returns, [R, T-1]."""
@@ -120,10 +159,11 @@ def prepare(recs, T, lp, v, ref_lp, kl_coef, gamma, lam, whiten_rewards):
     for i, r in enumerate(recs):
         q, n = len(r["query"]), len(r["response"])
         mask[i, q - 1:q - 1 + n] = 1
-    rewards = -kl_coef * (lp - ref_lp) * mask
+    kls = kl_penalty(lp, ref_lp, pen, kl_full) * mask
+    rewards = -kl_coef * kls
     for i, r in enumerate(recs):
         last = int(mask[i].nonzero()[-1])
-        rewards[i, last] += r["score"]
+        rewards[i, last] += r["score"] if scores is None else scores[i]
     if whiten_rewards:
         rewards = masked_whiten(rewards, mask, shift_mean=False)
     adv = torch.zeros(R, T - 1, dtype=torch.float64)
@@ -138,9 +178,12 @@ def prepare(recs, T, lp, v, ref_lp, kl_coef, gamma, lam, whiten_rewards):
             out.append(last)
         adv[i, q - 1:q - 1 + n] = torch.stack(out[::-1])
     returns = adv + v * mask
-    kl = ((lp - ref_lp) * mask).sum(-1).mean()
+    kl = kls.sum(-1).mean()
     ent = (-lp * mask).sum(-1).mean()
-    return masked_whiten(adv, mask), returns, mask, {"objective/kl": float(kl), "objective/entropy": float(ent)}
+    stats = {"objective/kl": float(kl), "objective/entropy": float(ent)}
+    if scores is not None:
+        stats.update({"ppo/mean_scores": float(scores.mean()), "ppo/std_scores": float(scores.std())})
+    return masked_whiten(adv, mask), returns, mask, stats
 
 
 def ppo_loss(lp, vpred, old_lp, old_v, adv, ret, mask, cliprange, cliprange_value, vf_coef):
@@ -206,8 +249,15 @@ def _epoch(cfg, params, ref, recs, T, pad, hp, groups, prepared):
                 old_lp[i, q - 1:q - 1 + n] = torch.tensor(r["logprobs"], dtype=torch.float64)
             if "values" in r:
                 old_v[i, q - 1:q - 1 + n] = torch.tensor(r["values"], dtype=torch.float64)
+        kl_full = None
+        if hp.get("kl_penalty") == "full":
+            with torch.no_grad():
+                la = torch.log_softmax(hm.forward(cfg, {n: t.detach() for n, t in leaves.items()}, ids)[:, :-1], -1)
+                lb = torch.log_softmax(hm.forward(cfg, {n: t.double() for n, t in ref.items()}, ids)[:, :-1], -1)
+                kl_full = (la.exp() * (la - lb)).sum(-1)
+        scores = shape_scores([r["score"] for r in rs], hp, RunningMoments()) if "kl_penalty" in hp else None
         adv, ret, mask, bstats = prepare(rs, T, old_lp, old_v, ref_lp, hp["kl"], hp["gamma"], hp["lam"],
-                                         hp["whiten"])
+                                         hp["whiten"], hp.get("kl_penalty", "kl"), kl_full, scores)
         prepared[gi] = (old_lp, old_v, adv, ret, mask, bstats)
         m = _losses(lp, vp, old_lp, old_v, adv, ret, mask, hp, bstats, rs)
         total, ntok = _accumulate(total, ntok, m, metrics, mask, len(groups))
@@ -407,11 +457,105 @@ def case_losses(cllm, tmp):
               "v_head.summary.weight" in names and "v_head.summary.bias" in names)
 
 
-def case_generate(cllm, tmp):
-    # a reward model whose score is large when the last token is 7: its
-    # blocks add nothing (o_proj, down_proj zero), so the final hidden state
-    # is the normed embedding of the last token, and the score head points
-    # along token 7's embedding
+SHAPING_KEYS = ("kl_penalty", "use_score_scaling", "use_score_norm", "score_clip")
+
+
+def case_shaping(cllm, tmp):
+    """trl's kl_penalty variants (abs, mse, full) and score scaling, norm and
+    clip: one SGD step each against torch (loss, metrics, update); the
+    running score moments over three batches."""
+    T, LR = 12, 100.0
+    cfg = hm.make_config("llama")
+    pol_dir, ref_dir = os.path.join(tmp, "sh.pol"), os.path.join(tmp, "sh.ref")
+    hm.save_hf_folder(pol_dir, cfg, policy_params(cfg, 5))
+    hm.save_hf_folder(ref_dir, cfg, hm.init_params(cfg, seed=6))
+    pol, ref = load_st(pol_dir), hm.load_hf_folder(ref_dir)[1]
+    pad = cfg.get("pad_token_id") if cfg.get("pad_token_id") is not None else cfg.get("eos_token_id") or 0
+    variants = [("abs", dict(HP, kl_penalty="abs"), True),
+                ("mse+norm+clip", dict(HP, kl_penalty="mse", use_score_scaling=True, use_score_norm=True,
+                                       score_clip=0.8), True),
+                ("full+scaling", dict(HP, kl_penalty="full", use_score_scaling=True), False)]
+    for i, (name, hp, given) in enumerate(variants):
+        tag = "shaping %s" % name
+        recs = make_rollouts(cfg, pol, T, 4, seed=40 + i, given=given)
+        data, conf, out = (os.path.join(tmp, "sh%d.%s" % (i, x)) for x in ("jsonl", "json", "out"))
+        write_jsonl(data, recs)
+        write_config(conf, hp, {k: hp[k] for k in SHAPING_KEYS if k in hp})
+        r = run(train_cmd(cllm, pol_dir, out, conf, T, LR, "--rollouts", data, "--steps", "1", "--batch-size", "4",
+                          "--ref-model", ref_dir))
+        if not check("%s: exit 0" % tag, r.returncode == 0, r.stderr[-600:]):
+            continue
+        loss, metrics, grads = torch_step(cfg, pol, ref, recs, T, pad, hp)
+        metrics["env/reward_mean"] = sum(x["score"] for x in recs) / len(recs)
+        compare(tag, out, pol, loss, metrics, grads, LR)
+        if "score_clip" in hp:
+            s = shape_scores([x["score"] for x in recs], hp, RunningMoments())
+            check("%s: the clip is active on some scores" % tag, bool((s.abs() == hp["score_clip"]).any()), str(s))
+    # the running moments carry over batches: 3 batches of 4
+    recs = make_rollouts(cfg, pol, T, 12, seed=50, given=False)
+    data, conf, out = (os.path.join(tmp, "shrun.%s" % x) for x in ("jsonl", "json", "out"))
+    write_jsonl(data, recs)
+    hp = dict(HP, use_score_scaling=True)
+    write_config(conf, hp, {"use_score_scaling": True})
+    r = run(train_cmd(cllm, pol_dir, out, conf, T, 1e-3, "--rollouts", data, "--steps", "3", "--batch-size", "4",
+                      "--ref-model", ref_dir, "--save-interval", "3"))
+    if check("shaping running moments: exit 0", r.returncode == 0, r.stderr[-600:]):
+        ms, running, bad = metrics_of(out), RunningMoments(), []
+        for k in range(3):
+            s = shape_scores([x["score"] for x in recs[4 * k:4 * k + 4]], hp, running)
+            for key, want in (("ppo/mean_scores", float(s.mean())), ("ppo/std_scores", float(s.std()))):
+                if not abs(ms[k][key] - want) <= 1e-5 * max(1.0, abs(want)):
+                    bad.append("batch %d %s %.9g vs %.9g" % (k, key, ms[k][key], want))
+        check("shaping running moments: scaled scores of 3 batches = trl's RunningMoments", not bad, "; ".join(bad))
+    # a run resumed at a PPO batch boundary ends bit-identical to the straight
+    # run: the adaptive KL coefficient and the score moments are checkpointed
+    conf = os.path.join(tmp, "shbit.json")
+    write_config(conf, dict(HP, epochs=2, adaptive=True), {"use_score_scaling": True, "use_score_norm": True,
+                                                           "target": 0.5, "horizon": 20})
+    outs = {}
+    for name, steps in (("straight", [6]), ("resumed", [2, 6])):
+        o = os.path.join(tmp, "shbit." + name)
+        for i, n in enumerate(steps):
+            cmd = train_cmd(cllm, pol_dir, o, conf, T, 1e-2, "--rollouts", data, "--steps", str(n), "--batch-size",
+                            "4", "--ref-model", ref_dir, "--save-interval", "2")
+            cmd[cmd.index("sgd")] = "adamw"
+            r = run(cmd + (["--resume", "auto"] if i else []))
+            if not check("shaping resume: %s run %d" % (name, i), r.returncode == 0, r.stderr[-400:]):
+                return
+        outs[name] = o
+    ma, mb = metrics_of(outs["straight"]), metrics_of(outs["resumed"])
+    keys = ("loss", "objective/kl_coef", "ppo/mean_scores", "objective/kl")
+    with open(os.path.join(outs["straight"], "model.safetensors"), "rb") as f1, \
+            open(os.path.join(outs["resumed"], "model.safetensors"), "rb") as f2:
+        same = f1.read() == f2.read()
+    coefs = [m["objective/kl_coef"] for m in ma]
+    check("shaping resume: resumed at a batch boundary = the straight run bit for bit (weights; %s of steps 3-6; "
+          "kl_coef %s)" % (", ".join(keys), ", ".join("%.6g" % c for c in coefs[::2])),
+          same and len(set(coefs)) > 1 and [[m[k] for k in keys] for m in ma[2:]] == [[m[k] for k in keys]
+                                                                                     for m in mb[-4:]])
+    # the "ppo" section joins the config hash, its paths do not: a resume
+    # with another gamma warns, one with the rollouts file moved does not
+    moved = os.path.join(tmp, "shrun.moved.jsonl")
+    shutil.copy(data, moved)
+    for name, extra, path, warns in (("gamma changed", {"gamma": 0.5}, data, True),
+                                     ("rollouts moved", {}, moved, False)):
+        c2 = os.path.join(tmp, "shres.json")
+        write_config(c2, dict(HP, **extra), {"use_score_scaling": True})
+        cmd = train_cmd(cllm, pol_dir, out, c2, T, 1e-3, "--rollouts", path, "--steps", "4", "--batch-size", "4",
+                        "--ref-model", ref_dir, "--resume", os.path.join(out, "checkpoint-3"))
+        cmd[cmd.index("--log") + 1] = "plain"
+        r = run(cmd)
+        got = "settings differ" in r.stderr
+        check("config hash: resume with %s %s" % (name, "warns" if warns else "does not warn"),
+              r.returncode == 0 and got == warns, r.stderr[-400:])
+
+
+def generate_fixture(tmp):
+    """A LLaMA policy, 64 pre-tokenized prompts and a reward model whose
+    score is large when the last token is 7: its blocks add nothing
+    (o_proj, down_proj zero), so the final hidden state is the normed
+    embedding of the last token, and the score head points along token 7's
+    embedding."""
     cfg = hm.make_config("llama")
     pol_dir, rm_dir = os.path.join(tmp, "gen.pol"), os.path.join(tmp, "gen.rm")
     hm.save_hf_folder(pol_dir, cfg, hm.init_params(cfg, seed=3))
@@ -429,6 +573,11 @@ def case_generate(cllm, tmp):
     r = random.Random(1)
     prompts = os.path.join(tmp, "gen.prompts.jsonl")
     write_jsonl(prompts, [{"input_ids": [r.randrange(101) for _ in range(r.randint(2, 5))]} for _ in range(64)])
+    return pol_dir, rm_dir, prompts
+
+
+def case_generate(cllm, tmp):
+    pol_dir, rm_dir, prompts = generate_fixture(tmp)
     conf = os.path.join(tmp, "gen.json")
     with open(conf, "w") as f:
         json.dump({"task": "ppo", "ppo": {"init_kl_coef": 0.01, "ppo_epochs": 4, "batch_size": 16,
@@ -499,6 +648,35 @@ def case_mpi(cllm, tmp):
             got = metrics_of(lout)[0]["loss"]
             check("mpi: LoRA at ZeRO %d: first loss %.9g = torch's %.9g" % (stage, got, loss),
                   abs(got - loss) <= LOSS_RTOL * abs(loss))
+
+
+def case_mpi_generate(cllm, tmp):
+    """Generated rollouts on 2 ranks at ZeRO 3 (the policy's parameters
+    gathered for the sampling) equal those at ZeRO 1: the same rewards, KL
+    and losses step by step."""
+    pol_dir, rm_dir, prompts = generate_fixture(tmp)
+    runs = {}
+    for stage in (1, 3):
+        conf = os.path.join(tmp, "mgen.z%d.json" % stage)
+        with open(conf, "w") as f:
+            json.dump({"task": "ppo", "zero_optimization": {"stage": stage},
+                       "ppo": {"init_kl_coef": 0.01, "ppo_epochs": 2, "batch_size": 4,
+                               "generation_kwargs": {"max_new_tokens": 3}}}, f)
+        out = os.path.join(tmp, "mgen.z%d" % stage)
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        r = subprocess.run(["timeout", "-k", "5", "240", "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to",
+                            "none", "-np", "2", cllm, "train", "--config", conf, "--model", pol_dir, "--reward-model",
+                            rm_dir, "--data", prompts, "--out", out, "--steps", "4", "--batch-size", "8", "--seq-len",
+                            "12", "--optimizer", "sgd", "--lr", "0.5", "--log", "quiet", "--peak-gflops", "1"],
+                           capture_output=True, text=True, env=env)
+        if not check("mpi generate: ZeRO %d on 2 ranks" % stage, r.returncode == 0, r.stderr[-400:]):
+            return
+        runs[stage] = metrics_of(out)
+    keys = ["env/reward_mean", "env/reward_std", "objective/kl", "objective/entropy", "loss"]
+    bad = ["step %d %s %.9g vs %.9g" % (i + 1, k, a[k], b[k]) for i, (a, b) in enumerate(zip(runs[3], runs[1]))
+           for k in keys if not abs(a[k] - b[k]) <= 1e-5 * max(1.0, abs(b[k]))]
+    check("mpi generate: ZeRO 3 rollouts, rewards, KL and losses = ZeRO 1's (4 steps, 2 PPO batches)",
+          len(runs[3]) == 4 and not bad, "; ".join(bad[:6]))
 
 
 def case_lora(cllm, tmp):
@@ -614,7 +792,10 @@ def case_errors(cllm, tmp):
                  ("batch_size not a multiple", {"batch_size": 3}, "ppo.batch_size"),
                  ("mini_batch_size mismatch", {"mini_batch_size": 4}, "ppo.mini_batch_size"),
                  ("do_sample false", {"generation_kwargs": {"do_sample": False}}, "do_sample"),
-                 ("kl_coef twice", {"kl_coef": 0.1, "init_kl_coef": 0.1}, "kl_coef")]
+                 ("kl_coef twice", {"kl_coef": 0.1, "init_kl_coef": 0.1}, "kl_coef"),
+                 ("unknown kl_penalty", {"kl_penalty": "l2"}, "ppo.kl_penalty"),
+                 ("score_clip 0", {"score_clip": 0}, "ppo.score_clip"),
+                 ("use_score_scaling not a bool", {"use_score_scaling": 1}, "use_score_scaling")]
     for name, extra, want in bad_confs:
         c2 = os.path.join(tmp, "bad.json")
         write_config(c2, HP, extra)
@@ -645,11 +826,11 @@ def main():
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="cllm-ppo-")
     cases = {"losses": case_losses, "generate": case_generate, "lora": case_lora, "estimate": case_estimate,
-             "errors": case_errors,
-             "mpi": case_mpi}
+             "errors": case_errors, "shaping": case_shaping,
+             "mpi": case_mpi, "mpi_generate": case_mpi_generate}
     try:
         for name, fn in cases.items():
-            if a.case == name or (a.case == "all" and name != "mpi"):
+            if a.case == name or (a.case == "all" and not name.startswith("mpi")):
                 fn(a.cllm, tmp)
     finally:
         if a.keep:

@@ -54,6 +54,8 @@ typedef struct {
     char optimizer[16];      /* "adamw", "adam", "lion", "sgd" */
     long train_batch_size;
     int dp_size;
+    int n_objective;         /* the objective's own state ("objective_state"; PPO's KL coefficient, ...) */
+    double objective[16];
 } cllm_ckpt_state;
 
 /* The tensors of a checkpoint: parameters in the model's flat layout and

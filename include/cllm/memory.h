@@ -73,7 +73,9 @@ typedef struct {
     size_t trainable;      /* > 0: a frozen base (LoRA) whose trainable buffer has this many floats
                               (cllm_lora_count): gradients, optimizer state and snapshots cover it
                               alone, the base stays whole on every rank; ZeRO 0-2 only */
-    int lora_rank;         /* with trainable: the largest adapter rank (its per-layer scratch) */
+    int lora_rank;         /* with trainable: the largest adapter rank (its per-layer scratch); 0: no
+                              adapters (frozen tensors, cllm_model_config_freeze: trainable counts the
+                              copies of the tensors that train) */
     int expert_parallel;   /* mixture of experts: expert-parallel ranks (0 or 1: none); divides dp and
                               the experts. The flat buffers keep every expert (docs/moe.md); each rank
                               adds the rows it receives for its experts, kept for the backward */

@@ -25,8 +25,10 @@
  * anything behind it, with one exception made safe by a lock: the
  * low-precision copy is rebuilt by the first linear layer that runs after
  * the parameters changed (cllm_model_params, cllm_model_params_updated).
- * There is no separate weights type because nothing is needed beyond that
- * const pointer. Inference state lives outside the model: each KV cache
+ * The weights as an object of their own, shared by many run states (a
+ * server's workers, PPO's reference, LoRA fine-tunes over one base), are
+ * cllm/weights.h: a model made by cllm_model_from_weights borrows them and
+ * owns only its run state. Inference state lives outside the model: each KV cache
  * (generate.h) owns its activations and operand scratch, so caches over one
  * model run forwards concurrently on different threads.
  * Calls that take a non-const model (prepare, forward, backward, training)
@@ -251,6 +253,29 @@ size_t cllm_model_trainable_numel(const cllm_model *m);
 /* The trainable buffer: cllm_model_params(m) without a set. */
 float *cllm_model_trainable_params(cllm_model *m);
 
+/* Freezes the model tensors whose names match any of the n patterns and
+ * trains the others: a trainable set (above) of copies of the tensors
+ * left, so gradients and optimizer state exist for them alone (the
+ * training config's "freeze", docs/training.md#freezing-tensors). Each
+ * pattern is a PCRE2 regular expression searched anywhere in the
+ * safetensors names (Python's re.search: "embed" freezes
+ * model.embed_tokens.weight; anchor with ^ and $). A pattern that does not
+ * compile or matches no tensor, and patterns that freeze every tensor, are
+ * CLLM_ERR_ARG naming the pattern. */
+cllm_status cllm_model_freeze(cllm_model *m, const char *const *patterns, int n);
+/* The inverse (the config's "unfrozen_parameters", axolotl's key and rule):
+ * the patterns name the tensors that train and every other tensor is
+ * frozen; each pattern matches from the start of a name (Python's
+ * re.match) with every "." literal ("model.layers.1[0-9]" trains blocks
+ * 10-19). The same errors, and patterns that name every tensor. */
+cllm_status cllm_model_freeze_except(cllm_model *m, const char *const *patterns, int n);
+/* The trainable buffer such a freeze (except: cllm_model_freeze_except)
+ * gives a model of HF config object `config` (floats, alignment gaps
+ * included: cllm_model_trainable_len) and the parameters it trains, without
+ * allocating the model (cllm estimate). The same errors. */
+cllm_status cllm_model_config_freeze(const struct json_t *config, const char *const *patterns, int n, bool except,
+                                     size_t *len, size_t *numel);
+
 /* ---- running ---- */
 
 /* Allocates activation buffers for batches of up to B x T tokens (and the
@@ -377,7 +402,9 @@ cllm_status cllm_model_add_value_head(cllm_model **m, uint64_t seed);
  * the previous one's output and gradient, gives exactly the values of
  * cllm_model_forward_backward (the same kernels in the same order). Only
  * the stage's parameters are read, plus the embedding matrix on a tied
- * head's stage. */
+ * head's stage. The layer hooks (below) run around each of the stage's
+ * groups as in the whole-model pass; a tied head's stage with hooks is
+ * refused (CLLM_ERR_UNSUPPORTED: its embedding is another stage's group). */
 typedef struct {
     int u0, u1;
     const int32_t *tokens, *targets; /* [B*T]: tokens on the first stage, targets on the head's */

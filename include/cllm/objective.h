@@ -75,6 +75,13 @@ typedef struct {
      * micro-batches then run on exactly those rows in order. */
     cllm_status (*rows)(cllm_objective *o, cllm_model *m, long step, int n, int T, int32_t *tokens,
                         int32_t *labels);
+    /* Optional (NULL: stateless): numbers a checkpoint keeps so that a run
+     * resumed before 1-based step `next_step` continues as the straight run
+     * would (PPO's KL coefficient and score moments); at most cap (16) of
+     * them, the same on every rank. set_state gives them back after a
+     * resume, before the first step. */
+    int (*get_state)(const cllm_objective *o, long next_step, double *out, int cap);
+    cllm_status (*set_state)(cllm_objective *o, const double *v, int n);
 } cllm_objective_ops;
 
 struct cllm_objective {
@@ -183,6 +190,8 @@ cllm_status cllm_objective_reward_init(cllm_objective **out, const cllm_reward_p
  * coefficient adapts after every batch (adap_kl_ctrl: the proportional
  * error of the batch's mean KL against `target`, clipped to +-0.2, times
  * batch_size * ranks / horizon). */
+typedef enum { CLLM_PPO_KL, CLLM_PPO_KL_ABS, CLLM_PPO_KL_MSE, CLLM_PPO_KL_FULL } cllm_ppo_kl_penalty;
+
 typedef struct {
     double init_kl_coef;    /* kl_coef: 0.2 */
     bool adap_kl_ctrl;      /* true */
@@ -194,6 +203,17 @@ typedef struct {
     int batch_size;         /* rollouts per PPO batch per rank; 0: one minibatch */
     bool whiten_rewards;    /* false */
     double ratio_threshold; /* 10: a micro-batch whose mean ratio exceeds it trains nothing */
+    /* reward shaping (trl's names): the per-token penalty k_t of
+     * r_t = -kl_coef * k_t, with d = logp - ref_logp: "kl" d, "abs" |d|,
+     * "mse" d^2 / 2, "full" the KL of the whole next-token distributions
+     * sum_v p(v) (log p(v) - log ref(v)); objective/kl sums k_t */
+    cllm_ppo_kl_penalty kl_penalty; /* CLLM_PPO_KL */
+    /* scores divided by the running std of all scores so far (+ float
+     * epsilon), after subtracting the running mean with use_score_norm
+     * (trl's RunningMoments over every rank's scores); then clipped to
+     * +-score_clip (0: no clip) */
+    bool use_score_scaling, use_score_norm; /* false, false */
+    double score_clip;                      /* 0 */
     /* rollouts generated from the data's prompts */
     int max_new_tokens;     /* 32 */
     double temperature, top_p; /* 1, 1 */
@@ -227,6 +247,11 @@ struct cllm_loader;
 cllm_status cllm_ppo_source_generate(cllm_ppo_source **out, struct cllm_loader *prompts, cllm_model *reward,
                                      uint64_t seed);
 void cllm_ppo_source_free(cllm_ppo_source *s); /* NULL is a no-op */
+/* For a policy whose parameters are partitioned (ZeRO-3): generation calls
+ * lend(ctx, true) before sampling a batch's responses, which must give the
+ * policy its whole parameters (cllm_model_params), and lend(ctx, false)
+ * after, which takes them back. Every rank calls both at the same point. */
+void cllm_ppo_source_set_lender(cllm_ppo_source *s, cllm_status (*lend)(void *ctx, bool on), void *ctx);
 
 /* The PPO objective. `src` and `ref` are taken over (ref NULL: the policy
  * with its LoRA adapters disabled, which needs adapters); the policy must
@@ -251,6 +276,10 @@ int cllm_objective_take_metrics(cllm_objective *o, cllm_objective_metric *out, i
 int cllm_objective_take_eval_metrics(cllm_objective *o, cllm_objective_metric *out, int cap);
 /* Whether o supplies its own rows (cllm_objective_ops.rows), and the call. */
 bool cllm_objective_has_rows(const cllm_objective *o);
+/* The objective's checkpoint state (see cllm_objective_ops.get_state); 0
+ * when it keeps none. */
+int cllm_objective_get_state(const cllm_objective *o, long next_step, double *out, int cap);
+cllm_status cllm_objective_set_state(cllm_objective *o, const double *v, int n);
 cllm_status cllm_objective_rows(cllm_objective *o, cllm_model *m, long step, int n, int T, int32_t *tokens,
                                 int32_t *labels);
 /* "lm", "dpo", "reward", "ppo" */

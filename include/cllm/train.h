@@ -223,6 +223,14 @@ typedef struct {
                                             "lora" or "adapter" only) */
     const char *adapter_dir;             /* adapter: a PEFT adapter folder to continue training
                                             (its own adapter_config.json; not with a "lora" section) */
+    const char **freeze;                 /* freeze: regular expressions searched in the tensor names
+                                            (cllm_model_freeze); the matching tensors get no gradient
+                                            or optimizer state; not with LoRA. [n_freeze], strings
+                                            borrowed from json. Or unfrozen_parameters (axolotl's):
+                                            the tensors that train, all others frozen
+                                            (cllm_model_freeze_except; freeze_except set) */
+    int n_freeze;
+    bool freeze_except;
     struct {                             /* moe: mixture-of-experts training (docs/moe.md), DeepSpeed-
                                             MoE's names (Megatron's accepted as aliases) */
         bool given;                      /* the section is present */

@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "cllm/core.h"
 #include "cllm/sample.h"
 
@@ -79,6 +81,24 @@ typedef struct {
 } cllm_pair_extra;
 cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, cllm_pair_extra *extra, bool singles, const char *path,
                             const char *tokenizer, int vocab, int T);
+
+/* Conversational records (src/data/pairs_chat.c): "prompt", "chosen" and
+ * "rejected" as message lists, rendered with the tokenizer folder's chat
+ * template (else cllm's conversation format). */
+typedef struct {
+    struct cllm_chat_template *tmpl;
+    char *bos, *eos; /* the template's bos_token / eos_token, or NULL */
+    bool loaded;
+} cllm_pairs_chat;
+void cllm_pairs_chat_free(cllm_pairs_chat *c);
+/* Whether the record's "prompt" or completion key kc holds a list. */
+bool cllm_pairs_is_chat(json_t *o, const char *kc);
+/* Renders record o into text[0] prompt, text[1] chosen (key kc), text[2]
+ * rejected (key kr), malloc'ed; trl's apply_chat_template (and, without
+ * "prompt", extract_prompt). dir: the tokenizer folder, read on the first
+ * call. Bad records fail with FILE:LINE:COL naming the key. */
+cllm_status cllm_pairs_chat_render(cllm_pairs_chat *c, const char *dir, const struct cllm_tokenizer *tok, json_t *o,
+                                   const cllm_loc *l, const char *kc, const char *kr, char *text[3]);
 
 /* ------------------------------------------------ record -> tokens */
 /* Everything needed to turn a record into tokens. */

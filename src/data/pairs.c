@@ -159,6 +159,7 @@ cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, cllm_pair_extra *extr
     cllm_tokenizer *tok = NULL;
     cllm_token_buf p = {0}, c = {0}, r = {0}, ids = {0}, labels = {0};
     int bos_state = 0; /* 0 not known yet, 1 the tokenizer adds BOS, -1 it does not */
+    cllm_pairs_chat chat = {0};
     *pad = 0;
     cllm_status st = cllm_records_open(&rd, path);
     while (!st) {
@@ -209,14 +210,23 @@ cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, cllm_pair_extra *extr
                                tokenizer, (int)cllm_tokenizer_vocab_size(tok), vocab);
             }
             int32_t eos = tok ? cllm_tokenizer_eos_id(tok) : -1;
-            if (!st && bos_state == 0) st = adds_bos(tok, &bos_state);
-            if (!st && bos_state > 0) st = push(&p, cllm_tokenizer_bos_id(tok));
-            /* no "prompt": trl's implicit prompt, inside chosen and rejected */
-            if (!st && json_object_get(o, "prompt")) st = get_text(o, "prompt", l, tok, &p);
             if (single && json_object_get(o, "text")) kc = kr = "text";
-            if (!st) st = get_text(o, kc, l, tok, &c);
+            if (!st && cllm_pairs_is_chat(o, kc)) { /* message lists: the chat template writes any BOS */
+                char *text[3];
+                st = cllm_pairs_chat_render(&chat, tokenizer, tok, o, l, kc, kr, text);
+                cllm_token_buf *dst[3] = {&p, &c, &r};
+                for (int i = 0; i < 3 && !st; i++)
+                    st = cllm_tokenizer_encode(tok, text[i], strlen(text[i]), false, dst[i]);
+                for (int i = 0; i < 3; i++) free(text[i]);
+            } else {
+                if (!st && bos_state == 0) st = adds_bos(tok, &bos_state);
+                if (!st && bos_state > 0) st = push(&p, cllm_tokenizer_bos_id(tok));
+                /* no "prompt": trl's implicit prompt, inside chosen and rejected */
+                if (!st && json_object_get(o, "prompt")) st = get_text(o, "prompt", l, tok, &p);
+                if (!st) st = get_text(o, kc, l, tok, &c);
+                if (!st) st = get_text(o, kr, l, tok, &r);
+            }
             if (!st && c.n && eos >= 0) st = push(&c, eos);
-            if (!st) st = get_text(o, kr, l, tok, &r);
             if (!st && r.n && eos >= 0) st = push(&r, eos);
         }
         json_decref(o);
@@ -241,6 +251,7 @@ cllm_status cllm_pairs_load(cllm_store *mem, int32_t *pad, cllm_pair_extra *extr
         int32_t pd = cllm_tokenizer_pad_id(tok), e = cllm_tokenizer_eos_id(tok);
         *pad = pd >= 0 ? pd : e >= 0 ? e : 0;
     }
+    cllm_pairs_chat_free(&chat);
     cllm_tokenizer_free(tok);
     cllm_records_close(rd);
     cllm_token_buf_free(&p);

@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,7 @@ fail:
 
 void cllm_model_free(cllm_model *m) {
     if (!m) return;
+    model_shared_detach(m); /* a run over shared weights: forget what it borrowed */
     json_decref(m->config_json);
     free(m->tensors);
     free(m->lslot);
@@ -216,7 +218,12 @@ static cllm_status put_whole(void *ctx, int idx, const cllm_st_tensor *t) {
     if (t->dtype == CLLM_U8)
         return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: tensor '%s' holds U8 values but config.json has no cllm_weights",
                          t->file, t->name);
-    return cllm_st_read_f32(t, m->params + m->tensors[idx].offset, (int64_t)m->tensors[idx].numel);
+    cllm_status st = cllm_st_read_f32(t, m->params + m->tensors[idx].offset, (int64_t)m->tensors[idx].numel);
+    /* the file's pages of this tensor are copied: out of the resident set
+     * (a later read maps them again), so that loading holds the parameter
+     * buffer and one tensor of the file, not the whole file beside it */
+    cllm_mem_release((void *)(uintptr_t)t->data, t->nbytes);
+    return st;
 }
 
 /* Loading with a weight store: matrices in the run's format, the rest fp32. */
@@ -359,7 +366,8 @@ size_t cllm_model_n_params(const cllm_model *m) {
 }
 size_t cllm_model_buffer_len(const cllm_model *m) { return m->n_params; }
 float *cllm_model_params(cllm_model *m) {
-    atomic_store(&m->lp_stale, true); /* the caller may write through the pointer */
+    /* the caller may write through the pointer (never into shared weights) */
+    if (!m->shared || m->own_params) atomic_store(&m->lp_stale, true);
     return m->params;
 }
 float *cllm_model_grads(cllm_model *m) { return m->grads; }
@@ -378,12 +386,17 @@ void cllm_model_set_hooks(cllm_model *m, const cllm_model_hooks *hooks) {
     }
 }
 void cllm_model_drop_params(cllm_model *m) {
+    if (m->shared && !m->own_params) m->params = m->lp_params = NULL; /* borrowed: only forgotten */
     cllm_free(m->params);
     m->params = NULL;
     cllm_free(m->lp_params);
     m->lp_params = NULL;
 }
 void cllm_model_set_params(cllm_model *m, float *params) {
+    if (m->shared && !m->own_params) { /* borrowed: never freed here; the run's own from now on */
+        m->params = m->lp_params = NULL;
+        m->own_params = true;
+    }
     cllm_free(m->params);
     m->params = params;
     atomic_store(&m->lp_stale, true); /* a bf16/fp16 copy is made from them when first needed */
@@ -622,6 +635,8 @@ cllm_status cllm_model_prepare(cllm_model *m, int B, int T, bool train) {
     if (train && m->ws)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a model with %s weights runs forwards only: train from fp32 weights",
                          cllm_wfmt_name(cllm_model_weights(m)));
+    if (train && m->shared && !m->frozen)
+        return model_shared_refuse("training the model's own tensors (declare a trainable set of extra tensors)");
     if (train && !m->grads && !m->hooks.fetch_grads) {
         m->grads = cllm_calloc(cllm_model_trainable_len(m), sizeof(float), "gradients");
         if (!m->grads) return CLLM_ERR_NOMEM;

@@ -205,6 +205,13 @@ struct cllm_model {
     int ep_rank, ep_size;
     struct model_moe_ep *ep; /* the owner side's buffers, grown on demand */
     cllm_expert_layout expert_layout; /* the layout cllm_model_save writes (moe_layout.c) */
+    /* A run over shared weights (shared.c, cllm/weights.h): the weight
+     * fields (config_json, tensors, lslot, tgroup, params, lp_params, ws,
+     * qb) are borrowed from shared's model, which frees them; groups is
+     * the run's own copy. own_params: params (and lp_params) were replaced
+     * by cllm_model_set_params and are the run's own. NULL: owns its weights. */
+    struct cllm_weights *shared;
+    bool own_params;
 };
 
 /* The rows of a cached forward pass (generate.c builds it, run.c reads
@@ -492,6 +499,17 @@ static inline int model_tensor_at(const cllm_model *m, const float *w) {
     }
     return m->tensors[lo].offset == off ? lo : -1;
 }
+
+/* Shared weights (shared.c). model_shared_detach: cllm_model_free's first
+ * step for a run (forgets the borrowed fields, drops its reference; a
+ * no-op for a model that owns its weights). model_shared_refuse: the
+ * CLLM_ERR_UNSUPPORTED of a call that would write shared weights. */
+void model_shared_detach(cllm_model *m);
+cllm_status model_shared_refuse(const char *what);
+/* Brings the low-precision weight copy up to date (precision.c). */
+cllm_status model_lp_refresh(const cllm_model *m);
+/* Bytes of the weight store's matrices (weights.c; 0 without one). */
+size_t model_weights_store_bytes(const cllm_model *m);
 
 /* The trainable set's part of cllm_model_free (trainable.c). */
 void model_trainable_free(cllm_model *m);

@@ -619,33 +619,62 @@ cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, i
     if ((!embed && !io->x_in) || (embed && !io->tokens) || (head && !io->targets) || (!head && !io->x_out) ||
         (io->backward && !head && !io->dx_out) || (io->backward && !embed && !io->dx_in))
         return CLLM_FAIL(CLLM_ERR_ARG, "stage [%d, %d): a required input or output buffer is NULL", u0, u1);
+    /* the layer hooks see the stage's own groups only: a tied head would
+     * read the first stage's embedding */
+    if (head && m->tgroup[head_slot(m)] == 0 && (m->hooks.fetch_params || m->hooks.fetch_grads))
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a pipeline stage whose head is the tied embedding, with layer hooks "
+                         "(per-layer gathers or reductions)");
     /* the stage's input lands where its first unit reads it */
     float *in = l0 < L ? m->layers[l0].x : m->x_out;
-    if (embed) TRY(embed_forward(m, io->tokens, B, T));
-    else memcpy(in, io->x_in, NC * sizeof(float));
-    for (int l = l0; l < l1; l++) TRY(block_forward(m, l, B, T, false));
+    if (embed) {
+        TRY(fetch(m, 0, l0 < l1 ? l0 + 1 : -1));
+        TRY(embed_forward(m, io->tokens, B, T));
+        TRY(release(m, 0));
+    } else {
+        memcpy(in, io->x_in, NC * sizeof(float));
+    }
+    for (int l = l0; l < l1; l++) {
+        TRY(fetch(m, l + 1, l + 1 < l1 ? l + 2 : head ? L + 1 : -1));
+        TRY(block_forward(m, l, B, T, false));
+        TRY(release(m, l + 1));
+    }
     float *out = l1 < L ? m->layers[l1].x : m->x_out;
     *loss_sum = 0;
     *n_counted = 0;
     if (head) {
+        TRY(fetch(m, L + 1, io->backward && l1 > l0 ? l1 : -1));
+        if (io->backward) TRY(fetch_grads(m, L + 1));
         TRY(head_run(m, io->targets, N, io->backward, io->grad_scale, NULL, loss_sum, n_counted));
     } else {
         memcpy(io->x_out, out, NC * sizeof(float));
     }
-    if (!io->backward) return CLLM_OK;
+    if (!io->backward) return head ? release(m, L + 1) : CLLM_OK;
     if (head) {
         memset(m->dx, 0, NC * sizeof(float));
         norm_backward(m, m->dx, model_grad(m, m->gslot[G_LNF_W]), model_grad(m, m->gslot[G_LNF_B]), m->dlnf, m->x_out,
                       model_param(m, m->gslot[G_LNF_W]), m->lnf_mean, m->lnf_rstd, N);
+        TRY(grads_ready(m, L + 1));
+        TRY(release(m, L + 1));
     } else {
         memcpy(m->dx, io->dx_out, NC * sizeof(float));
     }
     for (int l = l1 - 1; l >= l0; l--) {
+        TRY(fetch(m, l + 1, l > l0 || embed ? l : -1));
         if (m->acts_recompute && l + 1 < l1) TRY(block_forward(m, l, B, T, true));
+        TRY(fetch_grads(m, l + 1));
         TRY(block_backward(m, l, B, T, 0));
+        TRY(grads_ready(m, l + 1));
+        TRY(release(m, l + 1));
     }
-    if (embed) embed_backward(m, io->tokens, B, T);
-    else memcpy(io->dx_in, m->dx, NC * sizeof(float));
+    if (embed) {
+        TRY(fetch(m, 0, -1));
+        TRY(fetch_grads(m, 0));
+        embed_backward(m, io->tokens, B, T);
+        TRY(grads_ready(m, 0));
+        TRY(release(m, 0));
+    } else {
+        memcpy(io->dx_in, m->dx, NC * sizeof(float));
+    }
     return CLLM_OK;
 }
 

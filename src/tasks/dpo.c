@@ -314,7 +314,7 @@ static void dpo_free(cllm_objective *o) {
     free(d);
 }
 
-static const cllm_objective_ops dpo_ops = {"dpo", dpo_run, dpo_free, dpo_take_metrics, NULL, NULL};
+static const cllm_objective_ops dpo_ops = {"dpo", dpo_run, dpo_free, dpo_take_metrics, NULL, NULL, NULL, NULL};
 
 cllm_status cllm_objective_dpo_init(cllm_objective **out, const cllm_dpo_params *p, cllm_model *ref) {
     *out = NULL;

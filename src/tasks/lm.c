@@ -16,7 +16,7 @@ static cllm_status lm_run(cllm_objective *o, cllm_model *m, const cllm_objective
 
 static void lm_free(cllm_objective *o) { free(o); }
 
-static const cllm_objective_ops lm_ops = {"lm", lm_run, lm_free, NULL, NULL, NULL};
+static const cllm_objective_ops lm_ops = {"lm", lm_run, lm_free, NULL, NULL, NULL, NULL, NULL};
 
 cllm_status cllm_objective_lm_init(cllm_objective **out) {
     *out = calloc(1, sizeof **out);
@@ -46,6 +46,17 @@ cllm_status cllm_objective_rows(cllm_objective *o, cllm_model *m, long step, int
 }
 
 const char *cllm_objective_name(const cllm_objective *o) { return o->ops->name; }
+
+int cllm_objective_get_state(const cllm_objective *o, long next_step, double *out, int cap) {
+    return o && o->ops->get_state ? o->ops->get_state(o, next_step, out, cap) : 0;
+}
+
+cllm_status cllm_objective_set_state(cllm_objective *o, const double *v, int n) {
+    if (!o || !o->ops->set_state)
+        return n ? CLLM_FAIL(CLLM_ERR_FORMAT, "the checkpoint holds %d numbers of objective state, task \"%s\" keeps "
+                             "none", n, o ? o->ops->name : "lm") : CLLM_OK;
+    return o->ops->set_state(o, v, n);
+}
 
 void cllm_objective_free(cllm_objective *o) {
     if (o) o->ops->free(o);

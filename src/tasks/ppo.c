@@ -31,10 +31,14 @@ static const char *const step_names[S_COUNT] = {"ppo/loss/policy", "ppo/loss/val
                                                 "ppo/policy/clipfrac", "ppo/policy/approxkl",
                                                 "ppo/policy/policykl", "ppo/val/clipfrac", "ppo/val/vpred",
                                                 "ppo/val/error"};
-enum { B_KL, B_KL_COEF, B_ENTROPY, B_REWARD, B_REWARD_STD, B_NON_SCORE, B_RETURNS, B_COUNT };
+enum { B_KL, B_KL_COEF, B_ENTROPY, B_REWARD, B_REWARD_STD, B_NON_SCORE, B_RETURNS, B_SCORES, B_SCORES_STD, B_COUNT };
 static const char *const batch_names[B_COUNT] = {"objective/kl", "objective/kl_coef", "objective/entropy",
                                                  "env/reward_mean", "env/reward_std", "ppo/mean_non_score_reward",
-                                                 "ppo/returns/mean"};
+                                                 "ppo/returns/mean", "ppo/mean_scores", "ppo/std_scores"};
+
+/* A checkpoint's PPO state: the KL coefficient, whether a batch's KL is
+ * known and that KL (the next batch adapts with them), the score moments. */
+enum { ST_KL_COEF, ST_HAVE_KL, ST_KL, ST_MEAN, ST_VAR, ST_STD, ST_COUNT, N_STATE };
 
 typedef struct {
     cllm_objective base;
@@ -44,7 +48,11 @@ typedef struct {
     int micro, mini;
     uint64_t seed;
     double kl_coef;
+    /* trl's RunningMoments of the scores (use_score_scaling) */
+    double run_mean, run_var, run_std, run_count;
+    double pre[N_STATE]; /* that state when the held batch began (before adapting) */
     ppo_batch b;
+    float *kl_full; /* [R*T]: kl_penalty "full"'s per-token KL */
     float *adv, *ret; /* [R*T] */
     int *order;       /* [R]: this epoch's permutation */
     long batch_index; /* the batch held (-1: none) */
@@ -92,28 +100,84 @@ static void masked_whiten(const ppo_batch *b, float *x, bool shift_mean) {
             x[i] = (float)((x[i] - mean) * inv + (shift_mean ? 0.0 : mean));
 }
 
+/* Mean and unbiased standard deviation of x[n] into m[0], m[1]. */
+static void mean_std(const double *x, int n, double *m) {
+    double s = 0, s2 = 0;
+    for (int i = 0; i < n; i++) s += x[i];
+    for (int i = 0; i < n; i++) s2 += (x[i] - s / n) * (x[i] - s / n);
+    m[0] = s / n;
+    m[1] = n > 1 ? sqrt(s2 / (n - 1)) : 0.0;
+}
+
+/* The batch's scores as trl's step() shapes them, into sc[R]: with
+ * use_score_scaling, RunningMoments.update with every rank's scores (their
+ * count, mean and population variance merged into the running ones, the
+ * running std unbiased), then (s - mean) / (std + eps) (use_score_norm) or
+ * s / (std + eps), eps float32's; then clipped to +-score_clip. */
+static cllm_status shape_scores(ppo *o, double *sc) {
+    const int R = o->b.R;
+    for (int r = 0; r < R; r++) sc[r] = o->b.score[r];
+    if (o->p.use_score_scaling) {
+        double a[3] = {0, (double)R, 0};
+        for (int r = 0; r < R; r++) a[0] += sc[r];
+        cllm_status st = cllm_dist_allreduce_sum_f64(a, 2);
+        if (st) return st;
+        const double n = a[1], mean = a[0] / n;
+        for (int r = 0; r < R; r++) a[2] += (sc[r] - mean) * (sc[r] - mean);
+        if ((st = cllm_dist_allreduce_sum_f64(a + 2, 1))) return st;
+        const double delta = mean - o->run_mean, tot = o->run_count + n;
+        const double sum = o->run_var * o->run_count + delta * delta * o->run_count * n / tot + a[2];
+        o->run_mean += delta * n / tot;
+        o->run_var = sum / tot;
+        o->run_std = sqrt(o->run_var * tot / (tot - 1));
+        o->run_count = tot;
+        for (int r = 0; r < R; r++)
+            sc[r] = (o->p.use_score_norm ? sc[r] - o->run_mean : sc[r]) / (o->run_std + FLT_EPSILON);
+    }
+    if (o->p.score_clip > 0)
+        for (int r = 0; r < R; r++) sc[r] = fmin(fmax(sc[r], -o->p.score_clip), o->p.score_clip);
+    return CLLM_OK;
+}
+
+/* trl's _kl_penalty of the token at n. */
+static double kl_penalty(const ppo *o, size_t n) {
+    double d = (double)o->b.old_lp[n] - (double)o->b.ref_lp[n];
+    switch (o->p.kl_penalty) {
+    case CLLM_PPO_KL_ABS: return fabs(d);
+    case CLLM_PPO_KL_MSE: return 0.5 * d * d;
+    case CLLM_PPO_KL_FULL: return o->kl_full[n];
+    default: return d;
+    }
+}
+
 /* Rewards, GAE, returns and whitened advantages of the held batch; the
  * batch's statistics. */
-static void batch_stats(ppo *o) {
+static cllm_status batch_stats(ppo *o) {
     ppo_batch *b = &o->b;
     const int R = b->R, T = b->T;
     float *rew = o->ret; /* rewards first, returns afterwards */
-    double kl_sum = 0, ent_sum = 0, nonscore_sum = 0, sc = 0, sc2 = 0;
+    double kl_sum = 0, ent_sum = 0, nonscore_sum = 0;
+    double *sc = malloc(2 * (size_t)R * sizeof *sc);
+    if (!sc) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    cllm_status st = shape_scores(o, sc);
+    if (st) {
+        free(sc);
+        return st;
+    }
     memset(rew, 0, (size_t)R * T * sizeof *rew);
     memset(o->adv, 0, (size_t)R * T * sizeof *o->adv);
     for (int r = 0; r < R; r++) {
         const int t0 = b->q_len[r] - 1, t1 = t0 + b->r_len[r]; /* target positions of the response */
         for (int t = t0; t < t1; t++) {
             size_t n = (size_t)r * T + (size_t)t;
-            double kl = (double)b->old_lp[n] - (double)b->ref_lp[n];
+            double kl = kl_penalty(o, n);
             rew[n] = (float)(-o->kl_coef * kl);
             kl_sum += kl;
             ent_sum += -(double)b->old_lp[n];
             nonscore_sum += rew[n];
         }
-        rew[(size_t)r * T + (size_t)(t1 - 1)] += b->score[r];
-        sc += b->score[r];
-        sc2 += (double)b->score[r] * b->score[r];
+        rew[(size_t)r * T + (size_t)(t1 - 1)] += (float)sc[r];
+        sc[R + r] = b->score[r];
     }
     if (o->p.whiten_rewards) masked_whiten(b, rew, false);
     for (int r = 0; r < R; r++) {
@@ -140,11 +204,13 @@ static void batch_stats(ppo *o) {
     s[B_KL] = kl_sum / R;
     s[B_KL_COEF] = o->kl_coef;
     s[B_ENTROPY] = ent_sum / R;
-    s[B_REWARD] = sc / R;
-    s[B_REWARD_STD] = R > 1 ? sqrt(fmax(0.0, (sc2 - sc * sc / R) / (R - 1))) : 0.0;
+    mean_std(sc + R, R, s + B_REWARD);
+    mean_std(sc, R, s + B_SCORES);
     s[B_NON_SCORE] = nonscore_sum / R;
     s[B_RETURNS] = n_tok > 0 ? ret_sum / n_tok : 0;
     o->have_stats = true;
+    free(sc);
+    return CLLM_OK;
 }
 
 /* trl's AdaptiveKLController.update after a batch: the proportional error
@@ -189,8 +255,45 @@ static cllm_status logps(ppo *o, cllm_model *m, int r0, int n, float *lp, float 
     return st;
 }
 
+static void state_now(const ppo *o, double *v) {
+    v[ST_KL_COEF] = o->kl_coef;
+    v[ST_HAVE_KL] = o->have_stats;
+    v[ST_KL] = o->have_stats ? o->batch_stats[B_KL] : 0.0;
+    v[ST_MEAN] = o->run_mean;
+    v[ST_VAR] = o->run_var;
+    v[ST_STD] = o->run_std;
+    v[ST_COUNT] = o->run_count;
+}
+
+/* The state the batch of step next_step starts from: the held batch's
+ * beginning when that step is still in it (a resume regenerates it). */
+static int ppo_get_state(const cllm_objective *ob, long next_step, double *out, int cap) {
+    const ppo *o = (const ppo *)ob;
+    if (cap < N_STATE) return 0;
+    const long per_batch = (long)(o->p.batch_size / o->mini) * o->p.ppo_epochs;
+    if (o->batch_index >= 0 && (next_step - 1) / per_batch == o->batch_index) memcpy(out, o->pre, sizeof o->pre);
+    else state_now(o, out);
+    return N_STATE;
+}
+
+static cllm_status ppo_set_state(cllm_objective *ob, const double *v, int n) {
+    ppo *o = (ppo *)ob;
+    if (n == 0) return CLLM_OK; /* a checkpoint from before PPO kept its state */
+    if (n != N_STATE || !(v[ST_KL_COEF] >= 0) || !(v[ST_COUNT] > 0))
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "trainer_state.json: objective_state: not a PPO state (%d numbers)", n);
+    o->kl_coef = v[ST_KL_COEF];
+    o->have_stats = v[ST_HAVE_KL] != 0;
+    o->batch_stats[B_KL] = v[ST_KL];
+    o->run_mean = v[ST_MEAN];
+    o->run_var = v[ST_VAR];
+    o->run_std = v[ST_STD];
+    o->run_count = v[ST_COUNT];
+    return CLLM_OK;
+}
+
 /* Fills and prepares PPO batch k of this rank. */
 static cllm_status new_batch(ppo *o, cllm_model *m, long k) {
+    state_now(o, o->pre);
     cllm_status st = adapt_kl(o);
     if (st) return st;
     const int R = o->p.batch_size;
@@ -205,8 +308,12 @@ static cllm_status new_batch(ppo *o, cllm_model *m, long k) {
         if (!st && !o->b.have_ref)
             st = o->ref ? logps(o, o->ref, r0, n, o->b.ref_lp, NULL, false) : logps(o, m, r0, n, o->b.ref_lp, NULL, true);
     }
+    if (!st && o->p.kl_penalty == CLLM_PPO_KL_FULL) {
+        float *kf = realloc(o->kl_full, (size_t)R * o->b.T * sizeof *kf);
+        st = kf ? ppo_full_kl(&o->b, m, o->ref, (o->kl_full = kf)) : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    }
+    if (!st) st = batch_stats(o);
     if (st) return cllm_fail_context(st, "PPO batch %ld", k);
-    batch_stats(o);
     o->batch_index = k;
     o->epoch = -1;
     return CLLM_OK;
@@ -368,6 +475,7 @@ static void ppo_free(cllm_objective *ob) {
     ppo_batch_free(&o->b);
     free(o->adv);
     free(o->ret);
+    free(o->kl_full);
     free(o->order);
     free(o->step_rows);
     free(o->tl);
@@ -377,7 +485,8 @@ static void ppo_free(cllm_objective *ob) {
     free(o);
 }
 
-static const cllm_objective_ops ppo_ops = {"ppo", ppo_run, ppo_free, ppo_take_metrics, NULL, ppo_rows};
+static const cllm_objective_ops ppo_ops = {"ppo", ppo_run, ppo_free, ppo_take_metrics, NULL, ppo_rows,
+                                           ppo_get_state, ppo_set_state};
 
 static cllm_status check_params(const cllm_ppo_params *p, int mini) {
 #define BAD(cond, ...) if (cond) return CLLM_FAIL(CLLM_ERR_ARG, __VA_ARGS__)
@@ -400,6 +509,7 @@ static cllm_status check_params(const cllm_ppo_params *p, int mini) {
         p->temperature);
     BAD(!(p->top_p > 0 && p->top_p <= 1), "ppo.top_p must be in (0, 1] (got %g)", p->top_p);
     BAD(p->top_k < 0, "ppo.top_k must be >= 0 (got %d)", p->top_k);
+    BAD(!(p->score_clip >= 0) || !isfinite(p->score_clip), "ppo.score_clip must be positive (got %g)", p->score_clip);
 #undef BAD
     return CLLM_OK;
 }
@@ -411,6 +521,9 @@ cllm_status cllm_objective_ppo_init(cllm_objective **out, const cllm_ppo_params 
     if (q.batch_size == 0) q.batch_size = mini;
     cllm_status st = micro_batch < 1 || mini < micro_batch ? CLLM_FAIL(CLLM_ERR_ARG, "PPO: bad batch sizes")
                                                            : check_params(&q, mini);
+    if (!st && q.kl_penalty == CLLM_PPO_KL_FULL && !ref)
+        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "ppo.kl_penalty \"full\" needs a separate reference model (ppo.ref_model "
+                       "or the starting weights), not the LoRA base");
     ppo *o = st ? NULL : calloc(1, sizeof *o);
     if (!st && !o) st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     if (st) {
@@ -426,6 +539,8 @@ cllm_status cllm_objective_ppo_init(cllm_objective **out, const cllm_ppo_params 
     o->mini = mini;
     o->seed = seed;
     o->kl_coef = q.init_kl_coef;
+    o->run_var = o->run_std = 1.0; /* trl's RunningMoments start: mean 0, var 1, count 1e-24 */
+    o->run_count = 1e-24;
     o->batch_index = -1;
     o->epoch = -1;
     *out = &o->base;

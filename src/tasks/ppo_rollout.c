@@ -34,7 +34,14 @@ struct cllm_ppo_source {
     uint64_t seed;
     int32_t *pos; /* [R] scored positions */
     size_t cap_pos;
+    cllm_status (*lend)(void *ctx, bool on); /* the policy's whole parameters, when partitioned */
+    void *lend_ctx;
 };
+
+void cllm_ppo_source_set_lender(cllm_ppo_source *s, cllm_status (*lend)(void *ctx, bool on), void *ctx) {
+    s->lend = lend;
+    s->lend_ctx = ctx;
+}
 
 /* ------------------------------------------------------------- batch */
 
@@ -311,7 +318,10 @@ static cllm_status fill_generated(cllm_ppo_source *s, cllm_model *policy, const 
     int32_t *seq = malloc((size_t)T * sizeof *seq);
     float *logits = malloc((size_t)V * sizeof *logits);
     cllm_kv_cache *kv = NULL;
-    cllm_status st = seq && logits ? cllm_kv_cache_init(&kv, policy, 1, T, 0) : CLLM_ERR_NOMEM;
+    cllm_status st = seq && logits ? CLLM_OK : CLLM_ERR_NOMEM;
+    bool lent = false; /* partitioned parameters gathered for the sampling */
+    if (!st && s->lend && !(st = s->lend(s->lend_ctx, true))) lent = true;
+    if (!st) st = cllm_kv_cache_init(&kv, policy, 1, T, 0);
     if (!st && (size_t)b->R > s->cap_pos) {
         int32_t *np = realloc(s->pos, (size_t)b->R * sizeof *np);
         if (!np) st = CLLM_ERR_NOMEM;
@@ -342,6 +352,10 @@ static cllm_status fill_generated(cllm_ppo_source *s, cllm_model *policy, const 
         if (!st) s->pos[r] = cllm_model_score_position(s->reward, b->tokens + (size_t)r * T, nq + nr);
     }
     cllm_kv_cache_free(kv);
+    if (lent) {
+        cllm_status stl = s->lend(s->lend_ctx, false);
+        if (!st) st = stl;
+    }
     free(seq);
     free(logits);
     if (st == CLLM_ERR_NOMEM) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory generating rollouts");

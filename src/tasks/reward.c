@@ -174,7 +174,7 @@ static void reward_free(cllm_objective *o) {
 }
 
 static const cllm_objective_ops reward_ops = {"reward", reward_run, reward_free, reward_take_metrics,
-                                              reward_take_eval_metrics, NULL};
+                                              reward_take_eval_metrics, NULL, NULL, NULL};
 
 cllm_status cllm_objective_reward_init(cllm_objective **out, const cllm_reward_params *p) {
     *out = NULL;

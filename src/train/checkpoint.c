@@ -308,6 +308,11 @@ static json_t *state_to_json(const cllm_ckpt_state *s) {
                      "train_seconds", s->train_seconds, "loss_scale", s->loss_scale, "config_hash",
                      u64_hex(s->config_hash), "optimizer", s->optimizer, "train_batch_size",
                      (json_int_t)s->train_batch_size, "dp_size", s->dp_size);
+    if (j && s->n_objective > 0) {
+        json_t *a = json_array();
+        for (int i = 0; i < s->n_objective && i < 16; i++) json_array_append_new(a, json_real(s->objective[i]));
+        json_object_set_new(j, "objective_state", a);
+    }
     if (j && s->has_loss_scaler)
         json_object_set_new(j, "loss_scaler",
                             json_pack("{sI sI si}", "iter", (json_int_t)s->loss_scaler_iter, "last_overflow_iter",
@@ -355,6 +360,23 @@ cllm_status cllm_ckpt_read_state(const char *dir, cllm_ckpt_state *s) {
     s->train_batch_size = (long)tb;
     s->dp_size = dp;
     snprintf(s->optimizer, sizeof s->optimizer, "%s", opt);
+    json_t *os_ = json_object_get(j, "objective_state"); /* optional: written by PPO runs */
+    if (os_) {
+        size_t i;
+        json_t *v;
+        if (!json_is_array(os_) || json_array_size(os_) > 16) {
+            st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: objective_state: expected an array of at most 16 numbers", path);
+            goto done;
+        }
+        json_array_foreach(os_, i, v) {
+            if (!json_is_number(v)) {
+                st = CLLM_FAIL(CLLM_ERR_FORMAT, "%s: objective_state[%zu]: expected a number", path, i);
+                goto done;
+            }
+            s->objective[i] = json_number_value(v);
+        }
+        s->n_objective = (int)json_array_size(os_);
+    }
     json_t *ls = json_object_get(j, "loss_scaler"); /* optional: written by fp16 runs */
     if (ls) {
         json_int_t it = 0, last = 0;

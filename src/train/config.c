@@ -34,7 +34,7 @@ static const char *const top_keys[] = {
     "model", "data", "train_iters", "epochs", "eval_interval", "eval_iters", "save_interval", "save_total_limit",
     "output_dir", "seed", "log", "weight_decay_skip", "max_consecutive_skips", "shuffle", "peak_gflops",
     "max_shard_size", "async_save", "save_final_checkpoint", "task", "dpo", "reward", "ppo", "heartbeat_timeout", "lora",
-    "adapter", "moe", "save_expert_layout", "quantization", NULL};
+    "adapter", "moe", "save_expert_layout", "quantization", "freeze", "unfrozen_parameters", NULL};
 
 /* DeepSpeed keys accepted without effect on a single-process CPU fp32 run. */
 static const char *const top_ignored[] = {
@@ -658,9 +658,26 @@ static cllm_status parse_ppo(cllm_train_config *c, const json_t *j, const char *
     static const char *const k[] = {"kl_coef", "init_kl_coef", "adap_kl_ctrl", "target", "horizon", "gamma", "lam",
                                     "cliprange", "cliprange_value", "vf_coef", "ppo_epochs", "batch_size",
                                     "mini_batch_size", "whiten_rewards", "ratio_threshold", "reward_model",
-                                    "ref_model", "rollouts", "generation_kwargs", NULL};
+                                    "ref_model", "rollouts", "generation_kwargs", "kl_penalty", "use_score_scaling",
+                                    "use_score_norm", "score_clip", NULL};
     TRY(check_keys(d, k, NULL, "ppo", path, strict));
     cllm_ppo_params *p = &c->ppo;
+    const char *pen = NULL;
+    TRY(get_str(d, "kl_penalty", &pen, "ppo", path));
+    static const char *const pens[] = {"kl", "abs", "mse", "full"};
+    for (int i = 0; pen && i < 4; i++)
+        if (strcmp(pen, pens[i]) == 0) {
+            p->kl_penalty = (cllm_ppo_kl_penalty)i;
+            pen = NULL;
+        }
+    if (pen)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: ppo.kl_penalty: expected \"kl\", \"abs\", \"mse\" or \"full\", got \"%s\"",
+                         path, pen);
+    TRY(get_bool(d, "use_score_scaling", &p->use_score_scaling, "ppo", path));
+    TRY(get_bool(d, "use_score_norm", &p->use_score_norm, "ppo", path));
+    TRY(get_num(d, "score_clip", &p->score_clip, 0.0, "ppo", path));
+    if (json_is_number(json_object_get(d, "score_clip")) && !(p->score_clip > 0))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: ppo.score_clip: must be positive (or null: no clipping), got 0", path);
     if (json_object_get(d, "kl_coef") && json_object_get(d, "init_kl_coef"))
         return CLLM_FAIL(CLLM_ERR_ARG, "%s: ppo: kl_coef and init_kl_coef name the same setting: give one", path);
     TRY(get_num(d, "kl_coef", &p->init_kl_coef, 0.0, "ppo", path));
@@ -757,6 +774,33 @@ static cllm_status parse_lora(cllm_train_config *c, const json_t *j, const char 
     return cllm_lora_config_parse(&c->lora, l, "lora", path, false);
 }
 
+/* "freeze" or "unfrozen_parameters": a regular expression or a list of
+ * them (cllm_model_freeze, cllm_model_freeze_except); the strings stay the
+ * config's. */
+static cllm_status parse_freeze(cllm_train_config *c, const json_t *j, const char *path) {
+    const json_t *f = json_object_get(j, "freeze"), *u = json_object_get(j, "unfrozen_parameters");
+    if (f && u) return CLLM_FAIL(CLLM_ERR_ARG, "%s: \"freeze\" and \"unfrozen_parameters\": give one of them", path);
+    const char *key = u ? "unfrozen_parameters" : "freeze";
+    if (u) f = u;
+    if (!f) return CLLM_OK;
+    size_t n = json_is_array(f) ? json_array_size(f) : 1;
+    if (!json_is_string(f) && (!json_is_array(f) || n == 0))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s: expected a regular expression or a non-empty list of them", path, key);
+    c->freeze = calloc(n, sizeof *c->freeze);
+    if (!c->freeze) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    c->freeze_except = u != NULL;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_is_array(f) ? json_array_get(f, i) : f;
+        if (!json_is_string(e) || !*json_string_value(e))
+            return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s[%zu]: expected a non-empty string", path, key, i);
+        c->freeze[c->n_freeze++] = json_string_value(e);
+    }
+    if (c->lora.enabled || c->adapter_dir)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s: not with LoRA (\"lora\", \"adapter\"): the adapters' base is "
+                         "frozen whole", path, key);
+    return CLLM_OK;
+}
+
 /* "quantization" (BitsAndBytesConfig keys, read by cllm/quant.h's reader). */
 static cllm_status parse_quant(cllm_train_config *c, const json_t *j, const char *path) {
     json_t *q = NULL;
@@ -767,6 +811,7 @@ static cllm_status parse_quant(cllm_train_config *c, const json_t *j, const char
 static cllm_status parse_ours(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
     TRY(parse_task(c, j, path, strict));
     TRY(parse_lora(c, j, path));
+    TRY(parse_freeze(c, j, path));
     TRY(parse_quant(c, j, path));
     TRY(parse_model(c, j, path, strict));
     TRY(parse_data(c, j, path, strict));
@@ -892,6 +937,9 @@ void cllm_train_config_free(cllm_train_config *cfg) {
     if (!cfg) return;
     cllm_lora_config_free(&cfg->lora);
     cllm_bnb_config_free(&cfg->quant);
+    free(cfg->freeze);
+    cfg->freeze = NULL;
+    cfg->n_freeze = 0;
     json_decref(cfg->json);
     cfg->json = NULL;
 }

@@ -287,6 +287,11 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
                                                 c->dpo.precompute_ref_log_probs));
     if (c->lora.enabled) json_object_set_new(j, "lora", cllm_lora_config_to_json(&c->lora));
     if (c->adapter_dir) json_object_set_new(j, "adapter", json_string(c->adapter_dir));
+    if (c->n_freeze) {
+        json_t *f = json_array();
+        for (int i = 0; i < c->n_freeze; i++) json_array_append_new(f, json_string(c->freeze[i]));
+        json_object_set_new(j, c->freeze_except ? "unfrozen_parameters" : "freeze", f);
+    }
     if (c->quant.enabled) {
         json_t *q = json_pack("{sbsbsssbsf}", "load_in_8bit", c->quant.load_in_8bit, "load_in_4bit",
                               c->quant.load_in_4bit, "bnb_4bit_quant_type", cllm_bnb_type_name(c->quant.quant_type),
@@ -313,6 +318,12 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
                                                 "whiten_rewards", p->whiten_rewards, "ratio_threshold",
                                                 p->ratio_threshold, "reward_model", c->reward_model_dir, "ref_model",
                                                 c->ref_model_dir, "rollouts", c->ppo_rollouts, "generation_kwargs", g));
+        static const char *const pens[] = {"kl", "abs", "mse", "full"};
+        json_t *o = json_object_get(j, "ppo");
+        json_object_set_new(o, "kl_penalty", json_string(pens[p->kl_penalty]));
+        json_object_set_new(o, "use_score_scaling", json_boolean(p->use_score_scaling));
+        json_object_set_new(o, "use_score_norm", json_boolean(p->use_score_norm));
+        json_object_set_new(o, "score_clip", p->score_clip > 0 ? json_real(p->score_clip) : json_null());
     }
     return j;
 }
@@ -332,6 +343,16 @@ static uint64_t hash_section(uint64_t h, const char *name, const json_t *v) {
     char *s = json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS);
     h = fnv1a(fnv1a(h, name), s ? s : "");
     free(s);
+    return h;
+}
+
+/* hash_section of v less its keys `drop` (NULL-terminated). */
+static uint64_t hash_section_without(uint64_t h, const char *name, const json_t *v, const char *const *drop) {
+    if (!v) return h;
+    json_t *m = json_deep_copy(v);
+    for (int i = 0; m && drop[i]; i++) json_object_del(m, drop[i]);
+    h = hash_section(h, name, m);
+    json_decref(m);
     return h;
 }
 
@@ -356,18 +377,19 @@ uint64_t cllm_train_config_hash(const cllm_train_config *c) {
     h = hash_section(h, "dpo", json_object_get(j, "dpo"));
     /* adapters (their dropout changes the math; the rest the buffer) */
     h = hash_section(h, "lora", json_object_get(j, "lora"));
+    /* frozen tensors (the trainable buffer a checkpoint holds) */
+    h = hash_section(h, "freeze", json_object_get(j, "freeze"));
+    h = hash_section(h, "unfrozen_parameters", json_object_get(j, "unfrozen_parameters"));
     /* mixture of experts: the capacity changes the math, the expert-parallel
      * size does not (a checkpoint resumes on another without a warning) */
-    json_t *moe = json_object_get(j, "moe");
-    if (moe) {
-        json_t *m = json_deep_copy(moe);
-        json_object_del(m, "expert_parallel_size");
-        h = hash_section(h, "moe", m);
-        json_decref(m);
-    }
+    static const char *const moe_sizes[] = {"expert_parallel_size", NULL};
+    h = hash_section_without(h, "moe", json_object_get(j, "moe"), moe_sizes);
     /* a quantized base (its format changes every forward) */
     h = hash_section(h, "quantization", json_object_get(j, "quantization"));
     h = hash_section(h, "reward", json_object_get(j, "reward"));
+    /* PPO's settings; its models' and rollouts' paths may move */
+    static const char *const ppo_paths[] = {"reward_model", "ref_model", "rollouts", NULL};
+    h = hash_section_without(h, "ppo", json_object_get(j, "ppo"), ppo_paths);
     json_decref(j);
     return h;
 }

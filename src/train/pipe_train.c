@@ -245,6 +245,7 @@ static int keep_ranges(const train_pipe *p, size_t *b, size_t *e) {
 }
 
 void train_pipe_zero_grads(const train_pipe *p, float *grads) {
+    if (!grads) return; /* per-layer gradient buffers (ZeRO 2-3 layer hooks, zero3.c) */
     size_t b[2], e[2];
     int k = keep_ranges(p, b, e);
     for (int i = 0; i < k; i++) memset(grads + b[i], 0, (e[i] - b[i]) * sizeof(float));

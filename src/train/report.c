@@ -99,9 +99,9 @@ cllm_status train_record_step(trainer *tr, const train_step_report *s) {
     /* the objective's own metrics (DPO's rewards/..., logps/...): means over
      * each rank's units, averaged over the data-parallel ranks (every rank
      * runs the same number of them, and the same names) */
-    cllm_objective_metric om[16];
-    double ov[16];
-    int n_om = cllm_objective_take_metrics(tr->obj, om, 16);
+    cllm_objective_metric om[32];
+    double ov[32];
+    int n_om = cllm_objective_take_metrics(tr->obj, om, 32);
     for (int i = 0; i < n_om; i++) ov[i] = om[i].value;
     if (n_om > 0 && cllm_dist_size() > 1) {
         cllm_status st = cllm_dist_allreduce_sum_f64(ov, n_om);

@@ -17,6 +17,12 @@
 #include "cllm/objective.h"
 #include "engine_impl.h"
 
+/* PPO's generation at ZeRO-3: the policy's whole parameters while it samples. */
+static cllm_status lend_params(void *ctx, bool on) {
+    trainer *tr = ctx;
+    return tr->shard ? train_shard_lend_params(tr->shard, on) : CLLM_OK;
+}
+
 /* precompute_ref_log_probs: the reference's log-probabilities of every
  * row of the training (and evaluation) data, once, in chunks of 8 pairs. */
 static cllm_status dpo_precompute(trainer *tr, cllm_objective *o, cllm_loader *l) {
@@ -128,9 +134,9 @@ cllm_status train_open_ppo(trainer *tr, bool piped, bool tensor) {
         return CLLM_FAIL(CLLM_ERR_ARG, "ppo.mini_batch_size: %d, but each rank trains on %ld rollouts per step "
                          "(train_batch_size %ld over %d ranks); set train_batch_size to mini_batch_size x ranks",
                          c->ppo_mini_batch_size, mini, c->train_batch_size, c->dp_size);
-    if (!c->ppo_rollouts && c->zero.stage == 3)
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "task \"ppo\" with zero_optimization.stage 3: generating rollouts "
-                         "needs the whole policy on every rank; use stage 0-2 (stage 3 trains fixed ppo.rollouts)");
+    if (c->ppo.kl_penalty == CLLM_PPO_KL_FULL && c->zero.stage == 3)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "ppo.kl_penalty \"full\" with zero_optimization.stage 3: the "
+                         "full-vocabulary KL runs the whole policy on every rank; use stage 0-2");
     cllm_status st = CLLM_OK;
     cllm_ppo_source *src = NULL;
     cllm_model *ref = NULL, *rm = NULL;
@@ -141,6 +147,7 @@ cllm_status train_open_ppo(trainer *tr, bool piped, bool tensor) {
                        "ppo.rollouts (--rollouts) for fixed rollouts");
     } else if (!(st = load_side_model(tr, c->reward_model_dir, "reward model", &rm))) {
         st = cllm_ppo_source_generate(&src, tr->train, rm, c->seed);
+        if (!st && c->zero.stage == 3) cllm_ppo_source_set_lender(src, lend_params, tr);
     }
     if (st) return st;
     bool lora = cllm_lora_attached(tr->m);

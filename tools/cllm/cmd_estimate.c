@@ -178,13 +178,18 @@ int cmd_estimate(int argc, char **argv) {
     int B, T, accum, stage, dp, off_count, off_size, pipe, tensor, threads, lora_r, ppo_batch, ep;
     double capacity;
     bool grad_ckpt = false, momentum = false, async_save = false, as_json = false, offload = false, offload_p = false;
-    arg_list sets;
+    arg_list sets, freeze = {0}, unfrozen = {0};
     quant_flags qf = {0};
     arg_spec specs[] = {
         {"model", ARG_STR, &model, NULL, false, "HF model folder (its config.json is read)"},
         {"arch", ARG_STR, &arch_name, NULL, false, "model family without --model: gpt2, llama, bloom or mixtral"},
         {"preset", ARG_STR, &preset, "tiny", false, "shape preset of --arch (as cllm init)"},
         {"set", ARG_LIST, &sets, NULL, false, "override config keys: key=value (as cllm init)"},
+        {"freeze", ARG_LIST, &freeze, NULL, false,
+         "regular expressions of tensor names to freeze (as the training config's \"freeze\"): no gradient or "
+         "optimizer state for them"},
+        {"unfrozen-parameters", ARG_LIST, &unfrozen, NULL, false,
+         "the inverse of --freeze (as the training config's \"unfrozen_parameters\"): the tensors that train"},
         {"micro-batch", ARG_INT, &B, "8", false, "samples per forward/backward"},
         {"seq-len", ARG_INT, &T, "128", false, "tokens per sample"},
         {"grad-accum", ARG_INT, &accum, "1", false, "micro-batches per step"},
@@ -276,6 +281,20 @@ int cmd_estimate(int argc, char **argv) {
         }
         s.lora_rank = lora_r;
     }
+    size_t freeze_numel = 0;
+    const bool except = unfrozen.n > 0;
+    const arg_list *fl = except ? &unfrozen : &freeze;
+    if (fl->n > 0) {
+        cllm_status fst = lora_r > 0 || (except && freeze.n > 0)
+                              ? CLLM_FAIL(CLLM_ERR_ARG, "--freeze / --unfrozen-parameters: one of them, and not with "
+                                          "--lora-r (the adapters' base is frozen whole)")
+                              : cllm_model_config_freeze(config, fl->items, fl->n, except, &s.trainable, &freeze_numel);
+        if (fst) {
+            fprintf(stderr, "cllm estimate: %s\n", cllm_last_error());
+            rc = 2;
+            goto done;
+        }
+    }
     side_bytes side;
     if (!strcmp(task, "ppo")) cfg.value_head = true; /* v_head.summary: C + 1 trained parameters */
     if ((rc = side_models(task, &cfg, ref_dir, rm_dir, lora_r > 0, B * accum, T, ppo_batch > 0 ? ppo_batch : B * accum,
@@ -319,6 +338,7 @@ int cmd_estimate(int argc, char **argv) {
             json_object_set_new(j, "quantized_params", json_integer((json_int_t)s.quant_numel));
             json_object_set_new(j, "quantized_bytes", json_integer((json_int_t)s.quant_bytes));
         }
+        if (fl->n > 0) json_object_set_new(j, "trainable_params", json_integer((json_int_t)freeze_numel));
         if (memory_s) json_object_set_new(j, "fits", json_boolean(e.total <= budget));
         if (fits)
             json_object_set_new(j, "suggest",
@@ -336,6 +356,9 @@ int cmd_estimate(int argc, char **argv) {
     if (cfg.n_experts)
         printf("%d experts per block, %d per token: %zu active parameters per token (%.1f%%)\n", cfg.n_experts,
                cfg.n_experts_per_tok, e.active_params, 100.0 * (double)e.active_params / (double)e.n_params);
+    if (fl->n > 0)
+        printf("freeze: %zu trainable parameters (%.3f%%), copied beside the frozen model; the frozen tensors have no "
+               "gradient or optimizer state\n", freeze_numel, 100.0 * (double)freeze_numel / (double)e.n_params);
     if (lora_r > 0)
         printf("LoRA r=%d: %d adapted layers, %zu trainable parameters (%.3f%%); the base is frozen (no gradient or "
                "optimizer state)\n", lora_r, lora_n, lora_numel, 100.0 * (double)lora_numel / (double)e.n_params);
