@@ -181,12 +181,3 @@ void model_tp_embed_stored(const cllm_model *m, float *out, const int32_t *token
             memset(out + (size_t)n * C, 0, (size_t)C * sizeof(float));
     }
 }
-
-size_t cllm_model_held_bytes(const cllm_model *m) {
-    size_t bytes = 0;
-    for (int i = 0; i < m->n_tensors; i++) {
-        const cllm_qweight *q = model_weights_get(m, i);
-        bytes += q ? cllm_qweight_bytes(q->fmt, q->rows, q->cols) : m->tensors[i].numel * sizeof(float);
-    }
-    return bytes;
-}
