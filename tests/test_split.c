@@ -242,6 +242,19 @@ static void test_quantized_parts(const char *dir) {
           "a cut inside a block: %s", cllm_last_error());
     CHECK(cllm_tp_model_load_weights(&p, hf, 2, 1, "bf16") == CLLM_OK, "bf16 cuts anywhere: %s", cllm_last_error());
     cllm_model_free(p);
+    /* an int8 folder of it: as stored (int8) refused, as bf16 widened and cut */
+    cllm_model *w = NULL;
+    char q8[4200];
+    snprintf(q8, sizeof q8, "%s/q_llama172_int8", dir);
+    CHECK(cllm_model_load_weights(&w, hf, "int8") == CLLM_OK && cllm_model_save_weights(w, q8, 0) == CLLM_OK,
+          "llama 172 int8: %s", cllm_last_error());
+    cllm_model_free(w);
+    p = NULL;
+    CHECK(cllm_tp_model_load_weights(&p, q8, 2, 0, NULL) == CLLM_ERR_UNSUPPORTED && !p,
+          "int8 folder cut inside a block: %s", cllm_last_error());
+    CHECK(cllm_tp_model_load_weights(&p, q8, 2, 0, "bf16") == CLLM_OK && p && cllm_model_weights(p) == CLLM_WFMT_BF16,
+          "int8 folder as bf16 slices: %s", cllm_last_error());
+    cllm_model_free(p);
     cllm_model_free(m);
     json_decref(j);
 }

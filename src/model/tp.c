@@ -123,7 +123,10 @@ static cllm_status put_slice(void *ctx, int idx, const cllm_st_tensor *t) {
     if (t->dtype == CLLM_U8 && pl->file_fmt == CLLM_WFMT_FP32)
         return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: tensor '%s' holds U8 values but config.json has no cllm_weights",
                          t->file, t->name);
-    if (t->dtype == CLLM_U8 && stored) return model_tp_put_blocks(pl->whole, pl->part, idx, t, pl->file_fmt);
+    /* blocks to int8 / q4 slices: cut as bytes (whole blocks: model_tp_check_blocks); to bf16 the
+     * whole tensor is widened first, since a bf16 slice may cut inside a block */
+    if (t->dtype == CLLM_U8 && stored && cllm_model_weights(pl->part) != CLLM_WFMT_BF16)
+        return model_tp_put_blocks(pl->whole, pl->part, idx, t, pl->file_fmt);
     const float *src;
     if (t->dtype == CLLM_F32 && (uintptr_t)t->data % sizeof(float) == 0) {
         src = t->data;
