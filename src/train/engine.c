@@ -735,6 +735,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         (st = train_shard_init(&tr->shard, &tr->zero, tr->m, c, tr->ranges, tr->n_ranges)))
         goto done; /* a frozen base: stage 2 reduce-scatters the trainable buffer after the backward (zero.c) */
     cllm_model_set_recompute(tr->m, c->use_grad_ckpt);
+    if ((st = train_tp_sequence_parallel(tr->m, &tr->topo, c))) goto done;
     cllm_precision prec = c->bf16_enabled ? CLLM_PREC_BF16 : c->fp16_enabled ? CLLM_PREC_FP16 : CLLM_PREC_FP32;
     /* CLLM_TRAIN_PRECISION overrides the matmul precision alone (fp16 loss
      * scaling stays on): to look at loss scaling or a precision in isolation */
@@ -841,8 +842,9 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if (tr->pipe && (st = pipe_report(tr, false))) goto done;
     if (c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0) {
         cllm_act_bytes other;
-        cllm_model_activation_bytes(mc, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true, !c->use_grad_ckpt,
-                                    &other);
+        cllm_model_activation_bytes_sp(mc, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true,
+                                       !c->use_grad_ckpt, cllm_model_sequence_parallel(tr->m) ?
+                                       cllm_model_tensor_size(tr->m) : 1, &other);
         fprintf(stderr, "cllm train: activations %.1f MB with activation checkpointing %s (%.1f MB %s)\n",
                 (double)tr->act_bytes / 1e6, c->use_grad_ckpt ? "on" : "off", (double)other.total / 1e6,
                 c->use_grad_ckpt ? "without" : "with it");
