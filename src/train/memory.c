@@ -87,6 +87,13 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     if ((P > 1 || TP > 1) && s->zero_stage >= 2)
         return CLLM_FAIL(CLLM_ERR_ARG, "ZeRO stage %d with pipeline or tensor parallelism (use stage 0 or 1)",
                          s->zero_stage);
+    if (s->sequence_parallel && TP < 2)
+        return CLLM_FAIL(CLLM_ERR_ARG, "sequence parallelism needs tensor parallelism (tensor > 1)");
+    if (s->sequence_parallel && P > 1)
+        return CLLM_FAIL(CLLM_ERR_ARG, "sequence parallelism with pipeline parallelism is not supported");
+    if (s->sequence_parallel && s->seq_len % TP)
+        return CLLM_FAIL(CLLM_ERR_ARG, "sequence parallelism: sequence length %d is not divisible by the %d tensor "
+                         "ranks", s->seq_len, TP);
     if (s->trainable && (P > 1 || TP > 1 || s->zero_stage >= 3 || s->offload_optimizer || s->offload_param))
         return CLLM_FAIL(CLLM_ERR_ARG, "a frozen base (LoRA) trains with data parallelism at ZeRO stage 0-2 only");
     if (s->quant_numel && !s->trainable)
@@ -184,7 +191,8 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
         if (s->zero_stage >= 3)
             out->work += (first + last + 2 * block) * (sizeof(float) + cllm_precision_copy_bytes(s->precision));
     }
-    cllm_model_activation_bytes(c, s->micro_batch, s->seq_len, true, s->grad_ckpt, &out->act);
+    cllm_model_activation_bytes_sp(c, s->micro_batch, s->seq_len, true, s->grad_ckpt, s->sequence_parallel ? TP : 1,
+                                   &out->act);
     out->logits = out->act.logits;
     out->activations = out->act.total - out->act.logits;
     out->snapshot = s->async_save && !s->offload_optimizer ? (s->trainable ? bytes : out->params) + out->optim : 0;
