@@ -10,9 +10,10 @@ and the start-up log says it is on. LLaMA also runs micro-batches of 2
 sequences (the rank-major packing of the collectives) with activation
 checkpointing, and data=2 x tensor=2.
 
-Checkpoints (case ckpt): a checkpoint saved with sequence parallelism
-resumes without it (tensor=2, one process) and one saved by one process
-(the format every tensor-parallel run writes too) resumes with it; every resumed run ends where the uninterrupted one-process
+Checkpoints (case ckpt, pipe_test's harness): a checkpoint saved with
+sequence parallelism resumes without it (tensor=2, one process) and one
+saved by one process (the format every tensor-parallel run writes too)
+resumes with it; every resumed run ends where the uninterrupted one-process
 run does (losses 1e-5, weights 1e-5).
 
 Errors (case errors): sequence_parallel without a tensor axis, with a
@@ -35,8 +36,6 @@ the norms' statistics, 4 floats per position).
 Usage: seqpar_test.py --cllm BIN --build DIR --case {gpt2,llama,bloom,ckpt,errors,memory}
 """
 import argparse, json, os, shutil, subprocess, sys
-
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dist_test as dt  # noqa: E402
@@ -64,54 +63,13 @@ def started_line(env, model):
 
 
 def checkpoints(env):
-    model = env.init("llama")
-    base = dict(train_batch_size=8, train_micro_batch_size_per_gpu=1)
-    ref_out = env.path("ref")
-    p = env.run(["train", "--config", env.config("ref.json", model, **base), "--out", ref_out])
-    if p.returncode != 0:
-        dt.check(False, f"one-process run failed: {p.stderr[-2000:]}")
-        return
-    ref_m = {r["step"]: r for r in dt.metrics(os.path.join(ref_out, "metrics.jsonl"))}
-    ref_w = dt.tensors(os.path.join(ref_out, "model.safetensors"))
-
-    def run(tag, n, sp, *extra, **kw):
-        cfg = dict(base, **kw)
-        if n > 1:
-            cfg["model_topo"] = {"process_topology": T2}
-        if sp:
-            cfg["sequence_parallel"] = True
-        out = env.path(tag)
-        p = env.run(["train", "--config", env.config(tag + ".json", model, **cfg), "--out", out, *extra], np_=n)
-        if p.returncode != 0:
-            dt.check(False, f"{tag}: failed ({p.returncode}): {p.stderr[-3000:]}")
-            return None
-        dt.check(("sequence parallelism on" in p.stderr) == sp, f"{tag}: start-up line {'missing' if sp else 'shown'}")
-        dt.check("(resumed)" in p.stderr or not extra, f"{tag}: not resumed")
-        return out
-
-    def compare(tag, out, first):
-        m = [r for r in dt.metrics(os.path.join(out, "metrics.jsonl")) if "loss" in r]
-        dt.check([r["step"] for r in m] == list(range(first, 11)), f"{tag}: steps {[r['step'] for r in m]}")
-        for r in m:
-            b = ref_m[r["step"]]
-            dt.check(dt.rel(r["loss"], b["loss"]) <= 1e-5, f"{tag} step {r['step']}: loss {r['loss']} vs {b['loss']}")
-        w = dt.tensors(os.path.join(out, "model.safetensors"))
-        worst = max(float(np.max(np.abs(w[k] - ref_w[k]))) / max(float(np.max(np.abs(ref_w[k]))), 1e-30) for k in ref_w)
-        dt.check(worst <= 1e-5, f"{tag}: final weights differ by {worst:.2e}")
-        print(f"{tag}: ok (worst weight rel diff {worst:.1e})")
-
-    # (source: ranks, sequence parallel) -> targets
-    plans = [("t2-sp", 2, True, [("t2", 2, False), ("one", 1, False)]),
-             ("one", 1, False, [("t2-sp", 2, True)])]
-    for src, n, sp, targets in plans:
-        out = run(f"src_{src}", n, sp, save_interval=5)
-        if not out:
-            continue
-        compare(f"uninterrupted {src}", out, 1)
-        for tgt, tn, tsp in targets:
-            res = run(f"res_{src}_{tgt}", tn, tsp, "--resume", os.path.join(out, "checkpoint-5"))
-            if res:
-                compare(f"{src} -> {tgt}", res, 6)
+    import pipe_test  # noqa: E402 (same directory)
+    # a checkpoint of tensor 2 with sequence parallelism resumes on tensor 2
+    # without it and on one process; one saved by one process (the format
+    # every tensor-parallel run writes too) resumes with it
+    plans = [("t2sp", 2, T2, 0, [("t2", 2, T2, 0), ("one", 1, None, 0)])]
+    pipe_test.checkpoints(env, plans, from_one=("t2sp", 2, T2, 0), bad_order=False, sharded=False,
+                          extras={"t2sp": SP})
 
 
 def errors(env):

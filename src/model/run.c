@@ -15,6 +15,10 @@
  * With activation checkpointing (cllm_model_set_recompute) the blocks share
  * one set of saved activations and the backward pass refills it from each
  * block's saved input just before that block's backward.
+ * Under sequence parallelism (seqpar.c) the norms, residual adds, embedding
+ * output and final norm run on this tensor rank's positions only, with an
+ * all-gather before each column-parallel linear and a reduce-scatter after
+ * each row-parallel one.
  * Optional hooks (cllm_model_hooks) run around each parameter group's use:
  * ZeRO-3 gathers a group's parameters into a working buffer and the
  * per-layer gradient reduction takes a block's gradient when it is done.
