@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Sequence parallelism ("sequence_parallel": true) under mpirun (label: mpi).
 
-Equivalence (cases gpt2, llama, bloom): tensor=2 with sequence parallelism
-gives the per-step losses, gradient norms, evaluation losses and final
+Equivalence (cases gpt2, llama, bloom): tensor=2 and pipe=2 x tensor=2 (1F1B; the
+stages exchange each tensor rank's half of the positions) with sequence
+parallelism give the per-step losses, gradient norms, evaluation losses and final
 weights of the one-process run (10 fp32 AdamW steps, clipping active)
 within 1e-5 relative, the replicated norm parameters agree over the tensor
 ranks (their gradients come from each rank's half of the sequence, summed),
@@ -11,13 +12,13 @@ sequences (the rank-major packing of the collectives) with activation
 checkpointing, and data=2 x tensor=2.
 
 Checkpoints (case ckpt, pipe_test's harness): a checkpoint saved with
-sequence parallelism resumes without it (tensor=2, one process) and one
-saved by one process (the format every tensor-parallel run writes too)
-resumes with it; every resumed run ends where the uninterrupted one-process
+sequence parallelism (tensor=2, pipe=2 x tensor=2) resumes without it
+(tensor=2, one process) and one saved by one process (the format every
+tensor-parallel run writes too) resumes with it; every resumed run ends where the uninterrupted one-process
 run does (losses 1e-5, weights 1e-5).
 
-Errors (case errors): sequence_parallel without a tensor axis, with a
-pipeline, with a seq_len the tensor size does not divide, and a non-boolean
+Errors (case errors): sequence_parallel without a tensor axis (one process,
+data 2, pipe 2), with a seq_len the tensor size does not divide, and a non-boolean
 value fail naming the key.
 
 Memory (case memory): the activation buffer each rank allocates
@@ -43,7 +44,7 @@ import tp_test  # noqa: E402
 
 T2 = {"axis": ["tensor"], "dims": [2]}
 SP = {"sequence_parallel": True}
-LAYOUTS = [("tensor2-sp", 2, T2, 0, SP)]
+LAYOUTS = [("tensor2-sp", 2, T2, 0, SP), ("pipe2xtensor2-sp", 4, {"axis": ["pipe", "tensor"], "dims": [2, 2]}, 0, SP)]
 LLAMA_MORE = [
     ("tensor2-sp-mb2-ckpt", 2, T2, 0, dict(SP, train_micro_batch_size_per_gpu=2, use_grad_ckpt=True,
                                               eval_iters=2)),  # the reference's 4 evaluation samples
@@ -67,9 +68,11 @@ def checkpoints(env):
     # a checkpoint of tensor 2 with sequence parallelism resumes on tensor 2
     # without it and on one process; one saved by one process (the format
     # every tensor-parallel run writes too) resumes with it
-    plans = [("t2sp", 2, T2, 0, [("t2", 2, T2, 0), ("one", 1, None, 0)])]
+    p2t2 = {"axis": ["pipe", "tensor"], "dims": [2, 2]}
+    plans = [("t2sp", 2, T2, 0, [("t2", 2, T2, 0), ("one", 1, None, 0)]),
+             ("p2t2sp", 4, p2t2, 0, [("one", 1, None, 0)])]
     pipe_test.checkpoints(env, plans, from_one=("t2sp", 2, T2, 0), bad_order=False, sharded=False,
-                          extras={"t2sp": SP})
+                          extras={"t2sp": SP, "p2t2sp": SP})
 
 
 def errors(env):
@@ -85,7 +88,7 @@ def errors(env):
 
     fails("no-tensor", 0, None, "sequence_parallel needs tensor parallelism", **SP)
     fails("data2", 2, {"axis": ["data"], "dims": [2]}, "sequence_parallel needs tensor parallelism", **SP)
-    fails("pipe", 4, {"axis": ["pipe", "tensor"], "dims": [2, 2]}, "sequence_parallel with pipeline parallelism", **SP)
+    fails("pipe", 2, {"axis": ["pipe"], "dims": [2]}, "sequence_parallel needs tensor parallelism", **SP)
     fails("seq-len", 2, T2, "data.seq_len 33 is not divisible by the tensor axis 2",
           data={"train": env.data, "seq_len": 33}, **SP)
     fails("not-bool", 0, None, "sequence_parallel", sequence_parallel="yes")

@@ -73,7 +73,8 @@ typedef struct {
                               residual stream, norms and their statistics of each block hold
                               seq_len / tensor positions, plus two shared [B*T, C] buffers (the
                               gathered norm output, and the rank-major packing when B > 1) and one
-                              [B*T/tensor, C]; refused with pipe > 1 or seq_len not divisible */
+                              [B*T/tensor, C]; pipeline messages shrink to the local positions;
+                              refused with seq_len not divisible */
     int threads;           /* OpenMP threads of the run (0: this process's omp_get_max_threads()) */
     size_t trainable;      /* > 0: a frozen base (LoRA) whose trainable buffer has this many floats
                               (cllm_lora_count): gradients, optimizer state and snapshots cover it

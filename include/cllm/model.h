@@ -385,6 +385,10 @@ typedef struct {
 } cllm_model_stage_io;
 cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, int B, int T, double *loss_sum,
                                  long *n_counted);
+/* Floats of x_in, x_out, dx_out and dx_in: B*T*C, or under sequence
+ * parallelism (cllm_model_set_sequence_parallel) this tensor rank's
+ * B*(T/tp)*C, the positions it holds (stages then exchange that part). */
+size_t cllm_model_stage_floats(const cllm_model *m, int B, int T);
 
 /* ---- tensor parallelism ----
  * Marks m as tensor rank `rank`'s part of a model cut over `size` ranks
@@ -417,8 +421,9 @@ int cllm_model_tensor_rank(const cllm_model *m);
  * summed over the group. Losses and gradients equal the tensor-parallel run
  * (up to the order of additions). Call before cllm_model_prepare, after
  * cllm_model_set_tensor_parallel (size > 1: CLLM_ERR_ARG otherwise); every
- * pass must then have T divisible by the tensor size. Training passes only:
- * pipeline stages, a score or value head and hidden states are refused. */
+ * pass must then have T divisible by the tensor size. Training passes only
+ * (pipeline stages exchange the local positions: cllm_model_stage_floats);
+ * a score or value head and hidden states are refused. */
 cllm_status cllm_model_set_sequence_parallel(cllm_model *m, bool on);
 bool cllm_model_sequence_parallel(const cllm_model *m);
 

@@ -709,15 +709,13 @@ cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, i
     TRY(check_prepared(m, B, T, io->backward));
     if (c->n_experts) /* the load-balancing loss spans every layer's router */
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "pipeline stages of a mixture-of-experts model (model_type mixtral)");
-    if (m->acts_sp)
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "sequence parallelism in a pipeline stage: not supported");
     const bool embed = u0 == 0, head = u1 == L + 2;
     if (head && c->num_labels > 0)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a pipeline stage with the score head of a sequence-classification "
                          "model: not supported");
     const int l0 = u0 < 1 ? 0 : u0 - 1, l1 = u1 > L + 1 ? L : u1 - 1; /* blocks [l0, l1) */
-    const int N = B * T, C = c->n_embd;
-    const size_t NC = (size_t)N * C;
+    /* the stage's input and output: this tensor rank's positions under sequence parallelism */
+    const size_t NC = (size_t)model_sp_rows(m, B, T) * c->n_embd;
     if ((!embed && !io->x_in) || (embed && !io->tokens) || (head && !io->targets) || (!head && !io->x_out) ||
         (io->backward && !head && !io->dx_out) || (io->backward && !embed && !io->dx_in))
         return CLLM_FAIL(CLLM_ERR_ARG, "stage [%d, %d): a required input or output buffer is NULL", u0, u1);
@@ -747,6 +745,11 @@ cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, i
     if (embed) TRY(embed_backward(m, io->tokens, B, T));
     else memcpy(io->dx_in, m->dx, NC * sizeof(float));
     return CLLM_OK;
+}
+
+size_t cllm_model_stage_floats(const cllm_model *m, int B, int T) {
+    int rows = cllm_model_sequence_parallel(m) ? B * (T / m->tp_size) : B * T;
+    return (size_t)rows * (size_t)m->cfg.n_embd;
 }
 
 cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int B, int T, float *logits) {

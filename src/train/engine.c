@@ -710,6 +710,8 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     }
     size_t n = cllm_model_trainable_len(tr->m); /* the model's flat buffer, or a LoRA run's adapters */
     if ((st = make_ranges(tr))) goto done;
+    /* before the pipeline's buffers: its stages exchange the local positions */
+    if ((st = train_tp_sequence_parallel(tr->m, &tr->topo, c))) goto done;
     /* the optimizer keeps state for this rank's slice only (all of it at ZeRO stage 0) */
     if (piped) {
         if ((st = setup_pipeline(tr))) goto done;
@@ -735,7 +737,6 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         (st = train_shard_init(&tr->shard, &tr->zero, tr->m, c, tr->ranges, tr->n_ranges)))
         goto done; /* a frozen base: stage 2 reduce-scatters the trainable buffer after the backward (zero.c) */
     cllm_model_set_recompute(tr->m, c->use_grad_ckpt);
-    if ((st = train_tp_sequence_parallel(tr->m, &tr->topo, c))) goto done;
     cllm_precision prec = c->bf16_enabled ? CLLM_PREC_BF16 : c->fp16_enabled ? CLLM_PREC_FP16 : CLLM_PREC_FP32;
     /* CLLM_TRAIN_PRECISION overrides the matmul precision alone (fp16 loss
      * scaling stays on): to look at loss scaling or a precision in isolation */

@@ -89,8 +89,6 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
                          s->zero_stage);
     if (s->sequence_parallel && TP < 2)
         return CLLM_FAIL(CLLM_ERR_ARG, "sequence parallelism needs tensor parallelism (tensor > 1)");
-    if (s->sequence_parallel && P > 1)
-        return CLLM_FAIL(CLLM_ERR_ARG, "sequence parallelism with pipeline parallelism is not supported");
     if (s->sequence_parallel && s->seq_len % TP)
         return CLLM_FAIL(CLLM_ERR_ARG, "sequence parallelism: sequence length %d is not divisible by the %d tensor "
                          "ranks", s->seq_len, TP);
@@ -209,7 +207,9 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
          * activations, the head's logits on the last stage, and under 1F1B
          * min(P - k, M) stage inputs (not on the first stage), as many send
          * buffers each way, one receive and one scratch buffer. */
-        const size_t NC = (size_t)s->micro_batch * (size_t)s->seq_len * (size_t)c->n_embd * sizeof(float);
+        /* a stage message: this tensor rank's positions under sequence parallelism */
+        const size_t NC = (size_t)s->micro_batch * (size_t)(s->seq_len / (s->sequence_parallel ? TP : 1)) *
+                          (size_t)c->n_embd * sizeof(float);
         const cllm_act_bytes *A = &out->act;
         size_t best = 0;
         for (int k = 0; k < P; k++) {

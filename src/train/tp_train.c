@@ -109,9 +109,6 @@ cllm_status train_tp_sequence_parallel(cllm_model *m, const cllm_topo *topo, con
     if (tp <= 1)
         return CLLM_FAIL(CLLM_ERR_ARG, "sequence_parallel needs tensor parallelism: a \"tensor\" axis > 1 in "
                          "model_topo.process_topology");
-    if (topo->dims[CLLM_AXIS_PIPE] > 1)
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "sequence_parallel with pipeline parallelism (a \"pipe\" axis > 1): "
-                         "not supported; use tensor (and data) axes only");
     if (c->seq_len % tp)
         return CLLM_FAIL(CLLM_ERR_ARG, "sequence_parallel: data.seq_len %d is not divisible by the tensor axis %d",
                          c->seq_len, tp);
