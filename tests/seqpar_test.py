@@ -36,7 +36,7 @@ the norms' statistics, 4 floats per position).
 
 Usage: seqpar_test.py --cllm BIN --build DIR --case {gpt2,llama,bloom,ckpt,errors,memory}
 """
-import argparse, json, os, shutil, subprocess, sys
+import json, os, subprocess, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dist_test as dt  # noqa: E402
@@ -63,7 +63,7 @@ def started_line(env, model):
         print(lines[0])
 
 
-def checkpoints(env):
+def checkpoints(env, _case):
     import pipe_test  # noqa: E402 (same directory)
     # a checkpoint of tensor 2 with sequence parallelism resumes on tensor 2
     # without it and on one process; one saved by one process (the format
@@ -75,7 +75,7 @@ def checkpoints(env):
                           extras={"t2sp": SP, "p2t2sp": SP})
 
 
-def errors(env):
+def errors(env, _case):
     model = env.init("llama")
 
     def fails(tag, np_, topo, needle, **kw):
@@ -94,7 +94,8 @@ def errors(env):
     fails("not-bool", 0, None, "sequence_parallel", sequence_parallel="yes")
 
 
-def memory(env, cllm):
+def memory(env, _case):
+    cllm = env.cllm
     sets = ["n_embd=128", "n_head=4", "n_layer=2", "n_inner=512", "vocab_size=512", "n_positions=256"]
     model = env.init("gpt2", *sets)
     B, T, t = 2, 64, 2
@@ -129,36 +130,17 @@ def memory(env, cllm):
     if len(got) == 2:
         ratio = got[True][1] / got[False][1]
         paper = (34 / t) / (10 + 24 / t)  # the paper's ratio without its attention-score term
-        print(f"per-layer ratio with/without: {ratio:.3f} (cllm's formula {16 / (4 + 12 / t) :.3f} before the "
+        print(f"per-layer ratio with/without: {ratio:.3f} (cllm's formula {(16 / t) / (4 + 12 / t):.3f} before the "
               f"statistics and log-sum-exp terms; the paper's {paper:.3f} with dropout masks)")
         dt.check(got[True][0] < got[False][0] and ratio < 0.85, f"memory: no reduction ({ratio:.3f})")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cllm", required=True)
-    ap.add_argument("--build", required=True)
-    ap.add_argument("--case", required=True, choices=["gpt2", "llama", "bloom", "ckpt", "errors", "memory"])
-    ap.add_argument("--keep", action="store_true")
-    a = ap.parse_args()
-    env = dt.Env(a.cllm, a.build, "seqpar_" + a.case)
-    try:
-        if a.case == "ckpt":
-            checkpoints(env)
-        elif a.case == "errors":
-            errors(env)
-        elif a.case == "memory":
-            memory(env, a.cllm)
-        else:
-            tp_test.equivalence(env, a.case, layouts=LAYOUTS + (LLAMA_MORE if a.case == "llama" else []))
-            if a.case == "gpt2":
-                started_line(env, env.init("gpt2"))
-    finally:
-        if not a.keep and not dt.FAILS:
-            shutil.rmtree(env.dir, ignore_errors=True)
-    print(f"{a.case}: {len(dt.FAILS)} failure(s)" + (f" (files kept in {env.dir})" if dt.FAILS else ""))
-    return 1 if dt.FAILS else 0
+def equal(env, arch):
+    tp_test.equivalence(env, arch, layouts=LAYOUTS + (LLAMA_MORE if arch == "llama" else []))
+    if arch == "gpt2":
+        started_line(env, env.init("gpt2"))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(dt.run_case("seqpar_", {"gpt2": equal, "llama": equal, "bloom": equal, "ckpt": checkpoints,
+                                     "errors": errors, "memory": memory}))
