@@ -105,6 +105,29 @@ static cllm_status norm_backward_sp(const cllm_model *m, float *dinp, float *dw,
     return CLLM_OK;
 }
 
+/* The input of the column-parallel linears after a norm: its output ln, or
+ * under sequence parallelism (sp) that output gathered along the sequence
+ * into sp_full. */
+static cllm_status linear_input(const cllm_model *m, const float *ln, int B, int T, bool sp, const float **in) {
+    *in = sp ? m->sp_full : ln;
+    return sp ? model_sp_gather(m, m->sp_full, ln, B, T) : CLLM_OK;
+}
+
+/* A row-parallel linear's partial sums summed over the tensor group into
+ * out[N,C] plus the bias once: all-reduced in out (N rows: B x T, or a
+ * cached pass's), or under sequence parallelism reduce-scattered from
+ * sp_full into out's local rows. Without tensor parallelism out already
+ * holds the sum and its bias. */
+static cllm_status row_parallel_sum(const cllm_model *m, float *out, const float *bias, int B, int T, int N, bool sp) {
+    const int C = m->cfg.n_embd;
+    if (sp) {
+        TRY(model_sp_scatter(m, out, m->sp_full, B, T));
+        model_tp_add_bias(out, bias, model_sp_rows(m, B, T), C);
+        return CLLM_OK;
+    }
+    return m->tp_size > 1 ? model_tp_reduce_bias(m, out, bias, N, C) : CLLM_OK;
+}
+
 /* The embeddings of N rows into x0[N,C] (BLOOM: through emb[N,C] and its
  * LayerNorm, statistics in emb_mean/emb_rstd). Positions: B x T from 0, or
  * the cache's ragged rows (GPT-2 reads wpe at each row's position). */
@@ -210,9 +233,8 @@ cllm_status model_block_forward(const cllm_model *m, model_lp_scratch *lp, int l
     const bool sp = !rows && m->acts_sp;
     const int Nl = sp ? model_sp_rows(m, B, T) : N;
     model_norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, a->x, P[L_LN1_W], P[L_LN1_B], Nl);
-    const float *in = a->ln1;
-    if (sp) TRY(model_sp_gather(m, m->sp_full, a->ln1, B, T));
-    if (sp) in = m->sp_full;
+    const float *in;
+    TRY(linear_input(m, a->ln1, B, T, sp, &in));
     qkv_views v = make_views(c, a->qkv, (size_t)N);
     if (c->arch == CLLM_ARCH_LLAMA) {
         TRY(model_linear_forward(m, lp, v.q.p, in, s[L_Q_W], P[L_Q_B], N, C, Q, false));
@@ -246,18 +268,11 @@ cllm_status model_block_forward(const cllm_model *m, model_lp_scratch *lp, int l
     /* row-parallel under tensor parallelism: partial sums, reduced, then the bias once */
     const bool tp = m->tp_size > 1;
     TRY(model_linear_forward(m, lp, sp ? m->sp_full : a->x1, a->atty, s[L_O_W], tp ? NULL : P[L_O_B], N, Q, C, in_out));
-    if (sp) {
-        TRY(model_sp_scatter(m, a->x1, m->sp_full, B, T));
-        model_tp_add_bias(a->x1, P[L_O_B], Nl, C);
-    } else if (tp) {
-        TRY(model_tp_reduce_bias(m, a->x1, P[L_O_B], N, C));
-    }
+    TRY(row_parallel_sum(m, a->x1, P[L_O_B], B, T, N, sp));
     cllm_add(a->x1, a->x1, a->x, (long)Nl * C);
 
     model_norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->x1, P[L_LN2_W], P[L_LN2_B], Nl);
-    in = a->ln2;
-    if (sp) TRY(model_sp_gather(m, m->sp_full, a->ln2, B, T));
-    if (sp) in = m->sp_full;
+    TRY(linear_input(m, a->ln2, B, T, sp, &in));
     if (c->n_experts) { /* Mixtral: the sparse FFN (moe.c); recomputation refills its state */
         TRY(model_moe_forward(m, lp, l, a, recompute ? NULL : y, N, !rows && !recompute));
         if (!recompute) cllm_add(y, y, a->x1, (long)N * C);
@@ -272,12 +287,7 @@ cllm_status model_block_forward(const cllm_model *m, model_lp_scratch *lp, int l
     }
     if (recompute) return CLLM_OK;
     TRY(model_linear_forward(m, lp, sp ? m->sp_full : y, a->act, s[L_DOWN_W], tp ? NULL : P[L_DOWN_B], N, F, C, in_out));
-    if (sp) {
-        TRY(model_sp_scatter(m, y, m->sp_full, B, T));
-        model_tp_add_bias(y, P[L_DOWN_B], Nl, C);
-    } else if (tp) {
-        TRY(model_tp_reduce_bias(m, y, P[L_DOWN_B], N, C));
-    }
+    TRY(row_parallel_sum(m, y, P[L_DOWN_B], B, T, N, sp));
     cllm_add(y, y, a->x1, (long)Nl * C);
     return CLLM_OK;
 }
@@ -310,7 +320,7 @@ static cllm_status block_backward(cllm_model *m, int l, int B, int T, double aux
      * gradients, and their input gradient reduce-scattered (into sp_loc) */
     const bool sp = m->acts_sp;
     const int Nl = model_sp_rows(m, B, T);
-    const float *dy = m->dx, *in = a->ln2;
+    const float *dy = m->dx, *in;
     const float *dl = m->dln;
     if (sp) TRY(model_sp_gather(m, m->dln, m->dx, B, T));
     if (sp) dy = m->dln;
@@ -324,8 +334,7 @@ static cllm_status block_backward(cllm_model *m, int l, int B, int T, double aux
         TRY(model_linear_backward(m, lp, m->dact, G[L_DOWN_W], G[L_DOWN_B], dy, a->act, P[L_DOWN_W], N, F, C, in_out));
         memset(m->dfc, 0, NF * sizeof(float));
         memset(m->dln, 0, NC * sizeof(float));
-        if (sp) TRY(model_sp_gather(m, m->sp_full, a->ln2, B, T));
-        if (sp) in = m->sp_full;
+        TRY(linear_input(m, a->ln2, B, T, sp, &in));
         if (c->arch == CLLM_ARCH_LLAMA) {
             memset(m->dup, 0, NF * sizeof(float));
             cllm_swiglu_backward(m->dfc, m->dup, m->dact, a->fc, a->up, (long)NF);
@@ -352,9 +361,7 @@ static cllm_status block_backward(cllm_model *m, int l, int B, int T, double aux
                                    a->lse, cv(v.q), cv(v.k), cv(v.v), alibi, B, T, c->n_head, c->n_kv_head, HS,
                                    1.0f / sqrtf((float)HS), c->sliding_window);
     memset(m->dln, 0, NC * sizeof(float));
-    in = a->ln1;
-    if (sp) TRY(model_sp_gather(m, m->sp_full, a->ln1, B, T));
-    if (sp) in = m->sp_full;
+    TRY(linear_input(m, a->ln1, B, T, sp, &in));
     if (c->arch == CLLM_ARCH_LLAMA) {
         /* undo the rotation: the gradient of a rotation is its inverse */
         cllm_rope_apply(dv.q.p, m->rope_cos, m->rope_sin, B, T, c->n_head, HS, Q, HS, -1);
