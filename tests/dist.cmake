@@ -22,6 +22,12 @@ if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
     cllm_add_py_test(tp_${case} tp_test.py LABELS mpi ARGS --case ${case})
     set_tests_properties(tp_${case} PROPERTIES TIMEOUT 180)
   endforeach()
+  # sequence parallelism over the tensor ranks (seqpar_test.py): equivalence
+  # per family, checkpoints across it, refusals, activation memory
+  foreach(case gpt2 llama bloom ckpt errors memory)
+    cllm_add_py_test(seqpar_${case} seqpar_test.py LABELS mpi ARGS --case ${case})
+    set_tests_properties(seqpar_${case} PROPERTIES TIMEOUT 180)
+  endforeach()
   # tensor-parallel inference (tp_infer_test.py): generate and serve against one process
   cllm_add_py_test(tp_infer_generate tp_infer_test.py LABELS mpi generate ARGS --case generate)
   cllm_add_py_test(tp_infer_weights tp_infer_test.py LABELS mpi generate ARGS --case weights)

@@ -142,9 +142,12 @@ PIPE_PLANS = [("p2", 2, PIPE2, 0, [("one", 1, None, 0), ("p2d2z1", 4, P2D2, 1)])
               ("p2d2z1", 4, P2D2, 1, [("one", 1, None, 0)])]
 
 
-def checkpoints(env, plans=PIPE_PLANS, from_one=("p2d2z1", 4, P2D2, 1), bad_order=True, sharded=True, zero_extra=None):
+def checkpoints(env, plans=PIPE_PLANS, from_one=("p2d2z1", 4, P2D2, 1), bad_order=True, sharded=True, zero_extra=None,
+                extras=None):
     """Checkpoints saved in one layout resume in others, and the reverse
-    (zero_extra: more zero_optimization keys for every run)."""
+    (zero_extra: more zero_optimization keys for every run; extras: {layout
+    tag: config keys that layout adds}, e.g. sequence_parallel)."""
+    extras = extras or {}
     model = env.init("llama")
     base = dict(train_batch_size=8, train_micro_batch_size_per_gpu=1)
     ref_out = env.path("ref")
@@ -155,8 +158,8 @@ def checkpoints(env, plans=PIPE_PLANS, from_one=("p2d2z1", 4, P2D2, 1), bad_orde
     ref_m = {r["step"]: r for r in dt.metrics(os.path.join(ref_out, "metrics.jsonl"))}
     ref_w = dt.tensors(os.path.join(ref_out, "model.safetensors"))
 
-    def run(tag, n, topo, zero, *extra, **kw):
-        cfg = dict(base, **kw)
+    def run(tag, n, topo, zero, *extra, layout=None, **kw):
+        cfg = dict(base, **extras.get(layout, {}), **kw)
         if topo:
             cfg["model_topo"] = {"process_topology": topo}
         cfg["zero_optimization"] = dict({"stage": zero, "reduce_bucket_size": 3000, "allgather_bucket_size": 5000},
@@ -181,7 +184,7 @@ def checkpoints(env, plans=PIPE_PLANS, from_one=("p2d2z1", 4, P2D2, 1), bad_orde
         print(f"{tag}: ok (worst weight rel diff {worst:.1e})")
 
     for src, n, topo, zero, targets in plans:
-        out = run(f"src_{src}", n, topo, zero, save_interval=5)
+        out = run(f"src_{src}", n, topo, zero, save_interval=5, layout=src)
         if not out:
             continue
         ck = os.path.join(out, "checkpoint-5")
@@ -189,14 +192,14 @@ def checkpoints(env, plans=PIPE_PLANS, from_one=("p2d2z1", 4, P2D2, 1), bad_orde
                  f"{src}: {'not ' if sharded else ''}a sharded checkpoint")
         compare(f"uninterrupted {src}", out, 1)
         for tgt, tn, ttopo, tzero in targets:
-            res = run(f"res_{src}_{tgt}", tn, ttopo, tzero, "--resume", ck)
+            res = run(f"res_{src}_{tgt}", tn, ttopo, tzero, "--resume", ck, layout=tgt)
             if res:
                 compare(f"{src} -> {tgt}", res, 6)
     # one process -> the parallel layout
-    out = run("src_one", 1, None, 0, save_interval=5)
+    out = run("src_one", 1, None, 0, save_interval=5, layout="one")
     tag, tn, ttopo, tzero = from_one
     if out:
-        res = run(f"res_one_{tag}", tn, ttopo, tzero, "--resume", os.path.join(out, "checkpoint-5"))
+        res = run(f"res_one_{tag}", tn, ttopo, tzero, "--resume", os.path.join(out, "checkpoint-5"), layout=tag)
         if res:
             compare(f"one -> {tag}", res, 6)
     if not bad_order:

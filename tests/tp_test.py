@@ -80,7 +80,7 @@ def equivalence(env, arch, sets=(), layouts=LAYOUTS):
         zero = dict({"stage": stage, "reduce_bucket_size": 3000, "allgather_bucket_size": 5000},
                     **extra.pop("zero", {}))
         cfg = env.config(f"{name}.json", model, model_topo={"process_topology": topo}, zero_optimization=zero,
-                         **ev, **extra)
+                         **dict(ev, **extra))  # a layout's extras may override the evaluation keys
         out = env.path(name)
         p = env.run(["train", "--config", cfg, "--out", out], np_=n)
         if p.returncode != 0:

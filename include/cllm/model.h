@@ -417,6 +417,10 @@ typedef struct {
 } cllm_model_stage_io;
 cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, int B, int T, double *loss_sum,
                                  long *n_counted);
+/* Floats of x_in, x_out, dx_out and dx_in: B*T*C, or under sequence
+ * parallelism (cllm_model_set_sequence_parallel) this tensor rank's
+ * B*(T/tp)*C, the positions it holds (stages then exchange that part). */
+size_t cllm_model_stage_floats(const cllm_model *m, int B, int T);
 
 /* ---- tensor parallelism ----
  * Marks m as tensor rank `rank`'s part of a model cut over `size` ranks
@@ -437,6 +441,23 @@ int cllm_model_vocab(const cllm_model *m);
 /* Tensor-parallel size and this part's rank (1 and 0 for a whole model). */
 int cllm_model_tensor_size(const cllm_model *m);
 int cllm_model_tensor_rank(const cllm_model *m);
+/* Megatron's sequence parallelism on a tensor part (Korthikanti et al.,
+ * "Reducing Activation Recomputation in Large Transformer Models"): the
+ * regions outside the tensor-parallel linears (the norms, the residual adds,
+ * the embedding output, the final norm) run on this rank's T / size
+ * positions of every sequence; an all-gather along the sequence replaces the
+ * identity before each column-parallel linear (QKV, fc/gate/up, the head)
+ * and a reduce-scatter replaces the all-reduce after each row-parallel one
+ * (o, down, the vocabulary-parallel embedding); the backward pass runs the
+ * conjugates, and the norms' parameter gradients of the local positions are
+ * summed over the group. Losses and gradients equal the tensor-parallel run
+ * (up to the order of additions). Call before cllm_model_prepare, after
+ * cllm_model_set_tensor_parallel (size > 1: CLLM_ERR_ARG otherwise); every
+ * pass must then have T divisible by the tensor size. Training passes only
+ * (pipeline stages exchange the local positions: cllm_model_stage_floats);
+ * a score or value head and hidden states are refused. */
+cllm_status cllm_model_set_sequence_parallel(cllm_model *m, bool on);
+bool cllm_model_sequence_parallel(const cllm_model *m);
 
 /* Mixtral's load-balancing loss of the last forward pass (transformers'
  * load_balancing_loss_func over every layer's router), unscaled; 0 for a
@@ -615,6 +636,13 @@ typedef struct {
  * same carving code prepare uses, without allocating. */
 void cllm_model_activation_bytes(const cllm_model_config *c, int B, int T, bool train, bool recompute,
                                  cllm_act_bytes *out);
+
+/* The same for a tensor part with sequence parallelism over sp ranks
+ * (cllm_model_set_sequence_parallel; sp 1, or sp not dividing T: without):
+ * the residual stream, the norms and their statistics hold T / sp positions
+ * of each sequence, plus shared buffers for the gathered norm outputs. */
+void cllm_model_activation_bytes_sp(const cllm_model_config *c, int B, int T, bool train, bool recompute, int sp,
+                                    cllm_act_bytes *out);
 
 /* Bytes of the activation buffer allocated by the last prepare (0 before). */
 size_t cllm_model_activation_alloc(const cllm_model *m);

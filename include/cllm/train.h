@@ -157,6 +157,11 @@ typedef struct {
     bool use_grad_ckpt;                  /* use_grad_ckpt: activation checkpointing, default false
                                             (also set by an enabling activation_checkpointing
                                             block); docs/memory.md */
+    bool sequence_parallel;              /* sequence_parallel: Megatron's sequence parallelism over
+                                            the tensor ranks (norms, residual adds and the embedding
+                                            output split along the sequence; all-gather / reduce-
+                                            scatter instead of all-reduce); needs a tensor axis > 1
+                                            dividing seq_len; default false; docs/distributed.md */
     cllm_model_topo model_topo;          /* model_topo */
     unsigned auto_keys;                  /* CLLM_AUTO_* bits: keys given as "auto" */
 

@@ -186,6 +186,17 @@ struct cllm_model {
     const struct cllm_dist_group *tp_grp;
     int tp_rank, tp_size;
     int tp_vocab;    /* the whole model's vocabulary (the part's rows past it are padding) */
+    /* sequence parallelism (seqpar.c): with sp (requested by
+     * cllm_model_set_sequence_parallel) the activations of the last prepare
+     * (acts_sp) hold this rank's T / tp_size positions of every sequence in
+     * the residual stream, the norms and their statistics, x_out and dx;
+     * sp_full [N,C] holds a gathered norm output or a row-parallel partial
+     * sum, sp_pack [N,C] (B > 1) the rank-major order of a collective,
+     * sp_loc [N/tp,C] the final norm's local output or a local gradient,
+     * sp_dnorm [2C] a norm's local weight and bias gradients */
+    bool sp, acts_sp;
+    float *sp_full, *sp_pack, *sp_loc, *sp_dnorm;
+    size_t *sp_counts; /* [tp_size] */
     float *tp_max;   /* [logit chunk] per-row maximum of the logits */
     double *tp_sum;  /* [2 * logit chunk] per-row sum of exp, target logit */
     int tp_rows;     /* rows of tp_max / tp_sum */
@@ -249,6 +260,8 @@ cllm_status model_tp_embed_forward(const cllm_model *m, float *out, const int32_
                                    const model_rows *rows);
 void model_tp_embed_backward(cllm_model *m, float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int N,
                              int T);
+/* out[N,C] += bias (NULL: nothing) */
+void model_tp_add_bias(float *out, const float *bias, int N, int C);
 /* out[N,C] <- all-reduce(out) + bias (bias may be NULL): a row-parallel output */
 cllm_status model_tp_reduce_bias(const cllm_model *m, float *out, const float *bias, int N, int C);
 /* buf[n] <- sum over the tensor group (identity without tensor parallelism) */
@@ -282,6 +295,20 @@ void model_tp_embed_stored(const cllm_model *m, float *out, const int32_t *token
  * matrix is BF16, else fp32. */
 cllm_status model_stored_format(const cllm_model *m, const json_t *config, const cllm_st_set *set, const char *path,
                                 cllm_wfmt *out);
+
+/* Sequence parallelism (seqpar.c): rows of this rank's sequence part
+ * (B x T / tp_size) when the activations are sequence-parallel, else B x T.
+ * model_sp_gather: full[B*T,C] <- every rank's local rows in sequence order;
+ * model_sp_scatter: local[B*T/tp,C] <- the sum over the tensor group of
+ * full's rows of this rank's positions (full and local distinct). */
+int model_sp_rows(const cllm_model *m, int B, int T);
+cllm_status model_sp_gather(const cllm_model *m, float *full, const float *local, int B, int T);
+cllm_status model_sp_scatter(const cllm_model *m, float *local, const float *full, int B, int T);
+/* position of local row i of a sequence-parallel pass (of T positions) */
+static inline int model_sp_pos(const cllm_model *m, int i, int T) {
+    int Ts = T / m->tp_size;
+    return m->tp_rank * Ts + i % Ts;
+}
 
 /* Tensor-parallel inference (tp_infer.c): rank 0's caches over a part send
  * each call that changes them to the other ranks, which run the same call on

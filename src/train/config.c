@@ -29,7 +29,7 @@
 static const char *const top_keys[] = {
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
     "optimizer", "scheduler", "fp16", "bf16", "zero_optimization", "steps_per_print", "wall_clock_breakdown",
-    "model_topo", "use_grad_ckpt", "activation_checkpointing", "communication_data_type",
+    "model_topo", "use_grad_ckpt", "activation_checkpointing", "communication_data_type", "sequence_parallel",
     /* cllm */
     "model", "data", "train_iters", "epochs", "eval_interval", "eval_iters", "save_interval", "save_total_limit",
     "output_dir", "seed", "log", "weight_decay_skip", "max_consecutive_skips", "shuffle", "peak_gflops",
@@ -918,6 +918,7 @@ cllm_status cllm_train_config_parse(cllm_train_config *cfg, json_t *j, const cha
     TRY(get_long(j, "steps_per_print", &cfg->steps_per_print, 1, "", path));
     TRY(get_bool(j, "wall_clock_breakdown", &cfg->wall_clock_breakdown, "", path));
     TRY(get_bool(j, "use_grad_ckpt", &cfg->use_grad_ckpt, "", path));
+    TRY(get_bool(j, "sequence_parallel", &cfg->sequence_parallel, "", path));
     json_t *o = NULL;
     TRY(get_obj(j, "optimizer", &o, "", path));
     if (o) TRY(parse_optimizer(cfg, o, path, strict));

@@ -240,6 +240,7 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
     json_object_set_new(j, "steps_per_print", json_integer(c->steps_per_print));
     json_object_set_new(j, "wall_clock_breakdown", json_boolean(c->wall_clock_breakdown));
     json_object_set_new(j, "use_grad_ckpt", json_boolean(c->use_grad_ckpt));
+    if (c->sequence_parallel) json_object_set_new(j, "sequence_parallel", json_true());
     if (c->model_topo.given) json_object_set_new(j, "model_topo", topo_to_json(&c->model_topo));
     if (c->save_expert_layout == CLLM_EXPERTS_FUSED) json_object_set_new(j, "save_expert_layout", json_string("fused"));
     if (c->moe.given)

@@ -767,6 +767,8 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     }
     size_t n = cllm_model_trainable_len(tr->m); /* the model's flat buffer, or a LoRA run's adapters */
     if ((st = make_ranges(tr))) goto done;
+    /* before the pipeline's buffers: its stages exchange the local positions */
+    if ((st = train_tp_sequence_parallel(tr->m, &tr->topo, c))) goto done;
     /* the optimizer keeps state for this rank's slice only (all of it at ZeRO stage 0) */
     if (piped) {
         if ((st = setup_pipeline(tr))) goto done;
@@ -908,8 +910,9 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if (tr->pipe && (st = pipe_report(tr, false))) goto done;
     if (c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0) {
         cllm_act_bytes other;
-        cllm_model_activation_bytes(mc, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true, !c->use_grad_ckpt,
-                                    &other);
+        cllm_model_activation_bytes_sp(mc, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true,
+                                       !c->use_grad_ckpt, cllm_model_sequence_parallel(tr->m) ?
+                                       cllm_model_tensor_size(tr->m) : 1, &other);
         fprintf(stderr, "cllm train: activations %.1f MB with activation checkpointing %s (%.1f MB %s)\n",
                 (double)tr->act_bytes / 1e6, c->use_grad_ckpt ? "on" : "off", (double)other.total / 1e6,
                 c->use_grad_ckpt ? "without" : "with it");

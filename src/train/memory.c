@@ -94,6 +94,11 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     if (s->trainable && (P > 1 || TP > 1 || s->offload_param))
         return CLLM_FAIL(CLLM_ERR_ARG, "a frozen base (LoRA) trains with data parallelism only (ZeRO stage 0-3, "
                          "offload_optimizer; not offload_param)");
+    if (s->sequence_parallel && TP < 2)
+        return CLLM_FAIL(CLLM_ERR_ARG, "sequence parallelism needs tensor parallelism (tensor > 1)");
+    if (s->sequence_parallel && s->seq_len % TP)
+        return CLLM_FAIL(CLLM_ERR_ARG, "sequence parallelism: sequence length %d is not divisible by the %d tensor "
+                         "ranks", s->seq_len, TP);
     if (s->quant_numel && !s->trainable)
         return CLLM_FAIL(CLLM_ERR_ARG, "a quantized base trains only with LoRA adapters");
     size_t n_params, len, full_len = 0;
@@ -192,7 +197,8 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
         if (s->zero_stage >= 3)
             out->work += (first + last + 2 * block) * (sizeof(float) + cllm_precision_copy_bytes(s->precision));
     }
-    cllm_model_activation_bytes(c, s->micro_batch, s->seq_len, true, s->grad_ckpt, &out->act);
+    cllm_model_activation_bytes_sp(c, s->micro_batch, s->seq_len, true, s->grad_ckpt, s->sequence_parallel ? TP : 1,
+                                   &out->act);
     out->logits = out->act.logits;
     out->activations = out->act.total - out->act.logits;
     out->snapshot = s->async_save && !s->offload_optimizer ? (s->trainable ? bytes : out->params) + out->optim : 0;
@@ -209,7 +215,9 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
          * activations, the head's logits on the last stage, and under 1F1B
          * min(P - k, M) stage inputs (not on the first stage), as many send
          * buffers each way, one receive and one scratch buffer. */
-        const size_t NC = (size_t)s->micro_batch * (size_t)s->seq_len * (size_t)c->n_embd * sizeof(float);
+        /* a stage message: this tensor rank's positions under sequence parallelism */
+        const size_t NC = (size_t)s->micro_batch * (size_t)(s->seq_len / (s->sequence_parallel ? TP : 1)) *
+                          (size_t)c->n_embd * sizeof(float);
         const cllm_act_bytes *A = &out->act;
         size_t best = 0;
         for (int k = 0; k < P; k++) {

@@ -357,5 +357,10 @@ cllm_status train_tp_gather(train_tp *t, const cllm_model *part, cllm_model **wh
 /* The whole model (its layout; its parameters are those of the last
  * gather, or as loaded). */
 const cllm_model *train_tp_whole(const train_tp *t);
+/* sequence_parallel: switches it on for the part m of a run over `topo`
+ * (refused, naming the key, without a tensor axis or with
+ * a seq_len the tensor size does not divide) and prints the start-up line
+ * on rank 0 unless quiet. Nothing when the key is off. */
+cllm_status train_tp_sequence_parallel(cllm_model *m, const cllm_topo *topo, const cllm_train_config *c);
 
 #endif

@@ -72,7 +72,7 @@ static void print_setup(const cllm_mem_setup *s) {
            s->zero_stage, s->dp, s->dp == 1 ? "" : "s", s->async_save ? ", async checkpoint snapshots" : "",
            s->offload_optimizer ? ", optimizer state offloaded" : "");
     if (s->pipe > 1) printf(", %d pipeline stages", s->pipe);
-    if (s->tensor > 1) printf(", %d tensor ranks", s->tensor);
+    if (s->tensor > 1) printf(", %d tensor ranks%s", s->tensor, s->sequence_parallel ? " with sequence parallelism" : "");
     if (s->expert_parallel > 1) printf(", %d expert-parallel ranks", s->expert_parallel);
     printf("\n");
 }
@@ -178,6 +178,7 @@ int cmd_estimate(int argc, char **argv) {
     int B, T, accum, stage, dp, off_count, off_size, pipe, tensor, threads, lora_r, ppo_batch, ep;
     double capacity;
     bool grad_ckpt = false, momentum = false, async_save = false, as_json = false, offload = false, offload_p = false;
+    bool seq_par = false;
     arg_list sets, freeze = {0}, unfrozen = {0};
     quant_flags qf = {0};
     arg_spec specs[] = {
@@ -200,6 +201,8 @@ int cmd_estimate(int argc, char **argv) {
         {"dp", ARG_INT, &dp, "1", false, "data-parallel ranks"},
         {"pipe", ARG_INT, &pipe, "1", false, "pipeline stages (model_topo pipe axis)"},
         {"tensor", ARG_INT, &tensor, "1", false, "tensor-parallel ranks (model_topo tensor axis)"},
+        {"sequence-parallel", ARG_FLAG, &seq_par, NULL, false,
+         "with --tensor: sequence parallelism (sequence_parallel), norms and residuals split along the sequence"},
         {"expert-parallel", ARG_INT, &ep, "1", false, "expert-parallel ranks (moe.expert_parallel_size; divides --dp)"},
         {"capacity-factor", ARG_F64, &capacity, "0", false,
          "with --expert-parallel: moe.capacity_factor (0: no token dropped, the worst-case rows)"},
@@ -235,7 +238,7 @@ int cmd_estimate(int argc, char **argv) {
     cllm_mem_setup s = {.micro_batch = B, .grad_accum = accum, .seq_len = T, .grad_ckpt = grad_ckpt,
                         .sgd_momentum = momentum, .zero_stage = stage, .dp = dp, .async_save = async_save,
                         .offload_optimizer = offload, .offload_buffer_count = off_count,
-                        .offload_buffer_size = off_size, .pipe = pipe, .tensor = tensor,
+                        .offload_buffer_size = off_size, .pipe = pipe, .tensor = tensor, .sequence_parallel = seq_par,
                         .offload_param = offload_p, .threads = threads, .expert_parallel = ep,
                         .capacity_factor = capacity};
     size_t budget = 0;
