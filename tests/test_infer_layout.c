@@ -131,19 +131,22 @@ done:
     cllm_model_free(m);
 }
 
+/* cllm_model_set_inference leaves m's parameters as they were. */
+static void check_unchanged(cllm_model *m, const char *what) {
+    size_t len = cllm_model_buffer_len(m);
+    float *was = malloc(len * sizeof(float));
+    memcpy(was, cllm_model_params(m), len * sizeof(float));
+    CHECK(cllm_model_set_inference(m) == CLLM_OK, "%s: set_inference: %s", what, cllm_last_error());
+    CHECK(memcmp(was, cllm_model_params(m), len * sizeof(float)) == 0, "%s: weights changed", what);
+    free(was);
+}
+
 /* Models the call leaves alone. */
 static void test_no_ops(void) {
     cllm_model *m = tiny_model(CLLM_ARCH_LLAMA, "{}", 3);
     CHECK(m != NULL, "llama model");
-    if (m) {
-        size_t len = cllm_model_buffer_len(m);
-        float *was = malloc(len * sizeof(float));
-        memcpy(was, cllm_model_params(m), len * sizeof(float));
-        CHECK(cllm_model_set_inference(m) == CLLM_OK, "llama set_inference");
-        CHECK(memcmp(was, cllm_model_params(m), len * sizeof(float)) == 0, "llama weights changed");
-        free(was);
-        cllm_model_free(m);
-    }
+    if (m) check_unchanged(m, "llama");
+    cllm_model_free(m);
     m = tiny_model(CLLM_ARCH_GPT2, SHAPE, 6);
     CHECK(m != NULL, "gpt2 model");
     if (!m) return;
@@ -155,12 +158,7 @@ static void test_no_ops(void) {
         cllm_trainable_spec spec[2] = {{.name = w->name, .base = idx},
                                        {.name = "extra", .base = -1, .ndim = 1, .shape = {4}}};
         CHECK(cllm_model_set_trainable(m, spec, 2) == CLLM_OK, "trainable set: %s", cllm_last_error());
-        size_t len = cllm_model_buffer_len(m);
-        float *was = malloc(len * sizeof(float));
-        memcpy(was, cllm_model_params(m), len * sizeof(float));
-        CHECK(cllm_model_set_inference(m) == CLLM_OK, "set_inference with a trainable copy");
-        CHECK(memcmp(was, cllm_model_params(m), len * sizeof(float)) == 0, "weights with a trainable copy changed");
-        free(was);
+        check_unchanged(m, "gpt2 with a trainable copy");
     }
     cllm_model_free(m);
 }

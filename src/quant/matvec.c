@@ -168,18 +168,15 @@ typedef void (*tile_fn)(float *out, int R, const unsigned char *w, size_t rb, co
     static void NAME(float *out, int R, const unsigned char *w, size_t rb, const float *x, int K, const float *bias) { \
         tile_impl(out, R, w, rb, x, K, bias, RT, MT, BF);                                                      \
     }
-DEFINE_TILE(4, 1, false, tile_f4_1)
-DEFINE_TILE(4, 2, false, tile_f4_2)
-DEFINE_TILE(4, 3, false, tile_f4_3)
-DEFINE_TILE(1, 1, false, tile_f1_1)
-DEFINE_TILE(1, 2, false, tile_f1_2)
-DEFINE_TILE(1, 3, false, tile_f1_3)
-DEFINE_TILE(4, 1, true, tile_b4_1)
-DEFINE_TILE(4, 2, true, tile_b4_2)
-DEFINE_TILE(4, 3, true, tile_b4_3)
-DEFINE_TILE(1, 1, true, tile_b1_1)
-DEFINE_TILE(1, 2, true, tile_b1_2)
-DEFINE_TILE(1, 3, true, tile_b1_3)
+#define DEFINE_TILES(BF, P)                                                                                    \
+    DEFINE_TILE(4, 1, BF, P##4_1)                                                                              \
+    DEFINE_TILE(4, 2, BF, P##4_2)                                                                              \
+    DEFINE_TILE(4, 3, BF, P##4_3)                                                                              \
+    DEFINE_TILE(1, 1, BF, P##1_1)                                                                              \
+    DEFINE_TILE(1, 2, BF, P##1_2)                                                                              \
+    DEFINE_TILE(1, 3, BF, P##1_3)
+DEFINE_TILES(false, tile_f)
+DEFINE_TILES(true, tile_b)
 /* [bf16][RT == 4][MT - 1] */
 static const tile_fn tiles[2][2][3] = {{{tile_f1_1, tile_f1_2, tile_f1_3}, {tile_f4_1, tile_f4_2, tile_f4_3}},
                                        {{tile_b1_1, tile_b1_2, tile_b1_3}, {tile_b4_1, tile_b4_2, tile_b4_3}}};
