@@ -1,8 +1,10 @@
 /*
  * Small-batch matmul speed: cllm's own kernels (cllm/quant.h) for fp32, bf16,
  * int8 and q4 weights against oneDNN's fp32 linear layer (cllm_linear_forward)
- * on the matrices of one gpt2-124M decode step (the Conv1D layers in their
- * stored [in, out] layout, and the 50257 x 768 head), M = 1, 4 and 16 rows.
+ * on the matrices of one gpt2-124M decode step, M = 1, 4 and 16 rows. oneDNN
+ * reads the Conv1D layers in their file layout [in, out] (what a model
+ * without cllm_model_set_inference runs), every format of cllm's kernels
+ * reads them [out, in] (fp32 included: what generate and serve run).
  * Interleaved (oneDNN, then each format, round after round); prints the median
  * time of a whole step's matrices per format, its weight read rate in GB/s, and
  * the speed-up over oneDNN.
@@ -72,7 +74,7 @@ int main(int argc, char **argv) {
             for (int s = 0; s < NS; s++)
                 for (int c = 0; c < shapes[s].count; c++) {
                     cllm_qweight w = {f, f < CLLM_WFMT_COUNT ? store[s][f] : NULL, shapes[s].rows, shapes[s].cols,
-                                      f == CLLM_WFMT_FP32 && shapes[s].in_out};
+                                      false};
                     if (f == CLLM_WFMT_COUNT)
                         cllm_linear_forward(out, x, W[s], NULL, 1, shapes[s].cols, shapes[s].rows, shapes[s].in_out);
                     else
@@ -91,8 +93,7 @@ int main(int argc, char **argv) {
                         if (f == CLLM_WFMT_COUNT) {
                             cllm_linear_forward(out, x, W[s], NULL, M, shapes[s].cols, shapes[s].rows, shapes[s].in_out);
                         } else {
-                            cllm_qweight w = {(cllm_wfmt)f, store[s][f], shapes[s].rows, shapes[s].cols,
-                                              f == CLLM_WFMT_FP32 && shapes[s].in_out};
+                            cllm_qweight w = {(cllm_wfmt)f, store[s][f], shapes[s].rows, shapes[s].cols, false};
                             cllm_qmatmul(out, x, &w, NULL, M, scratch);
                         }
                     }

@@ -14,10 +14,11 @@
  * how often a row is reused), so a sequence's logits do not depend on the
  * batch it runs in.
  *
- * fp32 / bf16: the 32 values of a block go to 32 fp32 accumulator lanes
- * (value i to lane i % 32), summed in a fixed order at the end; bf16 is
- * widened by a 16-bit shift. For M > 1 a row is widened once into a stack
- * buffer and reused; the values are the same, so the result is too.
+ * fp32 / bf16: each output accumulates in 8 fp32 lanes (value i to lane
+ * i % 8), summed in a fixed order at the end; bf16 is widened by a 16-bit
+ * shift. Tiles of up to 4 weight rows by 3 input rows share their loads
+ * (a small GEMM micro-kernel for the rows of a batched decode step) with
+ * the same operations per output whatever the tile.
  *
  * int8 / q4: the activations are quantized per block of 32 as Q8_0 is (an
  * fp32 scale d_x = max|x| / 127 and int8 codes), and each block contributes
@@ -54,7 +55,7 @@
 #include <immintrin.h>
 #endif
 
-enum { QB = CLLM_QBLOCK, ROWBUF = 8192, MCHUNK = 16 };
+enum { QB = CLLM_QBLOCK, MCHUNK = 16 };
 
 /* Below this many weights a matrix runs on the calling thread alone. */
 #define QV_PARALLEL_MIN 32768L
@@ -67,65 +68,120 @@ static inline float scale_of(const unsigned char *b) {
 #endif
 }
 
-/* ------------------------------------------------------ the 32-lane block */
+/* ------------------------------------------- fp32 / bf16: 8-lane tiles */
+/* One output accumulates in 8 fp32 lanes (value i of the row to lane i % 8,
+ * in ascending order), summed in a fixed order at the end. A tile computes
+ * RT weight rows times MT input rows at once (up to 4 x 3: twelve
+ * accumulators, the MT inputs of the next 8 values, one widened weight
+ * vector) so each load feeds several multiply-adds; every output still runs
+ * the same operations in the same order, whatever the tile, so the result
+ * of a row never depends on M. */
 #ifdef QV_SIMD
-/* four named registers, not an array: an indexed array of vectors would
- * live in memory and chain every FMA through a store and a load */
-typedef struct {
-    __m256 a0, a1, a2, a3;
-} lanes;
-typedef lanes wide; /* 32 widened weights */
-static inline void lanes_zero(lanes *l) { l->a0 = l->a1 = l->a2 = l->a3 = _mm256_setzero_ps(); }
-static inline void lanes_fma(lanes *l, const wide *w, const float *x) {
-    l->a0 = _mm256_fmadd_ps(w->a0, _mm256_loadu_ps(x), l->a0);
-    l->a1 = _mm256_fmadd_ps(w->a1, _mm256_loadu_ps(x + 8), l->a1);
-    l->a2 = _mm256_fmadd_ps(w->a2, _mm256_loadu_ps(x + 16), l->a2);
-    l->a3 = _mm256_fmadd_ps(w->a3, _mm256_loadu_ps(x + 24), l->a3);
-}
-static inline float lanes_sum(const lanes *l) {
-    __m256 s = _mm256_add_ps(_mm256_add_ps(l->a0, l->a1), _mm256_add_ps(l->a2, l->a3));
+typedef __m256 v8;
+static inline v8 v8_zero(void) { return _mm256_setzero_ps(); }
+static inline v8 v8_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline v8 v8_fma(v8 a, v8 b, v8 c) { return _mm256_fmadd_ps(a, b, c); }
+static inline float v8_sum(v8 s) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     h = _mm_add_ss(h, _mm_movehdup_ps(h));
     return _mm_cvtss_f32(h);
 }
-static inline void widen_f32(wide *w, const float *src) {
-    w->a0 = _mm256_loadu_ps(src);
-    w->a1 = _mm256_loadu_ps(src + 8);
-    w->a2 = _mm256_loadu_ps(src + 16);
-    w->a3 = _mm256_loadu_ps(src + 24);
-}
-static inline __m256 bf16x8(const uint16_t *src) {
+static inline v8 v8_bf16(const uint16_t *src) {
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)src));
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
-static inline void widen_bf16(wide *w, const uint16_t *src) {
-    w->a0 = bf16x8(src);
-    w->a1 = bf16x8(src + 8);
-    w->a2 = bf16x8(src + 16);
-    w->a3 = bf16x8(src + 24);
-}
 #else
 typedef struct {
-    float a[QB];
-} lanes;
-typedef lanes wide;
-static inline void lanes_zero(lanes *l) { memset(l->a, 0, sizeof l->a); }
-static inline void lanes_fma(lanes *l, const wide *w, const float *x) {
-    for (int i = 0; i < QB; i++) l->a[i] += w->a[i] * x[i];
+    float a[8];
+} v8;
+static inline v8 v8_zero(void) { return (v8){{0}}; }
+static inline v8 v8_load(const float *p) {
+    v8 r;
+    memcpy(r.a, p, sizeof r.a);
+    return r;
 }
-static inline float lanes_sum(const lanes *l) {
-    float s[8];
-    for (int j = 0; j < 8; j++) s[j] = (l->a[j] + l->a[8 + j]) + (l->a[16 + j] + l->a[24 + j]);
-    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+static inline v8 v8_fma(v8 a, v8 b, v8 c) {
+    for (int i = 0; i < 8; i++) c.a[i] += a.a[i] * b.a[i];
+    return c;
 }
-static inline void widen_f32(wide *w, const float *src) { memcpy(w->a, src, sizeof w->a); }
-static inline void widen_bf16(wide *w, const uint16_t *src) {
-    for (int i = 0; i < QB; i++) w->a[i] = cllm_bf16_to_f32(src[i]);
+static inline float v8_sum(v8 s) { /* the SIMD build's order */
+    const float h0 = s.a[0] + s.a[4], h1 = s.a[1] + s.a[5], h2 = s.a[2] + s.a[6], h3 = s.a[3] + s.a[7];
+    return (h0 + h2) + (h1 + h3);
+}
+static inline v8 v8_bf16(const uint16_t *src) {
+    v8 r;
+    for (int i = 0; i < 8; i++) r.a[i] = cllm_bf16_to_f32(src[i]);
+    return r;
 }
 #endif
 
-#define WBLOCK wide wb
+/* The 8 weights of row w from value k (bf16 widened). */
+static inline __attribute__((always_inline)) v8 w8(const unsigned char *w, int k, bool bf16) {
+    return bf16 ? v8_bf16((const uint16_t *)(const void *)w + k) : v8_load((const float *)(const void *)w + k);
+}
+
+/* out[m + j, r + i] for i < RT, j < MT: rows of w rb bytes apart, inputs K
+ * floats apart; a partial last group of 8 values is read through
+ * zero-padded copies. */
+static inline __attribute__((always_inline)) void tile_impl(float *out, int R, const unsigned char *w, size_t rb,
+                                                            const float *x, int K, const float *bias, const int RT,
+                                                            const int MT, const bool bf16) {
+    v8 acc[4][3];
+    const int full = K & ~7;
+#pragma GCC unroll 4
+    for (int i = 0; i < RT; i++)
+#pragma GCC unroll 3
+        for (int j = 0; j < MT; j++) acc[i][j] = v8_zero();
+    for (int k = 0; k < full; k += 8) {
+        v8 xv[3];
+#pragma GCC unroll 3
+        for (int j = 0; j < MT; j++) xv[j] = v8_load(x + (size_t)j * K + k);
+#pragma GCC unroll 4
+        for (int i = 0; i < RT; i++) {
+            const v8 wv = w8(w + (size_t)i * rb, k, bf16);
+#pragma GCC unroll 3
+            for (int j = 0; j < MT; j++) acc[i][j] = v8_fma(wv, xv[j], acc[i][j]);
+        }
+    }
+    if (full < K) {
+        float xp[3][8] = {{0}}, wp[8];
+        for (int j = 0; j < MT; j++) memcpy(xp[j], x + (size_t)j * K + full, (size_t)(K - full) * sizeof(float));
+        for (int i = 0; i < RT; i++) {
+            const unsigned char *wi = w + (size_t)i * rb;
+            for (int c = 0; c < 8; c++)
+                wp[c] = full + c >= K ? 0.0f
+                        : bf16       ? cllm_bf16_to_f32(((const uint16_t *)(const void *)wi)[full + c])
+                                     : ((const float *)(const void *)wi)[full + c];
+            const v8 wv = v8_load(wp);
+            for (int j = 0; j < MT; j++) acc[i][j] = v8_fma(wv, v8_load(xp[j]), acc[i][j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < RT; i++)
+#pragma GCC unroll 3
+        for (int j = 0; j < MT; j++) out[(size_t)j * R + i] = v8_sum(acc[i][j]) + (bias ? bias[i] : 0.0f);
+}
+
+typedef void (*tile_fn)(float *out, int R, const unsigned char *w, size_t rb, const float *x, int K, const float *bias);
+#define DEFINE_TILE(RT, MT, BF, NAME)                                                                          \
+    static void NAME(float *out, int R, const unsigned char *w, size_t rb, const float *x, int K, const float *bias) { \
+        tile_impl(out, R, w, rb, x, K, bias, RT, MT, BF);                                                      \
+    }
+#define DEFINE_TILES(BF, P)                                                                                    \
+    DEFINE_TILE(4, 1, BF, P##4_1)                                                                              \
+    DEFINE_TILE(4, 2, BF, P##4_2)                                                                              \
+    DEFINE_TILE(4, 3, BF, P##4_3)                                                                              \
+    DEFINE_TILE(1, 1, BF, P##1_1)                                                                              \
+    DEFINE_TILE(1, 2, BF, P##1_2)                                                                              \
+    DEFINE_TILE(1, 3, BF, P##1_3)
+DEFINE_TILES(false, tile_f)
+DEFINE_TILES(true, tile_b)
+/* [bf16][RT == 4][MT - 1] */
+static const tile_fn tiles[2][2][3] = {{{tile_f1_1, tile_f1_2, tile_f1_3}, {tile_f4_1, tile_f4_2, tile_f4_3}},
+                                       {{tile_b1_1, tile_b1_2, tile_b1_3}, {tile_b4_1, tile_b4_2, tile_b4_3}}};
+
+/* ------------------------------------- int8 / q4 weights: integer dots */
 
 /* The 32 inputs of block b of x (zero-padded past cols). */
 static inline const float *x_block(const float *x, int cols, int b, float pad[QB]) {
@@ -135,81 +191,6 @@ static inline const float *x_block(const float *x, int cols, int b, float pad[QB
     memcpy(pad, x + i0, (size_t)(cols - i0) * sizeof *pad);
     return pad;
 }
-
-/* A row's dot product with x, block by block, one loop per format (the
- * format test stays out of the loop); a partial last block is read
- * through zero-padded copies. */
-static float dot_f32(const float *row, const float *x, int cols) {
-    const int full = cols / QB;
-    lanes acc;
-    lanes_zero(&acc);
-    for (int b = 0; b < full; b++) {
-        WBLOCK;
-        widen_f32(&wb, row + (size_t)b * QB);
-        lanes_fma(&acc, &wb, x + (size_t)b * QB);
-    }
-    if (full * QB < cols) {
-        float wpad[QB] = {0}, xpad[QB] = {0};
-        memcpy(wpad, row + (size_t)full * QB, (size_t)(cols - full * QB) * sizeof *wpad);
-        memcpy(xpad, x + (size_t)full * QB, (size_t)(cols - full * QB) * sizeof *xpad);
-        WBLOCK;
-        widen_f32(&wb, wpad);
-        lanes_fma(&acc, &wb, xpad);
-    }
-    return lanes_sum(&acc);
-}
-
-static float dot_bf16(const uint16_t *row, const float *x, int cols) {
-    const int full = cols / QB;
-    lanes acc;
-    lanes_zero(&acc);
-    for (int b = 0; b < full; b++) {
-        WBLOCK;
-        widen_bf16(&wb, row + (size_t)b * QB);
-        lanes_fma(&acc, &wb, x + (size_t)b * QB);
-    }
-    if (full * QB < cols) {
-        uint16_t wpad[QB] = {0};
-        float xpad[QB] = {0};
-        memcpy(wpad, row + (size_t)full * QB, (size_t)(cols - full * QB) * sizeof *wpad);
-        memcpy(xpad, x + (size_t)full * QB, (size_t)(cols - full * QB) * sizeof *xpad);
-        WBLOCK;
-        widen_bf16(&wb, wpad);
-        lanes_fma(&acc, &wb, xpad);
-    }
-    return lanes_sum(&acc);
-}
-
-static float dot_row(cllm_wfmt f, const unsigned char *row, const float *x, int cols) {
-    switch (f) {
-    case CLLM_WFMT_BF16: return dot_bf16((const uint16_t *)(const void *)row, x, cols);
-    default: return dot_f32((const float *)(const void *)row, x, cols);
-    }
-}
-
-/* Widens a whole fp32 / bf16 row into wrow (nb * 32 floats, zero-padded):
- * the values dot_row would widen block by block. */
-static void widen_row(cllm_wfmt f, const unsigned char *row, int cols, float *wrow) {
-    const int nb = (cols + QB - 1) / QB;
-    cllm_quant_dequant_row(wrow, row, f, cols);
-    memset(wrow + cols, 0, (size_t)(nb * QB - cols) * sizeof *wrow);
-}
-
-/* One output from a row widened beforehand into wrow (nb * 32 floats). */
-static float dot_wide(const float *wrow, const float *x, int cols) {
-    lanes acc;
-    lanes_zero(&acc);
-    float xpad[QB];
-    int nb = (cols + QB - 1) / QB;
-    for (int b = 0; b < nb; b++) {
-        WBLOCK;
-        widen_f32(&wb, wrow + (size_t)b * QB);
-        lanes_fma(&acc, &wb, x_block(x, cols, b, xpad));
-    }
-    return lanes_sum(&acc);
-}
-
-/* ------------------------------------- int8 / q4 weights: integer dots */
 
 /* A block of 32 activations quantized as Q8_0 is, with an fp32 scale:
  * value = d * q, d = max|x| / 127, q = round(x / d) half away from zero. */
@@ -372,24 +353,24 @@ static void quant_kernel(float *out, const float *x, const cllm_qweight *w, cons
     run_chunks(quant_chunk, &j);
 }
 
-/* Row-major formats: one output channel per iteration, all M inputs. */
+/* Row-major formats: tiles of 4 weight rows (one row at the chunk's end)
+ * by 3 inputs; a tile's rows stay in cache while the inputs go by. */
 static void rows_chunk(void *ctx, int c) {
     const mm_job *j = ctx;
     const cllm_qweight *w = j->w;
-    const int R = w->rows, K = w->cols, nb = (K + QB - 1) / QB, M = j->M;
+    const int R = w->rows, K = w->cols, M = j->M;
     const int r0 = c * j->rows_per, r1 = r0 + j->rows_per < R ? r0 + j->rows_per : R;
     const size_t rb = cllm_wfmt_row_bytes(w->fmt, K);
-    const bool widen_once = M > 1 && nb * QB <= ROWBUF;
-    for (int r = r0; r < r1; r++) {
+    const int bf = w->fmt == CLLM_WFMT_BF16;
+    for (int r = r0; r < r1;) {
+        const int rt = r1 - r >= 4 ? 4 : 1;
         const unsigned char *row = (const unsigned char *)w->data + (size_t)r * rb;
-        const float bv = j->bias ? j->bias[r] : 0.0f;
-        if (!widen_once) {
-            for (int m = 0; m < M; m++) j->out[(size_t)m * R + r] = dot_row(w->fmt, row, j->x + (size_t)m * K, K) + bv;
-            continue;
+        for (int m = 0; m < M; m += 3) {
+            const int mt = M - m < 3 ? M - m : 3;
+            tiles[bf][rt == 4][mt - 1](j->out + (size_t)m * R + r, R, row, rb, j->x + (size_t)m * K, K,
+                                       j->bias ? j->bias + r : NULL);
         }
-        float wrow[ROWBUF];
-        widen_row(w->fmt, row, K, wrow);
-        for (int m = 0; m < M; m++) j->out[(size_t)m * R + r] = dot_wide(wrow, j->x + (size_t)m * K, K) + bv;
+        r += rt;
     }
 }
 
