@@ -98,8 +98,8 @@ size_t cllm_qweight_bytes(cllm_wfmt f, int rows, int cols);
 cllm_status cllm_quant_matrix(void *dst, cllm_wfmt f, const float *src, int rows, int cols, bool transpose);
 
 /* Bytes of scratch cllm_qmatmul needs for M rows of `cols` inputs in
- * format f: the quantized activations of int8 / q4 (36 bytes per 32
- * inputs per row); 0 for fp32 and bf16. */
+ * format f: the quantized activations of int8 / q4 (per 32 inputs per row,
+ * 36 bytes for int8, 68 for q4); 0 for fp32 and bf16. */
 size_t cllm_qmatmul_scratch_bytes(cllm_wfmt f, int cols, int M);
 /* out[M, w.rows] = x[M, w.cols] . W^T + bias (bias [w.rows] or NULL).
  * out must not alias x. M >= 1. scratch: cllm_qmatmul_scratch_bytes(w.fmt,
