@@ -297,11 +297,51 @@ static void quantize_chunk(void *ctx, int c) {
         }
 }
 
+/* One matmul cut into chunks of output rows for the thread pool (pool.c):
+ * chunk c computes the outputs of rows [c * rows_per, (c + 1) * rows_per)
+ * for all M inputs. */
+typedef struct {
+    float *out;
+    const float *x;
+    const cllm_qweight *w;
+    const float *bias;
+    const xblock *xq;
+    const int32_t *xc; /* q4 */
+    int M, rows_per;
+    bool vnni; /* int8 / q4 through the VNNI kernels */
+} mm_job;
+
+/* Chunks of at least MIN_CHUNK_BYTES of weights, about 8 per thread (a
+ * thread that stalls holds up at most one small chunk), rows a multiple of 8. */
+enum { MIN_CHUNK_BYTES = 16384, CHUNKS_PER_THREAD = 8 };
+
+static void run_chunks(quant_task_fn fn, mm_job *j) {
+    const int R = j->w->rows, nt = quant_pool_threads();
+    const size_t rb = cllm_wfmt_row_bytes(j->w->fmt, j->w->cols);
+    if (nt <= 1 || (long)R * j->w->cols * j->M < QV_PARALLEL_MIN) {
+        j->rows_per = R;
+        fn(j, 0);
+        return;
+    }
+    int per = (R + nt * CHUNKS_PER_THREAD - 1) / (nt * CHUNKS_PER_THREAD);
+    const int min_rows = (int)((MIN_CHUNK_BYTES + rb - 1) / rb);
+    if (per < min_rows) per = min_rows;
+    per = (per + 7) / 8 * 8;
+    j->rows_per = per;
+    quant_pool_run(fn, j, (R + per - 1) / per);
+}
+
+/* Tokens per pass over a chunk's rows: their quantized blocks (36 or 68
+ * bytes per 32 inputs) stay in L2 while every row of the chunk reads them. */
+enum { TOKEN_STEP = 64 };
+
 /* One output: sum over blocks of d_w * d_x * (integer dot of the codes),
  * the integer dot exact. SIMD: qdot.h, for AVX2 and (the avx512 build,
  * where the CPU has it) AVX512-VNNI; portable: one lane in block order. */
 #ifdef QV_SIMD
-enum { TR = 2, TT = 4 }; /* a tile: 2 weight rows by 4 tokens */
+/* a tile: 2 weight rows by 4 tokens (2x2 to 4x2 and 1x8 timed the same
+ * within the noise of a loaded machine, 1 row by 6 or 8 tokens slower) */
+enum { TR = 2, TT = 4 };
 static inline __m256i dotu_avx2(__m256i acc, __m256i u, __m256i s) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
@@ -343,86 +383,14 @@ static float rowdot_portable(cllm_wfmt f, const unsigned char *row, const xblock
     }
     return acc;
 }
-#endif
-
-/* One matmul cut into chunks of output rows for the thread pool (pool.c):
- * chunk c computes the outputs of rows [c * rows_per, (c + 1) * rows_per)
- * for all M inputs. */
-typedef struct {
-    float *out;
-    const float *x;
-    const cllm_qweight *w;
-    const float *bias;
-    const xblock *xq;
-    const int32_t *xc; /* q4 */
-    int M, rows_per;
-    bool vnni; /* int8 / q4 through the VNNI kernels */
-} mm_job;
-
-/* Chunks of at least MIN_CHUNK_BYTES of weights, about 8 per thread (a
- * thread that stalls holds up at most one small chunk), rows a multiple of 8. */
-enum { MIN_CHUNK_BYTES = 16384, CHUNKS_PER_THREAD = 8 };
-
-static void run_chunks(quant_task_fn fn, mm_job *j) {
-    const int R = j->w->rows, nt = quant_pool_threads();
-    const size_t rb = cllm_wfmt_row_bytes(j->w->fmt, j->w->cols);
-    if (nt <= 1 || (long)R * j->w->cols * j->M < QV_PARALLEL_MIN) {
-        j->rows_per = R;
-        fn(j, 0);
-        return;
-    }
-    int per = (R + nt * CHUNKS_PER_THREAD - 1) / (nt * CHUNKS_PER_THREAD);
-    const int min_rows = (int)((MIN_CHUNK_BYTES + rb - 1) / rb);
-    if (per < min_rows) per = min_rows;
-    per = (per + 7) / 8 * 8;
-    j->rows_per = per;
-    quant_pool_run(fn, j, (R + per - 1) / per);
-}
-
-/* Tokens per pass over a chunk's rows: their quantized blocks (36 or 68
- * bytes per 32 inputs) stay in L2 while every row of the chunk reads them. */
-enum { TOKEN_STEP = 64 };
-
-/* The outputs of rows [r0, r1) for tokens [t0, t1) of format f: TR x TT
- * tiles, the rows and tokens left over one output at a time. */
-#ifdef QV_SIMD
-#define DEFINE_QRANGE(SUF, ATTR)                                                                                  \
-    ATTR static void qrange_##SUF(cllm_wfmt f, const mm_job *j, int r0, int r1, int t0, int t1) {             \
-        const cllm_qweight *w = j->w;                                                                           \
-        const int R = w->rows, nb = (w->cols + QB - 1) / QB;                                                    \
-        const size_t rb = cllm_wfmt_row_bytes(f, w->cols);                                                      \
-        const unsigned char *W = w->data;                                                                       \
-        const int32_t *xc = j->xc;                                                                              \
-        int r = r0;                                                                                             \
-        for (; r + TR <= r1 && t1 - t0 >= TT; r += TR) {                                                        \
-            int t = t0;                                                                                         \
-            for (; t + TT <= t1; t += TT)                                                                       \
-                tile_##SUF(f, W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XCT(t), nb,                   \
-                           j->out + (size_t)t * R + r, (size_t)R);                                               \
-            for (; t < t1; t++)                                                                                 \
-                for (int i = r; i < r + TR; i++)                                                                \
-                    j->out[(size_t)t * R + i] = rowdot_##SUF(f, W + (size_t)i * rb, j->xq + (size_t)t * nb,     \
-                                                             QD_XCT(t), nb);                                    \
-        }                                                                                                       \
-        for (; r < r1; r++)                                                                                     \
-            for (int t = t0; t < t1; t++)                                                                       \
-                j->out[(size_t)t * R + r] = rowdot_##SUF(f, W + (size_t)r * rb, j->xq + (size_t)t * nb, QD_XCT(t), nb); \
-    }
-#define QD_XCT(t) (f == CLLM_WFMT_Q4 ? xc + 8 * (size_t)(t) * nb : NULL)
-DEFINE_QRANGE(avx2, )
-#ifdef QV_VNNI
-DEFINE_QRANGE(vnni, __attribute__((target("avx512vnni"))))
-#endif
-#undef QD_XCT
-#else
-static void qrange_portable(cllm_wfmt f, const mm_job *j, int r0, int r1, int t0, int t1) {
+static void rows_portable(const mm_job *j, int r0, int r1, int t0, int t1) {
     const cllm_qweight *w = j->w;
     const int R = w->rows, nb = (w->cols + QB - 1) / QB;
-    const size_t rb = cllm_wfmt_row_bytes(f, w->cols);
+    const size_t rb = cllm_wfmt_row_bytes(w->fmt, w->cols);
     for (int r = r0; r < r1; r++)
         for (int t = t0; t < t1; t++)
             j->out[(size_t)t * R + r] =
-                rowdot_portable(f, (const unsigned char *)w->data + (size_t)r * rb, j->xq + (size_t)t * nb, NULL, nb);
+                rowdot_portable(w->fmt, (const unsigned char *)w->data + (size_t)r * rb, j->xq + (size_t)t * nb, NULL, nb);
 }
 #endif
 
@@ -432,18 +400,15 @@ static void quant_chunk(void *ctx, int c) {
     const int r0 = c * j->rows_per, r1 = r0 + j->rows_per < R ? r0 + j->rows_per : R;
     for (int t0 = 0; t0 < M; t0 += TOKEN_STEP) {
         const int t1 = M - t0 < TOKEN_STEP ? M : t0 + TOKEN_STEP;
-        /* the format is a constant in each call, so each gets its own loops */
 #if defined(QV_VNNI)
         if (j->vnni)
-            j->w->fmt == CLLM_WFMT_Q4 ? qrange_vnni(CLLM_WFMT_Q4, j, r0, r1, t0, t1)
-                                      : qrange_vnni(CLLM_WFMT_INT8, j, r0, r1, t0, t1);
+            rows_vnni(j, r0, r1, t0, t1);
         else
 #endif
 #if defined(QV_SIMD)
-            j->w->fmt == CLLM_WFMT_Q4 ? qrange_avx2(CLLM_WFMT_Q4, j, r0, r1, t0, t1)
-                                      : qrange_avx2(CLLM_WFMT_INT8, j, r0, r1, t0, t1);
+            rows_avx2(j, r0, r1, t0, t1);
 #else
-        qrange_portable(j->w->fmt, j, r0, r1, t0, t1);
+        rows_portable(j, r0, r1, t0, t1);
 #endif
         if (j->bias)
             for (int t = t0; t < t1; t++)

@@ -23,18 +23,21 @@
 #define QD_CAT_(a, b) a##_##b
 #define QD_CAT(a, b) QD_CAT_(a, b)
 #define QD(name) QD_CAT(name, QD_SUF)
+/* every function below is inlined into QD(range), which each format calls
+ * with a constant f: one copy of the loops per format */
+#define QD_INLINE __attribute__((always_inline))
 /* token block i's lanes in xc (q4 only: xc is NULL for int8) */
 #define QD_XC(i) (f == CLLM_WFMT_Q4 ? xc + 8 * (size_t)(i) : NULL)
 
 /* The integer lanes of one weight block (unpacked as wu, with the signed
  * int8 codes ws) against one token block. */
-QD_ATTR static inline __m256i QD(pair)(cllm_wfmt f, __m256i wu, __m256i ws, __m256i x, const int32_t *xc) {
+QD_ATTR QD_INLINE static inline __m256i QD(pair)(cllm_wfmt f, __m256i wu, __m256i ws, __m256i x, const int32_t *xc) {
     if (f == CLLM_WFMT_Q4) return QD_DOTU(_mm256_loadu_si256((const __m256i *)(const void *)xc), wu, x);
     return QD_DOTU(_mm256_setzero_si256(), wu, _mm256_sign_epi8(x, ws));
 }
 
 /* Loads weight block blk: wu the unsigned factor, ws the signed int8 codes. */
-QD_ATTR static inline void QD(wload)(cllm_wfmt f, const unsigned char *blk, __m256i *wu, __m256i *ws) {
+QD_ATTR QD_INLINE static inline void QD(wload)(cllm_wfmt f, const unsigned char *blk, __m256i *wu, __m256i *ws) {
     if (f == CLLM_WFMT_Q4) {
         const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2));
         *wu = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(15));
@@ -45,7 +48,7 @@ QD_ATTR static inline void QD(wload)(cllm_wfmt f, const unsigned char *blk, __m2
     }
 }
 
-QD_ATTR static inline __m256 QD(step)(cllm_wfmt f, const unsigned char *blk, const xblock *xb, const int32_t *xc,
+QD_ATTR QD_INLINE static inline __m256 QD(step)(cllm_wfmt f, const unsigned char *blk, const xblock *xb, const int32_t *xc,
                                       __m256 acc) {
     __m256i wu, ws;
     QD(wload)(f, blk, &wu, &ws);
@@ -54,7 +57,7 @@ QD_ATTR static inline __m256 QD(step)(cllm_wfmt f, const unsigned char *blk, con
 }
 
 /* One output: a row of nb blocks of format f against one token's blocks. */
-QD_ATTR static inline float QD(rowdot)(cllm_wfmt f, const unsigned char *row, const xblock *xq, const int32_t *xc,
+QD_ATTR QD_INLINE static inline float QD(rowdot)(cllm_wfmt f, const unsigned char *row, const xblock *xq, const int32_t *xc,
                                        int nb) {
     const size_t bb = f == CLLM_WFMT_Q4 ? CLLM_Q4_BLOCK_BYTES : CLLM_Q8_BLOCK_BYTES;
     __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
@@ -71,7 +74,7 @@ QD_ATTR static inline float QD(rowdot)(cllm_wfmt f, const unsigned char *row, co
  * likewise, 8 lanes a block): out[t * ostride + r]. The even blocks run
  * first, then the odd ones, so one accumulator per output is live at a
  * time; the even sums wait in `part`. */
-QD_ATTR static inline void QD(tile)(cllm_wfmt f, const unsigned char *row, size_t rb, const xblock *xq,
+QD_ATTR QD_INLINE static inline void QD(tile)(cllm_wfmt f, const unsigned char *row, size_t rb, const xblock *xq,
                                     const int32_t *xc, int nb, float *out, size_t ostride) {
     const size_t bb = f == CLLM_WFMT_Q4 ? CLLM_Q4_BLOCK_BYTES : CLLM_Q8_BLOCK_BYTES;
     __m256 part[TR][TT];
@@ -111,7 +114,37 @@ QD_ATTR static inline void QD(tile)(cllm_wfmt f, const unsigned char *row, size_
     }
 }
 
+/* The outputs of rows [r0, r1) for tokens [t0, t1): TR x TT tiles, the
+ * rows and tokens left over one output at a time. */
+QD_ATTR QD_INLINE static inline void QD(range)(cllm_wfmt f, const mm_job *j, int r0, int r1, int t0, int t1) {
+    const int R = j->w->rows, nb = (j->w->cols + QB - 1) / QB;
+    const size_t rb = cllm_wfmt_row_bytes(f, j->w->cols);
+    const unsigned char *W = j->w->data;
+    const int32_t *xc = j->xc;
+    int r = r0;
+    for (; r + TR <= r1 && t1 - t0 >= TT; r += TR) {
+        int t = t0;
+        for (; t + TT <= t1; t += TT)
+            QD(tile)(f, W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb,
+                     j->out + (size_t)t * R + r, (size_t)R);
+        for (; t < t1; t++)
+            for (int i = r; i < r + TR; i++)
+                j->out[(size_t)t * R + i] = QD(rowdot)(f, W + (size_t)i * rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb);
+    }
+    for (; r < r1; r++)
+        for (int t = t0; t < t1; t++)
+            j->out[(size_t)t * R + r] = QD(rowdot)(f, W + (size_t)r * rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb);
+}
+
+QD_ATTR static void QD(rows)(const mm_job *j, int r0, int r1, int t0, int t1) {
+    if (j->w->fmt == CLLM_WFMT_Q4)
+        QD(range)(CLLM_WFMT_Q4, j, r0, r1, t0, t1);
+    else
+        QD(range)(CLLM_WFMT_INT8, j, r0, r1, t0, t1);
+}
+
 #undef QD
 #undef QD_XC
+#undef QD_INLINE
 #undef QD_CAT
 #undef QD_CAT_
