@@ -37,7 +37,10 @@
  * of the sum. int8 and q4 weights multiply activations quantized per block
  * of 32 like Q8_0 (fp32 scale max|x| / 127, int8 codes rounded half away
  * from zero): each block adds d_w * d_x * (integer dot of the codes), as
- * llama.cpp computes Q8_0 / Q4_0 times Q8_0.
+ * llama.cpp computes Q8_0 / Q4_0 times Q8_0. int8 and q4 serve prompts
+ * too (any M): 4 or more rows run on register tiles of 2 weight rows by 4
+ * rows of x, each weight block unpacked once per tile, with every output
+ * computed by the same operations as alone (bit for bit).
  */
 #ifndef CLLM_QUANT_H
 #define CLLM_QUANT_H
