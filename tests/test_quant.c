@@ -284,7 +284,8 @@ static void activation_codes(void) {
         x[i] = i < (int)(sizeof v / sizeof v[0]) ? v[i] : (float)i * 0.37f - 5.0f;
     }
     for (int m = 1; m < M; m++) memcpy(x + m * K, x, sizeof(float) * K);
-    unsigned char q[K * CLLM_Q8_BLOCK_BYTES], scratch[M * 68];
+    unsigned char q[K * CLLM_Q8_BLOCK_BYTES];
+    float scratch[M * 68 / sizeof(float)]; /* float-aligned, as the model's scratch is */
     CHECK(cllm_quant_matrix(q, CLLM_WFMT_INT8, W, K, K, false) == CLLM_OK, "quant");
     CHECK(cllm_qmatmul_scratch_bytes(CLLM_WFMT_INT8, K, M) <= sizeof scratch, "scratch");
     cllm_qweight w = {.fmt = CLLM_WFMT_INT8, .data = q, .rows = K, .cols = K};
