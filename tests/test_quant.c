@@ -1,9 +1,11 @@
 /*
  * Weight formats and small-batch kernels (cllm/quant.h).
  *
- * Without arguments: the format table (names, sizes), the kernels'
- * batch independence on random data (a row's output alone equals its row
- * of a batch, bit for bit, in every variant) and their thread pool (the
+ * Without arguments: the format table (names, sizes), the int8 / q4
+ * kernels' activation codes (rounding, NaN, clamping, read back through
+ * one-hot weights), the kernels' batch independence on random data (a
+ * row's output alone equals its row of a batch, bit for bit, in every
+ * variant, through the tiled prompt path) and their thread pool (the
  * output of 1 thread equals that of 3, and of 4 threads calling at once,
  * bit for bit, over many calls).
  * With a directory: the cases written by tests/ref/quant_ref.py. Each
