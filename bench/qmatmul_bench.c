@@ -12,6 +12,9 @@
  * Run: build/bench/qmatmul_bench [rounds [only]] (threads from OMP_NUM_THREADS);
  * `only` (onednn, fp32, bf16, int8, q4) times that one alone at M = 1, for
  * `perf stat` cycle counts, which a loaded machine does not distort.
+ * QMATMUL_BENCH_M="1,64" picks the row counts (at most 4, each 1 .. 64; the
+ * default is 1,4,16); 64 rows exercise the tiled prefill kernels of int8 /
+ * q4, and the GB/s column then counts the weights once per call.
  */
 #include <omp.h>
 #include <stdio.h>
@@ -59,13 +62,26 @@ int main(int argc, char **argv) {
         }
         if ((size_t)shapes[s].rows > max_out) max_out = (size_t)shapes[s].rows;
     }
-    x = malloc(16 * 3072 * 4);
-    void *scratch = malloc(cllm_qmatmul_scratch_bytes(CLLM_WFMT_Q4, 3072, 16));
-    out = malloc(16 * max_out * 4);
-    for (int i = 0; i < 16 * 3072; i++) x[i] = (float)(i % 7) * 0.1f;
+    enum { MAXM = 64 };
+    x = malloc(MAXM * 3072 * 4);
+    void *scratch = malloc(cllm_qmatmul_scratch_bytes(CLLM_WFMT_Q4, 3072, MAXM));
+    out = malloc(MAXM * max_out * 4);
+    for (int i = 0; i < MAXM * 3072; i++) x[i] = (float)(i % 7) * 0.1f;
     printf("qmatmul_bench: gpt2-124M decode-step matrices, %d threads, kernel variant %s, %d rounds\n",
            omp_get_max_threads(), cllm_qmatmul_variant(), rounds);
-    const int Ms[] = {1, 4, 16};
+    int Ms[4] = {1, 4, 16}, nm = 3;
+    const char *ms = getenv("QMATMUL_BENCH_M");
+    if (ms) {
+        nm = 0;
+        for (char *e; *ms && nm < 4; ms = *e ? e + 1 : e) {
+            long v = strtol(ms, &e, 10);
+            if (e == ms || v < 1 || v > MAXM || (*e && *e != ',')) {
+                fprintf(stderr, "qmatmul_bench: QMATMUL_BENCH_M: row counts 1 .. %d separated by commas\n", MAXM);
+                return 2;
+            }
+            Ms[nm++] = (int)v;
+        }
+    }
     const char *only_shape = getenv("QMATMUL_BENCH_SHAPE"); /* a digit: time that matrix alone */
     if (argc > 2) {
         cllm_wfmt f = CLLM_WFMT_COUNT;
@@ -82,7 +98,7 @@ int main(int argc, char **argv) {
                 }
         return 0;
     }
-    for (int mi = 0; mi < 3; mi++) {
+    for (int mi = 0; mi < nm; mi++) {
         int M = Ms[mi];
         double *t = calloc((size_t)rounds * NF, sizeof *t);
         for (int r = 0; r < rounds; r++)

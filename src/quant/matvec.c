@@ -25,7 +25,9 @@
  * d_w * d_x * (exact integer dot of the codes): AVX2's maddubs / madd on 32
  * codes at once, the way llama.cpp multiplies Q4_0 / Q8_0 by Q8_0. That is
  * several times less arithmetic than widening every weight to fp32, which
- * would leave these formats bound by compute rather than memory.
+ * would leave these formats bound by compute rather than memory. A prompt
+ * (4 or more rows) runs on tiles of 2 weight rows by 4 tokens (qdot.h), each
+ * output still the same operations in the same order as alone.
  *
  * fp32 weights in GPT-2's [cols, rows] layout are read in place, row by
  * row of the stored matrix (axpy form): each thread owns a strip of 64
@@ -200,94 +202,83 @@ typedef struct {
 } xblock;
 _Static_assert(sizeof(xblock) == QUANT_XBLOCK_BYTES, "xblock layout");
 
-/* Rows of x quantized block by block into xq ([M][nb], zero-padded). */
-static void quantize_x(xblock *xq, const float *x, int M, int K) {
-    const int nb = (K + QB - 1) / QB;
-#pragma omp parallel for schedule(static) if ((long)M * K >= 65536)
-    for (int m = 0; m < M; m++)
-        for (int b = 0; b < nb; b++) {
-            float pad[QB];
-            const float *v = x_block(x + (size_t)m * K, K, b, pad);
-            float amax = 0.0f;
-            for (int i = 0; i < QB; i++) amax = fmaxf(amax, fabsf(v[i]));
-            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-            xblock *o = xq + (size_t)m * nb + b;
-            o->d = d;
-            for (int i = 0; i < QB; i++) o->q[i] = cllm_quant_code8(v[i] * id);
-        }
+#ifdef QV_SIMD
+static inline float hsum8(__m256 s) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
 }
 
-/* One output: sum over blocks of d_w * d_x * (integer dot of the codes).
- * The integer dot is exact; the sum runs over 8 lanes (avx2) or one
- * (portable) in block order, the same for any M.
- *
- * SIMD: |w| (unsigned) times x with w's sign, 32 codes at once; AVX2 sums
- * the products in pairs to int16 (maddubs: |w| <= 127 and |x| <= 127, so a
- * pair cannot saturate) and then to int32 (madd); AVX512-VNNI's vpdpbusd
- * adds the four products of each int32 lane in one instruction. Both give
- * the exact integer sums, so the outputs are the same bit for bit. */
-#ifdef QV_SIMD
-static inline __m256i dot32_avx2(__m256i w, __m256i x) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)),
-                             _mm256_set1_epi16(1));
+/* The int8 codes of 8 values m = x / d as cllm_quant_code8 gives them:
+ * round half away from zero (trunc, then a step away from zero where the
+ * exact remainder is at least 1/2), NaN to 0, clamped to +-127. */
+static inline __m256i code8x8(__m256 m) {
+    const __m256 sgn = _mm256_set1_ps(-0.0f);
+    const __m256 t = _mm256_round_ps(m, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 up = _mm256_cmp_ps(_mm256_andnot_ps(sgn, _mm256_sub_ps(m, t)), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    __m256 r = _mm256_add_ps(t, _mm256_and_ps(up, _mm256_or_ps(_mm256_and_ps(m, sgn), _mm256_set1_ps(1.0f))));
+    r = _mm256_and_ps(r, _mm256_cmp_ps(r, r, _CMP_ORD_Q));
+    r = _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+    return _mm256_cvtps_epi32(r);
 }
-#define DEFINE_DOT_Q(NAME, ATTR, DOT32)                                                                   \
-    ATTR static float NAME(cllm_wfmt f, const unsigned char *row, const xblock *xq, int nb) {              \
-        const size_t bb = f == CLLM_WFMT_Q4 ? CLLM_Q4_BLOCK_BYTES : CLLM_Q8_BLOCK_BYTES;                    \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                      \
-        const __m128i m15 = _mm_set1_epi8(15);                                                              \
-        for (int b = 0; b < nb; b++) {                                                                      \
-            const unsigned char *blk = row + (size_t)b * bb;                                                \
-            __m256i w;                                                                                      \
-            if (f == CLLM_WFMT_Q4) {                                                                        \
-                __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2));                      \
-                __m128i lo = _mm_and_si128(q, m15), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m15);          \
-                w = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));                         \
-            } else {                                                                                        \
-                w = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));                           \
-            }                                                                                               \
-            __m256i p = DOT32(w, _mm256_loadu_si256((const __m256i *)(const void *)xq[b].q));               \
-            __m256 dd = _mm256_set1_ps(scale_of(blk) * xq[b].d);                                            \
-            if (b & 1)                                                                                      \
-                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dd, acc1);                                    \
-            else                                                                                            \
-                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dd, acc0);                                    \
-        }                                                                                                   \
-        __m256 s = _mm256_add_ps(acc0, acc1);                                                               \
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));                      \
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));                                                             \
-        h = _mm_add_ss(h, _mm_movehdup_ps(h));                                                              \
-        return _mm_cvtss_f32(h);                                                                            \
+
+/* One block of 32 values: d and codes as the scalar rule gives them (a NaN
+ * value counts as 0 in max|x|: max_ps returns its second operand when the
+ * first is NaN, as fmaxf skips it), and with xc the 8 lanes of -8 times the
+ * sum of codes 4i .. 4i + 3 that the q4 dot adds. */
+static void quantize_block(xblock *o, int32_t *xc, const float *v) {
+    const __m256 sgn = _mm256_set1_ps(-0.0f);
+    __m256 x[4], a = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        x[k] = _mm256_loadu_ps(v + 8 * k);
+        a = _mm256_max_ps(_mm256_andnot_ps(sgn, x[k]), a);
     }
-DEFINE_DOT_Q(dot_q, , dot32_avx2)
-#if defined(__AVX512VL__) && defined(__AVX512BW__)
-/* The avx512 build: VNNI where the CPU has it (Cascade Lake, Ice Lake, Zen 4
- * and later; not Skylake-X), checked at run time, so only these functions
- * carry the instruction set. */
-#define QV_VNNI 1
-__attribute__((target("avx512vnni"))) static inline __m256i dot32_vnni(__m256i w, __m256i x) {
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float d = _mm_cvtss_f32(h) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i q = _mm256_packs_epi16(_mm256_packs_epi32(code8x8(_mm256_mul_ps(x[0], vid)), code8x8(_mm256_mul_ps(x[1], vid))),
+                                   _mm256_packs_epi32(code8x8(_mm256_mul_ps(x[2], vid)), code8x8(_mm256_mul_ps(x[3], vid))));
+    /* the packs interleave 4-value groups across the two 128-bit halves */
+    q = _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    o->d = d;
+    _mm256_storeu_si256((__m256i *)(void *)o->q, q);
+    if (xc)
+        _mm256_storeu_si256((__m256i *)(void *)xc,
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), q), _mm256_set1_epi16(-1)));
 }
-DEFINE_DOT_Q(dot_q_vnni, __attribute__((target("avx512vnni"))), dot32_vnni)
-#endif
 #else
-static float dot_q(cllm_wfmt f, const unsigned char *row, const xblock *xq, int nb) {
-    const size_t bb = f == CLLM_WFMT_Q4 ? CLLM_Q4_BLOCK_BYTES : CLLM_Q8_BLOCK_BYTES;
-    float acc = 0.0f;
-    for (int b = 0; b < nb; b++) {
-        const unsigned char *blk = row + (size_t)b * bb;
-        int32_t sum = 0;
-        if (f == CLLM_WFMT_Q4) {
-            for (int j = 0; j < QB / 2; j++)
-                sum += ((blk[2 + j] & 15) - 8) * xq[b].q[j] + ((blk[2 + j] >> 4) - 8) * xq[b].q[j + QB / 2];
-        } else {
-            for (int i = 0; i < QB; i++) sum += (int8_t)blk[2 + i] * xq[b].q[i];
-        }
-        acc += (float)sum * (scale_of(blk) * xq[b].d);
-    }
-    return acc;
+static void quantize_block(xblock *o, int32_t *xc, const float *v) {
+    (void)xc; /* the portable dot subtracts 8 from each nibble itself */
+    float amax = 0.0f;
+    for (int i = 0; i < QB; i++) amax = fmaxf(amax, fabsf(v[i]));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    o->d = d;
+    for (int i = 0; i < QB; i++) o->q[i] = cllm_quant_code8(v[i] * id);
 }
 #endif
+
+/* The activations of one call, quantized: xq [M][nb] blocks, and for q4
+ * weights xc [M][nb][8] (see qdot.h). */
+typedef struct {
+    xblock *xq;
+    int32_t *xc;
+    const float *x;
+    int M, K, per;
+} qx_job;
+
+static void quantize_chunk(void *ctx, int c) {
+    const qx_job *j = ctx;
+    const int nb = (j->K + QB - 1) / QB, m1 = (c + 1) * j->per < j->M ? (c + 1) * j->per : j->M;
+    for (int m = c * j->per; m < m1; m++)
+        for (int b = 0; b < nb; b++) {
+            float pad[QB];
+            const size_t i = (size_t)m * nb + b;
+            quantize_block(j->xq + i, j->xc ? j->xc + 8 * i : NULL, x_block(j->x + (size_t)m * j->K, j->K, b, pad));
+        }
+}
 
 /* One matmul cut into chunks of output rows for the thread pool (pool.c):
  * chunk c computes the outputs of rows [c * rows_per, (c + 1) * rows_per)
@@ -298,8 +289,9 @@ typedef struct {
     const cllm_qweight *w;
     const float *bias;
     const xblock *xq;
+    const int32_t *xc; /* q4 */
     int M, rows_per;
-    bool vnni; /* int8 / q4 through dot_q_vnni */
+    bool vnni; /* int8 / q4 through the VNNI kernels */
 } mm_job;
 
 /* Chunks of at least MIN_CHUNK_BYTES of weights, about 8 per thread (a
@@ -322,31 +314,104 @@ static void run_chunks(quant_task_fn fn, mm_job *j) {
     quant_pool_run(fn, j, (R + per - 1) / per);
 }
 
+/* Tokens per pass over a chunk's rows: their quantized blocks (36 or 68
+ * bytes per 32 inputs) stay in L2 while every row of the chunk reads them. */
+enum { TOKEN_STEP = 64 };
+
+/* One output: sum over blocks of d_w * d_x * (integer dot of the codes),
+ * the integer dot exact. SIMD: qdot.h, for AVX2 and (the avx512 build,
+ * where the CPU has it) AVX512-VNNI; portable: one lane in block order. */
+#ifdef QV_SIMD
+/* a tile: 2 weight rows by 4 tokens (2x2 to 4x2 and 1x8 timed the same
+ * within the noise of a loaded machine, 1 row by 6 or 8 tokens slower) */
+enum { TR = 2, TT = 4 };
+static inline __m256i dotu_avx2(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+#define QD_SUF avx2
+#define QD_ATTR
+#define QD_DOTU dotu_avx2
+#include "qdot.h"
+#undef QD_SUF
+#undef QD_ATTR
+#undef QD_DOTU
+#if defined(__AVX512VL__) && defined(__AVX512BW__)
+/* The avx512 build: VNNI where the CPU has it (Cascade Lake, Ice Lake, Zen 4
+ * and later; not Skylake-X), checked at run time, so only these functions
+ * carry the instruction set. */
+#define QV_VNNI 1
+#define QD_SUF vnni
+#define QD_ATTR __attribute__((target("avx512vnni")))
+#define QD_DOTU _mm256_dpbusd_epi32
+#include "qdot.h"
+#undef QD_SUF
+#undef QD_ATTR
+#undef QD_DOTU
+#endif
+#else
+static float rowdot_portable(cllm_wfmt f, const unsigned char *row, const xblock *xq, const int32_t *xc, int nb) {
+    (void)xc;
+    const size_t bb = f == CLLM_WFMT_Q4 ? CLLM_Q4_BLOCK_BYTES : CLLM_Q8_BLOCK_BYTES;
+    float acc = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        const unsigned char *blk = row + (size_t)b * bb;
+        int32_t sum = 0;
+        if (f == CLLM_WFMT_Q4) {
+            for (int j = 0; j < QB / 2; j++)
+                sum += ((blk[2 + j] & 15) - 8) * xq[b].q[j] + ((blk[2 + j] >> 4) - 8) * xq[b].q[j + QB / 2];
+        } else {
+            for (int i = 0; i < QB; i++) sum += (int8_t)blk[2 + i] * xq[b].q[i];
+        }
+        acc += (float)sum * (scale_of(blk) * xq[b].d);
+    }
+    return acc;
+}
+static void rows_portable(const mm_job *j, int r0, int r1, int t0, int t1) {
+    const cllm_qweight *w = j->w;
+    const int R = w->rows, nb = (w->cols + QB - 1) / QB;
+    const size_t rb = cllm_wfmt_row_bytes(w->fmt, w->cols);
+    for (int r = r0; r < r1; r++)
+        for (int t = t0; t < t1; t++)
+            j->out[(size_t)t * R + r] =
+                rowdot_portable(w->fmt, (const unsigned char *)w->data + (size_t)r * rb, j->xq + (size_t)t * nb, NULL, nb);
+}
+#endif
+
 static void quant_chunk(void *ctx, int c) {
     const mm_job *j = ctx;
-    const cllm_qweight *w = j->w;
-    const int R = w->rows, nb = (w->cols + QB - 1) / QB, M = j->M;
+    const int R = j->w->rows, M = j->M;
     const int r0 = c * j->rows_per, r1 = r0 + j->rows_per < R ? r0 + j->rows_per : R;
-    const size_t rb = cllm_wfmt_row_bytes(w->fmt, w->cols);
-    for (int r = r0; r < r1; r++) {
-        const unsigned char *row = (const unsigned char *)w->data + (size_t)r * rb;
-        const float bv = j->bias ? j->bias[r] : 0.0f;
-        for (int m = 0; m < M; m++) {
-            const xblock *xm = j->xq + (size_t)m * nb;
-#ifdef QV_VNNI
-            const float d = j->vnni ? dot_q_vnni(w->fmt, row, xm, nb) : dot_q(w->fmt, row, xm, nb);
-#else
-            const float d = dot_q(w->fmt, row, xm, nb);
+    for (int t0 = 0; t0 < M; t0 += TOKEN_STEP) {
+        const int t1 = M - t0 < TOKEN_STEP ? M : t0 + TOKEN_STEP;
+#if defined(QV_VNNI)
+        if (j->vnni)
+            rows_vnni(j, r0, r1, t0, t1);
+        else
 #endif
-            j->out[(size_t)m * R + r] = d + bv;
-        }
+#if defined(QV_SIMD)
+            rows_avx2(j, r0, r1, t0, t1);
+#else
+        rows_portable(j, r0, r1, t0, t1);
+#endif
+        if (j->bias)
+            for (int t = t0; t < t1; t++)
+                for (int r = r0; r < r1; r++) j->out[(size_t)t * R + r] += j->bias[r];
     }
 }
 
 static void quant_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch) {
+    const int nb = (w->cols + QB - 1) / QB;
     xblock *xq = scratch;
-    quantize_x(xq, x, M, w->cols);
-    mm_job j = {.out = out, .x = x, .w = w, .bias = bias, .xq = xq, .M = M};
+    int32_t *xc = w->fmt == CLLM_WFMT_Q4 ? (int32_t *)(void *)((unsigned char *)scratch + (size_t)M * nb * sizeof *xq)
+                                         : NULL;
+    qx_job q = {.xq = xq, .xc = xc, .x = x, .M = M, .K = w->cols, .per = M};
+    if ((long)M * w->cols >= 65536 && quant_pool_threads() > 1) {
+        q.per = (M + 4 * quant_pool_threads() - 1) / (4 * quant_pool_threads());
+        quant_pool_run(quantize_chunk, &q, (M + q.per - 1) / q.per);
+    } else {
+        quantize_chunk(&q, 0);
+    }
+    mm_job j = {.out = out, .x = x, .w = w, .bias = bias, .xq = xq, .xc = xc, .M = M};
 #ifdef QV_VNNI
     j.vnni = cllm_cpu()->avx512_vnni;
 #endif
