@@ -1,8 +1,10 @@
 /*
  * Small-batch matmul speed: cllm's own kernels (cllm/quant.h) for fp32, bf16,
  * int8 and q4 weights against oneDNN's fp32 linear layer (cllm_linear_forward)
- * on the matrices of one gpt2-124M decode step (the Conv1D layers in their
- * stored [in, out] layout, and the 50257 x 768 head), M = 1, 4 and 16 rows.
+ * on the matrices of one gpt2-124M decode step, M = 1, 4 and 16 rows. oneDNN
+ * reads the Conv1D layers in their file layout [in, out] (what a model
+ * without cllm_model_set_inference runs), every format of cllm's kernels
+ * reads them [out, in] (fp32 included: what generate and serve run).
  * Interleaved (oneDNN, then each format, round after round); prints the median
  * time of a whole step's matrices per format, its weight read rate in GB/s, and
  * the speed-up over oneDNN.
@@ -10,6 +12,9 @@
  * Run: build/bench/qmatmul_bench [rounds [only]] (threads from OMP_NUM_THREADS);
  * `only` (onednn, fp32, bf16, int8, q4) times that one alone at M = 1, for
  * `perf stat` cycle counts, which a loaded machine does not distort.
+ * QMATMUL_BENCH_M="1,64" picks the row counts (at most 4, each 1 .. 64; the
+ * default is 1,4,16); 64 rows exercise the tiled prefill kernels of int8 /
+ * q4, and the GB/s column then counts the weights once per call.
  */
 #include <omp.h>
 #include <stdio.h>
@@ -57,13 +62,26 @@ int main(int argc, char **argv) {
         }
         if ((size_t)shapes[s].rows > max_out) max_out = (size_t)shapes[s].rows;
     }
-    x = malloc(16 * 3072 * 4);
-    void *scratch = malloc(cllm_qmatmul_scratch_bytes(CLLM_WFMT_Q4, 3072, 16));
-    out = malloc(16 * max_out * 4);
-    for (int i = 0; i < 16 * 3072; i++) x[i] = (float)(i % 7) * 0.1f;
+    enum { MAXM = 64 };
+    x = malloc(MAXM * 3072 * 4);
+    void *scratch = malloc(cllm_qmatmul_scratch_bytes(CLLM_WFMT_Q4, 3072, MAXM));
+    out = malloc(MAXM * max_out * 4);
+    for (int i = 0; i < MAXM * 3072; i++) x[i] = (float)(i % 7) * 0.1f;
     printf("qmatmul_bench: gpt2-124M decode-step matrices, %d threads, kernel variant %s, %d rounds\n",
            omp_get_max_threads(), cllm_qmatmul_variant(), rounds);
-    const int Ms[] = {1, 4, 16};
+    int Ms[4] = {1, 4, 16}, nm = 3;
+    const char *ms = getenv("QMATMUL_BENCH_M");
+    if (ms) {
+        nm = 0;
+        for (char *e; *ms && nm < 4; ms = *e ? e + 1 : e) {
+            long v = strtol(ms, &e, 10);
+            if (e == ms || v < 1 || v > MAXM || (*e && *e != ',')) {
+                fprintf(stderr, "qmatmul_bench: QMATMUL_BENCH_M: row counts 1 .. %d separated by commas\n", MAXM);
+                return 2;
+            }
+            Ms[nm++] = (int)v;
+        }
+    }
     const char *only_shape = getenv("QMATMUL_BENCH_SHAPE"); /* a digit: time that matrix alone */
     if (argc > 2) {
         cllm_wfmt f = CLLM_WFMT_COUNT;
@@ -72,7 +90,7 @@ int main(int argc, char **argv) {
             for (int s = 0; s < NS; s++)
                 for (int c = 0; c < shapes[s].count; c++) {
                     cllm_qweight w = {f, f < CLLM_WFMT_COUNT ? store[s][f] : NULL, shapes[s].rows, shapes[s].cols,
-                                      f == CLLM_WFMT_FP32 && shapes[s].in_out};
+                                      false};
                     if (f == CLLM_WFMT_COUNT)
                         cllm_linear_forward(out, x, W[s], NULL, 1, shapes[s].cols, shapes[s].rows, shapes[s].in_out);
                     else
@@ -80,7 +98,7 @@ int main(int argc, char **argv) {
                 }
         return 0;
     }
-    for (int mi = 0; mi < 3; mi++) {
+    for (int mi = 0; mi < nm; mi++) {
         int M = Ms[mi];
         double *t = calloc((size_t)rounds * NF, sizeof *t);
         for (int r = 0; r < rounds; r++)
@@ -91,8 +109,7 @@ int main(int argc, char **argv) {
                         if (f == CLLM_WFMT_COUNT) {
                             cllm_linear_forward(out, x, W[s], NULL, M, shapes[s].cols, shapes[s].rows, shapes[s].in_out);
                         } else {
-                            cllm_qweight w = {(cllm_wfmt)f, store[s][f], shapes[s].rows, shapes[s].cols,
-                                              f == CLLM_WFMT_FP32 && shapes[s].in_out};
+                            cllm_qweight w = {(cllm_wfmt)f, store[s][f], shapes[s].rows, shapes[s].cols, false};
                             cllm_qmatmul(out, x, &w, NULL, M, scratch);
                         }
                     }

@@ -39,4 +39,9 @@ set_tests_properties(test_generate test_decode PROPERTIES ENVIRONMENT "OMP_WAIT_
 #                        tokens and logits of the same requests run one after
 #                        another (C, also run under ASan/UBSan)
 cllm_add_c_test(test_weights_threads LABELS generate)
+#   test_infer_layout    cllm_model_set_inference: GPT-2's Conv1D matrices held
+#                        [out, in] give the file layout's logits and greedy tokens
+#                        (prefill and decode rows), save and train preparation get
+#                        the file layout back, no-ops left alone (C, also under ASan)
+cllm_add_c_test(test_infer_layout LABELS generate)
 set_tests_properties(test_weights_threads PROPERTIES ENVIRONMENT "OMP_WAIT_POLICY=PASSIVE")

@@ -1,9 +1,11 @@
 /*
  * Weight formats and small-batch kernels (cllm/quant.h).
  *
- * Without arguments: the format table (names, sizes), the kernels'
- * batch independence on random data (a row's output alone equals its row
- * of a batch, bit for bit, in every variant) and their thread pool (the
+ * Without arguments: the format table (names, sizes), the int8 / q4
+ * kernels' activation codes (rounding, NaN, clamping, read back through
+ * one-hot weights), the kernels' batch independence on random data (a
+ * row's output alone equals its row of a batch, bit for bit, in every
+ * variant, through the tiled prompt path) and their thread pool (the
  * output of 1 thread equals that of 3, and of 4 threads calling at once,
  * bit for bit, over many calls).
  * With a directory: the cases written by tests/ref/quant_ref.py. Each
@@ -122,10 +124,12 @@ static float frand(void) {
     return (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
-/* A row computed alone equals the same row inside batches of 2..19, bit
- * for bit, for every format and variant. */
+/* A row computed alone equals the same row inside batches of 2, 19 and
+ * 70, bit for bit, for every format and variant: the int8 / q4 batches run
+ * on 2-row by 4-token tiles in passes of 64 tokens, and 71 rows and these
+ * batch sizes leave rows and tokens over for the one-output path. */
 static void batch_independence(void) {
-    const int R = 70, K = 300, MMAX = 19;
+    const int R = 71, K = 1000, MMAX = 70; /* 70 x 1000 inputs: quantized on the pool */
     float *W = malloc((size_t)R * K * 4), *x = malloc((size_t)MMAX * K * 4);
     float *out = malloc((size_t)MMAX * R * 4), *one = malloc((size_t)R * 4);
     void *scratch = malloc(cllm_qmatmul_scratch_bytes(CLLM_WFMT_Q4, K, MMAX));
@@ -141,7 +145,8 @@ static void batch_independence(void) {
             CHECK(cllm_quant_matrix(q, (cllm_wfmt)f, W, t ? K : R, t ? R : K, false) == CLLM_OK, "quant");
             for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
                 if (variants[v] > cllm_cpu()->isa) continue;
-                for (int M = 2; M <= MMAX; M += 17 - 2 * (M > 2) * 7) {
+                for (int mi = 0; mi < 3; mi++) {
+                    const int M = (const int[]){2, 19, MMAX}[mi];
                     cllm_qmatmul_isa(out, x, &w, NULL, M, scratch, variants[v]);
                     bool same = true;
                     for (int m = 0; m < M && same; m++) {
@@ -267,9 +272,47 @@ static void formats(void) {
           "int8 codes: NaN 0, clamped, half away from zero");
 }
 
+/* The kernels' activation codes, read back through one-hot int8 weight
+ * rows (row r: 1.0 at input r, so output r = 127 * code_r * d_w * d_x):
+ * rounding half away from zero, NaN as 0 in max|x| and in its code, values
+ * at the scale's edge; alone and in a batch of 9 tokens (the tiled path),
+ * in every variant. */
+static void activation_codes(void) {
+    enum { K = 32, M = 9 };
+    float W[K * K] = {0}, x[M * K], out[M * K];
+    const float v[] = {127.0f, 2.5f, -2.5f, 0.49999997f, -0.5f, NAN, 126.5f, -126.49999f, 1e-30f, -0.0f, 1.5f};
+    for (int i = 0; i < K; i++) {
+        W[i * K + i] = 1.0f;
+        x[i] = i < (int)(sizeof v / sizeof v[0]) ? v[i] : (float)i * 0.37f - 5.0f;
+    }
+    for (int m = 1; m < M; m++) memcpy(x + m * K, x, sizeof(float) * K);
+    unsigned char q[K * CLLM_Q8_BLOCK_BYTES];
+    float scratch[M * 68 / sizeof(float)]; /* float-aligned, as the model's scratch is */
+    CHECK(cllm_quant_matrix(q, CLLM_WFMT_INT8, W, K, K, false) == CLLM_OK, "quant");
+    CHECK(cllm_qmatmul_scratch_bytes(CLLM_WFMT_INT8, K, M) <= sizeof scratch, "scratch");
+    cllm_qweight w = {.fmt = CLLM_WFMT_INT8, .data = q, .rows = K, .cols = K};
+    for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
+        if (variants[vi] > cllm_cpu()->isa) continue;
+        for (int n = 1; n <= M; n += M - 1) {
+            cllm_qmatmul_isa(out, x, &w, NULL, n, scratch, variants[vi]);
+            int bad = -1;
+            for (int i = 0; i < n * K && bad < 0; i++) {
+                const unsigned char *blk = q + (i % K) * CLLM_Q8_BLOCK_BYTES;
+                float dw = cllm_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+                /* max|x| = 127: d_x = 1, the codes are the rounded values */
+                float want = (float)(127 * cllm_quant_code8(x[i % K])) * (dw * 1.0f);
+                if (memcmp(&want, &out[i], sizeof want)) bad = i;
+            }
+            CHECK(bad < 0, "activation codes via %s, %d tokens: output %d = %g for x = %g", cllm_isa_name(variants[vi]),
+                  n, bad, bad >= 0 ? out[bad] : 0.0, bad >= 0 ? x[bad % K] : 0.0);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) return run_dir(argv[1]);
     formats();
+    activation_codes();
     batch_independence();
     pool_threads();
     printf("kernel variant %s\n", cllm_qmatmul_variant());

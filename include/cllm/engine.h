@@ -91,10 +91,13 @@ cllm_status cllm_engine_submit_adapter(cllm_engine *e, const int32_t *ids, size_
                                        int adapter, uint64_t *id);
 
 /* Runs one step (admission, one batched forward, one draw per sequence
- * whose prompt is complete) and calls cb for each event; *n_events (may
- * be NULL) counts them. With nothing queued or running it returns at once.
+ * whose prompt is complete) and calls cb for each event, in slot order on
+ * the calling thread; *n_events (may be NULL) counts them. The draws
+ * (sampling, log-probabilities, text) run on OpenMP threads, one sequence
+ * each. With nothing queued or running it returns at once.
  * CLLM_ERR_INTERNAL if the forward fails (no sequence advances; the step
- * may be retried). */
+ * may be retried). A sequence whose draw fails is ended without an event
+ * and the step returns that error after the other events. */
 cllm_status cllm_engine_step(cllm_engine *e, cllm_engine_callback cb, void *user, int *n_events);
 
 /* Cancels a queued or running request (false if there is no such request:

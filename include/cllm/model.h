@@ -163,6 +163,20 @@ cllm_status cllm_model_config_quantized(const cllm_model_config *mc, const cllm_
  * model loaded in another format, or prepared for training, is
  * CLLM_ERR_UNSUPPORTED. Not thread-safe with forwards. */
 cllm_status cllm_model_set_weights(cllm_model *m, cllm_wfmt f);
+/* Lays an fp32 model's weights out for forwards (generate, serve, eval
+ * call it after loading): GPT-2's Conv1D matrices, [in, out] in the files,
+ * are transposed in place to [out, in], so that decode steps read them
+ * row by row on cllm_qmatmul as every other matrix (no second copy; one
+ * matrix of scratch while it runs). cllm_model_params then holds those
+ * matrices as [out, in]. Whatever needs the file layout puts it back
+ * first: cllm_model_prepare with train, cllm_model_set_trainable (and so
+ * cllm_lora_attach / cllm_lora_load), cllm_lora_merge,
+ * cllm_model_set_weights; cllm_model_save writes the file layout; a
+ * tensor-parallel part cannot be cut from it. A no-op for other
+ * architectures, other weight formats, quantized bases, tensor-parallel
+ * parts, models prepared for training and models that carry adapters or
+ * trainable copies. Not thread-safe with forwards. */
+cllm_status cllm_model_set_inference(cllm_model *m);
 /* The format the matrices are read in (CLLM_WFMT_FP32 without a store). */
 cllm_wfmt cllm_model_weights(const cllm_model *m);
 /* Bytes of the matrices one decode step reads: every linear weight and the

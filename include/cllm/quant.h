@@ -37,7 +37,10 @@
  * of the sum. int8 and q4 weights multiply activations quantized per block
  * of 32 like Q8_0 (fp32 scale max|x| / 127, int8 codes rounded half away
  * from zero): each block adds d_w * d_x * (integer dot of the codes), as
- * llama.cpp computes Q8_0 / Q4_0 times Q8_0.
+ * llama.cpp computes Q8_0 / Q4_0 times Q8_0. int8 and q4 serve prompts
+ * too (any M): 4 or more rows run on register tiles of 2 weight rows by 4
+ * rows of x, each weight block unpacked once per tile, with every output
+ * computed by the same operations as alone (bit for bit).
  */
 #ifndef CLLM_QUANT_H
 #define CLLM_QUANT_H
@@ -98,8 +101,8 @@ size_t cllm_qweight_bytes(cllm_wfmt f, int rows, int cols);
 cllm_status cllm_quant_matrix(void *dst, cllm_wfmt f, const float *src, int rows, int cols, bool transpose);
 
 /* Bytes of scratch cllm_qmatmul needs for M rows of `cols` inputs in
- * format f: the quantized activations of int8 / q4 (36 bytes per 32
- * inputs per row); 0 for fp32 and bf16. */
+ * format f: the quantized activations of int8 / q4 (per 32 inputs per row,
+ * 36 bytes for int8, 68 for q4); 0 for fp32 and bf16. */
 size_t cllm_qmatmul_scratch_bytes(cllm_wfmt f, int cols, int M);
 /* out[M, w.rows] = x[M, w.cols] . W^T + bias (bias [w.rows] or NULL).
  * out must not alias x. M >= 1. scratch: cllm_qmatmul_scratch_bytes(w.fmt,

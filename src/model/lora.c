@@ -447,6 +447,8 @@ cllm_status cllm_lora_merge(cllm_model *m) {
     if (!L) return CLLM_FAIL(CLLM_ERR_ARG, "merge: the model carries no LoRA adapters");
     if (m->shared) return model_shared_refuse("merging adapters into the base");
     if (!m->params) return CLLM_FAIL(CLLM_ERR_ARG, "merge: the model's parameters are not in memory");
+    cllm_status rs = model_conv_restore(m); /* the deltas are added in the file layout */
+    if (rs) return rs;
     model_trainable_sync(m); /* modules_to_save and trained biases */
     for (int i = 0; i < L->n_ad; i++) {
         const struct model_adapter *ad = &L->ad[i];

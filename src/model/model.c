@@ -325,8 +325,13 @@ cllm_status cllm_model_save(const cllm_model *m, const char *dir, size_t max_sha
     cllm_status st = cllm_make_dirs(dir);
     if (st) return st;
     cllm_st_entry *e = calloc((size_t)m->n_tensors, sizeof *e);
-    if (!e) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < m->n_tensors; i++) {
+    float **copies = calloc((size_t)m->n_tensors, sizeof *copies); /* file-layout copies of conv_rows matrices */
+    if (!e || !copies) {
+        free(e);
+        free(copies);
+        return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < m->n_tensors && !st; i++) {
         const cllm_tensor_info *t = &m->tensors[i];
         e[i].name = t->name;
         e[i].dtype = CLLM_F32;
@@ -334,12 +339,18 @@ cllm_status cllm_model_save(const cllm_model *m, const char *dir, size_t max_sha
         e[i].shape[0] = t->shape[0];
         e[i].shape[1] = t->shape[1];
         e[i].data = m->params + t->offset;
+        if (!m->conv_rows) continue;
+        float *tmp;
+        if (!(e[i].data = model_conv_file_layout(m, i, &tmp))) st = CLLM_ERR_NOMEM;
+        copies[i] = tmp;
     }
     int n = m->n_tensors;
     model_moe_fused *fused = NULL;
-    st = model_moe_fuse_entries(m, e, &n, &fused);
+    if (!st) st = model_moe_fuse_entries(m, e, &n, &fused);
     if (!st) st = cllm_st_save_dir(dir, e, n, max_shard_bytes);
     model_moe_fused_free(fused);
+    for (int i = 0; i < m->n_tensors; i++) cllm_free(copies[i]);
+    free(copies);
     free(e);
     if (st) return st;
     char path[4096];
@@ -659,6 +670,10 @@ cllm_status cllm_model_prepare(cllm_model *m, int B, int T, bool train) {
                          cllm_wfmt_name(cllm_model_weights(m)));
     if (train && m->shared && !m->frozen)
         return model_shared_refuse("training the model's own tensors (declare a trainable set of extra tensors)");
+    if (train) {
+        cllm_status rs = model_conv_restore(m); /* the backward reads the file layout */
+        if (rs) return rs;
+    }
     if (train && !m->grads && !m->hooks.fetch_grads) {
         m->grads = cllm_calloc(cllm_model_trainable_len(m), sizeof(float), "gradients");
         if (!m->grads) return CLLM_ERR_NOMEM;

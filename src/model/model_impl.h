@@ -180,6 +180,11 @@ struct cllm_model {
      * written (a model loaded in that format). */
     struct model_wstore *ws;
     bool params_lazy;
+    /* conv_rows: GPT-2's Conv1D matrices are held [out, in] in the flat
+     * buffer (cllm_model_set_inference), so that fp32 decode steps read
+     * them on cllm_qmatmul's row kernel; model_conv_restore puts the file
+     * layout back for whatever needs it. */
+    bool conv_rows;
     /* a quantized frozen base (qbase.c): the block linear layers in a
      * bitsandbytes format; NULL otherwise */
     struct model_qbase *qb;
@@ -467,6 +472,12 @@ cllm_status model_weights_linear(const cllm_model *m, model_lp_scratch *lp, floa
                                  const cllm_qweight *q, const float *bias, int N);
 /* Floats of lp->deq a forward of `rows` rows needs (0 without a store). */
 size_t model_weights_scratch(const cllm_model *m, int rows);
+/* The file layout back in the flat buffer when conv_rows (a no-op
+ * otherwise). model_conv_file_layout: tensor idx's values in the file
+ * layout, a copy in *tmp (to cllm_free) when conv_rows transposed it,
+ * NULL when that copy cannot be allocated. */
+cllm_status model_conv_restore(cllm_model *m);
+const float *model_conv_file_layout(const cllm_model *m, int idx, float **tmp);
 
 /* A quantized base (qbase.c). model_qbase_get: tensor idx's quantized
  * matrix or NULL; model_qbase_index: the quantized tensor whose slot in

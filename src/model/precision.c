@@ -310,9 +310,10 @@ static cllm_status linear_forward(const cllm_model *m, model_lp_scratch *lp, flo
     if (qb) return model_qbase_forward(m, lp, out, inp, qb, bias, N);
     const float *w = model_param(m, widx);
     if (m->prec == CLLM_PREC_FP32) {
-        /* decode steps of [out, in] weights: the bandwidth-bound kernel, in place on the
-         * flat buffer. GPT-2's [in, out] Conv1D weights stay on oneDNN's GEMV, which reads
-         * that layout faster than cllm_qmatmul's axpy strips (bench/qmatmul_bench.c). */
+        /* decode steps of [out, in] weights (GPT-2's Conv1D ones once cllm_model_set_inference
+         * transposed them): the bandwidth-bound kernel, in place on the flat buffer. Conv1D
+         * weights in the file layout stay on oneDNN's GEMV, which reads [in, out] faster than
+         * cllm_qmatmul's axpy strips (bench/qmatmul_bench.c). */
         if (N > WEIGHTS_SMALL_ROWS || w_in_out) return cllm_linear_forward(out, inp, w, bias, N, IN, OUT, w_in_out);
         cllm_qweight v = {.fmt = CLLM_WFMT_FP32, .data = w, .rows = OUT, .cols = IN, .in_out = w_in_out};
         cllm_qmatmul(out, inp, &v, bias, N, NULL);

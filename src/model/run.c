@@ -223,7 +223,7 @@ cllm_status model_block_forward(const cllm_model *m, model_lp_scratch *lp, int l
     const int *s = m->lslot[l];
     int N = rows ? rows->rows[rows->n_seq] : B * T, C = c->n_embd, F = c->n_inner, HS = c->head_dim;
     int Q = c->n_head * HS, K = c->n_kv_head * HS;
-    bool in_out = c->arch == CLLM_ARCH_GPT2; /* Conv1D weights */
+    bool in_out = c->arch == CLLM_ARCH_GPT2 && !m->conv_rows; /* Conv1D weights in the file layout */
     float *P[L_NSLOTS];
     for (int i = 0; i < L_NSLOTS; i++) P[i] = model_param(m, s[i]);
 
@@ -308,7 +308,7 @@ static cllm_status block_backward(cllm_model *m, int l, int B, int T, double aux
     int N = B * T, C = c->n_embd, F = c->n_inner, HS = c->head_dim;
     int Q = c->n_head * HS, K = c->n_kv_head * HS;
     size_t NC = (size_t)N * C, NF = (size_t)N * F;
-    bool in_out = c->arch == CLLM_ARCH_GPT2;
+    bool in_out = c->arch == CLLM_ARCH_GPT2 && !m->conv_rows;
     float *P[L_NSLOTS], *G[L_NSLOTS];
     for (int i = 0; i < L_NSLOTS; i++) {
         P[i] = model_param(m, s[i]);

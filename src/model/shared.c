@@ -63,7 +63,10 @@ cllm_status cllm_weights_from_model(cllm_weights **out, cllm_model **pm) {
     if (m->hooks.fetch_params || m->hooks.fetch_grads || m->hooks.grads_ready)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "weights from a model with layer hooks (ZeRO-3)");
     if (!m->params) return CLLM_FAIL(CLLM_ERR_ARG, "weights from a model whose parameters were dropped");
-    cllm_status st = m->prec != CLLM_PREC_FP32 ? model_lp_refresh(m) : CLLM_OK;
+    /* shared weights keep the file layout: their runs do not share the
+     * [out, in] inference layout's flag */
+    cllm_status st = model_conv_restore(m);
+    if (!st && m->prec != CLLM_PREC_FP32) st = model_lp_refresh(m);
     if (st) return st;
     cllm_weights *w = calloc(1, sizeof *w);
     if (!w) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");

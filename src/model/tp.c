@@ -94,6 +94,9 @@ fail:
 }
 
 cllm_status cllm_tp_model_part(cllm_model **out, const cllm_model *full, int tp, int r) {
+    if (full->conv_rows)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a tensor-parallel part of a model laid out for forwards "
+                         "(cllm_model_set_inference): cut the model as loaded");
     cllm_status st = part_layout(out, full, tp, r, false);
     if (st) return st;
     cllm_model *m = *out;

@@ -185,6 +185,8 @@ cllm_status cllm_model_set_weights(cllm_model *m, cllm_wfmt f) {
     if (m->has_backward)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a model prepared for training keeps fp32 weights");
     if (m->qb) return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "--weights with a quantized base (load_in_4bit / load_in_8bit)");
+    cllm_status rs = model_conv_restore(m); /* the store is filled from the file layout */
+    if (rs) return rs;
     if (f == CLLM_WFMT_FP32) {
         model_weights_free(m);
         return CLLM_OK;
@@ -218,6 +220,61 @@ size_t cllm_model_weight_bytes(const cllm_model *m) {
         }
     }
     return bytes;
+}
+
+/* ------------------------------------------------ the fp32 decode layout */
+
+/* Every Conv1D matrix of the flat buffer transposed in place through one
+ * scratch matrix: [in, out] -> [out, in] when to_rows, back otherwise. The
+ * transpose runs in 32 x 32 tiles so both sides stay in cache. */
+static cllm_status conv_transpose(cllm_model *m, bool to_rows) {
+    size_t widest = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        bool conv;
+        if (stored_matrix(m, i, &conv) && conv && m->tensors[i].numel > widest) widest = m->tensors[i].numel;
+    }
+    float *tmp = widest ? cllm_alloc(widest * sizeof(float), "weight being transposed") : NULL;
+    if (widest && !tmp) return CLLM_ERR_NOMEM;
+    for (int i = 0; i < m->n_tensors; i++) {
+        bool conv;
+        if (!stored_matrix(m, i, &conv) || !conv) continue;
+        const cllm_tensor_info *t = &m->tensors[i];
+        float *p = m->params + t->offset;
+        /* the source is [sr, sc], the result [sc, sr] */
+        const int sr = (int)(to_rows ? t->shape[0] : t->shape[1]), sc = (int)(to_rows ? t->shape[1] : t->shape[0]);
+        memcpy(tmp, p, t->numel * sizeof(float));
+#pragma omp parallel for schedule(static)
+        for (int c0 = 0; c0 < sc; c0 += 32)
+            for (int r0 = 0; r0 < sr; r0 += 32)
+                for (int c = c0; c < c0 + 32 && c < sc; c++)
+                    for (int r = r0; r < r0 + 32 && r < sr; r++) p[(size_t)c * sr + r] = tmp[(size_t)r * sc + c];
+    }
+    cllm_free(tmp);
+    m->conv_rows = to_rows;
+    atomic_store(&m->lp_stale, true); /* bf16 / fp16 copies follow the flat buffer */
+    return CLLM_OK;
+}
+
+cllm_status cllm_model_set_inference(cllm_model *m) {
+    if (m->conv_rows || m->cfg.arch != CLLM_ARCH_GPT2 || !m->params || m->ws || m->qb || m->params_lazy ||
+        m->tp_size > 1 || m->has_backward || m->lora || m->tcopies || m->shared)
+        return CLLM_OK; /* a run over shared weights leaves their layout alone */
+    return conv_transpose(m, true);
+}
+
+cllm_status model_conv_restore(cllm_model *m) { return m->conv_rows ? conv_transpose(m, false) : CLLM_OK; }
+
+const float *model_conv_file_layout(const cllm_model *m, int idx, float **tmp) {
+    const cllm_tensor_info *t = &m->tensors[idx];
+    const float *p = m->params + t->offset;
+    bool conv;
+    *tmp = NULL;
+    if (!m->conv_rows || !stored_matrix(m, idx, &conv) || !conv) return p;
+    const size_t in = (size_t)t->shape[0], out = (size_t)t->shape[1];
+    if (!(*tmp = cllm_alloc(t->numel * sizeof(float), "weight in the file layout"))) return NULL;
+    for (size_t r = 0; r < out; r++)
+        for (size_t c = 0; c < in; c++) (*tmp)[c * out + r] = p[r * in + c];
+    return *tmp;
 }
 
 /* ------------------------------------------------------------ forwards */

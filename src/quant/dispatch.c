@@ -42,7 +42,8 @@ const char *cllm_qmatmul_variant(void) {
 
 size_t cllm_qmatmul_scratch_bytes(cllm_wfmt f, int cols, int M) {
     if (f != CLLM_WFMT_INT8 && f != CLLM_WFMT_Q4) return 0;
-    return (size_t)M * (size_t)((cols + CLLM_QBLOCK - 1) / CLLM_QBLOCK) * QUANT_XBLOCK_BYTES;
+    const size_t per_block = QUANT_XBLOCK_BYTES + (f == CLLM_WFMT_Q4 ? QUANT_XCORR_BYTES : 0);
+    return (size_t)M * (size_t)((cols + CLLM_QBLOCK - 1) / CLLM_QBLOCK) * per_block;
 }
 
 void cllm_qmatmul(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch) {

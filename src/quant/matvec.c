@@ -14,17 +14,20 @@
  * how often a row is reused), so a sequence's logits do not depend on the
  * batch it runs in.
  *
- * fp32 / bf16: the 32 values of a block go to 32 fp32 accumulator lanes
- * (value i to lane i % 32), summed in a fixed order at the end; bf16 is
- * widened by a 16-bit shift. For M > 1 a row is widened once into a stack
- * buffer and reused; the values are the same, so the result is too.
+ * fp32 / bf16: each output accumulates in 8 fp32 lanes (value i to lane
+ * i % 8), summed in a fixed order at the end; bf16 is widened by a 16-bit
+ * shift. Tiles of up to 4 weight rows by 3 input rows share their loads
+ * (a small GEMM micro-kernel for the rows of a batched decode step) with
+ * the same operations per output whatever the tile.
  *
  * int8 / q4: the activations are quantized per block of 32 as Q8_0 is (an
  * fp32 scale d_x = max|x| / 127 and int8 codes), and each block contributes
  * d_w * d_x * (exact integer dot of the codes): AVX2's maddubs / madd on 32
  * codes at once, the way llama.cpp multiplies Q4_0 / Q8_0 by Q8_0. That is
  * several times less arithmetic than widening every weight to fp32, which
- * would leave these formats bound by compute rather than memory.
+ * would leave these formats bound by compute rather than memory. A prompt
+ * (4 or more rows) runs on tiles of 2 weight rows by 4 tokens (qdot.h), each
+ * output still the same operations in the same order as alone.
  *
  * fp32 weights in GPT-2's [cols, rows] layout are read in place, row by
  * row of the stored matrix (axpy form): each thread owns a strip of 64
@@ -54,7 +57,7 @@
 #include <immintrin.h>
 #endif
 
-enum { QB = CLLM_QBLOCK, ROWBUF = 8192, MCHUNK = 16 };
+enum { QB = CLLM_QBLOCK, MCHUNK = 16 };
 
 /* Below this many weights a matrix runs on the calling thread alone. */
 #define QV_PARALLEL_MIN 32768L
@@ -67,65 +70,120 @@ static inline float scale_of(const unsigned char *b) {
 #endif
 }
 
-/* ------------------------------------------------------ the 32-lane block */
+/* ------------------------------------------- fp32 / bf16: 8-lane tiles */
+/* One output accumulates in 8 fp32 lanes (value i of the row to lane i % 8,
+ * in ascending order), summed in a fixed order at the end. A tile computes
+ * RT weight rows times MT input rows at once (up to 4 x 3: twelve
+ * accumulators, the MT inputs of the next 8 values, one widened weight
+ * vector) so each load feeds several multiply-adds; every output still runs
+ * the same operations in the same order, whatever the tile, so the result
+ * of a row never depends on M. */
 #ifdef QV_SIMD
-/* four named registers, not an array: an indexed array of vectors would
- * live in memory and chain every FMA through a store and a load */
-typedef struct {
-    __m256 a0, a1, a2, a3;
-} lanes;
-typedef lanes wide; /* 32 widened weights */
-static inline void lanes_zero(lanes *l) { l->a0 = l->a1 = l->a2 = l->a3 = _mm256_setzero_ps(); }
-static inline void lanes_fma(lanes *l, const wide *w, const float *x) {
-    l->a0 = _mm256_fmadd_ps(w->a0, _mm256_loadu_ps(x), l->a0);
-    l->a1 = _mm256_fmadd_ps(w->a1, _mm256_loadu_ps(x + 8), l->a1);
-    l->a2 = _mm256_fmadd_ps(w->a2, _mm256_loadu_ps(x + 16), l->a2);
-    l->a3 = _mm256_fmadd_ps(w->a3, _mm256_loadu_ps(x + 24), l->a3);
-}
-static inline float lanes_sum(const lanes *l) {
-    __m256 s = _mm256_add_ps(_mm256_add_ps(l->a0, l->a1), _mm256_add_ps(l->a2, l->a3));
+typedef __m256 v8;
+static inline v8 v8_zero(void) { return _mm256_setzero_ps(); }
+static inline v8 v8_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline v8 v8_fma(v8 a, v8 b, v8 c) { return _mm256_fmadd_ps(a, b, c); }
+static inline float v8_sum(v8 s) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     h = _mm_add_ss(h, _mm_movehdup_ps(h));
     return _mm_cvtss_f32(h);
 }
-static inline void widen_f32(wide *w, const float *src) {
-    w->a0 = _mm256_loadu_ps(src);
-    w->a1 = _mm256_loadu_ps(src + 8);
-    w->a2 = _mm256_loadu_ps(src + 16);
-    w->a3 = _mm256_loadu_ps(src + 24);
-}
-static inline __m256 bf16x8(const uint16_t *src) {
+static inline v8 v8_bf16(const uint16_t *src) {
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)src));
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
-static inline void widen_bf16(wide *w, const uint16_t *src) {
-    w->a0 = bf16x8(src);
-    w->a1 = bf16x8(src + 8);
-    w->a2 = bf16x8(src + 16);
-    w->a3 = bf16x8(src + 24);
-}
 #else
 typedef struct {
-    float a[QB];
-} lanes;
-typedef lanes wide;
-static inline void lanes_zero(lanes *l) { memset(l->a, 0, sizeof l->a); }
-static inline void lanes_fma(lanes *l, const wide *w, const float *x) {
-    for (int i = 0; i < QB; i++) l->a[i] += w->a[i] * x[i];
+    float a[8];
+} v8;
+static inline v8 v8_zero(void) { return (v8){{0}}; }
+static inline v8 v8_load(const float *p) {
+    v8 r;
+    memcpy(r.a, p, sizeof r.a);
+    return r;
 }
-static inline float lanes_sum(const lanes *l) {
-    float s[8];
-    for (int j = 0; j < 8; j++) s[j] = (l->a[j] + l->a[8 + j]) + (l->a[16 + j] + l->a[24 + j]);
-    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+static inline v8 v8_fma(v8 a, v8 b, v8 c) {
+    for (int i = 0; i < 8; i++) c.a[i] += a.a[i] * b.a[i];
+    return c;
 }
-static inline void widen_f32(wide *w, const float *src) { memcpy(w->a, src, sizeof w->a); }
-static inline void widen_bf16(wide *w, const uint16_t *src) {
-    for (int i = 0; i < QB; i++) w->a[i] = cllm_bf16_to_f32(src[i]);
+static inline float v8_sum(v8 s) { /* the SIMD build's order */
+    const float h0 = s.a[0] + s.a[4], h1 = s.a[1] + s.a[5], h2 = s.a[2] + s.a[6], h3 = s.a[3] + s.a[7];
+    return (h0 + h2) + (h1 + h3);
+}
+static inline v8 v8_bf16(const uint16_t *src) {
+    v8 r;
+    for (int i = 0; i < 8; i++) r.a[i] = cllm_bf16_to_f32(src[i]);
+    return r;
 }
 #endif
 
-#define WBLOCK wide wb
+/* The 8 weights of row w from value k (bf16 widened). */
+static inline __attribute__((always_inline)) v8 w8(const unsigned char *w, int k, bool bf16) {
+    return bf16 ? v8_bf16((const uint16_t *)(const void *)w + k) : v8_load((const float *)(const void *)w + k);
+}
+
+/* out[m + j, r + i] for i < RT, j < MT: rows of w rb bytes apart, inputs K
+ * floats apart; a partial last group of 8 values is read through
+ * zero-padded copies. */
+static inline __attribute__((always_inline)) void tile_impl(float *out, int R, const unsigned char *w, size_t rb,
+                                                            const float *x, int K, const float *bias, const int RT,
+                                                            const int MT, const bool bf16) {
+    v8 acc[4][3];
+    const int full = K & ~7;
+#pragma GCC unroll 4
+    for (int i = 0; i < RT; i++)
+#pragma GCC unroll 3
+        for (int j = 0; j < MT; j++) acc[i][j] = v8_zero();
+    for (int k = 0; k < full; k += 8) {
+        v8 xv[3];
+#pragma GCC unroll 3
+        for (int j = 0; j < MT; j++) xv[j] = v8_load(x + (size_t)j * K + k);
+#pragma GCC unroll 4
+        for (int i = 0; i < RT; i++) {
+            const v8 wv = w8(w + (size_t)i * rb, k, bf16);
+#pragma GCC unroll 3
+            for (int j = 0; j < MT; j++) acc[i][j] = v8_fma(wv, xv[j], acc[i][j]);
+        }
+    }
+    if (full < K) {
+        float xp[3][8] = {{0}}, wp[8];
+        for (int j = 0; j < MT; j++) memcpy(xp[j], x + (size_t)j * K + full, (size_t)(K - full) * sizeof(float));
+        for (int i = 0; i < RT; i++) {
+            const unsigned char *wi = w + (size_t)i * rb;
+            for (int c = 0; c < 8; c++)
+                wp[c] = full + c >= K ? 0.0f
+                        : bf16       ? cllm_bf16_to_f32(((const uint16_t *)(const void *)wi)[full + c])
+                                     : ((const float *)(const void *)wi)[full + c];
+            const v8 wv = v8_load(wp);
+            for (int j = 0; j < MT; j++) acc[i][j] = v8_fma(wv, v8_load(xp[j]), acc[i][j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < RT; i++)
+#pragma GCC unroll 3
+        for (int j = 0; j < MT; j++) out[(size_t)j * R + i] = v8_sum(acc[i][j]) + (bias ? bias[i] : 0.0f);
+}
+
+typedef void (*tile_fn)(float *out, int R, const unsigned char *w, size_t rb, const float *x, int K, const float *bias);
+#define DEFINE_TILE(RT, MT, BF, NAME)                                                                          \
+    static void NAME(float *out, int R, const unsigned char *w, size_t rb, const float *x, int K, const float *bias) { \
+        tile_impl(out, R, w, rb, x, K, bias, RT, MT, BF);                                                      \
+    }
+#define DEFINE_TILES(BF, P)                                                                                    \
+    DEFINE_TILE(4, 1, BF, P##4_1)                                                                              \
+    DEFINE_TILE(4, 2, BF, P##4_2)                                                                              \
+    DEFINE_TILE(4, 3, BF, P##4_3)                                                                              \
+    DEFINE_TILE(1, 1, BF, P##1_1)                                                                              \
+    DEFINE_TILE(1, 2, BF, P##1_2)                                                                              \
+    DEFINE_TILE(1, 3, BF, P##1_3)
+DEFINE_TILES(false, tile_f)
+DEFINE_TILES(true, tile_b)
+/* [bf16][RT == 4][MT - 1] */
+static const tile_fn tiles[2][2][3] = {{{tile_f1_1, tile_f1_2, tile_f1_3}, {tile_f4_1, tile_f4_2, tile_f4_3}},
+                                       {{tile_b1_1, tile_b1_2, tile_b1_3}, {tile_b4_1, tile_b4_2, tile_b4_3}}};
+
+/* ------------------------------------- int8 / q4 weights: integer dots */
 
 /* The 32 inputs of block b of x (zero-padded past cols). */
 static inline const float *x_block(const float *x, int cols, int b, float pad[QB]) {
@@ -136,81 +194,6 @@ static inline const float *x_block(const float *x, int cols, int b, float pad[QB
     return pad;
 }
 
-/* A row's dot product with x, block by block, one loop per format (the
- * format test stays out of the loop); a partial last block is read
- * through zero-padded copies. */
-static float dot_f32(const float *row, const float *x, int cols) {
-    const int full = cols / QB;
-    lanes acc;
-    lanes_zero(&acc);
-    for (int b = 0; b < full; b++) {
-        WBLOCK;
-        widen_f32(&wb, row + (size_t)b * QB);
-        lanes_fma(&acc, &wb, x + (size_t)b * QB);
-    }
-    if (full * QB < cols) {
-        float wpad[QB] = {0}, xpad[QB] = {0};
-        memcpy(wpad, row + (size_t)full * QB, (size_t)(cols - full * QB) * sizeof *wpad);
-        memcpy(xpad, x + (size_t)full * QB, (size_t)(cols - full * QB) * sizeof *xpad);
-        WBLOCK;
-        widen_f32(&wb, wpad);
-        lanes_fma(&acc, &wb, xpad);
-    }
-    return lanes_sum(&acc);
-}
-
-static float dot_bf16(const uint16_t *row, const float *x, int cols) {
-    const int full = cols / QB;
-    lanes acc;
-    lanes_zero(&acc);
-    for (int b = 0; b < full; b++) {
-        WBLOCK;
-        widen_bf16(&wb, row + (size_t)b * QB);
-        lanes_fma(&acc, &wb, x + (size_t)b * QB);
-    }
-    if (full * QB < cols) {
-        uint16_t wpad[QB] = {0};
-        float xpad[QB] = {0};
-        memcpy(wpad, row + (size_t)full * QB, (size_t)(cols - full * QB) * sizeof *wpad);
-        memcpy(xpad, x + (size_t)full * QB, (size_t)(cols - full * QB) * sizeof *xpad);
-        WBLOCK;
-        widen_bf16(&wb, wpad);
-        lanes_fma(&acc, &wb, xpad);
-    }
-    return lanes_sum(&acc);
-}
-
-static float dot_row(cllm_wfmt f, const unsigned char *row, const float *x, int cols) {
-    switch (f) {
-    case CLLM_WFMT_BF16: return dot_bf16((const uint16_t *)(const void *)row, x, cols);
-    default: return dot_f32((const float *)(const void *)row, x, cols);
-    }
-}
-
-/* Widens a whole fp32 / bf16 row into wrow (nb * 32 floats, zero-padded):
- * the values dot_row would widen block by block. */
-static void widen_row(cllm_wfmt f, const unsigned char *row, int cols, float *wrow) {
-    const int nb = (cols + QB - 1) / QB;
-    cllm_quant_dequant_row(wrow, row, f, cols);
-    memset(wrow + cols, 0, (size_t)(nb * QB - cols) * sizeof *wrow);
-}
-
-/* One output from a row widened beforehand into wrow (nb * 32 floats). */
-static float dot_wide(const float *wrow, const float *x, int cols) {
-    lanes acc;
-    lanes_zero(&acc);
-    float xpad[QB];
-    int nb = (cols + QB - 1) / QB;
-    for (int b = 0; b < nb; b++) {
-        WBLOCK;
-        widen_f32(&wb, wrow + (size_t)b * QB);
-        lanes_fma(&acc, &wb, x_block(x, cols, b, xpad));
-    }
-    return lanes_sum(&acc);
-}
-
-/* ------------------------------------- int8 / q4 weights: integer dots */
-
 /* A block of 32 activations quantized as Q8_0 is, with an fp32 scale:
  * value = d * q, d = max|x| / 127, q = round(x / d) half away from zero. */
 typedef struct {
@@ -219,94 +202,83 @@ typedef struct {
 } xblock;
 _Static_assert(sizeof(xblock) == QUANT_XBLOCK_BYTES, "xblock layout");
 
-/* Rows of x quantized block by block into xq ([M][nb], zero-padded). */
-static void quantize_x(xblock *xq, const float *x, int M, int K) {
-    const int nb = (K + QB - 1) / QB;
-#pragma omp parallel for schedule(static) if ((long)M * K >= 65536)
-    for (int m = 0; m < M; m++)
-        for (int b = 0; b < nb; b++) {
-            float pad[QB];
-            const float *v = x_block(x + (size_t)m * K, K, b, pad);
-            float amax = 0.0f;
-            for (int i = 0; i < QB; i++) amax = fmaxf(amax, fabsf(v[i]));
-            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-            xblock *o = xq + (size_t)m * nb + b;
-            o->d = d;
-            for (int i = 0; i < QB; i++) o->q[i] = cllm_quant_code8(v[i] * id);
-        }
+#ifdef QV_SIMD
+static inline float hsum8(__m256 s) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
 }
 
-/* One output: sum over blocks of d_w * d_x * (integer dot of the codes).
- * The integer dot is exact; the sum runs over 8 lanes (avx2) or one
- * (portable) in block order, the same for any M.
- *
- * SIMD: |w| (unsigned) times x with w's sign, 32 codes at once; AVX2 sums
- * the products in pairs to int16 (maddubs: |w| <= 127 and |x| <= 127, so a
- * pair cannot saturate) and then to int32 (madd); AVX512-VNNI's vpdpbusd
- * adds the four products of each int32 lane in one instruction. Both give
- * the exact integer sums, so the outputs are the same bit for bit. */
-#ifdef QV_SIMD
-static inline __m256i dot32_avx2(__m256i w, __m256i x) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)),
-                             _mm256_set1_epi16(1));
+/* The int8 codes of 8 values m = x / d as cllm_quant_code8 gives them:
+ * round half away from zero (trunc, then a step away from zero where the
+ * exact remainder is at least 1/2), NaN to 0, clamped to +-127. */
+static inline __m256i code8x8(__m256 m) {
+    const __m256 sgn = _mm256_set1_ps(-0.0f);
+    const __m256 t = _mm256_round_ps(m, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 up = _mm256_cmp_ps(_mm256_andnot_ps(sgn, _mm256_sub_ps(m, t)), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    __m256 r = _mm256_add_ps(t, _mm256_and_ps(up, _mm256_or_ps(_mm256_and_ps(m, sgn), _mm256_set1_ps(1.0f))));
+    r = _mm256_and_ps(r, _mm256_cmp_ps(r, r, _CMP_ORD_Q));
+    r = _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+    return _mm256_cvtps_epi32(r);
 }
-#define DEFINE_DOT_Q(NAME, ATTR, DOT32)                                                                   \
-    ATTR static float NAME(cllm_wfmt f, const unsigned char *row, const xblock *xq, int nb) {              \
-        const size_t bb = f == CLLM_WFMT_Q4 ? CLLM_Q4_BLOCK_BYTES : CLLM_Q8_BLOCK_BYTES;                    \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                      \
-        const __m128i m15 = _mm_set1_epi8(15);                                                              \
-        for (int b = 0; b < nb; b++) {                                                                      \
-            const unsigned char *blk = row + (size_t)b * bb;                                                \
-            __m256i w;                                                                                      \
-            if (f == CLLM_WFMT_Q4) {                                                                        \
-                __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2));                      \
-                __m128i lo = _mm_and_si128(q, m15), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m15);          \
-                w = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));                         \
-            } else {                                                                                        \
-                w = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));                           \
-            }                                                                                               \
-            __m256i p = DOT32(w, _mm256_loadu_si256((const __m256i *)(const void *)xq[b].q));               \
-            __m256 dd = _mm256_set1_ps(scale_of(blk) * xq[b].d);                                            \
-            if (b & 1)                                                                                      \
-                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dd, acc1);                                    \
-            else                                                                                            \
-                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dd, acc0);                                    \
-        }                                                                                                   \
-        __m256 s = _mm256_add_ps(acc0, acc1);                                                               \
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));                      \
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));                                                             \
-        h = _mm_add_ss(h, _mm_movehdup_ps(h));                                                              \
-        return _mm_cvtss_f32(h);                                                                            \
+
+/* One block of 32 values: d and codes as the scalar rule gives them (a NaN
+ * value counts as 0 in max|x|: max_ps returns its second operand when the
+ * first is NaN, as fmaxf skips it), and with xc the 8 lanes of -8 times the
+ * sum of codes 4i .. 4i + 3 that the q4 dot adds. */
+static void quantize_block(xblock *o, int32_t *xc, const float *v) {
+    const __m256 sgn = _mm256_set1_ps(-0.0f);
+    __m256 x[4], a = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        x[k] = _mm256_loadu_ps(v + 8 * k);
+        a = _mm256_max_ps(_mm256_andnot_ps(sgn, x[k]), a);
     }
-DEFINE_DOT_Q(dot_q, , dot32_avx2)
-#if defined(__AVX512VL__) && defined(__AVX512BW__)
-/* The avx512 build: VNNI where the CPU has it (Cascade Lake, Ice Lake, Zen 4
- * and later; not Skylake-X), checked at run time, so only these functions
- * carry the instruction set. */
-#define QV_VNNI 1
-__attribute__((target("avx512vnni"))) static inline __m256i dot32_vnni(__m256i w, __m256i x) {
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float d = _mm_cvtss_f32(h) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i q = _mm256_packs_epi16(_mm256_packs_epi32(code8x8(_mm256_mul_ps(x[0], vid)), code8x8(_mm256_mul_ps(x[1], vid))),
+                                   _mm256_packs_epi32(code8x8(_mm256_mul_ps(x[2], vid)), code8x8(_mm256_mul_ps(x[3], vid))));
+    /* the packs interleave 4-value groups across the two 128-bit halves */
+    q = _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    o->d = d;
+    _mm256_storeu_si256((__m256i *)(void *)o->q, q);
+    if (xc)
+        _mm256_storeu_si256((__m256i *)(void *)xc,
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), q), _mm256_set1_epi16(-1)));
 }
-DEFINE_DOT_Q(dot_q_vnni, __attribute__((target("avx512vnni"))), dot32_vnni)
-#endif
 #else
-static float dot_q(cllm_wfmt f, const unsigned char *row, const xblock *xq, int nb) {
-    const size_t bb = f == CLLM_WFMT_Q4 ? CLLM_Q4_BLOCK_BYTES : CLLM_Q8_BLOCK_BYTES;
-    float acc = 0.0f;
-    for (int b = 0; b < nb; b++) {
-        const unsigned char *blk = row + (size_t)b * bb;
-        int32_t sum = 0;
-        if (f == CLLM_WFMT_Q4) {
-            for (int j = 0; j < QB / 2; j++)
-                sum += ((blk[2 + j] & 15) - 8) * xq[b].q[j] + ((blk[2 + j] >> 4) - 8) * xq[b].q[j + QB / 2];
-        } else {
-            for (int i = 0; i < QB; i++) sum += (int8_t)blk[2 + i] * xq[b].q[i];
-        }
-        acc += (float)sum * (scale_of(blk) * xq[b].d);
-    }
-    return acc;
+static void quantize_block(xblock *o, int32_t *xc, const float *v) {
+    (void)xc; /* the portable dot subtracts 8 from each nibble itself */
+    float amax = 0.0f;
+    for (int i = 0; i < QB; i++) amax = fmaxf(amax, fabsf(v[i]));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    o->d = d;
+    for (int i = 0; i < QB; i++) o->q[i] = cllm_quant_code8(v[i] * id);
 }
 #endif
+
+/* The activations of one call, quantized: xq [M][nb] blocks, and for q4
+ * weights xc [M][nb][8] (see qdot.h). */
+typedef struct {
+    xblock *xq;
+    int32_t *xc;
+    const float *x;
+    int M, K, per;
+} qx_job;
+
+static void quantize_chunk(void *ctx, int c) {
+    const qx_job *j = ctx;
+    const int nb = (j->K + QB - 1) / QB, m1 = (c + 1) * j->per < j->M ? (c + 1) * j->per : j->M;
+    for (int m = c * j->per; m < m1; m++)
+        for (int b = 0; b < nb; b++) {
+            float pad[QB];
+            const size_t i = (size_t)m * nb + b;
+            quantize_block(j->xq + i, j->xc ? j->xc + 8 * i : NULL, x_block(j->x + (size_t)m * j->K, j->K, b, pad));
+        }
+}
 
 /* One matmul cut into chunks of output rows for the thread pool (pool.c):
  * chunk c computes the outputs of rows [c * rows_per, (c + 1) * rows_per)
@@ -317,8 +289,9 @@ typedef struct {
     const cllm_qweight *w;
     const float *bias;
     const xblock *xq;
+    const int32_t *xc; /* q4 */
     int M, rows_per;
-    bool vnni; /* int8 / q4 through dot_q_vnni */
+    bool vnni; /* int8 / q4 through the VNNI kernels */
 } mm_job;
 
 /* Chunks of at least MIN_CHUNK_BYTES of weights, about 8 per thread (a
@@ -341,55 +314,128 @@ static void run_chunks(quant_task_fn fn, mm_job *j) {
     quant_pool_run(fn, j, (R + per - 1) / per);
 }
 
+/* Tokens per pass over a chunk's rows: their quantized blocks (36 or 68
+ * bytes per 32 inputs) stay in L2 while every row of the chunk reads them. */
+enum { TOKEN_STEP = 64 };
+
+/* One output: sum over blocks of d_w * d_x * (integer dot of the codes),
+ * the integer dot exact. SIMD: qdot.h, for AVX2 and (the avx512 build,
+ * where the CPU has it) AVX512-VNNI; portable: one lane in block order. */
+#ifdef QV_SIMD
+/* a tile: 2 weight rows by 4 tokens (2x2 to 4x2 and 1x8 timed the same
+ * within the noise of a loaded machine, 1 row by 6 or 8 tokens slower) */
+enum { TR = 2, TT = 4 };
+static inline __m256i dotu_avx2(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+#define QD_SUF avx2
+#define QD_ATTR
+#define QD_DOTU dotu_avx2
+#include "qdot.h"
+#undef QD_SUF
+#undef QD_ATTR
+#undef QD_DOTU
+#if defined(__AVX512VL__) && defined(__AVX512BW__)
+/* The avx512 build: VNNI where the CPU has it (Cascade Lake, Ice Lake, Zen 4
+ * and later; not Skylake-X), checked at run time, so only these functions
+ * carry the instruction set. */
+#define QV_VNNI 1
+#define QD_SUF vnni
+#define QD_ATTR __attribute__((target("avx512vnni")))
+#define QD_DOTU _mm256_dpbusd_epi32
+#include "qdot.h"
+#undef QD_SUF
+#undef QD_ATTR
+#undef QD_DOTU
+#endif
+#else
+static float rowdot_portable(cllm_wfmt f, const unsigned char *row, const xblock *xq, const int32_t *xc, int nb) {
+    (void)xc;
+    const size_t bb = f == CLLM_WFMT_Q4 ? CLLM_Q4_BLOCK_BYTES : CLLM_Q8_BLOCK_BYTES;
+    float acc = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        const unsigned char *blk = row + (size_t)b * bb;
+        int32_t sum = 0;
+        if (f == CLLM_WFMT_Q4) {
+            for (int j = 0; j < QB / 2; j++)
+                sum += ((blk[2 + j] & 15) - 8) * xq[b].q[j] + ((blk[2 + j] >> 4) - 8) * xq[b].q[j + QB / 2];
+        } else {
+            for (int i = 0; i < QB; i++) sum += (int8_t)blk[2 + i] * xq[b].q[i];
+        }
+        acc += (float)sum * (scale_of(blk) * xq[b].d);
+    }
+    return acc;
+}
+static void rows_portable(const mm_job *j, int r0, int r1, int t0, int t1) {
+    const cllm_qweight *w = j->w;
+    const int R = w->rows, nb = (w->cols + QB - 1) / QB;
+    const size_t rb = cllm_wfmt_row_bytes(w->fmt, w->cols);
+    for (int r = r0; r < r1; r++)
+        for (int t = t0; t < t1; t++)
+            j->out[(size_t)t * R + r] =
+                rowdot_portable(w->fmt, (const unsigned char *)w->data + (size_t)r * rb, j->xq + (size_t)t * nb, NULL, nb);
+}
+#endif
+
 static void quant_chunk(void *ctx, int c) {
     const mm_job *j = ctx;
-    const cllm_qweight *w = j->w;
-    const int R = w->rows, nb = (w->cols + QB - 1) / QB, M = j->M;
+    const int R = j->w->rows, M = j->M;
     const int r0 = c * j->rows_per, r1 = r0 + j->rows_per < R ? r0 + j->rows_per : R;
-    const size_t rb = cllm_wfmt_row_bytes(w->fmt, w->cols);
-    for (int r = r0; r < r1; r++) {
-        const unsigned char *row = (const unsigned char *)w->data + (size_t)r * rb;
-        const float bv = j->bias ? j->bias[r] : 0.0f;
-        for (int m = 0; m < M; m++) {
-            const xblock *xm = j->xq + (size_t)m * nb;
-#ifdef QV_VNNI
-            const float d = j->vnni ? dot_q_vnni(w->fmt, row, xm, nb) : dot_q(w->fmt, row, xm, nb);
-#else
-            const float d = dot_q(w->fmt, row, xm, nb);
+    for (int t0 = 0; t0 < M; t0 += TOKEN_STEP) {
+        const int t1 = M - t0 < TOKEN_STEP ? M : t0 + TOKEN_STEP;
+#if defined(QV_VNNI)
+        if (j->vnni)
+            rows_vnni(j, r0, r1, t0, t1);
+        else
 #endif
-            j->out[(size_t)m * R + r] = d + bv;
-        }
+#if defined(QV_SIMD)
+            rows_avx2(j, r0, r1, t0, t1);
+#else
+        rows_portable(j, r0, r1, t0, t1);
+#endif
+        if (j->bias)
+            for (int t = t0; t < t1; t++)
+                for (int r = r0; r < r1; r++) j->out[(size_t)t * R + r] += j->bias[r];
     }
 }
 
 static void quant_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch) {
+    const int nb = (w->cols + QB - 1) / QB;
     xblock *xq = scratch;
-    quantize_x(xq, x, M, w->cols);
-    mm_job j = {.out = out, .x = x, .w = w, .bias = bias, .xq = xq, .M = M};
+    int32_t *xc = w->fmt == CLLM_WFMT_Q4 ? (int32_t *)(void *)((unsigned char *)scratch + (size_t)M * nb * sizeof *xq)
+                                         : NULL;
+    qx_job q = {.xq = xq, .xc = xc, .x = x, .M = M, .K = w->cols, .per = M};
+    if ((long)M * w->cols >= 65536 && quant_pool_threads() > 1) {
+        q.per = (M + 4 * quant_pool_threads() - 1) / (4 * quant_pool_threads());
+        quant_pool_run(quantize_chunk, &q, (M + q.per - 1) / q.per);
+    } else {
+        quantize_chunk(&q, 0);
+    }
+    mm_job j = {.out = out, .x = x, .w = w, .bias = bias, .xq = xq, .xc = xc, .M = M};
 #ifdef QV_VNNI
     j.vnni = cllm_cpu()->avx512_vnni;
 #endif
     run_chunks(quant_chunk, &j);
 }
 
-/* Row-major formats: one output channel per iteration, all M inputs. */
+/* Row-major formats: tiles of 4 weight rows (one row at the chunk's end)
+ * by 3 inputs; a tile's rows stay in cache while the inputs go by. */
 static void rows_chunk(void *ctx, int c) {
     const mm_job *j = ctx;
     const cllm_qweight *w = j->w;
-    const int R = w->rows, K = w->cols, nb = (K + QB - 1) / QB, M = j->M;
+    const int R = w->rows, K = w->cols, M = j->M;
     const int r0 = c * j->rows_per, r1 = r0 + j->rows_per < R ? r0 + j->rows_per : R;
     const size_t rb = cllm_wfmt_row_bytes(w->fmt, K);
-    const bool widen_once = M > 1 && nb * QB <= ROWBUF;
-    for (int r = r0; r < r1; r++) {
+    const int bf = w->fmt == CLLM_WFMT_BF16;
+    for (int r = r0; r < r1;) {
+        const int rt = r1 - r >= 4 ? 4 : 1;
         const unsigned char *row = (const unsigned char *)w->data + (size_t)r * rb;
-        const float bv = j->bias ? j->bias[r] : 0.0f;
-        if (!widen_once) {
-            for (int m = 0; m < M; m++) j->out[(size_t)m * R + r] = dot_row(w->fmt, row, j->x + (size_t)m * K, K) + bv;
-            continue;
+        for (int m = 0; m < M; m += 3) {
+            const int mt = M - m < 3 ? M - m : 3;
+            tiles[bf][rt == 4][mt - 1](j->out + (size_t)m * R + r, R, row, rb, j->x + (size_t)m * K, K,
+                                       j->bias ? j->bias + r : NULL);
         }
-        float wrow[ROWBUF];
-        widen_row(w->fmt, row, K, wrow);
-        for (int m = 0; m < M; m++) j->out[(size_t)m * R + r] = dot_wide(wrow, j->x + (size_t)m * K, K) + bv;
+        r += rt;
     }
 }
 

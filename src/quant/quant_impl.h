@@ -21,7 +21,9 @@ void quant_pool_run(quant_task_fn fn, void *ctx, int n);
 /* Threads a job would use: omp_get_max_threads() (1 inside an OpenMP region). */
 int quant_pool_threads(void);
 
-/* Bytes of one quantized activation block of matvec.c (fp32 scale + 32 int8). */
-enum { QUANT_XBLOCK_BYTES = 36 };
+/* Bytes of one quantized activation block of matvec.c (fp32 scale + 32
+ * int8), and of its 8 int32 lanes of -8 * (sum of 4 codes) that q4 weights
+ * also need (src/quant/qdot.h). */
+enum { QUANT_XBLOCK_BYTES = 36, QUANT_XCORR_BYTES = 32 };
 
 #endif

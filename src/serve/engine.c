@@ -12,6 +12,7 @@
  * Left out: priorities and fairness beyond FIFO, preemption, prefix
  * sharing between requests, speculative decoding.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,6 +42,10 @@ struct cllm_engine {
     int32_t *tokens;      /* [max_rows] the step's packed new tokens */
     int *n_new;           /* [max_seqs] */
     float *logits;        /* [max_seqs, V] */
+    int *ready;           /* [max_seqs] slots whose step draws a token, in slot order */
+    cllm_engine_event *ev; /* [max_seqs] their events */
+    cllm_status *st;      /* [max_seqs] their steps' statuses */
+    char (*err)[256];     /* [max_seqs] a failed step's message (it was set on another thread) */
 };
 
 static void request_free(request *r) {
@@ -84,7 +89,12 @@ cllm_status cllm_engine_init(cllm_engine **out, const cllm_model *m, const cllm_
         e->tokens = malloc((size_t)e->max_rows * sizeof *e->tokens);
         e->n_new = calloc((size_t)e->max_seqs, sizeof *e->n_new);
         e->logits = malloc((size_t)e->max_seqs * (size_t)e->V * sizeof *e->logits);
-        if (!e->slot || !e->tokens || !e->n_new || !e->logits) st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        e->ready = malloc((size_t)e->max_seqs * sizeof *e->ready);
+        e->ev = malloc((size_t)e->max_seqs * sizeof *e->ev);
+        e->st = malloc((size_t)e->max_seqs * sizeof *e->st);
+        e->err = malloc((size_t)e->max_seqs * sizeof *e->err);
+        if (!e->slot || !e->tokens || !e->n_new || !e->logits || !e->ready || !e->ev || !e->st || !e->err)
+            st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     }
     if (st) {
         cllm_engine_free(e);
@@ -106,6 +116,10 @@ void cllm_engine_free(cllm_engine *e) {
     free(e->tokens);
     free(e->n_new);
     free(e->logits);
+    free(e->ready);
+    free(e->ev);
+    free(e->st);
+    free(e->err);
     free(e);
 }
 
@@ -240,6 +254,7 @@ cllm_status cllm_engine_step(cllm_engine *e, cllm_engine_callback cb, void *user
     if (st) return cllm_fail_context(st, "engine step");
     e->steps++;
     e->rows += (uint64_t)n;
+    int n_ready = 0;
     for (int i = 0; i < e->max_seqs; i++) {
         request *r = e->slot[i];
         if (!r || !e->n_new[i]) continue;
@@ -247,18 +262,34 @@ cllm_status cllm_engine_step(cllm_engine *e, cllm_engine_callback cb, void *user
             r->fed += (size_t)e->n_new[i];
             if (r->fed < r->n_prompt) continue; /* the prompt goes on next step */
         }
-        cllm_engine_event ev = {r->id, {0}};
-        st = cllm_generate_step_logits(r->g, e->logits + (size_t)i * (size_t)e->V, &ev.ev);
-        if (st) { /* this request cannot go on: end it, keep the others */
-            cllm_generate_end(r->g, CLLM_FINISH_CANCELLED);
+        e->ready[n_ready++] = i;
+    }
+    /* Sampling, log-probabilities and text of every sequence at once (each
+     * generation is its own object, the tokenizer is safe to share); the
+     * events then go out in slot order on this thread. */
+#pragma omp parallel for schedule(dynamic) if (n_ready > 1)
+    for (int k = 0; k < n_ready; k++) {
+        const int i = e->ready[k];
+        e->ev[k] = (cllm_engine_event){e->slot[i]->id, {0}};
+        e->st[k] = cllm_generate_step_logits(e->slot[i]->g, e->logits + (size_t)i * (size_t)e->V, &e->ev[k].ev);
+        if (e->st[k]) snprintf(e->err[k], sizeof e->err[k], "%s", cllm_last_error());
+    }
+    cllm_status first = CLLM_OK;
+    for (int k = 0; k < n_ready; k++) {
+        const int i = e->ready[k];
+        if (e->st[k]) { /* this request cannot go on: end it, keep the others */
+            cllm_generate_end(e->slot[i]->g, CLLM_FINISH_CANCELLED);
             retire(e, i);
-            return cllm_fail_context(st, "request %llu", (unsigned long long)ev.id);
+            if (!first)
+                first = cllm_fail(e->st[k], "engine step", "request %llu: %s", (unsigned long long)e->ev[k].id,
+                                  e->err[k]);
+            continue;
         }
         if (n_events) (*n_events)++;
-        int stop = cb ? cb(&ev, user) : 0;
-        if (ev.ev.finish || stop) retire(e, i);
+        int stop = cb ? cb(&e->ev[k], user) : 0;
+        if (e->ev[k].ev.finish || stop) retire(e, i);
     }
-    return CLLM_OK;
+    return first;
 }
 
 void cllm_engine_get_stats(const cllm_engine *e, cllm_engine_stats *s) {

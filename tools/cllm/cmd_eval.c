@@ -63,7 +63,7 @@ int cmd_eval(int argc, char **argv) {
     if ((quant_flags_any(&qf) ? quant_flags_load(&qf, &m, model_dir, weights)
                               : cllm_ckpt_load_model_weights(&m, model_dir, weights)) ||
         cllm_model_set_precision(m, prec) ||
-        (adapter && cllm_lora_load(m, adapter))) { /* an HF folder or either checkpoint format */
+        (adapter && cllm_lora_load(m, adapter)) || cllm_model_set_inference(m)) { /* an HF folder or either checkpoint format */
         rc = tool_fail("eval");
         goto done;
     }

@@ -213,7 +213,7 @@ int cmd_generate(int argc, char **argv) {
         goto done;
     }
     if (!m && quant_flags_load(&qf, &m, model_dir, weights)) goto fail;
-    if (adapter && cllm_lora_load(m, adapter)) goto fail;
+    if ((adapter && cllm_lora_load(m, adapter)) || cllm_model_set_inference(m)) goto fail;
     const cllm_model_config *c = cllm_model_get_config(m);
     const char *tdir = tok_dir ? tok_dir : model_dir;
     bool want_tok = prompt || tok_dir || file_exists(tdir, "tokenizer.json");

@@ -170,6 +170,7 @@ int cmd_serve(int argc, char **argv) {
         if (lrc == 2) rc = 2;
         if (lrc) goto fail_rc;
     }
+    if (cllm_model_set_inference(m)) goto fail; /* after the adapters: their loading needs the file layout */
     const char *tdir = tok_dir ? tok_dir : has_file(weights, "tokenizer.json") ? weights : model_dir;
     char parent[4096];
     if (!tok_dir && !has_file(tdir, "tokenizer.json")) {

@@ -1,0 +1,150 @@
+/*
+ * The int8 / q4 integer-dot kernels of matvec.c for one instruction set,
+ * included once per integer dot: QD_SUF names the copies, QD_ATTR is their
+ * function attribute (the target of the instructions), QD_DOTU(acc, u, s)
+ * adds to the 8 int32 lanes of acc the products of the unsigned bytes u and
+ * the signed bytes s, lane i taking bytes 4i .. 4i + 3 (AVX2's maddubs and
+ * madd, or AVX512-VNNI's vpdpbusd: both exact).
+ *
+ * Block b of a weight row against block b of a token gives 8 integer lanes
+ * p (lane i: codes 4i .. 4i + 3) and adds cvt(p) * (d_w * d_x) to one of two
+ * 8-lane fp32 accumulators, the even blocks' or the odd blocks' (in block
+ * order); the output is the fixed horizontal sum of their sum. rowdot runs
+ * one output; tile runs TR rows by TT tokens, each weight block loaded and
+ * unpacked once for TT tokens and each token block once for TR rows, and
+ * gives every output the same operations in the same order, so an output
+ * is the same bits from either (and from any batch or tile).
+ *
+ * int8 codes are signed: |w| times x with w's sign. q4 codes are the
+ * unsigned nibbles n = q + 8 times x, plus the token block's lanes of
+ * -8 * (sum of 4 codes) (xc, computed once per token by quantize_x): the
+ * same integers as (n - 8) * x, without the subtraction and sign steps.
+ */
+#define QD_CAT_(a, b) a##_##b
+#define QD_CAT(a, b) QD_CAT_(a, b)
+#define QD(name) QD_CAT(name, QD_SUF)
+/* every function below is inlined into QD(range), which each format calls
+ * with a constant f: one copy of the loops per format */
+#define QD_INLINE __attribute__((always_inline))
+/* token block i's lanes in xc (q4 only: xc is NULL for int8) */
+#define QD_XC(i) (f == CLLM_WFMT_Q4 ? xc + 8 * (size_t)(i) : NULL)
+
+/* The integer lanes of one weight block (unpacked as wu, with the signed
+ * int8 codes ws) against one token block. */
+QD_ATTR QD_INLINE static inline __m256i QD(pair)(cllm_wfmt f, __m256i wu, __m256i ws, __m256i x, const int32_t *xc) {
+    if (f == CLLM_WFMT_Q4) return QD_DOTU(_mm256_loadu_si256((const __m256i *)(const void *)xc), wu, x);
+    return QD_DOTU(_mm256_setzero_si256(), wu, _mm256_sign_epi8(x, ws));
+}
+
+/* Loads weight block blk: wu the unsigned factor, ws the signed int8 codes. */
+QD_ATTR QD_INLINE static inline void QD(wload)(cllm_wfmt f, const unsigned char *blk, __m256i *wu, __m256i *ws) {
+    if (f == CLLM_WFMT_Q4) {
+        const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2));
+        *wu = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(15));
+        *ws = *wu;
+    } else {
+        *ws = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
+        *wu = _mm256_sign_epi8(*ws, *ws);
+    }
+}
+
+QD_ATTR QD_INLINE static inline __m256 QD(step)(cllm_wfmt f, const unsigned char *blk, const xblock *xb, const int32_t *xc,
+                                      __m256 acc) {
+    __m256i wu, ws;
+    QD(wload)(f, blk, &wu, &ws);
+    const __m256i p = QD(pair)(f, wu, ws, _mm256_loadu_si256((const __m256i *)(const void *)xb->q), xc);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(scale_of(blk) * xb->d), acc);
+}
+
+/* One output: a row of nb blocks of format f against one token's blocks. */
+QD_ATTR QD_INLINE static inline float QD(rowdot)(cllm_wfmt f, const unsigned char *row, const xblock *xq, const int32_t *xc,
+                                       int nb) {
+    const size_t bb = f == CLLM_WFMT_Q4 ? CLLM_Q4_BLOCK_BYTES : CLLM_Q8_BLOCK_BYTES;
+    __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        even = QD(step)(f, row + (size_t)b * bb, xq + b, QD_XC(b), even);
+        odd = QD(step)(f, row + (size_t)(b + 1) * bb, xq + b + 1, QD_XC(b + 1), odd);
+    }
+    if (b < nb) even = QD(step)(f, row + (size_t)b * bb, xq + b, QD_XC(b), even);
+    return hsum8(_mm256_add_ps(even, odd));
+}
+
+/* TR rows (row, row + rb, ...) by TT tokens (blocks xq, xq + nb, ...; xc
+ * likewise, 8 lanes a block): out[t * ostride + r]. The even blocks run
+ * first, then the odd ones, so one accumulator per output is live at a
+ * time; the even sums wait in `part`. */
+QD_ATTR QD_INLINE static inline void QD(tile)(cllm_wfmt f, const unsigned char *row, size_t rb, const xblock *xq,
+                                    const int32_t *xc, int nb, float *out, size_t ostride) {
+    const size_t bb = f == CLLM_WFMT_Q4 ? CLLM_Q4_BLOCK_BYTES : CLLM_Q8_BLOCK_BYTES;
+    __m256 part[TR][TT];
+    for (int par = 0; par < 2; par++) {
+        __m256 acc[TR][TT];
+#pragma GCC unroll 8
+        for (int i = 0; i < TR * TT; i++) acc[i / TT][i % TT] = _mm256_setzero_ps();
+        for (int b = par; b < nb; b += 2) {
+            __m256i wu[TR], ws[TR];
+            __m256 dw[TR];
+#pragma GCC unroll 4
+            for (int r = 0; r < TR; r++) {
+                const unsigned char *blk = row + (size_t)r * rb + (size_t)b * bb;
+                QD(wload)(f, blk, &wu[r], &ws[r]);
+                dw[r] = _mm256_set1_ps(scale_of(blk));
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < TT; t++) {
+                const xblock *xb = xq + (size_t)t * nb + b;
+                const __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)xb->q);
+                const __m256 dx = _mm256_set1_ps(xb->d);
+#pragma GCC unroll 4
+                for (int r = 0; r < TR; r++) {
+                    const __m256i p = QD(pair)(f, wu[r], ws[r], x, QD_XC((size_t)t * nb + b));
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[r], dx), acc[r][t]);
+                }
+            }
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < TR * TT; i++) {
+            const int r = i / TT, t = i % TT;
+            if (par == 0)
+                part[r][t] = acc[r][t];
+            else
+                out[(size_t)t * ostride + r] = hsum8(_mm256_add_ps(part[r][t], acc[r][t]));
+        }
+    }
+}
+
+/* The outputs of rows [r0, r1) for tokens [t0, t1): TR x TT tiles, the
+ * rows and tokens left over one output at a time. */
+QD_ATTR QD_INLINE static inline void QD(range)(cllm_wfmt f, const mm_job *j, int r0, int r1, int t0, int t1) {
+    const int R = j->w->rows, nb = (j->w->cols + QB - 1) / QB;
+    const size_t rb = cllm_wfmt_row_bytes(f, j->w->cols);
+    const unsigned char *W = j->w->data;
+    const int32_t *xc = j->xc;
+    int r = r0;
+    for (; r + TR <= r1 && t1 - t0 >= TT; r += TR) {
+        int t = t0;
+        for (; t + TT <= t1; t += TT)
+            QD(tile)(f, W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb,
+                     j->out + (size_t)t * R + r, (size_t)R);
+        for (; t < t1; t++)
+            for (int i = r; i < r + TR; i++)
+                j->out[(size_t)t * R + i] = QD(rowdot)(f, W + (size_t)i * rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb);
+    }
+    for (; r < r1; r++)
+        for (int t = t0; t < t1; t++)
+            j->out[(size_t)t * R + r] = QD(rowdot)(f, W + (size_t)r * rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb);
+}
+
+QD_ATTR static void QD(rows)(const mm_job *j, int r0, int r1, int t0, int t1) {
+    if (j->w->fmt == CLLM_WFMT_Q4)
+        QD(range)(CLLM_WFMT_Q4, j, r0, r1, t0, t1);
+    else
+        QD(range)(CLLM_WFMT_INT8, j, r0, r1, t0, t1);
+}
+
+#undef QD
+#undef QD_XC
+#undef QD_INLINE
+#undef QD_CAT
+#undef QD_CAT_
