@@ -130,7 +130,9 @@ const char *cllm_dpo_loss_name(cllm_dpo_loss l);
  * log-probabilities, then forward + backward with per-token scales
  * dloss/dtoken_loss. Metrics (trl's names): rewards/chosen
  * (beta (pi_c - ref_c)), rewards/rejected, rewards/accuracies,
- * rewards/margins, logps/chosen, logps/rejected. A micro-batch with an odd
+ * rewards/margins, logps/chosen, logps/rejected; the same means over the
+ * forward-only (evaluation) micro-batches as its eval metrics (recorded
+ * "eval_rewards/accuracies", ...). A micro-batch with an odd
  * row count or a row without counted targets fails naming the row. */
 cllm_status cllm_objective_dpo_init(cllm_objective **out, const cllm_dpo_params *p, cllm_model *ref);
 /* precompute_ref_log_probs: the reference's log-probabilities of rows
