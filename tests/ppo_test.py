@@ -721,6 +721,37 @@ def case_lora(cllm, tmp):
         f = metrics_of(out)[0]
         check("lora: step 1 loss equals the full model's (%.9g vs %.9g)" % (d[0]["loss"], f["loss"]),
               abs(d[0]["loss"] - f["loss"]) <= 1e-6 * max(1, abs(f["loss"])))
+    lora_full_kl(cllm, tmp, cfg, pol_dir, pol, recs, T)
+
+
+def lora_full_kl(cllm, tmp, cfg, pol_dir, pol, recs, T):
+    """kl_penalty "full" against the LoRA base: a trained adapter (random A
+    and B, --adapter) is the policy, the base with the adapters disabled the
+    reference, each through its own key/value-cache pass; one step's loss
+    and trl's metrics against torch with the adapters folded into the
+    weights."""
+    import lora_test as lt
+    mods = lt.linear_modules(cfg)
+    adir = os.path.join(tmp, "lora.adapter")
+    ad = lt.make_adapter(adir, cfg, pol, mods, lambda m: 4, {"r": 4, "lora_alpha": 8,
+                                                             "target_modules": "all-linear"}, seed=11,
+                         extra=["v_head.summary.weight", "v_head.summary.bias"])
+    merged, _ = lt.torch_lora_loss(cfg, pol, ad, {m: 2.0 for m, _ in mods}, mods)
+    hp = dict(HP, kl_penalty="full")
+    conf, out = os.path.join(tmp, "lora.kl.json"), os.path.join(tmp, "lora.kl")
+    write_config(conf, hp, {"kl_penalty": "full"})
+    r = run(train_cmd(cllm, pol_dir, out, conf, T, 0.05, "--adapter", adir, "--rollouts",
+                      os.path.join(tmp, "lora.jsonl"), "--steps", "1", "--batch-size", "4"))
+    if not check("lora full KL: exit 0", r.returncode == 0, r.stderr[-400:]):
+        return
+    pad = cfg.get("pad_token_id") if cfg.get("pad_token_id") is not None else cfg.get("eos_token_id") or 0
+    loss, metrics, _ = torch_step(cfg, {n: t.detach() for n, t in merged.items()}, pol, recs[:4], T, pad, hp)
+    metrics["env/reward_mean"] = sum(x["score"] for x in recs[:4]) / 4
+    m = metrics_of(out)[0]
+    bad = ["%s %.9g vs %.9g" % (k, m.get(k, float("nan")), x) for k, x in dict(metrics, loss=loss).items()
+           if not (abs(m.get(k, float("nan")) - x) <= 1e-5 * max(1.0, abs(x)))]
+    check("lora full KL: loss and trl metrics (%d) against torch, KL %.6g (not 0)" % (len(metrics) + 1, m["objective/kl"]),
+          not bad and m["objective/kl"] > 1e-3, "; ".join(bad))
 
 
 PEAK = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "

@@ -521,9 +521,6 @@ cllm_status cllm_objective_ppo_init(cllm_objective **out, const cllm_ppo_params 
     if (q.batch_size == 0) q.batch_size = mini;
     cllm_status st = micro_batch < 1 || mini < micro_batch ? CLLM_FAIL(CLLM_ERR_ARG, "PPO: bad batch sizes")
                                                            : check_params(&q, mini);
-    if (!st && q.kl_penalty == CLLM_PPO_KL_FULL && !ref)
-        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "ppo.kl_penalty \"full\" needs a separate reference model (ppo.ref_model "
-                       "or the starting weights), not the LoRA base");
     ppo *o = st ? NULL : calloc(1, sizeof *o);
     if (!st && !o) st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     if (st) {

@@ -30,7 +30,8 @@ cllm_status ppo_source_fill(cllm_ppo_source *s, cllm_model *policy, const cllm_p
 /* trl's kl_penalty "full": at every response position n of the batch,
  * out[n] = sum_v p(v) (log p(v) - log q(v)) for the next-token
  * distributions p of the policy and q of the reference (logits from the
- * key/value-cache forward of query + response). */
+ * key/value-cache forward of query + response); ref NULL: the policy with
+ * its LoRA adapters disabled. */
 cllm_status ppo_full_kl(const ppo_batch *b, cllm_model *policy, cllm_model *ref, float *out);
 
 #endif
