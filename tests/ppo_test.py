@@ -26,8 +26,13 @@ Cases (--case):
   lora    LoRA adapters on a frozen base: the value head trains beside
           them (saved in the adapter folder), the default reference is the
           base with the adapters disabled (equal to the base folder as
-          --ref-model), and the first step equals the full model's.
-  estimate  `cllm estimate --task ppo` within 10% of a PPO run's peak RSS.
+          --ref-model), and the first step equals the full model's;
+          kl_penalty "full" against the base with a trained adapter
+          (--adapter): loss and metrics against torch with the adapters
+          folded into the weights.
+  estimate  `cllm estimate --task ppo` within 10% of a PPO run's peak RSS
+          at ZeRO 0 and 3 (one process; the sampling copy), and ZeRO 3's
+          extra memory within 25% of the measured difference.
   errors  bad rollout lines (FILE:LINE and the key), bad ppo keys and
           values named, missing reward model, LoRA reference without
           adapters.
