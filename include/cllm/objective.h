@@ -250,9 +250,10 @@ cllm_status cllm_ppo_source_generate(cllm_ppo_source **out, struct cllm_loader *
                                      uint64_t seed);
 void cllm_ppo_source_free(cllm_ppo_source *s); /* NULL is a no-op */
 /* For a policy whose parameters are partitioned (ZeRO-3): generation calls
- * lend(ctx, true) before sampling a batch's responses, which must give the
- * policy its whole parameters (cllm_model_params), and lend(ctx, false)
- * after, which takes them back. Every rank calls both at the same point. */
+ * lend(ctx, true) before sampling a batch's responses (and the PPO
+ * objective before kl_penalty "full"'s key/value-cache pass), which must
+ * give the policy its whole parameters (cllm_model_params), and
+ * lend(ctx, false) after, which takes them back. Every rank calls both at the same point. */
 void cllm_ppo_source_set_lender(cllm_ppo_source *s, cllm_status (*lend)(void *ctx, bool on), void *ctx);
 
 /* The PPO objective. `src` and `ref` are taken over (ref NULL: the policy
