@@ -96,24 +96,9 @@ awk -F'[,:{} ]+' '
 "$cllm" plot "$work/run"
 
 section "6/6 answer the $held held-out prompts: cllm generate --greedy"
-hdr=$'Below is an instruction that describes a task. Write a response that appropriately completes the request.\n\n### Instruction:\n'
-hdri=$'Below is an instruction that describes a task, paired with an input that provides further context. Write a response that appropriately completes the request.\n\n### Instruction:\n'
-right=0; k=0
-while IFS=$'\t' read -r num want; do
-  # the same Alpaca renderings as training (docs/data.md); half the prompts use "input"
-  if [ $(( k / 2 % 2 )) = 0 ]; then
-    q="Is $num even or odd?"; prompt="$hdr$q"$'\n\n### Response:\n'
-  else
-    q="Is this number even or odd? [input: $num]"
-    prompt="$hdri"$'Is this number even or odd?\n\n### Input:\n'"$num"$'\n\n### Response:\n'
-  fi
-  got=$("$cllm" generate --model "$work/run" --prompt "$prompt" --greedy --max-new-tokens 8 2>/dev/null)
-  got=$(printf '%s' "$got" | tr -d '[:space:]')
-  ok=no; [ "$got" = "$want" ] && { ok=yes; right=$((right + 1)); }
-  [ "$k" -lt 6 ] && printf '  %-42s -> %-6s (expected %s: %s)\n' "$q" "$got" "$want" "$ok"
-  k=$((k + 1))
-done < "$work/heldout.tsv"
-[ "$k" -gt 6 ] && echo "  ... ($((k - 6)) more)"
+. scripts/demo_heldout.sh
+heldout_accuracy "$cllm" "$work/heldout.tsv" 6 --model "$work/run"
+k=$asked
 [ "$k" = "$held" ] || { echo "demo.sh: answered $k of $held prompts" >&2; exit 1; }
 pct=$(awk -v r="$right" -v n="$k" 'BEGIN { printf "%.1f", 100 * r / n }')
 echo

@@ -13,14 +13,20 @@ if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
     set_tests_properties(dist_${case} PROPERTIES TIMEOUT 300)
   endforeach()
   # pipeline parallelism (pipe_test.py): equivalence per family, and errors
-  foreach(case llama llama-tied bloom gpt2 errors ckpt)
+  foreach(case llama llama-tied bloom gpt2 errors ckpt zero2 zero3)
     cllm_add_py_test(pipe_${case} pipe_test.py LABELS mpi ARGS --case ${case})
     set_tests_properties(pipe_${case} PROPERTIES TIMEOUT 180)
   endforeach()
   # tensor parallelism (tp_test.py): equivalence per family, and errors
-  foreach(case llama bloom gpt2 errors ckpt vocab)
+  foreach(case llama bloom gpt2 errors ckpt vocab zero)
     cllm_add_py_test(tp_${case} tp_test.py LABELS mpi ARGS --case ${case})
     set_tests_properties(tp_${case} PROPERTIES TIMEOUT 180)
+  endforeach()
+  # sequence parallelism over the tensor ranks (seqpar_test.py): equivalence
+  # per family, checkpoints across it, refusals, activation memory
+  foreach(case gpt2 llama bloom ckpt errors memory)
+    cllm_add_py_test(seqpar_${case} seqpar_test.py LABELS mpi ARGS --case ${case})
+    set_tests_properties(seqpar_${case} PROPERTIES TIMEOUT 180)
   endforeach()
   # tensor-parallel inference (tp_infer_test.py): generate and serve against one process
   cllm_add_py_test(tp_infer_generate tp_infer_test.py LABELS mpi generate ARGS --case generate)

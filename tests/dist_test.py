@@ -506,6 +506,26 @@ def errors(env):
           f"stage 0 checkpoint over 2 ranks: rc {p.returncode}\n{p.stderr[-2000:]}")
 
 
+def run_case(prefix, cases):
+    """The command line of a case-per-test script: --cllm, --build, --case
+    (a key of `cases`, whose function takes the Env and the case), --keep.
+    The work directory is removed unless a check failed; returns the exit code."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cllm", required=True)
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--case", required=True, choices=list(cases))
+    ap.add_argument("--keep", action="store_true")
+    a = ap.parse_args()
+    env = Env(a.cllm, a.build, prefix + a.case)
+    try:
+        cases[a.case](env, a.case)
+    finally:
+        if not a.keep and not FAILS:
+            shutil.rmtree(env.dir, ignore_errors=True)
+    print(f"{a.case}: {len(FAILS)} failure(s)" + (f" (files kept in {env.dir})" if FAILS else ""))
+    return 1 if FAILS else 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cllm", required=True)

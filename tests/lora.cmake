@@ -9,3 +9,13 @@ if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
   set_tests_properties(lora_mpi PROPERTIES TIMEOUT 300)
 endif()
 cllm_add_c_test(test_trainable LABELS model train)
+# Frozen tensors by name ("freeze"): the trained tensors' gradients equal full
+# training's, frozen tensors unchanged by an update, bad patterns named
+cllm_add_c_test(test_freeze LABELS model train)
+# `cllm train --freeze`: SGD against torch with requires_grad off, exact
+# resume, the checkpoint's tensors, `cllm estimate --freeze`, errors
+cllm_add_py_test(freeze freeze_test.py LABELS train)
+if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
+  cllm_add_py_test(freeze_mpi freeze_test.py LABELS mpi ARGS --case mpi)
+  set_tests_properties(freeze_mpi PROPERTIES TIMEOUT 300)
+endif()

@@ -20,8 +20,12 @@ scale = lora_alpha / r or lora_alpha / sqrt(r) with use_rslora).
   generate    greedy tokens of base + --adapter equal those of the merged model
   errors      unknown lora keys, targets matching nothing, an unexpected
               tensor in an adapter file: non-zero exit naming them
-  mpi         (--case mpi) 2 ranks at ZeRO 1 and 2 against one process;
-              ZeRO 3 refused by name
+  mpi         (--case mpi) 2 ranks at ZeRO 1, 2 and 3 against one process
+              (adapters within 1e-5 after 3 AdamW steps, losses within 1e-5;
+              stopped at 2 and resumed: the straight run's bits); ZeRO 3 with
+              the optimizer state offloaded (nvme) and QLoRA (nf4) at ZeRO 3
+              against their one-process runs; offload_param (nvme) and
+              pipeline parallelism refused by name
 
 Run by ctest (label lora) as
   /usr/bin/python3 tests/lora_test.py --cllm build/cllm --build build
@@ -425,6 +429,7 @@ def test_mpi(cllm, tmp):
         return
     base = hm.load_safetensors(os.path.join(one, "adapter_model.safetensors"))
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    one_losses = losses_of(one)
     for stage in (1, 2, 3):
         conf = os.path.join(tmp, "z%d.json" % stage)
         with open(conf, "w") as f:
@@ -433,16 +438,15 @@ def test_mpi(cllm, tmp):
         r = subprocess.run(["timeout", "-k", "5", "240", "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to",
                             "none", "-np", "2", cllm] + common + ["--config", conf, "--out", out],
                            capture_output=True, text=True, env=env)
-        if stage == 3:
-            check("mpi: ZeRO 3 with LoRA refused by name", r.returncode not in (0, None) and
-                  "zero_optimization.stage 3" in r.stderr, r.stderr[-300:])
-            continue
         if not check("mpi: LoRA at ZeRO %d on 2 ranks" % stage, r.returncode == 0, r.stderr[-300:]):
             continue
         w = hm.load_safetensors(os.path.join(out, "adapter_model.safetensors"))
         worst = max(rel(w[k], base[k]) for k in base)
         check("mpi: ZeRO %d adapters within 1e-5 of one process after 3 AdamW steps" % stage,
               set(w) == set(base) and worst <= 1e-5, "worst rel %.1e" % worst)
+        ls = losses_of(out)
+        check("mpi: ZeRO %d losses within 1e-5 of one process" % stage, len(ls) == 3 and
+              max(abs(a - b) for a, b in zip(ls, one_losses)) <= 1e-5, "%s vs %s" % (ls, one_losses))
         # sharded checkpoint of the adapter slices at step 2, resumed to 3: the straight run's bits
         part = os.path.join(tmp, "mpi.z%d.part" % stage)
         mpi = ["timeout", "-k", "5", "240", "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
@@ -458,6 +462,49 @@ def test_mpi(cllm, tmp):
                 open(os.path.join(out, "adapter_model.safetensors"), "rb").read()
             check("mpi: ZeRO %d resumed adapters bit-identical to the straight run (sharded checkpoint: %s)" %
                   (stage, os.path.exists(os.path.join(part, "checkpoint-2", "layout.json"))), same)
+    mpi = ["timeout", "-k", "5", "240", "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+           "-np", "2", cllm]
+    # ZeRO 3 with the adapters' optimizer state streamed from a file: the in-memory run's bits
+    conf = os.path.join(tmp, "z3off.json")
+    os.makedirs(os.path.join(tmp, "nvme"), exist_ok=True)
+    with open(conf, "w") as f:
+        json.dump({"zero_optimization": {"stage": 3, "offload_optimizer": {
+            "device": "nvme", "nvme_path": os.path.join(tmp, "nvme"), "buffer_size": 64}}}, f)
+    out = os.path.join(tmp, "mpi.z3off")
+    r = subprocess.run(mpi + common + ["--config", conf, "--out", out], capture_output=True, text=True, env=env)
+    if check("mpi: LoRA at ZeRO 3 with offload_optimizer on 2 ranks", r.returncode == 0, r.stderr[-300:]):
+        same = open(os.path.join(out, "adapter_model.safetensors"), "rb").read() == \
+            open(os.path.join(tmp, "mpi.z3", "adapter_model.safetensors"), "rb").read()
+        check("mpi: offloaded optimizer state gives the in-memory run's adapters bit for bit", same)
+    # QLoRA (nf4, double quantization) at ZeRO 3 against its one-process run
+    q = ["--load-in-4bit", "--bnb-4bit-quant-type", "nf4", "--bnb-4bit-use-double-quant"]
+    qone = os.path.join(tmp, "mpi.qone")
+    r = run([cllm] + common + q + ["--out", qone])
+    qout = os.path.join(tmp, "mpi.qz3")
+    r2 = subprocess.run(mpi + common + q + ["--config", os.path.join(tmp, "z3.json"), "--out", qout],
+                        capture_output=True, text=True, env=env)
+    if check("mpi: QLoRA nf4 at ZeRO 3 on 2 ranks", r.returncode == 0 and r2.returncode == 0,
+             (r.stderr + r2.stderr)[-300:]):
+        qa = hm.load_safetensors(os.path.join(qone, "adapter_model.safetensors"))
+        qb = hm.load_safetensors(os.path.join(qout, "adapter_model.safetensors"))
+        worst = max(rel(qb[k], qa[k]) for k in qa)
+        moved = min(rel(qa[k], base[k]) for k in base if "lora_B" in k)
+        check("mpi: QLoRA ZeRO 3 adapters within 1e-5 of one process (and not the fp32 base's)",
+              set(qa) == set(qb) and worst <= 1e-5 and moved > 1e-4, "worst rel %.1e, vs fp32 %.1e" % (worst, moved))
+    # the layouts a frozen base still refuses, by name
+    conf = os.path.join(tmp, "z3offp.json")
+    with open(conf, "w") as f:
+        json.dump({"zero_optimization": {"stage": 3, "offload_param": {
+            "device": "nvme", "nvme_path": os.path.join(tmp, "nvme")}}}, f)
+    r = run([cllm] + common + ["--config", conf, "--out", os.path.join(tmp, "mpi.offp")])
+    check("mpi: LoRA with offload_param (nvme) refused by name", r.returncode not in (0, None) and
+          "offload_param" in r.stderr, r.stderr[-300:])
+
+
+def losses_of(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        recs = [json.loads(line) for line in f if line.strip()]
+    return [x["loss"] for x in recs if "loss" in x and "step" in x and not any(k.startswith("eval") for k in x)]
 
 
 def main():

@@ -3,6 +3,9 @@
 of a pipeline-parallel and a tensor-parallel `cllm train` under mpirun
 (label: mpi).
 
+The tensor layout runs with and without sequence parallelism
+(sequence_parallel): the peak RSS of each is reported, the estimate checked.
+
 Each rank runs under /usr/bin/time, whose "%M" is that process's peak RSS
 (written to a file per rank).
 The fixed per-process overhead under MPI (libraries, OpenMPI's shared
@@ -23,6 +26,8 @@ CONFIGS = [  # (name, ranks, topology, micro-batch, seq-len, accumulation, estim
     ("pipe 2", 2, {"axis": ["pipe"], "dims": [2]}, 2, 256, 4, ["--pipe", "2"]),
     ("pipe 4", 4, {"axis": ["pipe"], "dims": [4]}, 2, 256, 4, ["--pipe", "4"]),
     ("tensor 2", 2, {"axis": ["tensor"], "dims": [2]}, 2, 256, 2, ["--tensor", "2"]),
+    ("tensor 2 sequence-parallel", 2, {"axis": ["tensor"], "dims": [2]}, 2, 256, 2,
+     ["--tensor", "2", "--sequence-parallel"]),
 ]
 
 
@@ -52,6 +57,8 @@ def main():
                "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
         if topo:
             cfg["model_topo"] = {"process_topology": topo}
+        if "sequence-parallel" in name:
+            cfg["sequence_parallel"] = True
         path = os.path.join(d, name + ".json")
         with open(path, "w") as f:
             json.dump(cfg, f)

@@ -22,3 +22,8 @@ if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
   cllm_add_py_test(test_moe_ep test_moe_ep.py LABELS mpi)
   set_tests_properties(test_moe_ep PROPERTIES TIMEOUT 300)
 endif()
+# Weights apart from run state: two runs over one cllm_weights on two threads
+# against a model owning the same weights (losses, logits, LoRA gradients bit
+# for bit), the weights' checksum unchanged, no copy per run, refusals
+cllm_add_c_test(test_shared_weights LABELS model)
+set_tests_properties(test_shared_weights PROPERTIES ENVIRONMENT "OMP_WAIT_POLICY=PASSIVE")

@@ -10,10 +10,21 @@ embedding is shared by the first and the last stage). Not bit-identical:
 the gradient norm is summed stage by stage and MPI adds the data ranks'
 gradients in its own order.
 
-Errors: parts that do not add up, more stages than units,
-checkpoints with a pipeline.
+ZeRO-2 (case zero2): pipe=2 x data=2 with each stage's gradient
+reduce-scattered within its data group, against the one-process run, and
+its checkpoints resumed in one process, with data parallelism alone and
+with a pipeline at ZeRO 0 (and a one-process checkpoint resumed by it).
 
-Usage: pipe_test.py --cllm BIN --build DIR --case {llama,llama-tied,bloom,gpt2,errors,ckpt}
+ZeRO-3 (case zero3): pipe=2 x data=2 with each stage's parameters
+partitioned over its data group and gathered layer by layer (an untied
+LLaMA), against the one-process run; its checkpoints resumed in one
+process, at ZeRO-2 in the same layout and at ZeRO-3 with data parallelism
+alone.
+
+Errors: parts that do not add up, more stages than units, ZeRO-3 with a
+pipeline and a tied head, or with evaluation.
+
+Usage: pipe_test.py --cllm BIN --build DIR --case {llama,llama-tied,bloom,gpt2,errors,ckpt,zero2,zero3}
 """
 import argparse, os, shutil, sys
 
@@ -22,6 +33,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dist_test as dt  # noqa: E402
 
+PIPE2 = {"axis": ["pipe", "data"], "dims": [2, 1]}
+P2D2 = {"axis": ["pipe", "data"], "dims": [2, 2]}
 # (name, ranks, topology, model_topo extras, config extras)
 LAYOUTS = [
     ("pipe2-1f1b", 2, {"axis": ["pipe", "data"], "dims": [2, 1]}, {}, {}),
@@ -30,9 +43,23 @@ LAYOUTS = [
     ("pipe2xdata2", 4, {"axis": ["pipe", "data"], "dims": [2, 2]}, {}, {}),
     ("pipe2xdata2-zero1", 4, {"axis": ["data", "pipe"], "dims": [2, 2]}, {"schedule": "gpipe"}, {}),
 ]
+# ZeRO-2 inside the stages: each stage's gradient reduce-scattered over its
+# data group, the slices' optimizer state (case zero2: a tied LLaMA, whose
+# embedding's gradient adds up over the first and the last stage before the
+# stage's range is reduced, and an untied one, reduced layer by layer)
+ZERO2_LAYOUTS = [("pipe2xdata2-zero2", 4, P2D2, {}, {}),
+                 ("pipe2xdata2-zero2-gpipe", 4, P2D2, {"schedule": "gpipe"}, {"use_grad_ckpt": True})]
+# ZeRO-3 inside the stages (an untied LLaMA: a tied head is refused):
+# each stage's parameters partitioned over its data group, gathered layer
+# by layer in the stage's passes
+ZERO3_LAYOUTS = [("pipe2xdata2-zero3", 4, P2D2, {}, {}),
+                 ("pipe2xdata2-zero3-gpipe", 4, P2D2, {"schedule": "gpipe"}, {"use_grad_ckpt": True})]
+# checkpoints of ZeRO-2 stages resume in other layouts and stages
+ZERO2_PLANS = [("p2d2z2", 4, P2D2, 2, [("one", 1, None, 0), ("dp2z2", 2, None, 2), ("p2z0", 2, PIPE2, 0)])]
+ZERO3_PLANS = [("p2d2z3", 4, P2D2, 3, [("one", 1, None, 0), ("p2d2z2", 4, P2D2, 2), ("dp2z3", 2, None, 3)])]
 
 
-def equivalence(env, arch, tie):
+def equivalence(env, arch, tie, layouts=LAYOUTS):
     model = env.init(arch)
     if tie:  # a tied llama: no lm_head tensor, the embedding serves as the head
         shutil.rmtree(model)
@@ -51,9 +78,12 @@ def equivalence(env, arch, tie):
     ref_w = dt.tensors(os.path.join(ref_out, "model.safetensors"))
     start = dt.tensors(os.path.join(model, "model.safetensors"))
     dt.check(all(r["grad_norm"] > 0.5 for r in ref_m[:3]), f"{arch}: clipping not active in the reference")
-    for name, n, topo, extra, top in LAYOUTS:
+    for name, n, topo, extra, top in layouts:
         tag = f"{arch}{' tied' if tie else ''} {name}"
-        zero = {"stage": 1 if "zero1" in name else 0, "reduce_bucket_size": 3000, "allgather_bucket_size": 5000}
+        stage = 3 if "zero3" in name else 2 if "zero2" in name else 1 if "zero1" in name else 0
+        zero = {"stage": stage, "reduce_bucket_size": 3000, "allgather_bucket_size": 5000}
+        if stage == 3:  # tensors under 2000 elements stay whole, the others are partitioned
+            zero["stage3_param_persistence_threshold"] = 2000
         cfg = env.config(f"{name}.json", model, model_topo=dict(process_topology=topo, **extra),
                          zero_optimization=zero, **base, **top)
         out = env.path(name)
@@ -83,8 +113,8 @@ def equivalence(env, arch, tie):
 def errors(env):
     model = env.init("llama")
 
-    def fails(tag, np_, topo, *needles, **kw):
-        cfg = env.config(f"{tag}.json", model, model_topo=topo, **kw)
+    def fails(tag, np_, topo, *needles, mdl=model, **kw):
+        cfg = env.config(f"{tag}.json", mdl, model_topo=topo, **kw)
         p = env.run(["train", "--config", cfg, "--out", env.path(tag)], np_=np_)
         dt.check(p.returncode not in (0, 124, 137), f"{tag}: exit {p.returncode} (expected a failure, not a hang)")
         for s in needles:
@@ -96,22 +126,28 @@ def errors(env):
     p5 = {"process_topology": {"axis": ["pipe"], "dims": [5]}}
     fails("too-many", 5, p5, "5 pipeline stages but the model has only 4 units")
     fails("schedule", 2, {"process_topology": pipe2, "schedule": "zigzag"}, "model_topo.schedule")
-    fails("zero3", 2, {"process_topology": pipe2}, "stage 3 with pipeline", zero_optimization={"stage": 3})
-    fails("zero2", 2, {"process_topology": pipe2}, "stage 2 with pipeline", zero_optimization={"stage": 2})
+    fails("zero3-tied", 2, {"process_topology": pipe2}, "stage 3 with pipeline parallelism and a tied head",
+          "use stage 2", mdl=env.init("gpt2"), zero_optimization={"stage": 3})
+    fails("zero3-eval", 2, {"process_topology": pipe2}, "eval_interval 5 with zero_optimization.stage 3 and pipeline",
+          zero_optimization={"stage": 3}, eval_interval=5,
+          data={"train": env.data, "eval": env.data, "seq_len": 32})
     fails("commtype", 2, {"process_topology": pipe2}, "communication_data_type bf16 with pipeline",
           communication_data_type="bf16")
 
 
-PIPE2 = {"axis": ["pipe", "data"], "dims": [2, 1]}
-P2D2 = {"axis": ["pipe", "data"], "dims": [2, 2]}
+
 # (source tag, ranks, topology, ZeRO stage, [(target tag, ranks, topology, ZeRO stage)])
 PIPE_PLANS = [("p2", 2, PIPE2, 0, [("one", 1, None, 0), ("p2d2z1", 4, P2D2, 1)]),
               ("p2d2z0", 4, P2D2, 0, [("dp2z1", 2, None, 1), ("p2", 2, PIPE2, 0)]),
               ("p2d2z1", 4, P2D2, 1, [("one", 1, None, 0)])]
 
 
-def checkpoints(env, plans=PIPE_PLANS, from_one=("p2d2z1", 4, P2D2, 1), bad_order=True, sharded=True):
-    """Checkpoints saved in one layout resume in others, and the reverse."""
+def checkpoints(env, plans=PIPE_PLANS, from_one=("p2d2z1", 4, P2D2, 1), bad_order=True, sharded=True, zero_extra=None,
+                extras=None):
+    """Checkpoints saved in one layout resume in others, and the reverse
+    (zero_extra: more zero_optimization keys for every run; extras: {layout
+    tag: config keys that layout adds}, e.g. sequence_parallel)."""
+    extras = extras or {}
     model = env.init("llama")
     base = dict(train_batch_size=8, train_micro_batch_size_per_gpu=1)
     ref_out = env.path("ref")
@@ -122,11 +158,12 @@ def checkpoints(env, plans=PIPE_PLANS, from_one=("p2d2z1", 4, P2D2, 1), bad_orde
     ref_m = {r["step"]: r for r in dt.metrics(os.path.join(ref_out, "metrics.jsonl"))}
     ref_w = dt.tensors(os.path.join(ref_out, "model.safetensors"))
 
-    def run(tag, n, topo, zero, *extra, **kw):
-        cfg = dict(base, **kw)
+    def run(tag, n, topo, zero, *extra, layout=None, **kw):
+        cfg = dict(base, **extras.get(layout, {}), **kw)
         if topo:
             cfg["model_topo"] = {"process_topology": topo}
-        cfg["zero_optimization"] = {"stage": zero, "reduce_bucket_size": 3000, "allgather_bucket_size": 5000}
+        cfg["zero_optimization"] = dict({"stage": zero, "reduce_bucket_size": 3000, "allgather_bucket_size": 5000},
+                                        **(zero_extra or {}))
         out = env.path(tag)
         p = env.run(["train", "--config", env.config(tag + ".json", model, **cfg), "--out", out, *extra], np_=n)
         if p.returncode != 0:
@@ -147,7 +184,7 @@ def checkpoints(env, plans=PIPE_PLANS, from_one=("p2d2z1", 4, P2D2, 1), bad_orde
         print(f"{tag}: ok (worst weight rel diff {worst:.1e})")
 
     for src, n, topo, zero, targets in plans:
-        out = run(f"src_{src}", n, topo, zero, save_interval=5)
+        out = run(f"src_{src}", n, topo, zero, save_interval=5, layout=src)
         if not out:
             continue
         ck = os.path.join(out, "checkpoint-5")
@@ -155,14 +192,14 @@ def checkpoints(env, plans=PIPE_PLANS, from_one=("p2d2z1", 4, P2D2, 1), bad_orde
                  f"{src}: {'not ' if sharded else ''}a sharded checkpoint")
         compare(f"uninterrupted {src}", out, 1)
         for tgt, tn, ttopo, tzero in targets:
-            res = run(f"res_{src}_{tgt}", tn, ttopo, tzero, "--resume", ck)
+            res = run(f"res_{src}_{tgt}", tn, ttopo, tzero, "--resume", ck, layout=tgt)
             if res:
                 compare(f"{src} -> {tgt}", res, 6)
     # one process -> the parallel layout
-    out = run("src_one", 1, None, 0, save_interval=5)
+    out = run("src_one", 1, None, 0, save_interval=5, layout="one")
     tag, tn, ttopo, tzero = from_one
     if out:
-        res = run(f"res_one_{tag}", tn, ttopo, tzero, "--resume", os.path.join(out, "checkpoint-5"))
+        res = run(f"res_one_{tag}", tn, ttopo, tzero, "--resume", os.path.join(out, "checkpoint-5"), layout=tag)
         if res:
             compare(f"one -> {tag}", res, 6)
     if not bad_order:
@@ -179,7 +216,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cllm", required=True)
     ap.add_argument("--build", required=True)
-    ap.add_argument("--case", required=True, choices=["llama", "llama-tied", "bloom", "gpt2", "errors", "ckpt"])
+    ap.add_argument("--case", required=True, choices=["llama", "llama-tied", "bloom", "gpt2", "errors", "ckpt", "zero2", "zero3"])
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
     env = dt.Env(a.cllm, a.build, "pipe_" + a.case)
@@ -188,6 +225,14 @@ def main():
             errors(env)
         elif a.case == "ckpt":
             checkpoints(env)
+        elif a.case == "zero2":
+            equivalence(env, "llama", True, ZERO2_LAYOUTS)
+            equivalence(env, "llama", False, ZERO2_LAYOUTS[:1])
+            checkpoints(env, ZERO2_PLANS, from_one=("p2d2z2", 4, P2D2, 2), bad_order=False)
+        elif a.case == "zero3":
+            equivalence(env, "llama", False, ZERO3_LAYOUTS)
+            checkpoints(env, ZERO3_PLANS, from_one=("p2d2z3", 4, P2D2, 3), bad_order=False,
+                        zero_extra={"stage3_param_persistence_threshold": 2000})
         else:
             equivalence(env, a.case.split("-")[0], a.case.endswith("tied"))
     finally:

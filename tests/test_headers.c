@@ -23,5 +23,6 @@
 #include "cllm/sample.h"
 #include "cllm/split.h"
 #include "cllm/topo.h"
+#include "cllm/weights.h"
 
 int main(void) { return cllm_dtype_size(CLLM_F32) == 4 ? 0 : 1; }

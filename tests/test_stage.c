@@ -4,7 +4,9 @@
  * input gradient) gives bit for bit the loss and gradients of the whole
  * model's forward_backward, for every family, tied and untied heads, with
  * and without activation recomputation, and for every way of cutting a
- * 3-block model into 2 and 3 stages.
+ * 3-block model into 2 and 3 stages. With the layer hooks (the per-layer
+ * ZeRO seam) the stage passes hand each of their groups over once, with the
+ * same gradients.
  */
 #include <jansson.h>
 #include <stdlib.h>
@@ -51,6 +53,87 @@ static void run_stages(cllm_model *m, const int *bounds, int k, const int32_t *t
     free(dx);
 }
 
+/* Layer hooks that hand out the model's own parameters and a scratch
+ * gradient per group, adding it into acc when the group is ready (what the
+ * per-layer ZeRO reductions do, without the ranks). */
+typedef struct {
+    cllm_model *m;
+    float *scratch, *acc;
+    int fetched[L + 2], ready[L + 2], open;
+} hook_log;
+
+static cllm_status h_fetch(void *ctx, int g, int next, float **p) {
+    (void)next;
+    hook_log *h = ctx;
+    size_t b, e;
+    cllm_model_group_range(h->m, g, &b, &e);
+    h->fetched[g]++;
+    h->open++;
+    *p = cllm_model_params(h->m) + b;
+    return CLLM_OK;
+}
+static cllm_status h_release(void *ctx, int g) {
+    (void)g;
+    ((hook_log *)ctx)->open--;
+    return CLLM_OK;
+}
+static cllm_status h_fetch_grads(void *ctx, int g, float **p) {
+    hook_log *h = ctx;
+    size_t b, e;
+    cllm_model_group_range(h->m, g, &b, &e);
+    memset(h->scratch + b, 0, (e - b) * sizeof(float));
+    *p = h->scratch + b;
+    return CLLM_OK;
+}
+static cllm_status h_ready(void *ctx, int g) {
+    hook_log *h = ctx;
+    size_t b, e;
+    cllm_model_group_range(h->m, g, &b, &e);
+    for (size_t i = b; i < e; i++) h->acc[i] += h->scratch[i];
+    h->ready[g]++;
+    return CLLM_OK;
+}
+
+/* The stage passes run the layer hooks around their own groups: a 3-stage
+ * split of an untied LLaMA with hooks gives the reference gradients bit for
+ * bit, each group's gradient handed over once, every fetch released; a tied
+ * head's stage with hooks is refused. */
+static void stage_hooks(const int32_t *tok, const int32_t *tgt, const float *ref, double ref_loss) {
+    cllm_model *m = tiny(CLLM_ARCH_LLAMA, 0);
+    hook_log h = {m, NULL, NULL, {0}, {0}, 0};
+    cllm_model_hooks hk = {.ctx = &h, .fetch_params = h_fetch, .release_params = h_release,
+                           .fetch_grads = h_fetch_grads, .grads_ready = h_ready};
+    cllm_model_set_hooks(m, &hk);
+    CHECK(cllm_model_prepare(m, B, T, true) == CLLM_OK, "prepare with hooks");
+    size_t n = cllm_model_buffer_len(m);
+    h.scratch = calloc(n, sizeof(float));
+    h.acc = calloc(n, sizeof(float));
+    int bounds[4] = {0, 2, 4, L + 2};
+    double loss;
+    long count;
+    run_stages(m, bounds, 3, tok, tgt, &loss, &count);
+    CHECK(loss == ref_loss, "hooked stages: loss %.9g vs %.9g", loss, ref_loss);
+    CHECK(memcmp(ref, h.acc, n * sizeof(float)) == 0, "hooked stages: gradients differ");
+    CHECK(h.open == 0, "hooked stages: %d fetches not released", h.open);
+    for (int g = 0; g < L + 2; g++) {
+        CHECK(h.ready[g] == 1, "group %d handed over %d times", g, h.ready[g]);
+        CHECK(h.fetched[g] >= 2, "group %d fetched %d times (forward and backward)", g, h.fetched[g]);
+    }
+    free(h.scratch);
+    free(h.acc);
+    cllm_model_free(m);
+    cllm_model *t = tiny(CLLM_ARCH_GPT2, 1);
+    cllm_model_set_hooks(t, &hk);
+    h.m = t;
+    CHECK(cllm_model_prepare(t, B, T, true) == CLLM_OK, "prepare tied with hooks");
+    cllm_model_stage_io last = {L + 1, L + 2, tok, tgt, NULL, NULL, NULL, NULL, false, 0};
+    float *x = calloc((size_t)B * T * cllm_model_get_config(t)->n_embd, sizeof(float));
+    last.x_in = x;
+    CHECK(cllm_model_stage_run(t, &last, B, T, &loss, &count) == CLLM_ERR_UNSUPPORTED, "tied head with hooks refused");
+    free(x);
+    cllm_model_free(t);
+}
+
 int main(void) {
     int32_t tok[B * T], lab[B * T], tgt[B * T];
     for (int i = 0; i < B * T; i++) tok[i] = lab[i] = (i * 37 + 5) % 500;
@@ -93,6 +176,7 @@ int main(void) {
                 double s;
                 long cnt;
                 CHECK(cllm_model_stage_run(m, &bad, B, T, &s, &cnt) != CLLM_OK, "empty range refused");
+                if (a == CLLM_ARCH_LLAMA && !tie && !rc) stage_hooks(tok, tgt, ref, ref_loss);
                 free(ref);
                 cllm_model_free(m);
             }

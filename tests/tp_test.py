@@ -12,15 +12,24 @@ and GPT-2 (learned positions, tied head). The evaluation loss matches too.
 Not bit-identical: partial sums of the row-parallel projections and of the
 softmax are added by MPI.
 
+ZeRO (case zero): GPT-2 at tensor=2 x data=2 with ZeRO 2 and 3 (gradients,
+optimizer state and, at stage 3, parameters of each tensor rank's part
+partitioned within its data group, reduced and gathered layer by layer)
+against the one-process run; their checkpoints (the one-process format)
+resumed in one process, on a pipeline at ZeRO 2, on pipe=2 x tensor=2 at
+ZeRO 3 (the stage passes' layer hooks on tensor parts) and on data
+parallelism at ZeRO 3, and a one-process checkpoint resumed at tensor=2 x
+data=2 ZeRO 3.
+
 Errors: a tensor size that does not divide the key/value heads, the FFN
-width; checkpoints with tensor parallelism.
+width, 16-bit communication with tensor parallelism.
 
 Padded vocabulary (case vocab): a GPT-2 (tied head) and a LLaMA with a
 vocabulary of 511, which 2 tensor ranks do not divide, train as the
 one-process run does (each rank holds 256 rows, the last one padding that
 takes no probability and no gradient), the saved model has 511 rows.
 
-Usage: tp_test.py --cllm BIN --build DIR --case {llama,bloom,gpt2,errors}
+Usage: tp_test.py --cllm BIN --build DIR --case {llama,bloom,gpt2,errors,ckpt,vocab,zero}
 """
 import argparse, os, shutil, sys
 
@@ -36,6 +45,16 @@ LAYOUTS = [
     ("tensor2xdata2", 4, {"axis": ["data", "tensor"], "dims": [2, 2]}, 0, {}),
     ("data2xtensor2-zero1", 4, {"axis": ["tensor", "data"], "dims": [2, 2]}, 1, {}),
     ("pipe2xtensor2", 4, {"axis": ["pipe", "tensor"], "dims": [2, 2]}, 0, {}),
+]
+# ZeRO 2 and 3 within each tensor rank's data group: per-layer
+# reduce-scatters of the part's gradient (and, at stage 3, per-layer gathers
+# of the part's parameters; tensors under 2000 elements stay whole)
+ZERO_TP = {"stage3_param_persistence_threshold": 2000}
+ZERO_LAYOUTS = [
+    ("tensor2xdata2-zero2", 4, {"axis": ["data", "tensor"], "dims": [2, 2]}, 2, {}),
+    ("data2xtensor2-zero3", 4, {"axis": ["tensor", "data"], "dims": [2, 2]}, 3, {"zero": ZERO_TP}),
+    ("tensor2xdata2-zero3-ckpt", 4, {"axis": ["data", "tensor"], "dims": [2, 2]}, 3,
+     {"zero": ZERO_TP, "use_grad_ckpt": True}),
 ]
 
 
@@ -57,9 +76,11 @@ def equivalence(env, arch, sets=(), layouts=LAYOUTS):
     dt.check(len(ref_e) == 2, f"{arch}: {len(ref_e)} eval records in the reference")
     for name, n, topo, stage, extra in layouts:
         tag = f"{arch} {name}"
-        zero = {"stage": stage, "reduce_bucket_size": 3000, "allgather_bucket_size": 5000}
+        extra = dict(extra)
+        zero = dict({"stage": stage, "reduce_bucket_size": 3000, "allgather_bucket_size": 5000},
+                    **extra.pop("zero", {}))
         cfg = env.config(f"{name}.json", model, model_topo={"process_topology": topo}, zero_optimization=zero,
-                         **ev, **extra)
+                         **dict(ev, **extra))  # a layout's extras may override the evaluation keys
         out = env.path(name)
         p = env.run(["train", "--config", cfg, "--out", out], np_=n)
         if p.returncode != 0:
@@ -111,9 +132,7 @@ def errors(env):
             dt.check(s in p.stderr, f"{tag}: '{s}' not in stderr:\n{p.stderr[-2000:]}")
 
     fails("kv-heads", 4, {"axis": ["tensor"], "dims": [4]}, "tensor axis 4", "num_key_value_heads")
-    fails("zero2", 2, {"axis": ["tensor"], "dims": [2]}, "zero_optimization.stage 2-3 with tensor parallelism",
-          zero_optimization={"stage": 2})
-    fails("commtype", 2, {"axis": ["tensor"], "dims": [2]}, "communication_data_type with tensor parallelism",
+    fails("commtype", 2, {"axis": ["tensor"], "dims": [2]}, "communication_data_type bf16 with tensor parallelism",
           communication_data_type="bf16")
     for key, val, needle in (("intermediate_size", 171, "intermediate_size"),):
         other = env.path(key)
@@ -128,7 +147,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cllm", required=True)
     ap.add_argument("--build", required=True)
-    ap.add_argument("--case", required=True, choices=["llama", "bloom", "gpt2", "errors", "ckpt", "vocab"])
+    ap.add_argument("--case", required=True, choices=["llama", "bloom", "gpt2", "errors", "ckpt", "vocab", "zero"])
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
     env = dt.Env(a.cllm, a.build, "tp_" + a.case)
@@ -138,6 +157,16 @@ def main():
         elif a.case == "vocab":
             for arch in ("gpt2", "llama"):
                 equivalence(env, arch, ("vocab_size=511",), LAYOUTS[:1] + LAYOUTS[2:3])
+        elif a.case == "zero":
+            import pipe_test  # noqa: E402 (same directory)
+            equivalence(env, "gpt2", (), ZERO_LAYOUTS)
+            d2t2 = {"axis": ["data", "tensor"], "dims": [2, 2]}
+            p2t2 = {"axis": ["pipe", "tensor"], "dims": [2, 2]}
+            plans = [("d2t2z3", 4, d2t2, 3, [("one", 1, None, 0), ("p2d2z2", 4, pipe_test.P2D2, 2),
+                                              ("p2t2z3", 4, p2t2, 3)]),
+                     ("d2t2z2", 4, d2t2, 2, [("dp2z3", 2, None, 3)])]
+            pipe_test.checkpoints(env, plans, from_one=("d2t2z3", 4, d2t2, 3), bad_order=False, sharded=False,
+                                  zero_extra=ZERO_TP)
         elif a.case == "ckpt":
             import pipe_test  # noqa: E402 (same directory)
             t2 = {"axis": ["tensor"], "dims": [2]}

@@ -69,11 +69,19 @@ typedef struct {
     size_t overhead;       /* fixed process memory (code, libraries, threads) */
     int pipe;              /* pipeline stages (0 or 1: none); 1F1B, parts by parameters */
     int tensor;            /* tensor-parallel ranks (0 or 1: none) */
+    bool sequence_parallel;/* with tensor > 1: Megatron's sequence parallelism (sequence_parallel): the
+                              residual stream, norms and their statistics of each block hold
+                              seq_len / tensor positions, plus two shared [B*T, C] buffers (the
+                              gathered norm output, and the rank-major packing when B > 1) and one
+                              [B*T/tensor, C]; pipeline messages shrink to the local positions;
+                              refused with seq_len not divisible */
     int threads;           /* OpenMP threads of the run (0: this process's omp_get_max_threads()) */
     size_t trainable;      /* > 0: a frozen base (LoRA) whose trainable buffer has this many floats
                               (cllm_lora_count): gradients, optimizer state and snapshots cover it
                               alone, the base stays whole on every rank; ZeRO 0-2 only */
-    int lora_rank;         /* with trainable: the largest adapter rank (its per-layer scratch) */
+    int lora_rank;         /* with trainable: the largest adapter rank (its per-layer scratch); 0: no
+                              adapters (frozen tensors, cllm_model_config_freeze: trainable counts the
+                              copies of the tensors that train) */
     int expert_parallel;   /* mixture of experts: expert-parallel ranks (0 or 1: none); divides dp and
                               the experts. The flat buffers keep every expert (docs/moe.md); each rank
                               adds the rows it receives for its experts, kept for the backward */

@@ -25,8 +25,10 @@
  * anything behind it, with one exception made safe by a lock: the
  * low-precision copy is rebuilt by the first linear layer that runs after
  * the parameters changed (cllm_model_params, cllm_model_params_updated).
- * There is no separate weights type because nothing is needed beyond that
- * const pointer. Inference state lives outside the model: each KV cache
+ * The weights as an object of their own, shared by many run states (a
+ * server's workers, PPO's reference, LoRA fine-tunes over one base), are
+ * cllm/weights.h: a model made by cllm_model_from_weights borrows them and
+ * owns only its run state. Inference state lives outside the model: each KV cache
  * (generate.h) owns its activations and operand scratch, so caches over one
  * model run forwards concurrently on different threads.
  * Calls that take a non-const model (prepare, forward, backward, training)
@@ -248,6 +250,29 @@ size_t cllm_model_trainable_numel(const cllm_model *m);
 /* The trainable buffer: cllm_model_params(m) without a set. */
 float *cllm_model_trainable_params(cllm_model *m);
 
+/* Freezes the model tensors whose names match any of the n patterns and
+ * trains the others: a trainable set (above) of copies of the tensors
+ * left, so gradients and optimizer state exist for them alone (the
+ * training config's "freeze", docs/training.md#freezing-tensors). Each
+ * pattern is a PCRE2 regular expression searched anywhere in the
+ * safetensors names (Python's re.search: "embed" freezes
+ * model.embed_tokens.weight; anchor with ^ and $). A pattern that does not
+ * compile or matches no tensor, and patterns that freeze every tensor, are
+ * CLLM_ERR_ARG naming the pattern. */
+cllm_status cllm_model_freeze(cllm_model *m, const char *const *patterns, int n);
+/* The inverse (the config's "unfrozen_parameters", axolotl's key and rule):
+ * the patterns name the tensors that train and every other tensor is
+ * frozen; each pattern matches from the start of a name (Python's
+ * re.match) with every "." literal ("model.layers.1[0-9]" trains blocks
+ * 10-19). The same errors, and patterns that name every tensor. */
+cllm_status cllm_model_freeze_except(cllm_model *m, const char *const *patterns, int n);
+/* The trainable buffer such a freeze (except: cllm_model_freeze_except)
+ * gives a model of HF config object `config` (floats, alignment gaps
+ * included: cllm_model_trainable_len) and the parameters it trains, without
+ * allocating the model (cllm estimate). The same errors. */
+cllm_status cllm_model_config_freeze(const struct json_t *config, const char *const *patterns, int n, bool except,
+                                     size_t *len, size_t *numel);
+
 /* ---- running ---- */
 
 /* Allocates activation buffers for batches of up to B x T tokens (and the
@@ -374,7 +399,9 @@ cllm_status cllm_model_add_value_head(cllm_model **m, uint64_t seed);
  * the previous one's output and gradient, gives exactly the values of
  * cllm_model_forward_backward (the same kernels in the same order). Only
  * the stage's parameters are read, plus the embedding matrix on a tied
- * head's stage. */
+ * head's stage. The layer hooks (below) run around each of the stage's
+ * groups as in the whole-model pass; a tied head's stage with hooks is
+ * refused (CLLM_ERR_UNSUPPORTED: its embedding is another stage's group). */
 typedef struct {
     int u0, u1;
     const int32_t *tokens, *targets; /* [B*T]: tokens on the first stage, targets on the head's */
@@ -385,6 +412,10 @@ typedef struct {
 } cllm_model_stage_io;
 cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, int B, int T, double *loss_sum,
                                  long *n_counted);
+/* Floats of x_in, x_out, dx_out and dx_in: B*T*C, or under sequence
+ * parallelism (cllm_model_set_sequence_parallel) this tensor rank's
+ * B*(T/tp)*C, the positions it holds (stages then exchange that part). */
+size_t cllm_model_stage_floats(const cllm_model *m, int B, int T);
 
 /* ---- tensor parallelism ----
  * Marks m as tensor rank `rank`'s part of a model cut over `size` ranks
@@ -405,6 +436,23 @@ int cllm_model_vocab(const cllm_model *m);
 /* Tensor-parallel size and this part's rank (1 and 0 for a whole model). */
 int cllm_model_tensor_size(const cllm_model *m);
 int cllm_model_tensor_rank(const cllm_model *m);
+/* Megatron's sequence parallelism on a tensor part (Korthikanti et al.,
+ * "Reducing Activation Recomputation in Large Transformer Models"): the
+ * regions outside the tensor-parallel linears (the norms, the residual adds,
+ * the embedding output, the final norm) run on this rank's T / size
+ * positions of every sequence; an all-gather along the sequence replaces the
+ * identity before each column-parallel linear (QKV, fc/gate/up, the head)
+ * and a reduce-scatter replaces the all-reduce after each row-parallel one
+ * (o, down, the vocabulary-parallel embedding); the backward pass runs the
+ * conjugates, and the norms' parameter gradients of the local positions are
+ * summed over the group. Losses and gradients equal the tensor-parallel run
+ * (up to the order of additions). Call before cllm_model_prepare, after
+ * cllm_model_set_tensor_parallel (size > 1: CLLM_ERR_ARG otherwise); every
+ * pass must then have T divisible by the tensor size. Training passes only
+ * (pipeline stages exchange the local positions: cllm_model_stage_floats);
+ * a score or value head and hidden states are refused. */
+cllm_status cllm_model_set_sequence_parallel(cllm_model *m, bool on);
+bool cllm_model_sequence_parallel(const cllm_model *m);
 
 /* Mixtral's load-balancing loss of the last forward pass (transformers'
  * load_balancing_loss_func over every layer's router), unscaled; 0 for a
@@ -583,6 +631,13 @@ typedef struct {
  * same carving code prepare uses, without allocating. */
 void cllm_model_activation_bytes(const cllm_model_config *c, int B, int T, bool train, bool recompute,
                                  cllm_act_bytes *out);
+
+/* The same for a tensor part with sequence parallelism over sp ranks
+ * (cllm_model_set_sequence_parallel; sp 1, or sp not dividing T: without):
+ * the residual stream, the norms and their statistics hold T / sp positions
+ * of each sequence, plus shared buffers for the gathered norm outputs. */
+void cllm_model_activation_bytes_sp(const cllm_model_config *c, int B, int T, bool train, bool recompute, int sp,
+                                    cllm_act_bytes *out);
 
 /* Bytes of the activation buffer allocated by the last prepare (0 before). */
 size_t cllm_model_activation_alloc(const cllm_model *m);

@@ -157,6 +157,11 @@ typedef struct {
     bool use_grad_ckpt;                  /* use_grad_ckpt: activation checkpointing, default false
                                             (also set by an enabling activation_checkpointing
                                             block); docs/memory.md */
+    bool sequence_parallel;              /* sequence_parallel: Megatron's sequence parallelism over
+                                            the tensor ranks (norms, residual adds and the embedding
+                                            output split along the sequence; all-gather / reduce-
+                                            scatter instead of all-reduce); needs a tensor axis > 1
+                                            dividing seq_len; default false; docs/distributed.md */
     cllm_model_topo model_topo;          /* model_topo */
     unsigned auto_keys;                  /* CLLM_AUTO_* bits: keys given as "auto" */
 
@@ -223,6 +228,14 @@ typedef struct {
                                             "lora" or "adapter" only) */
     const char *adapter_dir;             /* adapter: a PEFT adapter folder to continue training
                                             (its own adapter_config.json; not with a "lora" section) */
+    const char **freeze;                 /* freeze: regular expressions searched in the tensor names
+                                            (cllm_model_freeze); the matching tensors get no gradient
+                                            or optimizer state; not with LoRA. [n_freeze], strings
+                                            borrowed from json. Or unfrozen_parameters (axolotl's):
+                                            the tensors that train, all others frozen
+                                            (cllm_model_freeze_except; freeze_except set) */
+    int n_freeze;
+    bool freeze_except;
     struct {                             /* moe: mixture-of-experts training (docs/moe.md), DeepSpeed-
                                             MoE's names (Megatron's accepted as aliases) */
         bool given;                      /* the section is present */

@@ -445,6 +445,7 @@ cllm_status model_lora_backward(const cllm_model *m, const struct model_adapter 
 cllm_status cllm_lora_merge(cllm_model *m) {
     struct model_lora *L = m->lora;
     if (!L) return CLLM_FAIL(CLLM_ERR_ARG, "merge: the model carries no LoRA adapters");
+    if (m->shared) return model_shared_refuse("merging adapters into the base");
     if (!m->params) return CLLM_FAIL(CLLM_ERR_ARG, "merge: the model's parameters are not in memory");
     model_trainable_sync(m); /* modules_to_save and trained biases */
     for (int i = 0; i < L->n_ad; i++) {

@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,7 @@ fail:
 
 void cllm_model_free(cllm_model *m) {
     if (!m) return;
+    model_shared_detach(m); /* a run over shared weights: forget what it borrowed */
     json_decref(m->config_json);
     free(m->tensors);
     free(m->lslot);
@@ -76,6 +78,7 @@ void cllm_model_free(cllm_model *m) {
     free(m->layers);
     free(m->tp_max);
     free(m->tp_sum);
+    free(m->sp_counts);
     free(m->moe_load);
     model_moe_ep_free(m);
     free(m);
@@ -216,7 +219,12 @@ static cllm_status put_whole(void *ctx, int idx, const cllm_st_tensor *t) {
     if (t->dtype == CLLM_U8)
         return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: tensor '%s' holds U8 values but config.json has no cllm_weights",
                          t->file, t->name);
-    return cllm_st_read_f32(t, m->params + m->tensors[idx].offset, (int64_t)m->tensors[idx].numel);
+    cllm_status st = cllm_st_read_f32(t, m->params + m->tensors[idx].offset, (int64_t)m->tensors[idx].numel);
+    /* the file's pages of this tensor are copied: out of the resident set
+     * (a later read maps them again), so that loading holds the parameter
+     * buffer and one tensor of the file, not the whole file beside it */
+    cllm_mem_release((void *)(uintptr_t)t->data, t->nbytes);
+    return st;
 }
 
 /* Loading with a weight store: matrices in the run's format, the rest fp32. */
@@ -359,7 +367,8 @@ size_t cllm_model_n_params(const cllm_model *m) {
 }
 size_t cllm_model_buffer_len(const cllm_model *m) { return m->n_params; }
 float *cllm_model_params(cllm_model *m) {
-    atomic_store(&m->lp_stale, true); /* the caller may write through the pointer */
+    /* the caller may write through the pointer (never into shared weights) */
+    if (!m->shared || m->own_params) atomic_store(&m->lp_stale, true);
     return m->params;
 }
 float *cllm_model_grads(cllm_model *m) { return m->grads; }
@@ -378,12 +387,17 @@ void cllm_model_set_hooks(cllm_model *m, const cllm_model_hooks *hooks) {
     }
 }
 void cllm_model_drop_params(cllm_model *m) {
+    if (m->shared && !m->own_params) m->params = m->lp_params = NULL; /* borrowed: only forgotten */
     cllm_free(m->params);
     m->params = NULL;
     cllm_free(m->lp_params);
     m->lp_params = NULL;
 }
 void cllm_model_set_params(cllm_model *m, float *params) {
+    if (m->shared && !m->own_params) { /* borrowed: never freed here; the run's own from now on */
+        m->params = m->lp_params = NULL;
+        m->own_params = true;
+    }
     cllm_free(m->params);
     m->params = params;
     atomic_store(&m->lp_stale, true); /* a bf16/fp16 copy is made from them when first needed */
@@ -419,19 +433,21 @@ typedef struct {
  * to. `layers` may be NULL when only measuring. */
 
 /* The activations one block saves for its backward (all but its input x). */
-static void carve_block_set(carver *cv, layer_acts *a, const cllm_model_config *c, int B, int T) {
-    size_t N = (size_t)B * T, C = (size_t)c->n_embd, F = (size_t)c->n_inner;
+/* With sequence parallelism over sp ranks the norms' outputs and
+ * statistics and the residual x1 hold N / sp rows (this rank's positions). */
+static void carve_block_set(carver *cv, layer_acts *a, const cllm_model_config *c, int B, int T, int sp) {
+    size_t N = (size_t)B * T, C = (size_t)c->n_embd, F = (size_t)c->n_inner, Nl = N / (size_t)sp;
     size_t QKV = (size_t)model_qkv_width(c), Q = (size_t)c->n_head * c->head_dim;
-    a->ln1 = carve(cv, N * C);
-    a->ln1_mean = carve(cv, N);
-    a->ln1_rstd = carve(cv, N);
+    a->ln1 = carve(cv, Nl * C);
+    a->ln1_mean = carve(cv, Nl);
+    a->ln1_rstd = carve(cv, Nl);
     a->qkv = carve(cv, N * QKV);
     a->atty = carve(cv, N * Q);
     a->lse = carve(cv, (size_t)B * c->n_head * T);
-    a->x1 = carve(cv, N * C);
-    a->ln2 = carve(cv, N * C);
-    a->ln2_mean = carve(cv, N);
-    a->ln2_rstd = carve(cv, N);
+    a->x1 = carve(cv, Nl * C);
+    a->ln2 = carve(cv, Nl * C);
+    a->ln2_mean = carve(cv, Nl);
+    a->ln2_rstd = carve(cv, Nl);
     if (c->n_experts) { /* Mixtral: the sparse FFN's own state instead */
         a->fc = a->up = a->act = NULL;
         a->moe = carve(cv, model_moe_act_floats(c, N));
@@ -443,8 +459,8 @@ static void carve_block_set(carver *cv, layer_acts *a, const cllm_model_config *
 }
 
 static void assign_acts(const cllm_model_config *c, cllm_model *m, layer_acts *layers, carver *cv, int B, int T,
-                        bool train, bool recompute, carve_parts *parts) {
-    size_t N = (size_t)B * T, C = (size_t)c->n_embd, F = (size_t)c->n_inner;
+                        bool train, bool recompute, int sp, carve_parts *parts) {
+    size_t N = (size_t)B * T, C = (size_t)c->n_embd, F = (size_t)c->n_inner, Nl = N / (size_t)sp;
     size_t QKV = (size_t)model_qkv_width(c), Q = (size_t)c->n_head * c->head_dim;
     layer_acts scratch, shared;
     memset(&shared, 0, sizeof shared);
@@ -452,11 +468,11 @@ static void assign_acts(const cllm_model_config *c, cllm_model *m, layer_acts *l
     for (int l = 0; l < c->n_layer; l++) {
         layer_acts *a = layers ? &layers[l] : &scratch;
         mark = cv->used;
-        a->x = carve(cv, N * C);
+        a->x = carve(cv, Nl * C);
         inputs += cv->used - mark;
         if (recompute) continue; /* the shared set is carved after all inputs */
         mark = cv->used;
-        carve_block_set(cv, a, c, B, T);
+        carve_block_set(cv, a, c, B, T, sp);
         set = cv->used - mark;
         saved += set;
     }
@@ -464,7 +480,7 @@ static void assign_acts(const cllm_model_config *c, cllm_model *m, layer_acts *l
         /* one set after the inputs; every layer points at it */
         layer_acts *a = &shared;
         mark = cv->used;
-        carve_block_set(cv, a, c, B, T);
+        carve_block_set(cv, a, c, B, T, sp);
         set = saved = cv->used - mark;
         for (int l = 0; layers && l < c->n_layer; l++) {
             float *x = layers[l].x;
@@ -476,15 +492,24 @@ static void assign_acts(const cllm_model_config *c, cllm_model *m, layer_acts *l
     parts->set = set;
     parts->saved = saved;
     mark = cv->used;
-    float *x_out = carve(cv, N * C);
-    float *lnf = carve(cv, N * C);
-    float *lnf_mean = carve(cv, N);
-    float *lnf_rstd = carve(cv, N);
+    float *x_out = carve(cv, Nl * C);
+    float *lnf = carve(cv, N * C); /* the head's input: gathered whole under sequence parallelism */
+    float *lnf_mean = carve(cv, Nl);
+    float *lnf_rstd = carve(cv, Nl);
     float *emb = NULL, *emb_mean = NULL, *emb_rstd = NULL;
     if (c->arch == CLLM_ARCH_BLOOM) {
-        emb = carve(cv, N * C);
-        emb_mean = carve(cv, N);
-        emb_rstd = carve(cv, N);
+        emb = carve(cv, Nl * C);
+        emb_mean = carve(cv, Nl);
+        emb_rstd = carve(cv, Nl);
+    }
+    /* sequence parallelism: the gathered and packed [N,C] buffers, the
+     * local [N/sp,C] one and a norm's local parameter gradients */
+    float *sp_full = NULL, *sp_pack = NULL, *sp_loc = NULL, *sp_dnorm = NULL;
+    if (sp > 1) {
+        sp_full = carve(cv, N * C);
+        sp_pack = B > 1 ? carve(cv, N * C) : NULL;
+        sp_loc = carve(cv, Nl * C);
+        sp_dnorm = train ? carve(cv, 2 * C) : NULL;
     }
     size_t lmark = cv->used;
     float *logits = carve(cv, (size_t)model_logit_chunk(c, (int)N) * c->vocab_size);
@@ -498,7 +523,7 @@ static void assign_acts(const cllm_model_config *c, cllm_model *m, layer_acts *l
     mark = cv->used;
     float *d[8] = {NULL};
     if (train) {
-        d[0] = carve(cv, N * C);   /* dx */
+        d[0] = carve(cv, Nl * C);  /* dx */
         d[1] = carve(cv, N * C);   /* dln */
         d[2] = carve(cv, N * C);   /* dlnf */
         d[3] = carve(cv, N * QKV); /* dqkv */
@@ -523,6 +548,10 @@ static void assign_acts(const cllm_model_config *c, cllm_model *m, layer_acts *l
     m->alibi = alibi;
     m->moe_scratch = moe_scratch;
     m->moe_stats = (double *)(void *)moe_scratch; /* the scratch starts with the statistics (moe.c) */
+    m->sp_full = sp_full;
+    m->sp_pack = sp_pack;
+    m->sp_loc = sp_loc;
+    m->sp_dnorm = sp_dnorm;
     m->dx = d[0];
     m->dln = d[1];
     m->dlnf = d[2];
@@ -535,9 +564,15 @@ static void assign_acts(const cllm_model_config *c, cllm_model *m, layer_acts *l
 
 void cllm_model_activation_bytes(const cllm_model_config *c, int B, int T, bool train, bool recompute,
                                  cllm_act_bytes *out) {
+    cllm_model_activation_bytes_sp(c, B, T, train, recompute, 1, out);
+}
+
+void cllm_model_activation_bytes_sp(const cllm_model_config *c, int B, int T, bool train, bool recompute, int sp,
+                                    cllm_act_bytes *out) {
     carver cv = {NULL, 0};
     carve_parts p;
-    assign_acts(c, NULL, NULL, &cv, B, T, train, recompute, &p);
+    if (sp < 1 || T % sp) sp = 1;
+    assign_acts(c, NULL, NULL, &cv, B, T, train, recompute, sp, &p);
     out->block_inputs = p.inputs * sizeof(float);
     out->block_set = p.set * sizeof(float);
     out->block_saved = p.saved * sizeof(float);
@@ -622,11 +657,18 @@ cllm_status cllm_model_prepare(cllm_model *m, int B, int T, bool train) {
     if (train && m->ws)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a model with %s weights runs forwards only: train from fp32 weights",
                          cllm_wfmt_name(cllm_model_weights(m)));
+    if (train && m->shared && !m->frozen)
+        return model_shared_refuse("training the model's own tensors (declare a trainable set of extra tensors)");
     if (train && !m->grads && !m->hooks.fetch_grads) {
         m->grads = cllm_calloc(cllm_model_trainable_len(m), sizeof(float), "gradients");
         if (!m->grads) return CLLM_ERR_NOMEM;
     }
-    if (m->acts && B <= m->act_B && T <= m->act_T && (!train || m->has_backward) && m->acts_recompute == m->recompute)
+    const bool sp = m->sp && m->tp_size > 1;
+    if (sp && T % m->tp_size)
+        return CLLM_FAIL(CLLM_ERR_ARG, "sequence parallelism: sequence length %d is not divisible by the %d tensor "
+                         "ranks", T, m->tp_size);
+    if (m->acts && B <= m->act_B && T <= m->act_T && (!train || m->has_backward) && m->acts_recompute == m->recompute &&
+        m->acts_sp == sp)
         return CLLM_OK;
     if (!m->layers) {
         m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
@@ -634,14 +676,16 @@ cllm_status cllm_model_prepare(cllm_model *m, int B, int T, bool train) {
     }
     carver cv = {NULL, 0};
     carve_parts parts;
-    assign_acts(c, NULL, NULL, &cv, B, T, train, m->recompute, &parts);
+    const int ways = sp ? m->tp_size : 1;
+    assign_acts(c, NULL, NULL, &cv, B, T, train, m->recompute, ways, &parts);
     cllm_free(m->acts);
     m->acts = cllm_alloc(cv.used * sizeof(float), "activations");
     if (!m->acts) return CLLM_ERR_NOMEM;
     m->acts_floats = cv.used;
     cv.base = m->acts;
     cv.used = 0;
-    assign_acts(c, m, m->layers, &cv, B, T, train, m->recompute, &parts);
+    assign_acts(c, m, m->layers, &cv, B, T, train, m->recompute, ways, &parts);
+    m->acts_sp = sp;
     m->act_B = B;
     m->act_T = T;
     m->has_backward = train;

@@ -186,6 +186,17 @@ struct cllm_model {
     const struct cllm_dist_group *tp_grp;
     int tp_rank, tp_size;
     int tp_vocab;    /* the whole model's vocabulary (the part's rows past it are padding) */
+    /* sequence parallelism (seqpar.c): with sp (requested by
+     * cllm_model_set_sequence_parallel) the activations of the last prepare
+     * (acts_sp) hold this rank's T / tp_size positions of every sequence in
+     * the residual stream, the norms and their statistics, x_out and dx;
+     * sp_full [N,C] holds a gathered norm output or a row-parallel partial
+     * sum, sp_pack [N,C] (B > 1) the rank-major order of a collective,
+     * sp_loc [N/tp,C] the final norm's local output or a local gradient,
+     * sp_dnorm [2C] a norm's local weight and bias gradients */
+    bool sp, acts_sp;
+    float *sp_full, *sp_pack, *sp_loc, *sp_dnorm;
+    size_t *sp_counts; /* [tp_size] */
     float *tp_max;   /* [logit chunk] per-row maximum of the logits */
     double *tp_sum;  /* [2 * logit chunk] per-row sum of exp, target logit */
     int tp_rows;     /* rows of tp_max / tp_sum */
@@ -205,6 +216,13 @@ struct cllm_model {
     int ep_rank, ep_size;
     struct model_moe_ep *ep; /* the owner side's buffers, grown on demand */
     cllm_expert_layout expert_layout; /* the layout cllm_model_save writes (moe_layout.c) */
+    /* A run over shared weights (shared.c, cllm/weights.h): the weight
+     * fields (config_json, tensors, lslot, tgroup, params, lp_params, ws,
+     * qb) are borrowed from shared's model, which frees them; groups is
+     * the run's own copy. own_params: params (and lp_params) were replaced
+     * by cllm_model_set_params and are the run's own. NULL: owns its weights. */
+    struct cllm_weights *shared;
+    bool own_params;
 };
 
 /* The rows of a cached forward pass (generate.c builds it, run.c reads
@@ -242,6 +260,8 @@ cllm_status model_tp_embed_forward(const cllm_model *m, float *out, const int32_
                                    const model_rows *rows);
 void model_tp_embed_backward(cllm_model *m, float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int N,
                              int T);
+/* out[N,C] += bias (NULL: nothing) */
+void model_tp_add_bias(float *out, const float *bias, int N, int C);
 /* out[N,C] <- all-reduce(out) + bias (bias may be NULL): a row-parallel output */
 cllm_status model_tp_reduce_bias(const cllm_model *m, float *out, const float *bias, int N, int C);
 /* buf[n] <- sum over the tensor group (identity without tensor parallelism) */
@@ -256,6 +276,20 @@ int model_tp_real_cols(const cllm_model *m);
 /* ALiBi slopes of this part's heads (the whole model's heads r * NH ..), or
  * of all heads without tensor parallelism: out[cfg.n_head]. */
 cllm_status model_tp_alibi(const cllm_model *m, float *out);
+
+/* Sequence parallelism (seqpar.c): rows of this rank's sequence part
+ * (B x T / tp_size) when the activations are sequence-parallel, else B x T.
+ * model_sp_gather: full[B*T,C] <- every rank's local rows in sequence order;
+ * model_sp_scatter: local[B*T/tp,C] <- the sum over the tensor group of
+ * full's rows of this rank's positions (full and local distinct). */
+int model_sp_rows(const cllm_model *m, int B, int T);
+cllm_status model_sp_gather(const cllm_model *m, float *full, const float *local, int B, int T);
+cllm_status model_sp_scatter(const cllm_model *m, float *local, const float *full, int B, int T);
+/* position of local row i of a sequence-parallel pass (of T positions) */
+static inline int model_sp_pos(const cllm_model *m, int i, int T) {
+    int Ts = T / m->tp_size;
+    return m->tp_rank * Ts + i % Ts;
+}
 
 /* Tensor-parallel inference (tp_infer.c): rank 0's caches over a part send
  * each call that changes them to the other ranks, which run the same call on
@@ -473,6 +507,17 @@ static inline int model_tensor_at(const cllm_model *m, const float *w) {
     }
     return m->tensors[lo].offset == off ? lo : -1;
 }
+
+/* Shared weights (shared.c). model_shared_detach: cllm_model_free's first
+ * step for a run (forgets the borrowed fields, drops its reference; a
+ * no-op for a model that owns its weights). model_shared_refuse: the
+ * CLLM_ERR_UNSUPPORTED of a call that would write shared weights. */
+void model_shared_detach(cllm_model *m);
+cllm_status model_shared_refuse(const char *what);
+/* Brings the low-precision weight copy up to date (precision.c). */
+cllm_status model_lp_refresh(const cllm_model *m);
+/* Bytes of the weight store's matrices (weights.c; 0 without one). */
+size_t model_weights_store_bytes(const cllm_model *m);
 
 /* The trainable set's part of cllm_model_free (trainable.c). */
 void model_trainable_free(cllm_model *m);

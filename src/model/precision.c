@@ -196,6 +196,7 @@ cllm_status model_lp_scratch_init(model_lp_scratch *lp, const cllm_model *m, int
 cllm_status cllm_model_set_precision(cllm_model *m, cllm_precision p) {
     if ((unsigned)p >= CLLM_PREC_COUNT) return CLLM_FAIL(CLLM_ERR_ARG, "unknown precision %d", (int)p);
     if (p == m->prec) return CLLM_OK;
+    if (m->shared) return model_shared_refuse("a change of matmul precision");
     if (m->qb)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s matmuls over a %s base: a quantized base computes in fp32 "
                          "(bnb_4bit_compute_dtype float32)", cllm_precision_name(p), cllm_bnb_type_name(cllm_model_quantized(m)));
@@ -231,6 +232,7 @@ cllm_status cllm_model_set_precision(cllm_model *m, cllm_precision p) {
 cllm_precision cllm_model_precision(const cllm_model *m) { return m->prec; }
 
 void cllm_model_params_updated(cllm_model *m) {
+    if (m->shared && !m->own_params) return; /* shared weights never change (cllm/weights.h) */
     if (m->frozen) { /* frozen weights never change: only trained copies of model tensors can */
         model_trainable_sync(m);
         if (!m->tcopies && !m->tshared) return;
@@ -245,7 +247,7 @@ void cllm_model_params_updated(cllm_model *m) {
  * acquire load pairs with the release store below). */
 static pthread_mutex_t g_refresh = PTHREAD_MUTEX_INITIALIZER;
 
-static cllm_status refresh(const cllm_model *m) {
+cllm_status model_lp_refresh(const cllm_model *m) {
     if (!atomic_load_explicit(&m->lp_stale, memory_order_acquire)) return CLLM_OK;
     cllm_status st = CLLM_OK;
     pthread_mutex_lock(&g_refresh);
@@ -274,7 +276,7 @@ static cllm_status lp_weight(const cllm_model *m, const float *w, size_t numel, 
     if (m->params) {
         uintptr_t base = (uintptr_t)m->params;
         if (p >= base && (p - base) / sizeof(float) + numel <= m->n_params) {
-            cllm_status st = refresh(m);
+            cllm_status st = model_lp_refresh(m);
             if (st) return st;
             *out = (const char *)m->lp_params + (p - base) / sizeof(float) * es;
             return CLLM_OK;

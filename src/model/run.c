@@ -15,6 +15,10 @@
  * With activation checkpointing (cllm_model_set_recompute) the blocks share
  * one set of saved activations and the backward pass refills it from each
  * block's saved input just before that block's backward.
+ * Under sequence parallelism (seqpar.c) the norms, residual adds, embedding
+ * output and final norm run on this tensor rank's positions only, with an
+ * all-gather before each column-parallel linear and a reduce-scatter after
+ * each row-parallel one.
  * Optional hooks (cllm_model_hooks) run around each parameter group's use:
  * ZeRO-3 gathers a group's parameters into a working buffer and the
  * per-layer gradient reduction takes a block's gradient when it is done.
@@ -81,6 +85,49 @@ static void norm_backward(const cllm_model *m, float *dinp, float *dw, float *db
         cllm_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, c->n_embd);
 }
 
+/* A norm's backward over this rank's rows. Under sequence parallelism they
+ * are T / tp positions of each sequence: the weight and bias gradients of
+ * those rows go through sp_dnorm and are summed over the tensor group before
+ * they are added (the replicated norm parameters see every position). */
+static cllm_status norm_backward_sp(const cllm_model *m, float *dinp, float *dw, float *db, const float *dout,
+                                    const float *inp, const float *w, const float *mean, const float *rstd, int N) {
+    if (!m->acts_sp) {
+        norm_backward(m, dinp, dw, db, dout, inp, w, mean, rstd, N);
+        return CLLM_OK;
+    }
+    const int C = m->cfg.n_embd;
+    float *sw = m->sp_dnorm, *sb = db ? m->sp_dnorm + C : NULL;
+    memset(sw, 0, 2 * (size_t)C * sizeof(float));
+    norm_backward(m, dinp, sw, sb, dout, inp, w, mean, rstd, N);
+    TRY(model_tp_allreduce(m, sw, 2 * (size_t)C));
+    if (dw) cllm_add(dw, dw, sw, C);
+    if (db) cllm_add(db, db, sb, C);
+    return CLLM_OK;
+}
+
+/* The input of the column-parallel linears after a norm: its output ln, or
+ * under sequence parallelism (sp) that output gathered along the sequence
+ * into sp_full. */
+static cllm_status linear_input(const cllm_model *m, const float *ln, int B, int T, bool sp, const float **in) {
+    *in = sp ? m->sp_full : ln;
+    return sp ? model_sp_gather(m, m->sp_full, ln, B, T) : CLLM_OK;
+}
+
+/* A row-parallel linear's partial sums summed over the tensor group into
+ * out[N,C] plus the bias once: all-reduced in out (N rows: B x T, or a
+ * cached pass's), or under sequence parallelism reduce-scattered from
+ * sp_full into out's local rows. Without tensor parallelism out already
+ * holds the sum and its bias. */
+static cllm_status row_parallel_sum(const cllm_model *m, float *out, const float *bias, int B, int T, int N, bool sp) {
+    const int C = m->cfg.n_embd;
+    if (sp) {
+        TRY(model_sp_scatter(m, out, m->sp_full, B, T));
+        model_tp_add_bias(out, bias, model_sp_rows(m, B, T), C);
+        return CLLM_OK;
+    }
+    return m->tp_size > 1 ? model_tp_reduce_bias(m, out, bias, N, C) : CLLM_OK;
+}
+
 /* The embeddings of N rows into x0[N,C] (BLOOM: through emb[N,C] and its
  * LayerNorm, statistics in emb_mean/emb_rstd). Positions: B x T from 0, or
  * the cache's ragged rows (GPT-2 reads wpe at each row's position). */
@@ -88,6 +135,7 @@ cllm_status model_embed_forward(const cllm_model *m, float *x0, float *emb, floa
                                 const int32_t *tokens, int B, int T, const model_rows *rows) {
     const cllm_model_config *c = &m->cfg;
     const int C = c->n_embd, N = rows ? rows->rows[rows->n_seq] : B * T;
+    const int Nl = rows ? N : model_sp_rows(m, B, T); /* sequence parallelism: this rank's positions */
     float *e = c->arch == CLLM_ARCH_BLOOM ? emb : x0;
     const float *wte = model_param(m, m->gslot[G_WTE]);
     const float *wpe = c->arch == CLLM_ARCH_GPT2 ? model_param(m, m->gslot[G_WPE]) : NULL;
@@ -110,7 +158,7 @@ cllm_status model_embed_forward(const cllm_model *m, float *x0, float *emb, floa
     }
     if (c->arch == CLLM_ARCH_BLOOM)
         cllm_layernorm_forward(x0, emb_mean, emb_rstd, emb, model_param(m, m->gslot[G_EMB_LN_W]),
-                               model_param(m, m->gslot[G_EMB_LN_B]), N, C, c->norm_eps);
+                               model_param(m, m->gslot[G_EMB_LN_B]), Nl, C, c->norm_eps);
     return CLLM_OK;
 }
 
@@ -179,16 +227,23 @@ cllm_status model_block_forward(const cllm_model *m, model_lp_scratch *lp, int l
     float *P[L_NSLOTS];
     for (int i = 0; i < L_NSLOTS; i++) P[i] = model_param(m, s[i]);
 
-    model_norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, a->x, P[L_LN1_W], P[L_LN1_B], N);
+    /* sequence parallelism: the norms and residual adds over this rank's Nl
+     * rows, each norm's output gathered (into sp_full) for the
+     * column-parallel linears, each row-parallel output reduce-scattered */
+    const bool sp = !rows && m->acts_sp;
+    const int Nl = sp ? model_sp_rows(m, B, T) : N;
+    model_norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, a->x, P[L_LN1_W], P[L_LN1_B], Nl);
+    const float *in;
+    TRY(linear_input(m, a->ln1, B, T, sp, &in));
     qkv_views v = make_views(c, a->qkv, (size_t)N);
     if (c->arch == CLLM_ARCH_LLAMA) {
-        TRY(model_linear_forward(m, lp, v.q.p, a->ln1, s[L_Q_W], P[L_Q_B], N, C, Q, false));
-        TRY(model_linear_forward(m, lp, v.k.p, a->ln1, s[L_K_W], P[L_K_B], N, C, K, false));
-        TRY(model_linear_forward(m, lp, v.v.p, a->ln1, s[L_V_W], P[L_V_B], N, C, K, false));
+        TRY(model_linear_forward(m, lp, v.q.p, in, s[L_Q_W], P[L_Q_B], N, C, Q, false));
+        TRY(model_linear_forward(m, lp, v.k.p, in, s[L_K_W], P[L_K_B], N, C, K, false));
+        TRY(model_linear_forward(m, lp, v.v.p, in, s[L_V_W], P[L_V_B], N, C, K, false));
         rope_rows(m, v.q, c->n_head, B, T, rows, 1);
         rope_rows(m, v.k, c->n_kv_head, B, T, rows, 1);
     } else {
-        TRY(model_linear_forward(m, lp, a->qkv, a->ln1, s[L_QKV_W], P[L_QKV_B], N, C, 3 * Q, in_out));
+        TRY(model_linear_forward(m, lp, a->qkv, in, s[L_QKV_W], P[L_QKV_B], N, C, 3 * Q, in_out));
     }
     const float scale = 1.0f / sqrtf((float)HS);
     if (!rows) {
@@ -212,27 +267,28 @@ cllm_status model_block_forward(const cllm_model *m, model_lp_scratch *lp, int l
     }
     /* row-parallel under tensor parallelism: partial sums, reduced, then the bias once */
     const bool tp = m->tp_size > 1;
-    TRY(model_linear_forward(m, lp, a->x1, a->atty, s[L_O_W], tp ? NULL : P[L_O_B], N, Q, C, in_out));
-    if (tp) TRY(model_tp_reduce_bias(m, a->x1, P[L_O_B], N, C));
-    cllm_add(a->x1, a->x1, a->x, (long)N * C);
+    TRY(model_linear_forward(m, lp, sp ? m->sp_full : a->x1, a->atty, s[L_O_W], tp ? NULL : P[L_O_B], N, Q, C, in_out));
+    TRY(row_parallel_sum(m, a->x1, P[L_O_B], B, T, N, sp));
+    cllm_add(a->x1, a->x1, a->x, (long)Nl * C);
 
-    model_norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->x1, P[L_LN2_W], P[L_LN2_B], N);
+    model_norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->x1, P[L_LN2_W], P[L_LN2_B], Nl);
+    TRY(linear_input(m, a->ln2, B, T, sp, &in));
     if (c->n_experts) { /* Mixtral: the sparse FFN (moe.c); recomputation refills its state */
         TRY(model_moe_forward(m, lp, l, a, recompute ? NULL : y, N, !rows && !recompute));
         if (!recompute) cllm_add(y, y, a->x1, (long)N * C);
         return CLLM_OK;
     }
-    TRY(model_linear_forward(m, lp, a->fc, a->ln2, s[L_FC_W], P[L_FC_B], N, C, F, in_out));
+    TRY(model_linear_forward(m, lp, a->fc, in, s[L_FC_W], P[L_FC_B], N, C, F, in_out));
     if (c->arch == CLLM_ARCH_LLAMA) {
-        TRY(model_linear_forward(m, lp, a->up, a->ln2, s[L_UP_W], P[L_UP_B], N, C, F, false));
+        TRY(model_linear_forward(m, lp, a->up, in, s[L_UP_W], P[L_UP_B], N, C, F, false));
         cllm_swiglu_forward(a->act, a->fc, a->up, (long)N * F);
     } else {
         cllm_gelu_forward(a->act, a->fc, (long)N * F);
     }
     if (recompute) return CLLM_OK;
-    TRY(model_linear_forward(m, lp, y, a->act, s[L_DOWN_W], tp ? NULL : P[L_DOWN_B], N, F, C, in_out));
-    if (tp) TRY(model_tp_reduce_bias(m, y, P[L_DOWN_B], N, C));
-    cllm_add(y, y, a->x1, (long)N * C);
+    TRY(model_linear_forward(m, lp, sp ? m->sp_full : y, a->act, s[L_DOWN_W], tp ? NULL : P[L_DOWN_B], N, F, C, in_out));
+    TRY(row_parallel_sum(m, y, P[L_DOWN_B], B, T, N, sp));
+    cllm_add(y, y, a->x1, (long)Nl * C);
     return CLLM_OK;
 }
 
@@ -258,6 +314,16 @@ static cllm_status block_backward(cllm_model *m, int l, int B, int T, double aux
         P[i] = model_param(m, s[i]);
         G[i] = model_grad(m, s[i]);
     }
+    /* sequence parallelism: dx holds this rank's Nl rows; the gradient of a
+     * row-parallel output is gathered (into dln) before its backward, a
+     * norm's output gathered again (sp_full) for the column-parallel weight
+     * gradients, and their input gradient reduce-scattered (into sp_loc) */
+    const bool sp = m->acts_sp;
+    const int Nl = model_sp_rows(m, B, T);
+    const float *dy = m->dx, *in;
+    const float *dl = m->dln;
+    if (sp) TRY(model_sp_gather(m, m->dln, m->dx, B, T));
+    if (sp) dy = m->dln;
 
     /* MLP: y = h + down(act(fc(LN2(h)))) */
     if (c->n_experts) {
@@ -265,24 +331,29 @@ static cllm_status block_backward(cllm_model *m, int l, int B, int T, double aux
         TRY(model_moe_backward(m, l, a, m->dln, m->dx, N, aux_scale));
     } else {
         memset(m->dact, 0, NF * sizeof(float));
-        TRY(model_linear_backward(m, lp, m->dact, G[L_DOWN_W], G[L_DOWN_B], m->dx, a->act, P[L_DOWN_W], N, F, C, in_out));
+        TRY(model_linear_backward(m, lp, m->dact, G[L_DOWN_W], G[L_DOWN_B], dy, a->act, P[L_DOWN_W], N, F, C, in_out));
         memset(m->dfc, 0, NF * sizeof(float));
         memset(m->dln, 0, NC * sizeof(float));
+        TRY(linear_input(m, a->ln2, B, T, sp, &in));
         if (c->arch == CLLM_ARCH_LLAMA) {
             memset(m->dup, 0, NF * sizeof(float));
             cllm_swiglu_backward(m->dfc, m->dup, m->dact, a->fc, a->up, (long)NF);
-            TRY(model_linear_backward(m, lp, m->dln, G[L_UP_W], G[L_UP_B], m->dup, a->ln2, P[L_UP_W], N, C, F, false));
+            TRY(model_linear_backward(m, lp, m->dln, G[L_UP_W], G[L_UP_B], m->dup, in, P[L_UP_W], N, C, F, false));
         } else {
             cllm_gelu_backward(m->dfc, m->dact, a->fc, (long)NF);
         }
-        TRY(model_linear_backward(m, lp, m->dln, G[L_FC_W], G[L_FC_B], m->dfc, a->ln2, P[L_FC_W], N, C, F, in_out));
+        TRY(model_linear_backward(m, lp, m->dln, G[L_FC_W], G[L_FC_B], m->dfc, in, P[L_FC_W], N, C, F, in_out));
     }
-    TRY(model_tp_allreduce(m, m->dln, NC)); /* column-parallel input gradient */
-    norm_backward(m, m->dx, G[L_LN2_W], G[L_LN2_B], m->dln, a->x1, P[L_LN2_W], a->ln2_mean, a->ln2_rstd, N);
+    /* column-parallel input gradient: summed over the tensor group */
+    if (sp) TRY(model_sp_scatter(m, m->sp_loc, m->dln, B, T));
+    else TRY(model_tp_allreduce(m, m->dln, NC));
+    if (sp) dl = m->sp_loc;
+    TRY(norm_backward_sp(m, m->dx, G[L_LN2_W], G[L_LN2_B], dl, a->x1, P[L_LN2_W], a->ln2_mean, a->ln2_rstd, Nl));
 
     /* attention: h = x + o(attn(qkv(LN1(x)))) */
+    if (sp) TRY(model_sp_gather(m, m->dln, m->dx, B, T));
     memset(m->datty, 0, (size_t)N * Q * sizeof(float));
-    TRY(model_linear_backward(m, lp, m->datty, G[L_O_W], G[L_O_B], m->dx, a->atty, P[L_O_W], N, Q, C, in_out));
+    TRY(model_linear_backward(m, lp, m->datty, G[L_O_W], G[L_O_B], dy, a->atty, P[L_O_W], N, Q, C, in_out));
     memset(m->dqkv, 0, (size_t)N * model_qkv_width(c) * sizeof(float));
     qkv_views v = make_views(c, a->qkv, (size_t)N), dv = make_views(c, m->dqkv, (size_t)N);
     const float *alibi = c->arch == CLLM_ARCH_BLOOM ? m->alibi : NULL;
@@ -290,40 +361,48 @@ static cllm_status block_backward(cllm_model *m, int l, int B, int T, double aux
                                    a->lse, cv(v.q), cv(v.k), cv(v.v), alibi, B, T, c->n_head, c->n_kv_head, HS,
                                    1.0f / sqrtf((float)HS), c->sliding_window);
     memset(m->dln, 0, NC * sizeof(float));
+    TRY(linear_input(m, a->ln1, B, T, sp, &in));
     if (c->arch == CLLM_ARCH_LLAMA) {
         /* undo the rotation: the gradient of a rotation is its inverse */
         cllm_rope_apply(dv.q.p, m->rope_cos, m->rope_sin, B, T, c->n_head, HS, Q, HS, -1);
         cllm_rope_apply(dv.k.p, m->rope_cos, m->rope_sin, B, T, c->n_kv_head, HS, K, HS, -1);
-        TRY(model_linear_backward(m, lp, m->dln, G[L_Q_W], G[L_Q_B], dv.q.p, a->ln1, P[L_Q_W], N, C, Q, false));
-        TRY(model_linear_backward(m, lp, m->dln, G[L_K_W], G[L_K_B], dv.k.p, a->ln1, P[L_K_W], N, C, K, false));
-        TRY(model_linear_backward(m, lp, m->dln, G[L_V_W], G[L_V_B], dv.v.p, a->ln1, P[L_V_W], N, C, K, false));
+        TRY(model_linear_backward(m, lp, m->dln, G[L_Q_W], G[L_Q_B], dv.q.p, in, P[L_Q_W], N, C, Q, false));
+        TRY(model_linear_backward(m, lp, m->dln, G[L_K_W], G[L_K_B], dv.k.p, in, P[L_K_W], N, C, K, false));
+        TRY(model_linear_backward(m, lp, m->dln, G[L_V_W], G[L_V_B], dv.v.p, in, P[L_V_W], N, C, K, false));
     } else {
-        TRY(model_linear_backward(m, lp, m->dln, G[L_QKV_W], G[L_QKV_B], m->dqkv, a->ln1, P[L_QKV_W], N, C, 3 * Q, in_out));
+        TRY(model_linear_backward(m, lp, m->dln, G[L_QKV_W], G[L_QKV_B], m->dqkv, in, P[L_QKV_W], N, C, 3 * Q, in_out));
     }
-    TRY(model_tp_allreduce(m, m->dln, NC));
-    norm_backward(m, m->dx, G[L_LN1_W], G[L_LN1_B], m->dln, a->x, P[L_LN1_W], a->ln1_mean, a->ln1_rstd, N);
-    return CLLM_OK;
+    if (sp) TRY(model_sp_scatter(m, m->sp_loc, m->dln, B, T));
+    else TRY(model_tp_allreduce(m, m->dln, NC));
+    return norm_backward_sp(m, m->dx, G[L_LN1_W], G[L_LN1_B], dl, a->x, P[L_LN1_W], a->ln1_mean, a->ln1_rstd, Nl);
 }
 
-static void embed_backward(cllm_model *m, const int32_t *tokens, int B, int T) {
+/* Under sequence parallelism dx (and BLOOM's embedding norm) hold this
+ * rank's positions: the lookup's gradient is gathered first. */
+static cllm_status embed_backward(cllm_model *m, const int32_t *tokens, int B, int T) {
     const cllm_model_config *c = &m->cfg;
-    int N = B * T, C = c->n_embd;
+    int N = B * T, C = c->n_embd, Nl = model_sp_rows(m, B, T);
     float *dwte = model_grad(m, m->gslot[G_WTE]);
     float *dwpe = model_grad(m, m->gslot[G_WPE]);
     const float *dout = m->dx;
     float *dlw = model_grad(m, m->gslot[G_EMB_LN_W]), *dlb = model_grad(m, m->gslot[G_EMB_LN_B]);
-    if (!dwte && !dwpe && !dlw && !dlb) return; /* frozen embeddings: nothing to accumulate */
+    if (!dwte && !dwpe && !dlw && !dlb) return CLLM_OK; /* frozen embeddings: nothing to accumulate */
     if (c->arch == CLLM_ARCH_BLOOM) {
         memset(m->dln, 0, (size_t)N * C * sizeof(float));
-        cllm_layernorm_backward(dwte ? m->dln : NULL, dlw, dlb, m->dx, m->emb, model_param(m, m->gslot[G_EMB_LN_W]),
-                                m->emb_mean, m->emb_rstd, N, C);
+        TRY(norm_backward_sp(m, dwte ? m->dln : NULL, dlw, dlb, m->dx, m->emb, model_param(m, m->gslot[G_EMB_LN_W]),
+                             m->emb_mean, m->emb_rstd, Nl));
         dout = m->dln;
     }
-    if (!dwte && !dwpe) return;
+    if (!dwte && !dwpe) return CLLM_OK;
+    if (m->acts_sp) {
+        TRY(model_sp_gather(m, m->sp_full, dout, B, T));
+        dout = m->sp_full;
+    }
     if (m->tp_size > 1)
         model_tp_embed_backward(m, dwte, dwpe, dout, tokens, N, T);
     else
         cllm_embedding_backward(dwte, dwpe, dout, tokens, N, T, C, c->vocab_size);
+    return CLLM_OK;
 }
 
 /* x[r, :] *= scale[r] for a [rows, V] chunk. */
@@ -391,13 +470,35 @@ static cllm_status forward_blocks(cllm_model *m, const int32_t *tokens, int B, i
  * head's input gradient in m->dlnf. Under tensor parallelism the logits of a
  * chunk are this rank's vocabulary columns, the softmax statistics come from
  * the tensor group, and dlnf is summed over it. */
-static cllm_status head_run(cllm_model *m, const int32_t *targets, int N, bool backward, float grad_scale,
+/* The final norm of B x T rows into m->lnf; under sequence parallelism
+ * over this rank's positions (into sp_loc), then gathered into lnf whole. */
+static cllm_status final_norm(cllm_model *m, int B, int T) {
+    const float *w = model_param(m, m->gslot[G_LNF_W]), *b = model_param(m, m->gslot[G_LNF_B]);
+    if (!m->acts_sp) {
+        model_norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, w, b, B * T);
+        return CLLM_OK;
+    }
+    model_norm_forward(m, m->sp_loc, m->lnf_mean, m->lnf_rstd, m->x_out, w, b, model_sp_rows(m, B, T));
+    return model_sp_gather(m, m->lnf, m->sp_loc, B, T);
+}
+
+/* The final norm's backward from dlnf (sp_loc under sequence parallelism)
+ * into dx, which it sets. */
+static cllm_status final_norm_backward(cllm_model *m, int B, int T) {
+    const int Nl = model_sp_rows(m, B, T);
+    memset(m->dx, 0, (size_t)Nl * m->cfg.n_embd * sizeof(float));
+    return norm_backward_sp(m, m->dx, model_grad(m, m->gslot[G_LNF_W]), model_grad(m, m->gslot[G_LNF_B]),
+                            m->acts_sp ? m->sp_loc : m->dlnf, m->x_out, model_param(m, m->gslot[G_LNF_W]),
+                            m->lnf_mean, m->lnf_rstd, Nl);
+}
+
+static cllm_status head_run(cllm_model *m, const int32_t *targets, int B, int T, bool backward, float grad_scale,
                             const float *tscale, double *loss_sum, long *n_counted) {
     const cllm_model_config *c = &m->cfg;
     int C = c->n_embd, V = c->vocab_size;
     const bool tp = m->tp_size > 1;
-    model_norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, model_param(m, m->gslot[G_LNF_W]),
-                 model_param(m, m->gslot[G_LNF_B]), N);
+    const int N = B * T;
+    TRY(final_norm(m, B, T));
     int hs = head_slot(m);
     const float *W = model_param(m, hs);
     float *dW = backward ? model_grad(m, hs) : NULL;
@@ -428,7 +529,10 @@ static cllm_status head_run(cllm_model *m, const int32_t *targets, int N, bool b
     }
     *loss_sum = total;
     *n_counted = count;
-    if (backward) TRY(model_tp_allreduce(m, m->dlnf, (size_t)N * C));
+    /* the head's input gradient: summed over the tensor group (under
+     * sequence parallelism reduce-scattered into sp_loc: this rank's rows) */
+    if (backward && m->acts_sp) TRY(model_sp_scatter(m, m->sp_loc, m->dlnf, B, T));
+    else if (backward) TRY(model_tp_allreduce(m, m->dlnf, (size_t)N * C));
     return CLLM_OK;
 }
 
@@ -501,6 +605,9 @@ static cllm_status check_prepared(const cllm_model *m, int B, int T, bool backwa
                          m->act_B, m->act_T, B, T);
     if (backward && !m->has_backward)
         return CLLM_FAIL(CLLM_ERR_ARG, "model not prepared for training (cllm_model_prepare with train = true)");
+    if (m->acts_sp && T % m->tp_size)
+        return CLLM_FAIL(CLLM_ERR_ARG, "sequence parallelism: sequence length %d is not divisible by the %d tensor "
+                         "ranks", T, m->tp_size);
     return CLLM_OK;
 }
 
@@ -539,6 +646,9 @@ static cllm_status forward_backward(cllm_model *m, const int32_t *tokens, const 
                          "(a causal LM; see cllm_model_to_reward)" : "score positions given without a scores buffer");
     if (score && m->tp_size > 1)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "the score head of a tensor-parallel part");
+    if (m->acts_sp && io && (io->values || io->dvalues || io->hidden || io->dhidden || io->no_lm_head))
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "sequence parallelism with a value head, hidden states or no LM head "
+                         "(the language-modelling loss only)");
     const bool value = io && (io->values || io->dvalues);
     if (value && !c->value_head)
         return CLLM_FAIL(CLLM_ERR_ARG, "values asked of a model without a value head (see cllm_model_add_value_head)");
@@ -552,11 +662,10 @@ static cllm_status forward_backward(cllm_model *m, const int32_t *tokens, const 
         if (tied) TRY(fetch_grads(m, 0));
     }
     if (lm) {
-        TRY(head_run(m, targets, N, backward, grad_scale, tscale, loss_sum, n_counted));
+        TRY(head_run(m, targets, B, T, backward, grad_scale, tscale, loss_sum, n_counted));
         if (io && io->token_loss) memcpy(io->token_loss, m->losses, (size_t)N * sizeof(float));
     } else { /* the final norm only: another head (the score head, a value head) reads it */
-        model_norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_out, model_param(m, m->gslot[G_LNF_W]),
-                           model_param(m, m->gslot[G_LNF_B]), N);
+        TRY(final_norm(m, B, T));
         *loss_sum = 0;
         *n_counted = 0;
         if (score)
@@ -577,9 +686,7 @@ static cllm_status forward_backward(cllm_model *m, const int32_t *tokens, const 
     if (tied) TRY(release(m, 0));
     if (!backward) return release(m, L + 1);
 
-    memset(m->dx, 0, (size_t)N * C * sizeof(float));
-    norm_backward(m, m->dx, model_grad(m, m->gslot[G_LNF_W]), model_grad(m, m->gslot[G_LNF_B]), m->dlnf, m->x_out,
-                  model_param(m, m->gslot[G_LNF_W]), m->lnf_mean, m->lnf_rstd, N);
+    TRY(final_norm_backward(m, B, T));
     TRY(grads_ready(m, L + 1));
     TRY(release(m, L + 1));
     for (int l = L - 1; l >= 0; l--) {
@@ -593,7 +700,7 @@ static cllm_status forward_backward(cllm_model *m, const int32_t *tokens, const 
     }
     TRY(fetch(m, 0, -1));
     if (!tied) TRY(fetch_grads(m, 0));
-    embed_backward(m, tokens, B, T);
+    TRY(embed_backward(m, tokens, B, T));
     TRY(grads_ready(m, 0));
     return release(m, 0);
 }
@@ -614,39 +721,71 @@ cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, i
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a pipeline stage with the score head of a sequence-classification "
                          "model: not supported");
     const int l0 = u0 < 1 ? 0 : u0 - 1, l1 = u1 > L + 1 ? L : u1 - 1; /* blocks [l0, l1) */
-    const int N = B * T, C = c->n_embd;
-    const size_t NC = (size_t)N * C;
+    /* the stage's input and output: this tensor rank's positions under sequence parallelism */
+    const size_t NC = (size_t)model_sp_rows(m, B, T) * c->n_embd;
     if ((!embed && !io->x_in) || (embed && !io->tokens) || (head && !io->targets) || (!head && !io->x_out) ||
         (io->backward && !head && !io->dx_out) || (io->backward && !embed && !io->dx_in))
         return CLLM_FAIL(CLLM_ERR_ARG, "stage [%d, %d): a required input or output buffer is NULL", u0, u1);
+    /* the layer hooks see the stage's own groups only: a tied head would
+     * read the first stage's embedding */
+    if (head && m->tgroup[head_slot(m)] == 0 && (m->hooks.fetch_params || m->hooks.fetch_grads))
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a pipeline stage whose head is the tied embedding, with layer hooks "
+                         "(per-layer gathers or reductions)");
     /* the stage's input lands where its first unit reads it */
     float *in = l0 < L ? m->layers[l0].x : m->x_out;
-    if (embed) TRY(embed_forward(m, io->tokens, B, T));
-    else memcpy(in, io->x_in, NC * sizeof(float));
-    for (int l = l0; l < l1; l++) TRY(block_forward(m, l, B, T, false));
+    if (embed) {
+        TRY(fetch(m, 0, l0 < l1 ? l0 + 1 : -1));
+        TRY(embed_forward(m, io->tokens, B, T));
+        TRY(release(m, 0));
+    } else {
+        memcpy(in, io->x_in, NC * sizeof(float));
+    }
+    for (int l = l0; l < l1; l++) {
+        TRY(fetch(m, l + 1, l + 1 < l1 ? l + 2 : head ? L + 1 : -1));
+        TRY(block_forward(m, l, B, T, false));
+        TRY(release(m, l + 1));
+    }
     float *out = l1 < L ? m->layers[l1].x : m->x_out;
     *loss_sum = 0;
     *n_counted = 0;
     if (head) {
-        TRY(head_run(m, io->targets, N, io->backward, io->grad_scale, NULL, loss_sum, n_counted));
+        TRY(fetch(m, L + 1, io->backward && l1 > l0 ? l1 : -1));
+        if (io->backward) TRY(fetch_grads(m, L + 1));
+        TRY(head_run(m, io->targets, B, T, io->backward, io->grad_scale, NULL, loss_sum, n_counted));
     } else {
         memcpy(io->x_out, out, NC * sizeof(float));
     }
-    if (!io->backward) return CLLM_OK;
+    if (!io->backward) return head ? release(m, L + 1) : CLLM_OK;
     if (head) {
-        memset(m->dx, 0, NC * sizeof(float));
-        norm_backward(m, m->dx, model_grad(m, m->gslot[G_LNF_W]), model_grad(m, m->gslot[G_LNF_B]), m->dlnf, m->x_out,
-                      model_param(m, m->gslot[G_LNF_W]), m->lnf_mean, m->lnf_rstd, N);
+        TRY(final_norm_backward(m, B, T));
+        TRY(grads_ready(m, L + 1));
+        TRY(release(m, L + 1));
     } else {
         memcpy(m->dx, io->dx_out, NC * sizeof(float));
     }
     for (int l = l1 - 1; l >= l0; l--) {
+        TRY(fetch(m, l + 1, l > l0 || embed ? l : -1));
         if (m->acts_recompute && l + 1 < l1) TRY(block_forward(m, l, B, T, true));
+        TRY(fetch_grads(m, l + 1));
         TRY(block_backward(m, l, B, T, 0));
+        TRY(grads_ready(m, l + 1));
+        TRY(release(m, l + 1));
     }
-    if (embed) embed_backward(m, io->tokens, B, T);
-    else memcpy(io->dx_in, m->dx, NC * sizeof(float));
+    if (embed) {
+        TRY(fetch(m, 0, -1));
+        TRY(fetch_grads(m, 0));
+        TRY(embed_backward(m, io->tokens, B, T));
+        TRY(grads_ready(m, 0));
+        TRY(release(m, 0));
+    } else {
+        memcpy(io->dx_in, m->dx, NC * sizeof(float));
+    }
     return CLLM_OK;
+}
+
+size_t cllm_model_stage_floats(const cllm_model *m, int B, int T) {
+    int rows = cllm_model_sequence_parallel(m) ? B * (T / m->tp_size) : B * T;
+    return (size_t)rows * (size_t)m->cfg.n_embd;
 }
 
 cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int B, int T, float *logits) {

@@ -267,14 +267,18 @@ cllm_status model_tp_embed_forward(const cllm_model *m, float *out, const int32_
                                    const model_rows *rows) {
     const cllm_model_config *c = &m->cfg;
     const int C = c->n_embd, V = c->vocab_size;
-    cllm_embedding_vp_forward(out, tokens, model_param(m, m->gslot[G_WTE]), N, C, m->tp_rank * V, V);
-    cllm_status st = model_tp_allreduce(m, out, (size_t)N * C);
+    /* sequence parallelism: the lookup's partial sums are reduce-scattered,
+     * out holds this rank's positions */
+    const bool sp = !rows && m->acts_sp;
+    cllm_embedding_vp_forward(sp ? m->sp_full : out, tokens, model_param(m, m->gslot[G_WTE]), N, C, m->tp_rank * V, V);
+    cllm_status st = sp ? model_sp_scatter(m, out, m->sp_full, N / T, T) : model_tp_allreduce(m, out, (size_t)N * C);
     if (st) return st;
     const float *wpe = model_param(m, m->gslot[G_WPE]);
+    const int Nl = sp ? N / m->tp_size : N;
     if (wpe) { /* row n stands at position n % T, or at the cache's position */
 #pragma omp parallel for schedule(static)
-        for (int n = 0; n < N; n++) {
-            int pos = n % (T > 0 ? T : 1);
+        for (int n = 0; n < Nl; n++) {
+            int pos = sp ? model_sp_pos(m, n, T) : n % (T > 0 ? T : 1);
             if (rows) {
                 int i = 0;
                 while (n >= rows->rows[i + 1]) i++;
@@ -305,16 +309,20 @@ void model_tp_embed_backward(cllm_model *m, float *dwte, float *dwpe, const floa
     }
 }
 
-cllm_status model_tp_reduce_bias(const cllm_model *m, float *out, const float *bias, int N, int C) {
-    cllm_status st = model_tp_allreduce(m, out, (size_t)N * C);
-    if (st || !bias) return st;
+void model_tp_add_bias(float *out, const float *bias, int N, int C) {
+    if (!bias) return;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *o = out + (size_t)n * C;
 #pragma omp simd
         for (int k = 0; k < C; k++) o[k] += bias[k];
     }
-    return CLLM_OK;
+}
+
+cllm_status model_tp_reduce_bias(const cllm_model *m, float *out, const float *bias, int N, int C) {
+    cllm_status st = model_tp_allreduce(m, out, (size_t)N * C);
+    if (!st) model_tp_add_bias(out, bias, N, C);
+    return st;
 }
 
 cllm_status model_tp_xent(cllm_model *m, float *losses, float *logits, const int32_t *targets, int rows, bool backward,

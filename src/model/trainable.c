@@ -48,6 +48,8 @@ cllm_status cllm_model_set_trainable(cllm_model *m, const cllm_trainable_spec *s
                          "reduction): use zero_optimization.stage 0-2");
     if (!m->params) return CLLM_FAIL(CLLM_ERR_ARG, "trainable set of a model without its parameters");
     if (m->lora) return CLLM_FAIL(CLLM_ERR_ARG, "the model carries LoRA adapters: their views are its trainable set");
+    for (int i = 0; i < n && m->shared; i++)
+        if (spec[i].base >= 0) return model_shared_refuse("training a model tensor (only extra tensors train over them)");
     cllm_tensor_info *tab = calloc(n > 0 ? (size_t)n : 1, sizeof *tab);
     int *base = calloc(n > 0 ? (size_t)n : 1, sizeof *base);
     size_t *goff = malloc((size_t)m->n_tensors * sizeof *goff);

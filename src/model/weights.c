@@ -180,6 +180,7 @@ cllm_status model_weights_widen(const cllm_model *m, int idx, const cllm_st_tens
 cllm_status cllm_model_set_weights(cllm_model *m, cllm_wfmt f) {
     if ((unsigned)f >= CLLM_WFMT_COUNT) return CLLM_FAIL(CLLM_ERR_ARG, "unknown weight format %d", (int)f);
     if (m->ws && m->ws->fmt == f) return CLLM_OK;
+    if (m->shared) return model_shared_refuse("a change of weight format");
     if (m->ws && m->params_lazy)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "the model was loaded with %s weights and has no fp32 copy to convert "
                          "from: load it again with the format wanted", cllm_wfmt_name(m->ws->fmt));
@@ -203,6 +204,8 @@ cllm_status cllm_model_set_weights(cllm_model *m, cllm_wfmt f) {
         }
     return CLLM_OK;
 }
+
+size_t model_weights_store_bytes(const cllm_model *m) { return m->ws ? m->ws->bytes : 0; }
 
 cllm_wfmt cllm_model_weights(const cllm_model *m) { return m->ws ? m->ws->fmt : CLLM_WFMT_FP32; }
 

@@ -29,12 +29,12 @@
 static const char *const top_keys[] = {
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
     "optimizer", "scheduler", "fp16", "bf16", "zero_optimization", "steps_per_print", "wall_clock_breakdown",
-    "model_topo", "use_grad_ckpt", "activation_checkpointing", "communication_data_type",
+    "model_topo", "use_grad_ckpt", "activation_checkpointing", "communication_data_type", "sequence_parallel",
     /* cllm */
     "model", "data", "train_iters", "epochs", "eval_interval", "eval_iters", "save_interval", "save_total_limit",
     "output_dir", "seed", "log", "weight_decay_skip", "max_consecutive_skips", "shuffle", "peak_gflops",
     "max_shard_size", "async_save", "save_final_checkpoint", "task", "dpo", "reward", "ppo", "heartbeat_timeout", "lora",
-    "adapter", "moe", "save_expert_layout", "quantization", NULL};
+    "adapter", "moe", "save_expert_layout", "quantization", "freeze", "unfrozen_parameters", NULL};
 
 /* DeepSpeed keys accepted without effect on a single-process CPU fp32 run. */
 static const char *const top_ignored[] = {
@@ -774,6 +774,33 @@ static cllm_status parse_lora(cllm_train_config *c, const json_t *j, const char 
     return cllm_lora_config_parse(&c->lora, l, "lora", path, false);
 }
 
+/* "freeze" or "unfrozen_parameters": a regular expression or a list of
+ * them (cllm_model_freeze, cllm_model_freeze_except); the strings stay the
+ * config's. */
+static cllm_status parse_freeze(cllm_train_config *c, const json_t *j, const char *path) {
+    const json_t *f = json_object_get(j, "freeze"), *u = json_object_get(j, "unfrozen_parameters");
+    if (f && u) return CLLM_FAIL(CLLM_ERR_ARG, "%s: \"freeze\" and \"unfrozen_parameters\": give one of them", path);
+    const char *key = u ? "unfrozen_parameters" : "freeze";
+    if (u) f = u;
+    if (!f) return CLLM_OK;
+    size_t n = json_is_array(f) ? json_array_size(f) : 1;
+    if (!json_is_string(f) && (!json_is_array(f) || n == 0))
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s: expected a regular expression or a non-empty list of them", path, key);
+    c->freeze = calloc(n, sizeof *c->freeze);
+    if (!c->freeze) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    c->freeze_except = u != NULL;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_is_array(f) ? json_array_get(f, i) : f;
+        if (!json_is_string(e) || !*json_string_value(e))
+            return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s[%zu]: expected a non-empty string", path, key, i);
+        c->freeze[c->n_freeze++] = json_string_value(e);
+    }
+    if (c->lora.enabled || c->adapter_dir)
+        return CLLM_FAIL(CLLM_ERR_ARG, "%s: %s: not with LoRA (\"lora\", \"adapter\"): the adapters' base is "
+                         "frozen whole", path, key);
+    return CLLM_OK;
+}
+
 /* "quantization" (BitsAndBytesConfig keys, read by cllm/quant.h's reader). */
 static cllm_status parse_quant(cllm_train_config *c, const json_t *j, const char *path) {
     json_t *q = NULL;
@@ -784,6 +811,7 @@ static cllm_status parse_quant(cllm_train_config *c, const json_t *j, const char
 static cllm_status parse_ours(cllm_train_config *c, const json_t *j, const char *path, bool strict) {
     TRY(parse_task(c, j, path, strict));
     TRY(parse_lora(c, j, path));
+    TRY(parse_freeze(c, j, path));
     TRY(parse_quant(c, j, path));
     TRY(parse_model(c, j, path, strict));
     TRY(parse_data(c, j, path, strict));
@@ -890,6 +918,7 @@ cllm_status cllm_train_config_parse(cllm_train_config *cfg, json_t *j, const cha
     TRY(get_long(j, "steps_per_print", &cfg->steps_per_print, 1, "", path));
     TRY(get_bool(j, "wall_clock_breakdown", &cfg->wall_clock_breakdown, "", path));
     TRY(get_bool(j, "use_grad_ckpt", &cfg->use_grad_ckpt, "", path));
+    TRY(get_bool(j, "sequence_parallel", &cfg->sequence_parallel, "", path));
     json_t *o = NULL;
     TRY(get_obj(j, "optimizer", &o, "", path));
     if (o) TRY(parse_optimizer(cfg, o, path, strict));
@@ -909,6 +938,9 @@ void cllm_train_config_free(cllm_train_config *cfg) {
     if (!cfg) return;
     cllm_lora_config_free(&cfg->lora);
     cllm_bnb_config_free(&cfg->quant);
+    free(cfg->freeze);
+    cfg->freeze = NULL;
+    cfg->n_freeze = 0;
     json_decref(cfg->json);
     cfg->json = NULL;
 }

@@ -240,6 +240,7 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
     json_object_set_new(j, "steps_per_print", json_integer(c->steps_per_print));
     json_object_set_new(j, "wall_clock_breakdown", json_boolean(c->wall_clock_breakdown));
     json_object_set_new(j, "use_grad_ckpt", json_boolean(c->use_grad_ckpt));
+    if (c->sequence_parallel) json_object_set_new(j, "sequence_parallel", json_true());
     if (c->model_topo.given) json_object_set_new(j, "model_topo", topo_to_json(&c->model_topo));
     if (c->save_expert_layout == CLLM_EXPERTS_FUSED) json_object_set_new(j, "save_expert_layout", json_string("fused"));
     if (c->moe.given)
@@ -287,6 +288,11 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
                                                 c->dpo.precompute_ref_log_probs));
     if (c->lora.enabled) json_object_set_new(j, "lora", cllm_lora_config_to_json(&c->lora));
     if (c->adapter_dir) json_object_set_new(j, "adapter", json_string(c->adapter_dir));
+    if (c->n_freeze) {
+        json_t *f = json_array();
+        for (int i = 0; i < c->n_freeze; i++) json_array_append_new(f, json_string(c->freeze[i]));
+        json_object_set_new(j, c->freeze_except ? "unfrozen_parameters" : "freeze", f);
+    }
     if (c->quant.enabled) {
         json_t *q = json_pack("{sbsbsssbsf}", "load_in_8bit", c->quant.load_in_8bit, "load_in_4bit",
                               c->quant.load_in_4bit, "bnb_4bit_quant_type", cllm_bnb_type_name(c->quant.quant_type),
@@ -372,6 +378,9 @@ uint64_t cllm_train_config_hash(const cllm_train_config *c) {
     h = hash_section(h, "dpo", json_object_get(j, "dpo"));
     /* adapters (their dropout changes the math; the rest the buffer) */
     h = hash_section(h, "lora", json_object_get(j, "lora"));
+    /* frozen tensors (the trainable buffer a checkpoint holds) */
+    h = hash_section(h, "freeze", json_object_get(j, "freeze"));
+    h = hash_section(h, "unfrozen_parameters", json_object_get(j, "unfrozen_parameters"));
     /* mixture of experts: the capacity changes the math, the expert-parallel
      * size does not (a checkpoint resumes on another without a warning) */
     static const char *const moe_sizes[] = {"expert_parallel_size", NULL};

@@ -43,6 +43,7 @@ static bool task_is(const cllm_train_config *c, const char *t) { return c->task 
 
 /* The starting weights: the model folder or a new model by the init spec. */
 static cllm_status open_start(trainer *tr);
+static cllm_status train_freeze_open(trainer *tr, const char *resume_dir);
 
 /* A LoRA run: the base from the model (a checkpoint holds only the
  * adapters), then the adapters (lora_train.c). */
@@ -51,6 +52,7 @@ static cllm_status open_model(trainer *tr, const char *resume_dir) {
         cllm_status st = open_start(tr);
         return st ? st : train_lora_attach(tr->m, tr->cfg, resume_dir);
     }
+    if (tr->cfg->n_freeze) return train_freeze_open(tr, resume_dir);
     if (resume_dir) {
         cllm_status st = cllm_ckpt_load_model(&tr->m, resume_dir); /* either checkpoint format */
         return st || !task_is(tr->cfg, "ppo") ? st : cllm_model_add_value_head(&tr->m, tr->cfg->seed);
@@ -59,6 +61,21 @@ static cllm_status open_model(trainer *tr, const char *resume_dir) {
 }
 
 static cllm_status open_start_weights(trainer *tr);
+
+/* Frozen tensors ("freeze"): the start's, always (they never change); a
+ * checkpoint holds the trainable buffer, the tensors that train. */
+static cllm_status train_freeze_open(trainer *tr, const char *resume_dir) {
+    cllm_train_config *c = tr->cfg;
+    cllm_status st = open_start(tr);
+    if (!st)
+        st = c->freeze_except ? cllm_model_freeze_except(tr->m, c->freeze, c->n_freeze)
+                              : cllm_model_freeze(tr->m, c->freeze, c->n_freeze);
+    if (!st && resume_dir)
+        st = cllm_ckpt_read_range(resume_dir, tr->m, CLLM_CKPT_PARAMS, 0, cllm_model_trainable_len(tr->m),
+                                  cllm_model_trainable_params(tr->m));
+    if (!st) cllm_model_params_updated(tr->m);
+    return st ? cllm_fail_context(st, "%s", resume_dir ? "resuming the trained tensors" : "freezing tensors") : CLLM_OK;
+}
 
 /* PPO's policy carries a value head (before any adapters go on). */
 static cllm_status open_start(trainer *tr) {
@@ -158,10 +175,20 @@ static cllm_status tp_read_optim(trainer *tr, const char *dir, float *s0, float 
         if ((st = cllm_ckpt_read_range(dir, whole, which[k], 0, nf, full))) break;
         cllm_tp_cut_buffer(whole, tr->m, tr->topo.dims[CLLM_AXIS_TENSOR], tr->topo.coord[CLLM_AXIS_TENSOR], full, part);
         memcpy(dst[k], part + tr->base + tr->zero.begin, (tr->zero.end - tr->zero.begin) * sizeof(float));
+        if (tr->shard) train_shard_set_replicated_state(tr->shard, k, part); /* ZeRO-3's whole small tensors */
     }
     cllm_free(full);
     cllm_free(part);
     return st;
+}
+
+/* The part's whole buffer in loc[part length] from this rank's ZeRO slice
+ * of it and the data group's (collective over the group). */
+static cllm_status tp_part_of(trainer *tr, const float *slice, float *loc) {
+    const train_zero *z = &tr->zero;
+    memset(loc, 0, cllm_model_buffer_len(tr->m) * sizeof(float));
+    memcpy(loc + tr->base + z->begin, slice, (z->end - z->begin) * sizeof(float));
+    return z->stage >= 1 && z->size > 1 ? cllm_dist_g_allgather_f32(z->grp, loc + tr->base, z->counts) : CLLM_OK;
 }
 
 /* Tensor parallelism: the parts of the parameters and of the optimizer
@@ -169,25 +196,29 @@ static cllm_status tp_read_optim(trainer *tr, const char *dir, float *s0, float 
  * rank) and rank 0 writes a one-process checkpoint, which any layout
  * resumes. */
 static cllm_status save_tp(trainer *tr) {
-    cllm_model *whole = NULL;
-    cllm_status st = train_tp_gather(tr->tp, tr->m, &whole, NULL);
+    cllm_model *whole = (cllm_model *)train_tp_whole(tr->tp); /* the trainer's copy, refilled here */
+    size_t nl = cllm_model_buffer_len(tr->m), nf = cllm_model_buffer_len(whole);
+    float *loc = cllm_alloc(nl * sizeof(float), "checkpoint state");
+    if (!loc) return CLLM_ERR_NOMEM;
+    float *s[2] = {cllm_optim_state(tr->opt, 0), cllm_optim_state(tr->opt, 1)};
+    cllm_status st = tr->offload ? train_offload_map(tr->offload, false, &s[0], &s[1]) : CLLM_OK;
+    /* ZeRO-3: the part's parameters are slices too (the replicated small
+     * tensors copied into their places first) */
+    float *pslice = tr->shard ? train_shard_param_slice(tr->shard) : NULL;
+    if (tr->shard) train_shard_ckpt_fill(tr->shard, s[0], s[1]);
+    if (!st && pslice) {
+        if (!(st = tp_part_of(tr, pslice, loc)))
+            st = cllm_tp_gather_buffer(whole, tr->m, train_tp_group(tr->tp), loc, cllm_model_params(whole), NULL);
+    } else if (!st) {
+        st = train_tp_gather(tr->tp, tr->m, &whole, NULL);
+    }
     /* with a pipeline each tensor group gathered its stage: the stages next */
     if (!st && tr->pipe) st = train_pipe_gather_layout(tr->pipe, whole, cllm_model_params(whole));
-    if (st) return st;
-    const train_zero *z = &tr->zero;
-    size_t nl = cllm_model_buffer_len(tr->m), nf = cllm_model_buffer_len(whole);
-    float *s[2] = {cllm_optim_state(tr->opt, 0), cllm_optim_state(tr->opt, 1)};
-    if (tr->offload && (st = train_offload_map(tr->offload, false, &s[0], &s[1]))) return st;
-    float *loc = cllm_alloc(nl * sizeof(float), "checkpoint state");
     float *full[2] = {NULL, NULL};
-    if (!loc) st = CLLM_ERR_NOMEM;
     for (int k = 0; k < 2 && !st; k++) {
         if (!s[k]) continue;
         /* the whole part's state: this rank's ZeRO slice, then the data group's */
-        memset(loc, 0, nl * sizeof(float));
-        memcpy(loc + tr->base + z->begin, s[k], (z->end - z->begin) * sizeof(float));
-        if (z->stage >= 1 && z->size > 1 && (st = cllm_dist_g_allgather_f32(z->grp, loc + tr->base, z->counts)))
-            break;
+        if ((st = tp_part_of(tr, s[k], loc))) break;
         if (!(full[k] = cllm_alloc(nf * sizeof(float), "checkpoint state"))) {
             st = CLLM_ERR_NOMEM;
             break;
@@ -224,7 +255,8 @@ static cllm_status resume_from(trainer *tr, const char *dir) {
     train_offload_unmap(tr->offload);
     if (st) return st;
     cllm_optim_set_step_count(tr->opt, tr->state.optim_step);
-    if (tr->shard && (st = train_shard_ckpt_load(tr->shard, dir, tr->state.optim_step))) return st;
+    /* (tensor parallelism: the replicated tensors' state came with the cut parts) */
+    if (tr->shard && (st = train_shard_ckpt_load(tr->shard, tr->tp ? NULL : dir, tr->state.optim_step))) return st;
     uint64_t h = cllm_train_config_hash(tr->cfg);
     if (h != tr->state.config_hash)
         cllm_log(CLLM_LOG_WARN, "resume: the optimizer, schedule, batch or data settings differ from those of %s; "
@@ -307,10 +339,21 @@ static cllm_status run_eval(trainer *tr, long step) {
     return train_metrics_write(&tr->metrics, rec_end(&r));
 }
 
+/* ZeRO-3 with a frozen base: the trainable values the last update left
+ * partitioned, gathered before they are read. Collective. */
+static cllm_status gather_values(trainer *tr) {
+    if (!tr->zero.scattered) return CLLM_OK;
+    cllm_status st = train_zero_gather_values(&tr->zero, cllm_model_trainable_params(tr->m) + tr->base);
+    if (!st) cllm_model_params_updated(tr->m);
+    return st;
+}
+
 /* Evaluation, then (pipeline) the first stage gives the other stages'
  * parameters back. */
 static cllm_status eval_at(trainer *tr, long step) {
-    cllm_status st = run_eval(tr, step);
+    cllm_status st = gather_values(tr);
+    if (st) return cllm_fail_context(st, "evaluation at step %ld", step);
+    st = run_eval(tr, step);
     if (tr->pipe) train_pipe_release(tr->pipe, cllm_model_params(tr->m));
     return st;
 }
@@ -467,7 +510,8 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     double t0 = cllm_time_sec();
     cllm_dist_set_step(step); /* named by the collective timeout's message */
     long count = 0;
-    cllm_status st = load_rows(tr, tr->state.next_sample, &count);
+    cllm_status st = gather_values(tr);
+    if (!st) st = load_rows(tr, tr->state.next_sample, &count);
     if (st) return cllm_fail_context(st, "step %ld", step);
     if ((st = reduce_count(tr, &count))) return cllm_fail_context(st, "step %ld", step);
     double t1 = cllm_time_sec(), comm0 = comm_seconds(tr), wait0 = wait_seconds(tr);
@@ -560,9 +604,15 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
  * range of the flat buffer. */
 static cllm_status setup_pipeline(trainer *tr) {
     cllm_train_config *c = tr->cfg;
-    if (c->zero.stage >= 2)
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "zero_optimization.stage %d with pipeline parallelism: stages 2 and 3 "
-                         "reduce per layer inside the whole-model pass; use stage 0 or 1", c->zero.stage);
+    if (c->zero.stage == 3 && cllm_model_get_config(tr->m)->tie_embeddings)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "zero_optimization.stage 3 with pipeline parallelism and a tied head "
+                         "(tie_word_embeddings): the last stage's head reads the embedding the first stage "
+                         "partitions; use stage 2, or a model with its own lm_head");
+    if (c->zero.stage == 3 && c->eval_interval > 0)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "eval_interval %ld with zero_optimization.stage 3 and pipeline "
+                         "parallelism: evaluation runs the whole model on the first stage, whose parameters are "
+                         "partitioned over the other stages' data groups; set eval_interval 0 (or use stage 2)",
+                         (long)c->eval_interval);
     if (c->comm_dtype != CLLM_F32)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "communication_data_type %s with pipeline parallelism: the stages' "
                          "reductions run in fp32", (c->comm_dtype == CLLM_BF16 ? "bf16" : "fp16"));
@@ -589,8 +639,10 @@ static cllm_status setup_pipeline(trainer *tr) {
     }
     tr->n_ranges = k;
     /* the gradient norm adds up over the model replica: the stages (and their tensor ranks) */
-    return train_zero_init_group(&tr->zero, c, e - b, cllm_model_buffer_len(tr->m), tr->ranges, tr->n_ranges,
-                                 tr->data_grp, tr->tp ? train_tp_model_group(tr->tp) : train_pipe_group(tr->pipe));
+    st = train_zero_init_group(&tr->zero, c, e - b, cllm_model_buffer_len(tr->m), tr->ranges, tr->n_ranges,
+                               tr->data_grp, tr->tp ? train_tp_model_group(tr->tp) : train_pipe_group(tr->pipe));
+    tr->zero.base = b;
+    return st;
 }
 
 /* Tensor parallelism: replicated tensors that this rank leaves out of the
@@ -671,12 +723,16 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
      * rank's slice of them is read (resume_from) */
     if (resume_dir && (st = cllm_ckpt_verify_range(resume_dir, true, 0, 0))) goto done;
     if (train_lora_run(c) && (st = train_lora_check_layout(c, piped, tensor))) goto done;
+    if (c->n_freeze && (st = train_freeze_check_layout(c, piped, tensor))) goto done;
     if ((st = open_model(tr, resume_dir))) goto done;
     if ((st = open_data(tr))) goto done;
     /* the data were opened with the whole vocabulary; from here on tr->m is this rank's part */
     const bool reward = c->task && strcmp(c->task, "reward") == 0;
     tr->pairs = reward || (c->task && strcmp(c->task, "dpo") == 0);
     if (reward) st = train_open_reward(tr, piped, tensor);
+    if (!st && reward && c->n_freeze && !cllm_model_has_trainable_set(tr->m))
+        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "freeze with task \"reward\" from a causal LM (its score head is made "
+                       "after the tensors are frozen): start from a reward model folder, or train every tensor");
     else if (tr->pairs) st = train_open_dpo(tr, piped, tensor);
     if (st) goto done;
     const uint64_t n_data = tr->train ? cllm_loader_size(tr->train) : 0;
@@ -711,15 +767,16 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     }
     size_t n = cllm_model_trainable_len(tr->m); /* the model's flat buffer, or a LoRA run's adapters */
     if ((st = make_ranges(tr))) goto done;
+    /* before the pipeline's buffers: its stages exchange the local positions */
+    if ((st = train_tp_sequence_parallel(tr->m, &tr->topo, c))) goto done;
     /* the optimizer keeps state for this rank's slice only (all of it at ZeRO stage 0) */
     if (piped) {
         if ((st = setup_pipeline(tr))) goto done;
     } else if (tensor) {
-        if (c->zero.stage >= 2 || c->comm_dtype != CLLM_F32) {
-            st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s with tensor parallelism: use zero_optimization.stage 0 or 1 "
-                           "and fp32 communication (the per-layer reductions of stages 2-3 and the 16-bit sums run "
-                           "over the whole world, not the data group)",
-                           c->zero.stage >= 2 ? "zero_optimization.stage 2-3" : "communication_data_type");
+        if (c->comm_dtype != CLLM_F32) {
+            st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "communication_data_type %s with tensor parallelism: the 16-bit "
+                           "sums run over the whole world, not a tensor rank's data group; use fp32",
+                           c->comm_dtype == CLLM_BF16 ? "bf16" : "fp16");
             goto done;
         }
         if ((st = train_zero_init_group(&tr->zero, c, n, n, tr->ranges, tr->n_ranges, train_tp_data_group(tr->tp),
@@ -731,10 +788,14 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if (tensor && (st = tp_norm_skip(tr))) goto done;
     if ((st = train_zero_check_world(&tr->zero, cllm_train_config_hash(c), n_data))) goto done;
     /* stages 2-3: layer hooks before prepare (no flat gradient buffer); at
-     * stage 3 the model's flat parameters are freed here */
-    if (tr->zero.stage >= 2 && !cllm_model_has_trainable_set(tr->m) &&
+     * stage 3 the model's flat parameters are freed here. A pipeline whose
+     * last stage's head is the tied embedding (another stage's group) keeps
+     * the flat gradient at stage 2 (setup_pipeline refuses stage 3). */
+    const bool tied_pipe = tr->pipe && cllm_model_get_config(tr->m)->tie_embeddings;
+    if (tr->zero.stage >= 2 && !cllm_model_has_trainable_set(tr->m) && !tied_pipe &&
         (st = train_shard_init(&tr->shard, &tr->zero, tr->m, c, tr->ranges, tr->n_ranges)))
-        goto done; /* a frozen base: stage 2 reduce-scatters the trainable buffer after the backward (zero.c) */
+        goto done; /* a frozen base, a tied pipeline: the trainable buffer (a stage's range) is reduce-scattered
+                      after the backward (zero.c) */
     cllm_model_set_recompute(tr->m, c->use_grad_ckpt);
     cllm_precision prec = c->bf16_enabled ? CLLM_PREC_BF16 : c->fp16_enabled ? CLLM_PREC_FP16 : CLLM_PREC_FP32;
     /* CLLM_TRAIN_PRECISION overrides the matmul precision alone (fp16 loss
@@ -823,6 +884,12 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
                 cllm_model_trainable_numel(tr->m),
                 100.0 * (double)cllm_model_trainable_numel(tr->m) / (double)cllm_model_n_params(tr->m),
                 cllm_model_n_params(tr->m), cllm_model_n_trainable(tr->m));
+    if (c->log != CLLM_LOG_MODE_QUIET && c->n_freeze && cllm_dist_rank() == 0)
+        fprintf(stderr, "cllm train: freeze: %d of %d tensors frozen, %zu trainable parameters (%.3f%% of %zu)\n",
+                cllm_model_n_tensors(tr->m) - cllm_model_n_trainable(tr->m), cllm_model_n_tensors(tr->m),
+                cllm_model_trainable_numel(tr->m),
+                100.0 * (double)cllm_model_trainable_numel(tr->m) / (double)cllm_model_n_params(tr->m),
+                cllm_model_n_params(tr->m));
     if (c->log != CLLM_LOG_MODE_QUIET && cllm_model_quantized(tr->m) && cllm_dist_rank() == 0)
         fprintf(stderr, "cllm train: QLoRA base: the blocks' linear layers in %s%s, %.1f MB\n",
                 cllm_bnb_type_name(cllm_model_quantized(tr->m)),
@@ -843,8 +910,9 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     if (tr->pipe && (st = pipe_report(tr, false))) goto done;
     if (c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0) {
         cllm_act_bytes other;
-        cllm_model_activation_bytes(mc, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true, !c->use_grad_ckpt,
-                                    &other);
+        cllm_model_activation_bytes_sp(mc, (int)c->train_micro_batch_size_per_gpu, c->seq_len, true,
+                                       !c->use_grad_ckpt, cllm_model_sequence_parallel(tr->m) ?
+                                       cllm_model_tensor_size(tr->m) : 1, &other);
         fprintf(stderr, "cllm train: activations %.1f MB with activation checkpointing %s (%.1f MB %s)\n",
                 (double)tr->act_bytes / 1e6, c->use_grad_ckpt ? "on" : "off", (double)other.total / 1e6,
                 c->use_grad_ckpt ? "without" : "with it");
@@ -898,6 +966,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
             tr->opt = NULL;
         }
         if (tr->shard && (st = train_shard_gather_model(tr->shard))) goto done;
+        if ((st = gather_values(tr))) goto done;
         if (tr->pipe && (st = train_pipe_gather_params_to_first(tr->pipe, cllm_model_params(tr->m)))) goto done;
         if (tr->pipe && (st = pipe_report(tr, true))) goto done;
         cllm_model *whole = tr->m;

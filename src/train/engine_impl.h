@@ -94,6 +94,8 @@ struct train_state_mode {
  * checkpoint's, an adapter folder's, or new ones seeded with c->seed. */
 bool train_lora_run(const cllm_train_config *c);
 cllm_status train_lora_check_layout(const cllm_train_config *c, bool piped, bool tensor);
+/* The same for frozen tensors ("freeze"). */
+cllm_status train_freeze_check_layout(const cllm_train_config *c, bool piped, bool tensor);
 cllm_status train_lora_attach(cllm_model *m, const cllm_train_config *c, const char *resume_dir);
 
 /* task_open.c: the objective of task "dpo", "reward" (tr->m becomes a

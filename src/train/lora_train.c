@@ -1,7 +1,8 @@
 /*
  * LoRA in the training run: which runs have adapters, the layouts they
- * work with, and where the adapters of a run come from (a checkpoint, an
- * adapter folder to continue, or new ones from the "lora" section).
+ * (and frozen tensors, "freeze") work with, and where the adapters of a
+ * run come from (a checkpoint, an adapter folder to continue, or new ones
+ * from the "lora" section).
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -13,18 +14,31 @@
 
 bool train_lora_run(const cllm_train_config *c) { return c->lora.enabled || c->adapter_dir; }
 
+/* A trainable set (a frozen LoRA base, frozen tensors) works with data
+ * parallelism at every ZeRO stage (slices of the trainable buffer; the
+ * frozen tensors stay whole on every rank) and with the optimizer state
+ * offloaded; the other layouts shard or move the model's own flat buffer.
+ * NULL: c's is fine. */
+static const char *set_layout_conflict(const cllm_train_config *c, bool piped, bool tensor) {
+    return piped ? "pipeline parallelism (model_topo pipe > 1)"
+           : tensor ? "tensor parallelism (model_topo tensor > 1)"
+           : c->zero.offload_param.device == CLLM_OFFLOAD_NVME ? "zero_optimization.offload_param (nvme)"
+                                                               : NULL;
+}
+
 cllm_status train_lora_check_layout(const cllm_train_config *c, bool piped, bool tensor) {
-    /* a frozen base works with data parallelism at ZeRO stages 0-2 (slices of
-     * the trainable buffer); the other layouts shard or move the model's own
-     * flat buffer */
-    const char *what = piped ? "pipeline parallelism (model_topo pipe > 1)"
-                       : tensor ? "tensor parallelism (model_topo tensor > 1)"
-                       : c->zero.stage >= 3 ? "zero_optimization.stage 3"
-                       : c->zero.offload_optimizer.device != CLLM_OFFLOAD_NONE ? "zero_optimization.offload_optimizer"
-                                                                              : NULL;
+    const char *what = set_layout_conflict(c, piped, tensor);
     if (!what) return CLLM_OK;
     return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "LoRA (a frozen base) with %s: not supported; use data parallelism with "
-                     "zero_optimization.stage 0-2 (the adapters are sliced across ranks from stage 1)", what);
+                     "zero_optimization.stage 0-3 (the adapters are sliced across ranks from stage 1; "
+                     "offload_optimizer moves their optimizer state to a file)", what);
+}
+
+cllm_status train_freeze_check_layout(const cllm_train_config *c, bool piped, bool tensor) {
+    const char *what = set_layout_conflict(c, piped, tensor);
+    if (!what) return CLLM_OK;
+    return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "freeze (frozen tensors) with %s: not supported; use data parallelism "
+                     "with zero_optimization.stage 0-3", what);
 }
 
 /* A checkpoint's adapters: its adapter_config.json gives their structure,

@@ -84,11 +84,21 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     if ((size_t)s->micro_batch * (size_t)s->seq_len > (size_t)1 << 28)
         return CLLM_FAIL(CLLM_ERR_ARG, "micro-batch of %d x %d tokens is too large", s->micro_batch, s->seq_len);
     const int P = s->pipe > 1 ? s->pipe : 1, TP = s->tensor > 1 ? s->tensor : 1;
-    if ((P > 1 || TP > 1) && s->zero_stage >= 2)
-        return CLLM_FAIL(CLLM_ERR_ARG, "ZeRO stage %d with pipeline or tensor parallelism (use stage 0 or 1)",
-                         s->zero_stage);
-    if (s->trainable && (P > 1 || TP > 1 || s->zero_stage >= 3 || s->offload_optimizer || s->offload_param))
-        return CLLM_FAIL(CLLM_ERR_ARG, "a frozen base (LoRA) trains with data parallelism at ZeRO stage 0-2 only");
+    /* a pipeline stage at ZeRO 2 holds its gradient slice and per-layer
+     * buffers, or with a tied head its range's gradient as at stage 1
+     * (reduce-scattered after the stage's backward); at stage 3 its slices
+     * and gathered groups are not modelled per stage here */
+    if (P > 1 && s->zero_stage >= 3)
+        return CLLM_FAIL(CLLM_ERR_ARG, "ZeRO stage 3 with pipeline parallelism: the estimate models stages 0-2 of "
+                         "a pipeline (run `cllm train`, whose start-up lines report each rank's memory)");
+    if (s->trainable && (P > 1 || TP > 1 || s->offload_param))
+        return CLLM_FAIL(CLLM_ERR_ARG, "a frozen base (LoRA) trains with data parallelism only (ZeRO stage 0-3, "
+                         "offload_optimizer; not offload_param)");
+    if (s->sequence_parallel && TP < 2)
+        return CLLM_FAIL(CLLM_ERR_ARG, "sequence parallelism needs tensor parallelism (tensor > 1)");
+    if (s->sequence_parallel && s->seq_len % TP)
+        return CLLM_FAIL(CLLM_ERR_ARG, "sequence parallelism: sequence length %d is not divisible by the %d tensor "
+                         "ranks", s->seq_len, TP);
     if (s->quant_numel && !s->trainable)
         return CLLM_FAIL(CLLM_ERR_ARG, "a quantized base trains only with LoRA adapters");
     size_t n_params, len, full_len = 0;
@@ -135,7 +145,9 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     default: states = s->sgd_momentum ? 1 : 0; break;
     }
     out->n_params = n_params;
-    out->params = (s->zero_stage >= 3 ? shard(len, s->dp) * sizeof(float) : bytes) + full_len * sizeof(float);
+    /* a frozen base stays whole on every rank at stage 3 (below) */
+    out->params = (s->zero_stage >= 3 && !s->trainable ? shard(len, s->dp) * sizeof(float) : bytes) +
+                  full_len * sizeof(float);
     if (s->offload_param) {
         if (s->zero_stage < 3) {
             free(stages);
@@ -145,7 +157,7 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
         out->params_disk = out->params; /* mapped from a file; pages dropped after each use */
         out->params = 0;
     }
-    if (s->trainable) { /* the frozen base whole; the trainable buffer beside it */
+    if (s->trainable) { /* the frozen base whole; the trainable buffer beside it (whole during a step) */
         opt_len = s->trainable;
         bytes = s->trainable * sizeof(float);
         /* a quantized base: its linear layers' fp32 slots are never touched */
@@ -168,12 +180,13 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     }
     if (s->trainable) {
         /* a frozen base reduces after the backward (no per-group buffers);
-         * an adapter's pass holds its rank-r activations and their gradient */
-        out->work = 2 * (size_t)s->micro_batch * (size_t)s->seq_len * (size_t)(s->lora_rank > 0 ? s->lora_rank : 8) *
-                    sizeof(float);
+         * an adapter's pass holds its rank-r activations and their gradient
+         * (none with lora_rank 0: frozen tensors, no adapters) */
+        out->work = 2 * (size_t)s->micro_batch * (size_t)s->seq_len * (size_t)s->lora_rank * sizeof(float);
         out->work += s->quant_widest * sizeof(float); /* one dequantized layer of a quantized base */
-    } else if (s->zero_stage >= 2) {
-        /* stages 2-3 reduce per group: a group's gradient is written into a
+    } else if (s->zero_stage >= 2 && (P == 1 || !c->tie_embeddings)) {
+        /* stages 2-3 reduce per group (a tied pipeline's stage at stage 2
+         * after its backward): a group's gradient is written into a
          * working buffer (group 0, last group, blocks); stage 3 also gathers
          * parameters into working buffers (group 0, last group, two blocks) */
         size_t first, last, block;
@@ -184,7 +197,8 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
         if (s->zero_stage >= 3)
             out->work += (first + last + 2 * block) * (sizeof(float) + cllm_precision_copy_bytes(s->precision));
     }
-    cllm_model_activation_bytes(c, s->micro_batch, s->seq_len, true, s->grad_ckpt, &out->act);
+    cllm_model_activation_bytes_sp(c, s->micro_batch, s->seq_len, true, s->grad_ckpt, s->sequence_parallel ? TP : 1,
+                                   &out->act);
     out->logits = out->act.logits;
     out->activations = out->act.total - out->act.logits;
     out->snapshot = s->async_save && !s->offload_optimizer ? (s->trainable ? bytes : out->params) + out->optim : 0;
@@ -201,7 +215,9 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
          * activations, the head's logits on the last stage, and under 1F1B
          * min(P - k, M) stage inputs (not on the first stage), as many send
          * buffers each way, one receive and one scratch buffer. */
-        const size_t NC = (size_t)s->micro_batch * (size_t)s->seq_len * (size_t)c->n_embd * sizeof(float);
+        /* a stage message: this tensor rank's positions under sequence parallelism */
+        const size_t NC = (size_t)s->micro_batch * (size_t)(s->seq_len / (s->sequence_parallel ? TP : 1)) *
+                          (size_t)c->n_embd * sizeof(float);
         const cllm_act_bytes *A = &out->act;
         size_t best = 0;
         for (int k = 0; k < P; k++) {
@@ -221,6 +237,7 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
              * whole parameters for evaluation and the final save */
             size_t keep = range + (c->tie_embeddings && k == P - 1 ? (size_t)c->vocab_size * (size_t)c->n_embd : 0);
             size_t prm = (k == 0 ? len : keep) * sizeof(float), grd = keep * sizeof(float);
+            if (s->zero_stage >= 2 && !c->tie_embeddings) grd = shard(range, s->dp) * sizeof(float); /* per layer */
             /* only the last stage runs the head's GEMMs */
             size_t gw = g->head && gw_head > gw_blocks ? gw_head : g->n_layers > 0 ? gw_blocks : 0;
             size_t tot = prm + grd + opt + act + logits + bufs + gw;

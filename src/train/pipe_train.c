@@ -30,6 +30,7 @@
 
 struct train_pipe {
     int K, s, M, mb, T, C;
+    size_t nc;         /* floats of one stage message (this tensor rank's positions under sequence parallelism) */
     cllm_stage stage;
     cllm_pipe_schedule sched;
     int prev, next; /* world ranks of the neighbouring stages, -1 at the ends */
@@ -101,7 +102,7 @@ cllm_status train_pipe_init(train_pipe **out, const cllm_train_config *c, cllm_m
         if ((st = cllm_dist_group_init(&p->tied_grp, end ? pair : &self, end ? 2 : 1))) goto done;
     }
     p->slots = cllm_pipe_max_in_flight(p->sched, p->K, p->s, p->M);
-    size_t NC = (size_t)p->mb * (size_t)p->T * (size_t)p->C;
+    size_t NC = p->nc = cllm_model_stage_floats(m, p->mb, p->T);
     p->xin = cllm_alloc(3 * (size_t)p->slots * NC * sizeof(float), "pipeline stage buffers");
     p->drecv = cllm_alloc(2 * NC * sizeof(float), "pipeline stage buffers");
     p->xreq = calloc(2 * (size_t)p->slots, sizeof *p->xreq);
@@ -156,7 +157,7 @@ void train_pipe_times(const train_pipe *p, double *busy, double *wait) {
 
 cllm_status train_pipe_run(train_pipe *p, cllm_model *m, const int32_t *tokens, const int32_t *targets,
                            float grad_scale, double *loss_sum) {
-    const size_t NC = (size_t)p->mb * (size_t)p->T * (size_t)p->C, rows = (size_t)p->mb * (size_t)p->T;
+    const size_t NC = p->nc, rows = (size_t)p->mb * (size_t)p->T;
     const bool first = p->s == 0, last = p->s == p->K - 1;
     const int u0 = p->stage.first_unit, u1 = u0 + p->stage.n_units;
     cllm_status st = CLLM_OK;
@@ -245,6 +246,7 @@ static int keep_ranges(const train_pipe *p, size_t *b, size_t *e) {
 }
 
 void train_pipe_zero_grads(const train_pipe *p, float *grads) {
+    if (!grads) return; /* per-layer gradient buffers (ZeRO 2-3 layer hooks, zero3.c) */
     size_t b[2], e[2];
     int k = keep_ranges(p, b, e);
     for (int i = 0; i < k; i++) memset(grads + b[i], 0, (e[i] - b[i]) * sizeof(float));

@@ -5,6 +5,7 @@
  * are the model's (src/model/tp.c); the data-parallel machinery (zero.c)
  * runs unchanged over the data group, on the part's flat buffer.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,4 +101,29 @@ const cllm_model *train_tp_whole(const train_tp *t) { return t->whole; }
 cllm_status train_tp_gather(train_tp *t, const cllm_model *part, cllm_model **whole, float *repl_diff) {
     *whole = t->whole;
     return cllm_tp_model_gather(t->whole, part, t->tp_grp, repl_diff);
+}
+
+cllm_status train_tp_sequence_parallel(cllm_model *m, const cllm_topo *topo, const cllm_train_config *c) {
+    if (!c->sequence_parallel) return CLLM_OK;
+    const int tp = topo->dims[CLLM_AXIS_TENSOR];
+    if (tp <= 1)
+        return CLLM_FAIL(CLLM_ERR_ARG, "sequence_parallel needs tensor parallelism: a \"tensor\" axis > 1 in "
+                         "model_topo.process_topology");
+    if (c->seq_len % tp)
+        return CLLM_FAIL(CLLM_ERR_ARG, "sequence_parallel: data.seq_len %d is not divisible by the tensor axis %d",
+                         c->seq_len, tp);
+    cllm_status st = cllm_model_set_sequence_parallel(m, true);
+    if (st) return cllm_fail_context(st, "sequence_parallel");
+    if (c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0) {
+        const cllm_model_config *mc = cllm_model_get_config(m);
+        const int B = (int)c->train_micro_batch_size_per_gpu, T = c->seq_len;
+        cllm_act_bytes on, off;
+        cllm_model_activation_bytes_sp(mc, B, T, true, c->use_grad_ckpt, tp, &on);
+        cllm_model_activation_bytes_sp(mc, B, T, true, c->use_grad_ckpt, 1, &off);
+        fprintf(stderr, "cllm train: sequence parallelism on over the %d tensor ranks: norms, residual adds and the "
+                "embedding output on %d of %d positions per rank (all-gather / reduce-scatter around the tensor-parallel "
+                "linears); activations %.2f MB per rank (%.2f MB without)\n",
+                tp, T / tp, T, (double)on.total / 1e6, (double)off.total / 1e6);
+    }
+    return CLLM_OK;
 }

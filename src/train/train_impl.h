@@ -89,6 +89,7 @@ typedef struct {
     const cllm_dist_group *norm_grp; /* stage 0 with a pipeline: the stages whose norms add up */
     size_t n_total;              /* floats of the whole flat buffer (n: the part this group reduces) */
     size_t n;                    /* floats in the flat buffers */
+    size_t base;                 /* where the part starts in the model's flat buffer (a pipeline stage's) */
     size_t begin, end;           /* this rank's slice of them (all of them at stage 0) */
     size_t *counts;              /* [size] slice lengths, in rank order */
     size_t *bucket_counts;       /* [size] scratch: the slices within one bucket */
@@ -103,6 +104,10 @@ typedef struct {
      * counts them); NULL/0 otherwise */
     cllm_param_range *norm_skip;
     int n_norm_skip;
+    /* stage 3 on the flat path (a frozen base's trainable buffer): between an
+     * update and the next use each rank holds only its slice of the values
+     * (train_zero_gather_values brings them back) */
+    bool scattered;
 } train_zero;
 
 /* Partitions n floats over the world by c->zero.stage, checks the topology;
@@ -131,10 +136,20 @@ size_t train_zero_slice_len(const train_zero *z);
 cllm_status train_zero_check_world(const train_zero *z, uint64_t config_hash, uint64_t data_size);
 /* Sums the gradients over ranks (all of them, or this rank's slice). */
 cllm_status train_zero_reduce_grads(train_zero *z, float *grads);
+/* This rank's share of the squared gradient norm: the sum of squares of
+ * slice[end - begin] (the slice's summed gradient) less the replicated
+ * tensors another tensor rank counts (norm_skip); never negative. */
+double train_zero_norm_sq(const train_zero *z, const float *slice);
 /* clip_grad_norm_ with the global norm; *norm before clipping. */
 cllm_status train_zero_clip(train_zero *z, float *grads, double max_norm, double *norm);
-/* Optimizer update of this rank's slice, then the all-gather of params. */
+/* Optimizer update of this rank's slice, then the all-gather of params;
+ * at stage 3 (several ranks) no gather: the pages outside the slice are
+ * dropped and z->scattered is set. */
 cllm_status train_zero_step(train_zero *z, cllm_optimizer *opt, float *params, const float *grads, double lr);
+/* Stage 3: the all-gather the last step left out (nothing when the values
+ * are whole). Collective; call before the values are read again (the next
+ * forward pass, evaluation, the final save). */
+cllm_status train_zero_gather_values(train_zero *z, float *params);
 /* *flag <- true if it is true on any rank. */
 cllm_status train_zero_agree(const train_zero *z, bool *flag);
 /* All-gathers params[n] from the slices (allgather_bucket_size calls). */
@@ -148,7 +163,9 @@ typedef struct train_shard train_shard;
  * stage 3 it copies this rank's parameter slice and the replicated small
  * tensors (numel < zero_optimization.stage3_param_persistence_threshold,
  * default 1e5) out of the model and frees the model's flat parameters.
- * ranges[i] are tensor i's decay ranges (n_ranges = tensors). Fills z->mem.
+ * ranges are the decay ranges of the part z covers (from z->base: a
+ * pipeline stage's layers; the groups and tensors outside it are another
+ * stage's). Fills z->mem.
  * train_shard_free also after a failure (removes the hooks). */
 cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, const cllm_train_config *c,
                              const cllm_param_range *ranges, int n_ranges);
@@ -205,8 +222,13 @@ float *train_shard_replicated(train_shard *s, size_t *n, cllm_optimizer **opt);
  * below stage 3. */
 void train_shard_ckpt_fill(train_shard *s, float *state0, float *state1);
 /* Stage 3 resume: the replicated tensors' optimizer state from checkpoint
- * dir (any format), and their optimizer's step count. */
+ * dir (any format), and their optimizer's step count (dir NULL: the count
+ * alone, the state having come through train_shard_set_replicated_state). */
 cllm_status train_shard_ckpt_load(train_shard *s, const char *dir, long optim_step);
+/* Stage 3 resume of a tensor-parallel part: the replicated tensors'
+ * optimizer state k (0 or 1) from flat, a state buffer laid out as the
+ * model's flat buffer. Nothing below stage 3. */
+void train_shard_set_replicated_state(train_shard *s, int k, const float *flat);
 
 /* Bytes this rank received in the parameter gathers and in the gradient
  * reductions of the current step (reset by train_shard_zero_grads and by
@@ -307,7 +329,7 @@ cllm_status train_pipe_gather_params_to_first(train_pipe *p, float *params);
 cllm_status train_pipe_gather_layout(train_pipe *p, const cllm_model *m, float *buf);
 const cllm_dist_group *train_pipe_group(const train_pipe *p);
 /* Zeroes the parts of the gradient buffer this stage writes (its range, and
- * the tied embedding on the last stage). */
+ * the tied embedding on the last stage); nothing for NULL. */
 void train_pipe_zero_grads(const train_pipe *p, float *grads);
 /* Gives back the memory of the rest of a flat buffer (other stages' parts):
  * a stage then holds only its share of parameters and gradients. */
@@ -335,5 +357,10 @@ cllm_status train_tp_gather(train_tp *t, const cllm_model *part, cllm_model **wh
 /* The whole model (its layout; its parameters are those of the last
  * gather, or as loaded). */
 const cllm_model *train_tp_whole(const train_tp *t);
+/* sequence_parallel: switches it on for the part m of a run over `topo`
+ * (refused, naming the key, without a tensor axis or with
+ * a seq_len the tensor size does not divide) and prints the start-up line
+ * on rank 0 unless quiet. Nothing when the key is off. */
+cllm_status train_tp_sequence_parallel(cllm_model *m, const cllm_topo *topo, const cllm_train_config *c);
 
 #endif

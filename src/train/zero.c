@@ -13,6 +13,11 @@
  *   2: bucketed reduce-scatter: each rank receives only its slice of the
  *      summed gradient (the summed gradient is never held in full), then as
  *      stage 1.
+ *   3: (only a frozen base's trainable buffer takes this path: full
+ *      training at stage 3 partitions per layer, zero3.c) as stage 2, and
+ *      the values stay partitioned between steps: after the update each rank
+ *      drops the pages outside its slice, and the all-gather waits until the
+ *      values are read again (train_zero_gather_values).
  * Slices are contiguous, 16-float (64-byte) aligned ranges of the flat
  * buffer in rank order; the last ones may be shorter or empty. The global
  * gradient norm is the square root of the all-reduced sum of the slices'
@@ -82,9 +87,10 @@ cllm_status train_zero_init_group(train_zero *z, const cllm_train_config *c, siz
         z->ranges[z->n_ranges++] = (cllm_param_range){b - z->begin, e - z->begin, ranges[i].decay};
     }
     size_t slice = z->end - z->begin;
-    z->mem.params = n * sizeof(float);
+    z->mem.params = (z->stage == 3 ? slice : n) * sizeof(float);
     z->mem.grads = n * sizeof(float);
-    z->mem.grads_reduced = (z->stage == 2 ? slice : n) * sizeof(float);
+    z->mem.grads_reduced = (z->stage >= 2 ? slice : n) * sizeof(float);
+    if (z->stage == 3) z->mem.work = (n - slice) * sizeof(float); /* the other slices, gathered for a step */
     return CLLM_OK;
 }
 
@@ -176,6 +182,19 @@ cllm_status train_zero_reduce_grads(train_zero *z, float *grads) {
     return CLLM_OK;
 }
 
+double train_zero_norm_sq(const train_zero *z, const float *slice) {
+    const size_t k = z->end - z->begin;
+    double s = 0;
+#pragma omp parallel for simd reduction(+ : s) schedule(static)
+    for (size_t i = 0; i < k; i++) s += (double)slice[i] * slice[i];
+    for (int j = 0; j < z->n_norm_skip; j++) { /* counted by another tensor rank */
+        size_t b = z->norm_skip[j].begin > z->begin ? z->norm_skip[j].begin : z->begin;
+        size_t e = z->norm_skip[j].end < z->end ? z->norm_skip[j].end : z->end;
+        for (size_t i = b; i < e; i++) s -= (double)slice[i - z->begin] * slice[i - z->begin];
+    }
+    return s < 0 ? 0 : s;
+}
+
 cllm_status train_zero_clip(train_zero *z, float *grads, double max_norm, double *norm) {
     if (z->stage == 0 && !z->norm_grp) {
         /* the reduced gradient is whole on every rank: the one-process code */
@@ -184,15 +203,7 @@ cllm_status train_zero_clip(train_zero *z, float *grads, double max_norm, double
     }
     float *g = grads + z->begin;
     const size_t k = z->end - z->begin;
-    double s = 0;
-#pragma omp parallel for simd reduction(+ : s) schedule(static)
-    for (size_t i = 0; i < k; i++) s += (double)g[i] * g[i];
-    for (int j = 0; j < z->n_norm_skip; j++) { /* counted by another tensor rank */
-        size_t b = z->norm_skip[j].begin > z->begin ? z->norm_skip[j].begin : z->begin;
-        size_t e = z->norm_skip[j].end < z->end ? z->norm_skip[j].end : z->end;
-        for (size_t i = b; i < e; i++) s -= (double)grads[i] * grads[i];
-    }
-    if (s < 0) s = 0;
+    double s = train_zero_norm_sq(z, g);
     /* stage 0: every data rank holds its stage's whole gradient, the pipe
      * group holds the model once; sliced: the world holds it once */
     cllm_status st = z->stage == 0 ? cllm_dist_g_allreduce_sum_f64(z->norm_grp, &s, 1) : cllm_dist_allreduce_sum_f64(&s, 1);
@@ -217,6 +228,16 @@ cllm_status train_zero_step(train_zero *z, cllm_optimizer *opt, float *params, c
     } else {
         cllm_optim_step(opt, params + z->begin, grads + z->begin, z->ranges, z->n_ranges, lr);
     }
+    if (z->stage < 3 || z->size == 1) return train_zero_gather_params(z, params);
+    cllm_mem_release(params, z->begin * sizeof(float)); /* reads as zeros until the gather */
+    cllm_mem_release(params + z->end, (z->n - z->end) * sizeof(float));
+    z->scattered = true;
+    return CLLM_OK;
+}
+
+cllm_status train_zero_gather_values(train_zero *z, float *params) {
+    if (!z->scattered) return CLLM_OK;
+    z->scattered = false;
     return train_zero_gather_params(z, params);
 }
 

@@ -24,7 +24,14 @@
  * and updates them with its own optimizer state (the same on every rank).
  *
  * The gradient norm is the sum of the slices' squares (every element of the
- * flat buffer, persistent ones included, is in exactly one slice).
+ * flat buffer, persistent ones included, is in exactly one slice; a tensor
+ * rank > 0 leaves out the tensors replicated over the tensor group).
+ *
+ * With pipeline or tensor parallelism the slices, gathers and reductions
+ * are those of the data group z->grp (the ranks holding the same layers),
+ * blocking; a pipeline stage's part starts at z->base of the flat buffer
+ * and holds the stage's groups only (the stage pass runs the hooks around
+ * them), group and tensor offsets here being relative to it.
  *
  * With bf16/fp16 compute (train_shard_set_precision) each gathered group
  * also gets its low-precision copy, made from the gathered fp32 values the
@@ -161,7 +168,8 @@ static cllm_status gather_start(train_shard *s, inflight *f, float *buf, size_t 
             st = train_zpp_gather(s->zpp, buf + (c0 - b), s->counts, &s->bytes_params);
         } else {
             st = s->overlap && f->req ? cllm_dist_iallgather_f32(buf + (c0 - b), s->counts, &f->req[f->n++])
-                                      : cllm_dist_allgather_f32(buf + (c0 - b), s->counts);
+                 : z->grp             ? cllm_dist_g_allgather_f32(z->grp, buf + (c0 - b), s->counts)
+                                      : cllm_dist_allgather_f32(buf + (c0 - b), s->counts); /* (watched) */
             s->bytes_params += (c1 - c0 - s->counts[z->rank]) * sizeof(float);
         }
         if (st) return cllm_fail_context(st, "parameter all-gather at %zu", c0);
@@ -328,7 +336,8 @@ static cllm_status reduce_start(train_shard *s, int i, int g) {
         } else {
             st = s->overlap && f->req && z->comm == CLLM_F32
                      ? cllm_dist_ireduce_scatter_sum_f32(buf, s->counts, &f->req[f->n++])
-                     : cllm_dist_reduce_scatter_sum_f32_as(buf, buf, s->counts, z->comm);
+                     : z->grp ? cllm_dist_g_reduce_scatter_sum_f32(z->grp, buf, buf, s->counts)
+                              : cllm_dist_reduce_scatter_sum_f32_as(buf, buf, s->counts, z->comm);
             s->bytes_grads += (size_t)(z->size - 1) * s->counts[z->rank] * (z->comm == CLLM_F32 ? 4 : 2);
         }
         if (st) return cllm_fail_context(st, "gradient reduce-scatter of group %d at %zu", g, c0);
@@ -467,6 +476,13 @@ static void drop_pages(train_shard *s, size_t b, size_t e) {
 
 static void *alloc_floats(size_t n, const char *what) { return cllm_calloc(n ? n : 1, sizeof(float), what); }
 
+/* Whether the tensor at part offset `at` decays: the range holding it. */
+static bool decay_at(const cllm_param_range *ranges, int n, size_t at) {
+    for (int i = 0; i < n; i++)
+        if (at >= ranges[i].begin && at < ranges[i].end) return ranges[i].decay;
+    return false;
+}
+
 static cllm_status init_stage3(train_shard *s, const cllm_train_config *c, const cllm_param_range *ranges,
                                int n_ranges) {
     train_zero *z = s->z;
@@ -474,28 +490,30 @@ static cllm_status init_stage3(train_shard *s, const cllm_train_config *c, const
     const double thr = c->zero.stage3_param_persistence_threshold;
     cllm_status st = CLLM_OK;
     int nt = cllm_model_n_tensors(m);
-    if (n_ranges != nt) return CLLM_FAIL(CLLM_ERR_INTERNAL, "%d ranges for %d tensors", n_ranges, nt);
     s->pers = calloc((size_t)nt, sizeof *s->pers);
     s->pranges = calloc((size_t)nt, sizeof *s->pranges);
     s->ranges = calloc((size_t)nt, sizeof *s->ranges);
     if (!s->pers || !s->pranges || !s->ranges) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     for (int i = 0; i < nt; i++) {
         const cllm_tensor_info *t = cllm_model_tensor(m, i);
+        if (t->offset < z->base || t->offset >= z->base + z->n) continue; /* another pipeline stage's */
+        const size_t at = t->offset - z->base;
         if ((double)t->numel < thr) {
             persistent *p = &s->pers[s->n_pers++];
-            p->flat = t->offset;
+            p->flat = at;
             p->numel = t->numel;
             p->compact = s->n_compact;
-            p->decay = ranges[i].decay;
+            p->decay = decay_at(ranges, n_ranges, at);
             p->group = 0;
             for (int g = 0; g < s->n_groups; g++)
-                if (t->offset >= s->gb[g] && t->offset < s->ge[g]) p->group = g;
+                if (at >= s->gb[g] && at < s->ge[g]) p->group = g;
             s->pranges[s->n_pers - 1] = (cllm_param_range){p->compact, p->compact + p->numel, p->decay};
             s->n_compact += (t->numel + 15) & ~(size_t)15;
         } else {
-            size_t b = ranges[i].begin > z->begin ? ranges[i].begin : z->begin;
-            size_t e = ranges[i].end < z->end ? ranges[i].end : z->end;
-            if (b < e) s->ranges[s->n_ranges++] = (cllm_param_range){b - z->begin, e - z->begin, ranges[i].decay};
+            size_t b = at > z->begin ? at : z->begin;
+            size_t e = at + t->numel < z->end ? at + t->numel : z->end;
+            if (b < e)
+                s->ranges[s->n_ranges++] = (cllm_param_range){b - z->begin, e - z->begin, decay_at(ranges, n_ranges, at)};
         }
     }
     size_t slice = z->end - z->begin;
@@ -510,6 +528,7 @@ static cllm_status init_stage3(train_shard *s, const cllm_train_config *c, const
     s->pparams = alloc_floats(s->n_compact, "replicated parameters");
     s->pgrads = alloc_floats(s->n_compact, "replicated gradients");
     if (!s->pslice || !s->pparams || !s->pgrads) return CLLM_ERR_NOMEM;
+    full += z->base; /* the part's start */
     if (slice) memcpy(s->pslice, full + z->begin, slice * sizeof(float));
     drop_pages(s, 0, slice);
     for (int i = 0; i < s->n_pers; i++)
@@ -546,12 +565,20 @@ cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, co
     s->counts = calloc((size_t)z->size, sizeof *s->counts);
     if (!s->gb || !s->counts) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     s->ge = s->gb + s->n_groups;
-    for (int g = 0; g < s->n_groups; g++) {
-        cllm_model_group_range(m, g, &s->gb[g], &s->ge[g]);
+    for (int g = 0; g < s->n_groups; g++) { /* relative to the part; empty outside it (other pipeline stages') */
+        size_t b, e;
+        cllm_model_group_range(m, g, &b, &e);
+        bool in = b >= z->base && e <= z->base + z->n;
+        s->gb[g] = in ? b - z->base : 0;
+        s->ge[g] = in ? e - z->base : 0;
         if (g > 0 && g + 1 < s->n_groups && gsize(s, g) > s->max_block) s->max_block = gsize(s, g);
     }
     size_t slice = z->end - z->begin;
-    s->overlap = c->zero.overlap_comm && z->size > 1;
+    /* a data group (pipeline, tensor parallelism) has blocking collectives only */
+    s->overlap = c->zero.overlap_comm && z->size > 1 && !z->grp;
+    if (c->zero.overlap_comm && z->size > 1 && z->grp && c->log != CLLM_LOG_MODE_QUIET && cllm_dist_rank() == 0)
+        fprintf(stderr, "cllm train: overlap_comm: no effect inside a pipeline stage's or tensor rank's data group "
+                "(its per-layer collectives are blocking)\n");
     size_t chunk = z->bucket < z->gather_bucket ? z->bucket : z->gather_bucket, longest = s->max_block;
     if (gsize(s, 0) > longest) longest = gsize(s, 0);
     if (gsize(s, s->n_groups - 1) > longest) longest = gsize(s, s->n_groups - 1);
@@ -664,7 +691,9 @@ static cllm_status finish_reduction(train_shard *s) {
     cllm_status st = finish_all(s);
     if (st) return st;
     double t0 = cllm_time_sec();
-    st = s->n_compact ? cllm_dist_allreduce_sum_f32_as(s->pgrads, s->n_compact, s->z->comm) : CLLM_OK;
+    st = !s->n_compact ? CLLM_OK
+         : s->z->grp   ? cllm_dist_g_allreduce_sum_f32(s->z->grp, s->pgrads, s->n_compact)
+                       : cllm_dist_allreduce_sum_f32_as(s->pgrads, s->n_compact, s->z->comm);
     s->bytes_grads += 2 * (size_t)(s->z->size - 1) * s->n_compact * (s->z->comm == CLLM_F32 ? 4 : 2) / (size_t)s->z->size;
     s->comm_seconds += cllm_time_sec() - t0;
     s->wait_seconds += cllm_time_sec() - t0;
@@ -698,9 +727,7 @@ cllm_status train_shard_clip(train_shard *s, double max_norm, double *norm) {
     cllm_status st = finish_reduction(s);
     if (st) return st;
     float *g = s->gslice;
-    double sum = 0;
-#pragma omp parallel for simd reduction(+ : sum) schedule(static)
-    for (size_t i = 0; i < k; i++) sum += (double)g[i] * g[i];
+    double sum = train_zero_norm_sq(s->z, g);
     if ((st = cllm_dist_allreduce_sum_f64(&sum, 1))) return cllm_fail_context(st, "gradient norm");
     *norm = sqrt(sum);
     if (max_norm > 0) {
@@ -727,7 +754,7 @@ static cllm_status update(train_zero *z, cllm_optimizer *opt, float *p, const fl
 cllm_status train_shard_step(train_shard *s, cllm_optimizer *opt, double lr) {
     train_zero *z = s->z;
     if (s->stage < 3) {
-        float *params = cllm_model_params(s->m);
+        float *params = cllm_model_params(s->m) + z->base;
         cllm_status so = update(z, opt, params + z->begin, s->gslice, z->ranges, z->n_ranges, lr);
         if (so) return so;
         double t0 = cllm_time_sec();
@@ -781,11 +808,13 @@ cllm_status train_shard_gather_model(train_shard *s) {
         cllm_free(s->gwork[k]);
         s->gwork[k] = NULL;
     }
-    size_t n = s->z->n;
-    float *full = cllm_alloc(n * sizeof(float), "gathered model");
+    /* a pipeline stage gathers its range of the whole buffer (the stages
+     * then gather theirs to the first: pipe_train.c) */
+    size_t n = s->z->n, total = cllm_model_buffer_len(s->m);
+    float *full = cllm_calloc(total, sizeof(float), "gathered model");
     if (!full) return CLLM_ERR_NOMEM;
     s->gather_exact = true; /* the trained weights as they are, not quantized */
-    st = gather_range(s, full, 0, n);
+    st = gather_range(s, full + s->z->base, 0, n);
     if (st) {
         cllm_free(full);
         return st;
@@ -830,15 +859,26 @@ void train_shard_ckpt_fill(train_shard *s, float *state0, float *state1) {
     }
 }
 
+void train_shard_set_replicated_state(train_shard *s, int k, const float *flat) {
+    float *ps = s->stage == 3 && s->popt ? cllm_optim_state(s->popt, k) : NULL;
+    for (int i = 0; ps && i < s->n_pers; i++)
+        memcpy(ps + s->pers[i].compact, flat + s->z->base + s->pers[i].flat, s->pers[i].numel * sizeof(float));
+}
+
 cllm_status train_shard_ckpt_load(train_shard *s, const char *dir, long optim_step) {
     if (s->stage != 3 || !s->popt) return CLLM_OK;
+    if (!dir) {
+        cllm_optim_set_step_count(s->popt, optim_step);
+        return CLLM_OK;
+    }
     float *ps[2] = {cllm_optim_state(s->popt, 0), cllm_optim_state(s->popt, 1)};
     const cllm_ckpt_buffer which[2] = {CLLM_CKPT_STATE0, CLLM_CKPT_STATE1};
     for (int i = 0; i < s->n_pers; i++) {
         const persistent *p = &s->pers[i];
         for (int k = 0; k < 2; k++) {
             if (!ps[k]) continue;
-            cllm_status st = cllm_ckpt_read_range(dir, s->m, which[k], p->flat, p->flat + p->numel, ps[k] + p->compact);
+            size_t at = s->z->base + p->flat;
+            cllm_status st = cllm_ckpt_read_range(dir, s->m, which[k], at, at + p->numel, ps[k] + p->compact);
             if (st) return cllm_fail_context(st, "replicated tensor state");
         }
     }

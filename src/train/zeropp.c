@@ -69,11 +69,13 @@ static size_t qg_bytes(size_t n) { return (n + QG_BLOCK - 1) / QG_BLOCK * sizeof
 
 static bool hpz_on(const cllm_train_config *c, const train_zero *z) {
     long h = c->zero.hpz_partition_size;
-    return z->stage == 3 && z->size > 1 && h > 1 && h != z->size; /* above the ranks: refused by hpz_init */
+    /* above the ranks: refused by hpz_init; a data group (pipeline, tensor
+     * parallelism): the quantized collectives run over the world only */
+    return z->stage == 3 && z->size > 1 && !z->grp && h > 1 && h != z->size;
 }
 
 bool train_zpp_active(const cllm_train_config *c, const train_zero *z, bool *weights, bool *grads) {
-    bool on = z->stage == 3 && z->size > 1;
+    bool on = z->stage == 3 && z->size > 1 && !z->grp;
     *weights = on && c->zero.quantized_weights;
     *grads = on && c->zero.quantized_gradients;
     return *weights || *grads || hpz_on(c, z);
@@ -82,7 +84,11 @@ bool train_zpp_active(const cllm_train_config *c, const train_zero *z, bool *wei
 void train_zpp_log(const cllm_train_config *c, const train_zero *z) {
     const cllm_zero_config *zc = &c->zero;
     if (!zc->quantized_weights && !zc->quantized_gradients && zc->hpz_partition_size <= 1) return;
-    const char *why = z->stage < 3 ? "ZeRO++ works at stage 3" : z->size == 1 ? "one rank sends nothing" : NULL;
+    const char *why = z->stage < 3    ? "ZeRO++ works at stage 3"
+                      : z->size == 1 ? "one rank sends nothing"
+                      : z->grp       ? "its collectives span the world, not the data group of a pipeline stage or "
+                                       "tensor rank"
+                                     : NULL;
     if (zc->quantized_weights) {
         if (why)
             fprintf(stderr, "cllm train: zero_quantized_weights: no effect (%s)\n", why);

@@ -72,7 +72,7 @@ static void print_setup(const cllm_mem_setup *s) {
            s->zero_stage, s->dp, s->dp == 1 ? "" : "s", s->async_save ? ", async checkpoint snapshots" : "",
            s->offload_optimizer ? ", optimizer state offloaded" : "");
     if (s->pipe > 1) printf(", %d pipeline stages", s->pipe);
-    if (s->tensor > 1) printf(", %d tensor ranks", s->tensor);
+    if (s->tensor > 1) printf(", %d tensor ranks%s", s->tensor, s->sequence_parallel ? " with sequence parallelism" : "");
     if (s->expert_parallel > 1) printf(", %d expert-parallel ranks", s->expert_parallel);
     printf("\n");
 }
@@ -181,13 +181,19 @@ int cmd_estimate(int argc, char **argv) {
     int B, T, accum, stage, dp, off_count, off_size, pipe, tensor, threads, lora_r, ppo_batch, ep;
     double capacity;
     bool grad_ckpt = false, momentum = false, async_save = false, as_json = false, offload = false, offload_p = false;
-    arg_list sets;
+    bool seq_par = false;
+    arg_list sets, freeze = {0}, unfrozen = {0};
     quant_flags qf = {0};
     arg_spec specs[] = {
         {"model", ARG_STR, &model, NULL, false, "HF model folder (its config.json is read)"},
         {"arch", ARG_STR, &arch_name, NULL, false, "model family without --model: gpt2, llama, bloom or mixtral"},
         {"preset", ARG_STR, &preset, "tiny", false, "shape preset of --arch (as cllm init)"},
         {"set", ARG_LIST, &sets, NULL, false, "override config keys: key=value (as cllm init)"},
+        {"freeze", ARG_LIST, &freeze, NULL, false,
+         "regular expressions of tensor names to freeze (as the training config's \"freeze\"): no gradient or "
+         "optimizer state for them"},
+        {"unfrozen-parameters", ARG_LIST, &unfrozen, NULL, false,
+         "the inverse of --freeze (as the training config's \"unfrozen_parameters\"): the tensors that train"},
         {"micro-batch", ARG_INT, &B, "8", false, "samples per forward/backward"},
         {"seq-len", ARG_INT, &T, "128", false, "tokens per sample"},
         {"grad-accum", ARG_INT, &accum, "1", false, "micro-batches per step"},
@@ -198,6 +204,8 @@ int cmd_estimate(int argc, char **argv) {
         {"dp", ARG_INT, &dp, "1", false, "data-parallel ranks"},
         {"pipe", ARG_INT, &pipe, "1", false, "pipeline stages (model_topo pipe axis)"},
         {"tensor", ARG_INT, &tensor, "1", false, "tensor-parallel ranks (model_topo tensor axis)"},
+        {"sequence-parallel", ARG_FLAG, &seq_par, NULL, false,
+         "with --tensor: sequence parallelism (sequence_parallel), norms and residuals split along the sequence"},
         {"expert-parallel", ARG_INT, &ep, "1", false, "expert-parallel ranks (moe.expert_parallel_size; divides --dp)"},
         {"capacity-factor", ARG_F64, &capacity, "0", false,
          "with --expert-parallel: moe.capacity_factor (0: no token dropped, the worst-case rows)"},
@@ -234,7 +242,7 @@ int cmd_estimate(int argc, char **argv) {
     cllm_mem_setup s = {.micro_batch = B, .grad_accum = accum, .seq_len = T, .grad_ckpt = grad_ckpt,
                         .sgd_momentum = momentum, .zero_stage = stage, .dp = dp, .async_save = async_save,
                         .offload_optimizer = offload, .offload_buffer_count = off_count,
-                        .offload_buffer_size = off_size, .pipe = pipe, .tensor = tensor,
+                        .offload_buffer_size = off_size, .pipe = pipe, .tensor = tensor, .sequence_parallel = seq_par,
                         .offload_param = offload_p, .threads = threads, .expert_parallel = ep,
                         .capacity_factor = capacity};
     size_t budget = 0;
@@ -279,6 +287,20 @@ int cmd_estimate(int argc, char **argv) {
             goto done;
         }
         s.lora_rank = lora_r;
+    }
+    size_t freeze_numel = 0;
+    const bool except = unfrozen.n > 0;
+    const arg_list *fl = except ? &unfrozen : &freeze;
+    if (fl->n > 0) {
+        cllm_status fst = lora_r > 0 || (except && freeze.n > 0)
+                              ? CLLM_FAIL(CLLM_ERR_ARG, "--freeze / --unfrozen-parameters: one of them, and not with "
+                                          "--lora-r (the adapters' base is frozen whole)")
+                              : cllm_model_config_freeze(config, fl->items, fl->n, except, &s.trainable, &freeze_numel);
+        if (fst) {
+            fprintf(stderr, "cllm estimate: %s\n", cllm_last_error());
+            rc = 2;
+            goto done;
+        }
     }
     side_bytes side;
     if (!strcmp(task, "ppo")) cfg.value_head = true; /* v_head.summary: C + 1 trained parameters */
@@ -325,6 +347,7 @@ int cmd_estimate(int argc, char **argv) {
             json_object_set_new(j, "quantized_params", json_integer((json_int_t)s.quant_numel));
             json_object_set_new(j, "quantized_bytes", json_integer((json_int_t)s.quant_bytes));
         }
+        if (fl->n > 0) json_object_set_new(j, "trainable_params", json_integer((json_int_t)freeze_numel));
         if (memory_s) json_object_set_new(j, "fits", json_boolean(e.total <= budget));
         if (fits)
             json_object_set_new(j, "suggest",
@@ -342,6 +365,9 @@ int cmd_estimate(int argc, char **argv) {
     if (cfg.n_experts)
         printf("%d experts per block, %d per token: %zu active parameters per token (%.1f%%)\n", cfg.n_experts,
                cfg.n_experts_per_tok, e.active_params, 100.0 * (double)e.active_params / (double)e.n_params);
+    if (fl->n > 0)
+        printf("freeze: %zu trainable parameters (%.3f%%), copied beside the frozen model; the frozen tensors have no "
+               "gradient or optimizer state\n", freeze_numel, 100.0 * (double)freeze_numel / (double)e.n_params);
     if (lora_r > 0)
         printf("LoRA r=%d: %d adapted layers, %zu trainable parameters (%.3f%%); the base is frozen (no gradient or "
                "optimizer state)\n", lora_r, lora_n, lora_numel, 100.0 * (double)lora_numel / (double)e.n_params);

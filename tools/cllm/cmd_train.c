@@ -139,6 +139,7 @@ typedef struct {
         *ppo_epochs;
     bool no_shuffle, strict, print_config, sync_save, grad_ckpt, reference_free, precompute;
     quant_flags quant;
+    arg_list freeze, unfrozen;
 } train_flags;
 
 /* Sets optimizer.type from a cllm optimizer name: "adam" keeps torch Adam's
@@ -261,6 +262,18 @@ static int apply_flags(json_t *j, const train_flags *f) {
         if (f->reference_free) json_object_set_new(d, "reference_free", json_true());
         if (f->precompute) json_object_set_new(d, "precompute_ref_log_probs", json_true());
     }
+    if (f->freeze.n > 0 && f->unfrozen.n > 0) {
+        fprintf(stderr, "cllm train: --freeze and --unfrozen-parameters (unfrozen_parameters): give one of them\n");
+        return 2;
+    }
+    const arg_list *fl[2] = {&f->freeze, &f->unfrozen};
+    for (int k = 0; k < 2; k++) {
+        if (fl[k]->n <= 0) continue;
+        json_t *a = json_array();
+        for (int i = 0; i < fl[k]->n; i++) json_array_append_new(a, json_string(fl[k]->items[i]));
+        json_object_del(j, k ? "freeze" : "unfrozen_parameters"); /* a flag replaces the file's choice */
+        json_object_set_new(j, k ? "unfrozen_parameters" : "freeze", a);
+    }
     if (f->adapter) json_object_set_new(j, "adapter", json_string(f->adapter));
     if (f->lora_r || f->lora_alpha || f->lora_dropout || f->lora_target) {
         json_t *l = json_object_get(j, "lora");
@@ -377,6 +390,12 @@ int cmd_train(int argc, char **argv) {
          "PEFT's per architecture)"},
         QUANT_FLAG_SPECS(f.quant),
         {"adapter", ARG_STR, &f.adapter, NULL, false, "LoRA: continue training this PEFT adapter folder (adapter)"},
+        {"freeze", ARG_LIST, &f.freeze, NULL, false,
+         "regular expressions searched in the tensor names (e.g. embed wte '^model\\.layers\\.[0-5]\\.'): those "
+         "tensors stay frozen, without gradient or optimizer state (freeze; docs/training.md#freezing-tensors)"},
+        {"unfrozen-parameters", ARG_LIST, &f.unfrozen, NULL, false,
+         "the inverse of --freeze, axolotl's rule: patterns matched from the start of the names (\".\" literal) "
+         "name the tensors that train, every other is frozen (unfrozen_parameters)"},
         {"strict", ARG_FLAG, &f.strict, NULL, false, "unknown config keys are errors instead of warnings"},
         {"print-config", ARG_FLAG, &f.print_config, NULL, false, "print the resolved config as JSON and exit"},
     };
