@@ -40,7 +40,8 @@ Cases (--case):
           rollouts (each rank whitens its own batch, as trl's processes do);
           LoRA at ZeRO 1 and 2 on 2 ranks.
   mpi_generate  generated rollouts on 2 ranks at ZeRO 3 equal ZeRO 1's,
-          with kl_penalty "kl" and "full" (both gather the whole policy).
+          with kl_penalty "kl" and "full" (both gather the whole policy), and
+          "full" under LoRA.
 
 Run by ctest (label train; mpi: label mpi) as
   /usr/bin/python3 tests/ppo_test.py --cllm build/cllm --case CASE
@@ -661,31 +662,33 @@ def case_mpi_generate(cllm, tmp):
     """Generated rollouts on 2 ranks at ZeRO 3 (the policy's parameters
     gathered for the sampling, and for kl_penalty "full"'s key/value-cache
     pass) equal those at ZeRO 1: the same rewards, KL and losses step by
-    step, with kl_penalty "kl" and "full"."""
+    step, with kl_penalty "kl" and "full", and "full" under LoRA (the base
+    with the adapters disabled as reference)."""
     pol_dir, rm_dir, prompts = generate_fixture(tmp)
-    for pen in ("kl", "full"):
+    for name, pen, extra in (("kl", "kl", []), ("full", "full", []),
+                             ("full, LoRA", "full", ["--lora-r", "4", "--lora-target", "all-linear"])):
         runs = {}
         for stage in (1, 3):
-            conf = os.path.join(tmp, "mgen.%s.z%d.json" % (pen, stage))
+            conf = os.path.join(tmp, "mgen.%s.%d.z%d.json" % (pen, len(extra), stage))
             with open(conf, "w") as f:
                 json.dump({"task": "ppo", "zero_optimization": {"stage": stage},
                            "ppo": {"init_kl_coef": 0.01, "ppo_epochs": 2, "batch_size": 4, "kl_penalty": pen,
                                    "generation_kwargs": {"max_new_tokens": 3}}}, f)
-            out = os.path.join(tmp, "mgen.%s.z%d" % (pen, stage))
+            out = os.path.join(tmp, "mgen.%s.%d.z%d" % (pen, len(extra), stage))
             env = dict(os.environ, OMP_NUM_THREADS="1")
             r = subprocess.run(["timeout", "-k", "5", "240", "mpirun", "--allow-run-as-root", "--oversubscribe",
                                 "--bind-to", "none", "-np", "2", cllm, "train", "--config", conf, "--model", pol_dir,
                                 "--reward-model", rm_dir, "--data", prompts, "--out", out, "--steps", "4",
                                 "--batch-size", "8", "--seq-len", "12", "--optimizer", "sgd", "--lr", "0.5", "--log",
-                                "quiet", "--peak-gflops", "1"], capture_output=True, text=True, env=env)
-            if not check("mpi generate (%s): ZeRO %d on 2 ranks" % (pen, stage), r.returncode == 0, r.stderr[-400:]):
+                                "quiet", "--peak-gflops", "1"] + extra, capture_output=True, text=True, env=env)
+            if not check("mpi generate (%s): ZeRO %d on 2 ranks" % (name, stage), r.returncode == 0, r.stderr[-400:]):
                 return
             runs[stage] = metrics_of(out)
         keys = ["env/reward_mean", "env/reward_std", "objective/kl", "objective/entropy", "loss"]
         bad = ["step %d %s %.9g vs %.9g" % (i + 1, k, a[k], b[k]) for i, (a, b) in enumerate(zip(runs[3], runs[1]))
                for k in keys if not abs(a[k] - b[k]) <= 1e-5 * max(1.0, abs(b[k]))]
         check("mpi generate (%s): ZeRO 3 rollouts, rewards, KL and losses = ZeRO 1's (4 steps, 2 PPO batches; "
-              "batch 2 KL %.6g)" % (pen, runs[1][-1]["objective/kl"]),
+              "batch 2 KL %.6g)" % (name, runs[1][-1]["objective/kl"]),
               len(runs[3]) == 4 and not bad and abs(runs[1][-1]["objective/kl"]) > 1e-6, "; ".join(bad[:6]))
 
 
