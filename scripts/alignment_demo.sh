@@ -5,14 +5,15 @@
 #   1. a small random LLaMA (the "SFT" model) and preference pairs
 #   2. a reward model trained on the pairs (cllm train --task reward)
 #   3. DPO on the same pairs (cllm train --task dpo): the implicit reward
-#      margin and accuracy before and after
+#      margin and accuracy in training, and on the 32 held-out pairs
+#      (eval_rewards/accuracies, eval_rewards/margins) before and after
 #   4. PPO against the reward model (cllm train --task ppo): the mean reward
 #      of the policy's own samples in the first and last PPO batch, and the
 #      KL to the reference
 #   5. step times of the three against the SFT (language-modelling) step
-#   6. docs/alignment_demo.svg: the reward model's held-out preference
-#      accuracy and mean margin (32 pairs) before and after training, and
-#      the mean reward of the SFT, DPO and PPO models' samples (SVG=FILE
+#   6. docs/alignment_demo.svg: the reward model's and DPO's held-out
+#      preference accuracy (32 pairs) before and after training, the reward
+#      model's mean margin, and the mean reward of the SFT, DPO and PPO models' samples (SVG=FILE
 #      elsewhere, SVG= none)
 # Output under build/alignment-demo/. See docs/alignment.md.
 set -euo pipefail
@@ -67,9 +68,15 @@ echo "   held-out (32 pairs): accuracy before $RM_BEFORE, after $RM_AFTER;" \
 
 echo "== DPO (40 steps of 8 pairs, beta 0.1)"
 "$CLLM" train --task dpo --model "$D/sft" --data "$D/pairs.jsonl" --out "$D/dpo" --steps 40 --batch-size 8 \
-    --lr 1e-2 --beta 0.1 "${COMMON[@]}"
+    --lr 1e-2 --beta 0.1 --eval-data "$D/heldout.jsonl" --eval-interval 40 "${COMMON[@]}"
+# before: a step at lr 0, the policy still the reference (every implicit reward 0)
+"$CLLM" train --task dpo --model "$D/sft" --data "$D/pairs.jsonl" --out "$D/dpo0" --steps 1 --batch-size 8 \
+    --lr 0 --beta 0.1 --eval-data "$D/heldout.jsonl" --eval-interval 1 "${COMMON[@]}"
+DPO_BEFORE=$(evmetric "$D/dpo0" eval_rewards/accuracies) DPO_AFTER=$(evmetric "$D/dpo" eval_rewards/accuracies)
 echo "   rewards/margins: first step $(metric "$D/dpo" rewards/margins first), last $(metric "$D/dpo" rewards/margins)"
 echo "   rewards/accuracies: first step $(metric "$D/dpo" rewards/accuracies first), last $(metric "$D/dpo" rewards/accuracies)"
+echo "   held-out (32 pairs): eval_rewards/accuracies before $DPO_BEFORE, after $DPO_AFTER;" \
+    "eval_rewards/margins before $(evmetric "$D/dpo0" eval_rewards/margins), after $(evmetric "$D/dpo" eval_rewards/margins)"
 
 echo "== PPO against the reward model (8 batches of 16 rollouts, 4 epochs of 2 minibatches: 64 steps)"
 cat > "$D/ppo.json" <<'EOF'
@@ -120,6 +127,7 @@ evaluate "$D/ppo" ppo
 if [ -n "$SVG" ]; then
     bars_svg "reward model: held-out preference accuracy|before=$RM_BEFORE|after 40 steps=$RM_AFTER" \
         "reward model: held-out mean margin r_c - r_r|before=$MARGIN_BEFORE|after 40 steps=$MARGIN_AFTER" \
+        "DPO: held-out preference accuracy|before=$DPO_BEFORE|after 40 steps=$DPO_AFTER" \
         "mean reward of 64 sampled responses|SFT=$(metric "$D/eval-sft" env/reward_mean)|DPO=$(metric "$D/eval-dpo" env/reward_mean)|PPO=$(metric "$D/eval-ppo" env/reward_mean)" \
         > "$SVG.tmp" && mv "$SVG.tmp" "$SVG"
     echo "   wrote $SVG"

@@ -1,7 +1,8 @@
 # DPO tests (label train): `cllm train --task dpo` against a float64 torch
 # implementation of trl's losses on tiny gpt2, llama and bloom models
 # (losses), text records against their pre-tokenized form (text), bad
-# preference records naming FILE:LINE (errors), resume and evaluation (resume),
+# preference records naming FILE:LINE (errors), resume and held-out
+# evaluation (eval_loss, trl's eval_rewards/*, eval_logps/*) (resume),
 # precompute_ref_log_probs and LoRA's base reference (precompute).
 foreach(case losses text errors resume precompute)
   cllm_add_py_test(dpo_${case} dpo_test.py LABELS train ARGS --case ${case} --fixtures ${CLLM_FIXTURES}/hf)

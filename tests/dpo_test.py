@@ -15,8 +15,9 @@ reference model (--ref-model) so that policy and reference differ, and the
 default reference (the starting weights); gradient accumulation over pairs.
 precompute_ref_log_probs gives the same run bit for bit, and with LoRA the
 default reference is the base without adapters (case precompute).
-A resumed run ends bit-identical to the straight one, and eval_loss is the
-mean DPO loss over the eval pairs (case resume).
+A resumed run ends bit-identical to the straight one, and on held-out pairs
+eval_loss is the mean DPO loss and eval_rewards/*, eval_logps/* are trl's
+metrics (case resume).
 Under mpirun (case mpi, label mpi): 2 ranks at ZeRO 1 and 3 match one process.
 Also: text records ({"prompt", "chosen", "rejected"}, GPT-2 and TinyLlama
 tokenizers) train exactly like their pre-tokenized form (BOS + prompt where
@@ -323,7 +324,8 @@ def case_errors(cllm, tmp):
 def case_resume(cllm, tmp):
     """A run stopped at a checkpoint and resumed ends bit-identical to the
     straight run (shuffled pairs, AdamW, the reference still the starting
-    weights), and evaluation reports the mean DPO loss over the eval pairs."""
+    weights), and evaluation reports the mean DPO loss and trl's metrics over
+    the eval pairs."""
     cfg = hm.make_config("llama")
     pol_dir = os.path.join(tmp, "res.pol")
     params = hm.init_params(cfg, seed=8)
@@ -342,24 +344,34 @@ def case_resume(cllm, tmp):
             return
     with open(os.path.join(a, "model.safetensors"), "rb") as f1, open(os.path.join(b, "model.safetensors"), "rb") as f2:
         check("resume: resumed weights bit-identical to the straight run", f1.read() == f2.read())
-    # evaluation after a step at lr 0 (the starting weights) against another reference
+    # evaluation after a step at lr 0 (the starting weights) against another
+    # reference, on a held-out set of 5 pairs (the last eval batch a single pair)
     ref_dir = os.path.join(tmp, "res.ref")
     ref_params = hm.init_params(cfg, seed=18)
     hm.save_hf_folder(ref_dir, cfg, ref_params)
+    held = make_pairs(cfg["vocab_size"], 5, seed=14, T=12)
+    evald = os.path.join(tmp, "res.eval.jsonl")
+    write_jsonl(evald, held)
     ev = os.path.join(tmp, "res.ev")
     cmd = [x if x != "0.01" else "0" for x in common]
-    r = run([cllm] + cmd + ["--out", ev, "--steps", "1", "--eval-data", data, "--eval-interval", "1", "--ref-model",
+    r = run([cllm] + cmd + ["--out", ev, "--steps", "1", "--eval-data", evald, "--eval-interval", "1", "--ref-model",
                             ref_dir])
     if check("resume: eval run", r.returncode == 0, r.stderr[-300:]):
         with open(os.path.join(ev, "metrics.jsonl")) as f:
             e = [m for m in map(json.loads, f) if "eval_loss" in m][-1]
-        ids, labels = batch_of(pairs, 12)
+        ids, labels = batch_of(held, 12)
         lp = completion_logps(cfg, {n: t.double() for n, t in params.items()}, ids, labels, False)
         rl = completion_logps(cfg, {n: t.double() for n, t in ref_params.items()}, ids, labels, False)
-        ref, _ = trl_loss(lp[0::2], lp[1::2], rl[0::2], rl[1::2], 0.2, "sigmoid", 0.0, False)
+        ref, metrics = trl_loss(lp[0::2], lp[1::2], rl[0::2], rl[1::2], 0.2, "sigmoid", 0.0, False)
         check("resume: eval_loss = mean DPO loss over the eval pairs", abs(e["eval_loss"] - float(ref)) <= 1e-5 *
-              float(ref) and e["eval_tokens"] == len(pairs), "%r vs %r (%r pairs)" % (e["eval_loss"], float(ref),
-                                                                                     e["eval_tokens"]))
+              float(ref) and e["eval_tokens"] == len(held), "%r vs %r (%r pairs)" % (e["eval_loss"], float(ref),
+                                                                                    e["eval_tokens"]))
+        # trl's evaluation metrics: its training metrics' names prefixed with eval_
+        bad = ["eval_%s %r vs %.9g" % (k, e.get("eval_" + k), float(x)) for k, x in metrics.items()
+               if not (abs(e.get("eval_" + k, float("nan")) - float(x)) <= 1e-5 * max(1.0, abs(float(x))))]
+        acc = float(metrics["rewards/accuracies"])
+        check("resume: eval_rewards/*, eval_logps/* = trl's metrics over the eval pairs (accuracy %g)" % acc,
+              not bad and 0 < acc < 1, "; ".join(bad))
 
 
 def case_precompute(cllm, tmp):
@@ -387,7 +399,8 @@ def case_precompute(cllm, tmp):
                   "log-probabilities of 22 rows computed, the reference model freed" in r.stderr, r.stderr[-300:])
         with open(os.path.join(out, "metrics.jsonl")) as f:
             recs = [json.loads(l) for l in f if l.strip()]
-        keys = ("loss", "eval_loss", "rewards/chosen", "rewards/margins", "logps/rejected")
+        keys = ("loss", "eval_loss", "rewards/chosen", "rewards/margins", "logps/rejected", "eval_rewards/margins",
+                "eval_rewards/accuracies", "eval_logps/chosen")
         st = os.path.join(out, "adapter_model.safetensors" if "--lora-r" in extra else "model.safetensors")
         with open(st, "rb") as f:
             return [{k: m[k] for k in keys if k in m} for m in recs], f.read()

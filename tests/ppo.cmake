@@ -2,9 +2,10 @@
 # implementation of trl's PPOTrainer formulas on tiny gpt2, llama and bloom
 # policies with a value head, from fixed rollouts (losses); generated
 # rollouts scored by a reward model (generate); bad rollouts, keys and
-# values named (errors); LoRA with the base as reference (lora); kl_penalty
-# variants, score scaling/norm/clip and the ppo section's config hash (shaping);
-# cllm estimate --task ppo against peak RSS (estimate).
+# values named (errors); LoRA with the base as reference, kl_penalty "full"
+# included (lora); kl_penalty variants, score scaling/norm/clip and the ppo
+# section's config hash (shaping); cllm estimate --task ppo against peak RSS,
+# at ZeRO 3 with the sampling copy (estimate).
 foreach(case losses generate lora errors shaping)
   cllm_add_py_test(ppo_${case} ppo_test.py LABELS train ARGS --case ${case})
   set_tests_properties(ppo_${case} PROPERTIES TIMEOUT 300)

@@ -130,7 +130,9 @@ const char *cllm_dpo_loss_name(cllm_dpo_loss l);
  * log-probabilities, then forward + backward with per-token scales
  * dloss/dtoken_loss. Metrics (trl's names): rewards/chosen
  * (beta (pi_c - ref_c)), rewards/rejected, rewards/accuracies,
- * rewards/margins, logps/chosen, logps/rejected. A micro-batch with an odd
+ * rewards/margins, logps/chosen, logps/rejected; the same means over the
+ * forward-only (evaluation) micro-batches as its eval metrics (recorded
+ * "eval_rewards/accuracies", ...). A micro-batch with an odd
  * row count or a row without counted targets fails naming the row. */
 cllm_status cllm_objective_dpo_init(cllm_objective **out, const cllm_dpo_params *p, cllm_model *ref);
 /* precompute_ref_log_probs: the reference's log-probabilities of rows
@@ -248,9 +250,10 @@ cllm_status cllm_ppo_source_generate(cllm_ppo_source **out, struct cllm_loader *
                                      uint64_t seed);
 void cllm_ppo_source_free(cllm_ppo_source *s); /* NULL is a no-op */
 /* For a policy whose parameters are partitioned (ZeRO-3): generation calls
- * lend(ctx, true) before sampling a batch's responses, which must give the
- * policy its whole parameters (cllm_model_params), and lend(ctx, false)
- * after, which takes them back. Every rank calls both at the same point. */
+ * lend(ctx, true) before sampling a batch's responses (and the PPO
+ * objective before kl_penalty "full"'s key/value-cache pass), which must
+ * give the policy its whole parameters (cllm_model_params), and
+ * lend(ctx, false) after, which takes them back. Every rank calls both at the same point. */
 void cllm_ppo_source_set_lender(cllm_ppo_source *s, cllm_status (*lend)(void *ctx, bool on), void *ctx);
 
 /* The PPO objective. `src` and `ref` are taken over (ref NULL: the policy

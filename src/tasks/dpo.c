@@ -18,6 +18,7 @@
 
 #include "cllm/lora.h"
 #include "cllm/objective.h"
+#include "pair_metrics.h"
 
 enum { M_RC, M_RR, M_ACC, M_MARGIN, M_LC, M_LR, M_COUNT };
 static const char *const metric_names[M_COUNT] = {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
@@ -31,8 +32,7 @@ typedef struct {
     double *lp_pol, *lp_ref; /* [B] */
     long *n_tok;             /* [B] */
     size_t cap_tok, cap_rows;
-    double sums[M_COUNT];
-    long n_pairs;
+    pair_metrics train, eval; /* training and forward-only (evaluation) micro-batches */
     /* precompute_ref_log_probs: reference log-probabilities by row content
      * (open addressing on a 64-bit hash; key 0 = empty) */
     uint64_t *keys;
@@ -248,21 +248,22 @@ static cllm_status dpo_run(cllm_objective *o, cllm_model *m, const cllm_objectiv
     }
     if ((st = row_logps(d, m, bt, backward, d->lp_pol))) return st;
     double total = 0;
+    pair_metrics *acc = backward ? &d->train : &d->eval;
     if (backward) memset(d->scale, 0, (size_t)B * (size_t)T * sizeof *d->scale);
     for (int i = 0; i < P; i++) {
         int c = 2 * i, r = c + 1;
         double pc = d->lp_pol[c], pr = d->lp_pol[r], rc = d->lp_ref[c], rr = d->lp_ref[r];
         double dh = 0, l = pair_loss(&d->p, (pc - pr) - (rc - rr), &dh);
+        double rew_c = d->p.beta * (pc - rc), rew_r = d->p.beta * (pr - rr);
         total += l;
+        acc->sums[M_RC] += rew_c;
+        acc->sums[M_RR] += rew_r;
+        acc->sums[M_ACC] += rew_c > rew_r ? 1.0 : 0.0;
+        acc->sums[M_MARGIN] += rew_c - rew_r;
+        acc->sums[M_LC] += pc;
+        acc->sums[M_LR] += pr;
+        acc->n_pairs++;
         if (backward) {
-            double rew_c = d->p.beta * (pc - rc), rew_r = d->p.beta * (pr - rr);
-            d->sums[M_RC] += rew_c;
-            d->sums[M_RR] += rew_r;
-            d->sums[M_ACC] += rew_c > rew_r ? 1.0 : 0.0;
-            d->sums[M_MARGIN] += rew_c - rew_r;
-            d->sums[M_LC] += pc;
-            d->sums[M_LR] += pr;
-            d->n_pairs++;
             /* dpi_c = +dh, dpi_r = -dh; dpi/dtoken_loss = -1 (or -1/n) */
             for (int q = 0; q < 2; q++) {
                 int row = q ? r : c;
@@ -290,15 +291,11 @@ static cllm_status dpo_run(cllm_objective *o, cllm_model *m, const cllm_objectiv
 }
 
 static int dpo_take_metrics(cllm_objective *o, cllm_objective_metric *out, int cap) {
-    dpo *d = (dpo *)o;
-    int n = 0;
-    for (int i = 0; i < M_COUNT && n < cap && d->n_pairs > 0; i++, n++) {
-        out[n].name = metric_names[i];
-        out[n].value = d->sums[i] / (double)d->n_pairs;
-    }
-    memset(d->sums, 0, sizeof d->sums);
-    d->n_pairs = 0;
-    return n;
+    return pair_metrics_take(&((dpo *)o)->train, metric_names, M_COUNT, out, cap);
+}
+
+static int dpo_take_eval_metrics(cllm_objective *o, cllm_objective_metric *out, int cap) {
+    return pair_metrics_take(&((dpo *)o)->eval, metric_names, M_COUNT, out, cap);
 }
 
 static void dpo_free(cllm_objective *o) {
@@ -314,7 +311,8 @@ static void dpo_free(cllm_objective *o) {
     free(d);
 }
 
-static const cllm_objective_ops dpo_ops = {"dpo", dpo_run, dpo_free, dpo_take_metrics, NULL, NULL, NULL, NULL};
+static const cllm_objective_ops dpo_ops = {"dpo", dpo_run, dpo_free, dpo_take_metrics, dpo_take_eval_metrics,
+                                           NULL, NULL, NULL};
 
 cllm_status cllm_objective_dpo_init(cllm_objective **out, const cllm_dpo_params *p, cllm_model *ref) {
     *out = NULL;

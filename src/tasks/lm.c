@@ -4,8 +4,10 @@
  * fused head + cross-entropy doing the work.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "cllm/objective.h"
+#include "pair_metrics.h"
 
 static cllm_status lm_run(cllm_objective *o, cllm_model *m, const cllm_objective_batch *b, bool backward,
                           float grad_scale, double *loss_sum, long *n_counted) {
@@ -36,6 +38,16 @@ int cllm_objective_take_metrics(cllm_objective *o, cllm_objective_metric *out, i
 
 int cllm_objective_take_eval_metrics(cllm_objective *o, cllm_objective_metric *out, int cap) {
     return o && o->ops->take_eval_metrics ? o->ops->take_eval_metrics(o, out, cap) : 0;
+}
+
+int pair_metrics_take(pair_metrics *a, const char *const *names, int count, cllm_objective_metric *out, int cap) {
+    int n = 0;
+    for (int i = 0; i < count && i < PAIR_METRICS_MAX && n < cap && a->n_pairs > 0; i++, n++) {
+        out[n].name = names[i];
+        out[n].value = a->sums[i] / (double)a->n_pairs;
+    }
+    memset(a, 0, sizeof *a);
+    return n;
 }
 
 bool cllm_objective_has_rows(const cllm_objective *o) { return o && o->ops->rows; }

@@ -310,7 +310,12 @@ static cllm_status new_batch(ppo *o, cllm_model *m, long k) {
     }
     if (!st && o->p.kl_penalty == CLLM_PPO_KL_FULL) {
         float *kf = realloc(o->kl_full, (size_t)R * o->b.T * sizeof *kf);
-        st = kf ? ppo_full_kl(&o->b, m, o->ref, (o->kl_full = kf)) : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        st = kf ? ppo_source_lend(o->src, true) : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        if (!st) {
+            st = ppo_full_kl(&o->b, m, o->ref, (o->kl_full = kf)); /* the whole policy (ZeRO 3: gathered) */
+            cllm_status sl = ppo_source_lend(o->src, false);
+            if (!st) st = sl;
+        }
     }
     if (!st) st = batch_stats(o);
     if (st) return cllm_fail_context(st, "PPO batch %ld", k);
@@ -521,9 +526,6 @@ cllm_status cllm_objective_ppo_init(cllm_objective **out, const cllm_ppo_params 
     if (q.batch_size == 0) q.batch_size = mini;
     cllm_status st = micro_batch < 1 || mini < micro_batch ? CLLM_FAIL(CLLM_ERR_ARG, "PPO: bad batch sizes")
                                                            : check_params(&q, mini);
-    if (!st && q.kl_penalty == CLLM_PPO_KL_FULL && !ref)
-        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "ppo.kl_penalty \"full\" needs a separate reference model (ppo.ref_model "
-                       "or the starting weights), not the LoRA base");
     ppo *o = st ? NULL : calloc(1, sizeof *o);
     if (!st && !o) st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     if (st) {

@@ -27,10 +27,15 @@ void ppo_batch_free(ppo_batch *b);
  * token id. */
 cllm_status ppo_source_fill(cllm_ppo_source *s, cllm_model *policy, const cllm_ppo_params *p, uint64_t first,
                             ppo_batch *b, int32_t pad);
+/* The policy's whole parameters from on until off, when they are
+ * partitioned (the lender of cllm_ppo_source_set_lender; collective);
+ * otherwise nothing. */
+cllm_status ppo_source_lend(cllm_ppo_source *s, bool on);
 /* trl's kl_penalty "full": at every response position n of the batch,
  * out[n] = sum_v p(v) (log p(v) - log q(v)) for the next-token
  * distributions p of the policy and q of the reference (logits from the
- * key/value-cache forward of query + response). */
+ * key/value-cache forward of query + response); ref NULL: the policy with
+ * its LoRA adapters disabled. */
 cllm_status ppo_full_kl(const ppo_batch *b, cllm_model *policy, cllm_model *ref, float *out);
 
 #endif

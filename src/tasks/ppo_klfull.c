@@ -3,12 +3,14 @@
  * log_target=True).sum(-1) over the whole vocabulary): the policy and the
  * reference each run query + response through a key/value cache, side by
  * side, and every response position's two next-token distributions give
- * KL(policy || reference).
+ * KL(policy || reference). Without a reference model (LoRA) the reference
+ * is the policy with its adapters disabled, in a cache of its own.
  */
 #include <math.h>
 #include <stdlib.h>
 
 #include "cllm/generate.h"
+#include "cllm/lora.h"
 #include "ppo_impl.h"
 
 /* sum_v p (log p - log q), p = softmax(a), q = softmax(b), in double. */
@@ -30,8 +32,21 @@ static double kl_of_logits(const float *a, const float *b, int V) {
     return s;
 }
 
+/* The reference's next-token logits after n more tokens; base: the policy,
+ * run with its adapters disabled. */
+static cllm_status ref_forward(cllm_kv_cache *kv, cllm_model *base, const int32_t *ids, int n, float *logits) {
+    if (base) cllm_lora_set_enabled(base, false);
+    cllm_status st = cllm_kv_cache_forward(kv, ids, n, logits);
+    if (base) cllm_lora_set_enabled(base, true);
+    return st;
+}
+
 cllm_status ppo_full_kl(const ppo_batch *b, cllm_model *policy, cllm_model *ref, float *out) {
     const int T = b->T, V = cllm_model_get_config(policy)->vocab_size;
+    cllm_model *base = ref ? NULL : policy;
+    if (!ref && !cllm_lora_attached(policy))
+        return CLLM_FAIL(CLLM_ERR_ARG, "ppo.kl_penalty \"full\": no reference model and no LoRA adapters to disable");
+    if (!ref) ref = policy;
     if (cllm_model_get_config(ref)->vocab_size != V)
         return CLLM_FAIL(CLLM_ERR_ARG, "ppo.kl_penalty \"full\": the reference's vocabulary (%d) is not the "
                          "policy's (%d)", cllm_model_get_config(ref)->vocab_size, V);
@@ -45,12 +60,12 @@ cllm_status ppo_full_kl(const ppo_batch *b, cllm_model *policy, cllm_model *ref,
         st = cllm_kv_cache_rewind(kp, 0);
         if (!st) st = cllm_kv_cache_rewind(kq, 0);
         if (!st) st = cllm_kv_cache_forward(kp, row, nq, lp);
-        if (!st) st = cllm_kv_cache_forward(kq, row, nq, lq);
+        if (!st) st = ref_forward(kq, base, row, nq, lq);
         for (int i = 0; i < nr && !st; i++) {
             out[(size_t)r * T + (size_t)(nq - 1 + i)] = (float)kl_of_logits(lp, lq, V);
             if (i + 1 < nr) {
                 st = cllm_kv_cache_forward(kp, row + nq + i, 1, lp);
-                if (!st) st = cllm_kv_cache_forward(kq, row + nq + i, 1, lq);
+                if (!st) st = ref_forward(kq, base, row + nq + i, 1, lq);
             }
         }
     }

@@ -43,6 +43,8 @@ void cllm_ppo_source_set_lender(cllm_ppo_source *s, cllm_status (*lend)(void *ct
     s->lend_ctx = ctx;
 }
 
+cllm_status ppo_source_lend(cllm_ppo_source *s, bool on) { return s->lend ? s->lend(s->lend_ctx, on) : CLLM_OK; }
+
 /* ------------------------------------------------------------- batch */
 
 cllm_status ppo_batch_reserve(ppo_batch *b, int R, int T) {

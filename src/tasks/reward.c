@@ -21,15 +21,11 @@
 #include <string.h>
 
 #include "cllm/objective.h"
+#include "pair_metrics.h"
 
 enum { M_ACC, M_RC, M_RR, M_MARGIN, M_COUNT };
 static const char *const metric_names[M_COUNT] = {"accuracy", "rewards/chosen", "rewards/rejected",
                                                   "rewards/margins"};
-
-typedef struct {
-    double sums[M_COUNT];
-    long n_pairs;
-} metric_acc;
 
 typedef struct {
     cllm_objective base;
@@ -41,7 +37,7 @@ typedef struct {
     const float *margin;
     float grad_scale;
     double loss;
-    metric_acc train, eval;
+    pair_metrics train, eval;
 } reward;
 
 cllm_reward_params cllm_reward_params_default(void) {
@@ -133,7 +129,7 @@ static cllm_status reward_run(cllm_objective *o, cllm_model *m, const cllm_objec
     if ((st = cllm_model_forward_backward_ex(m, bt->tokens, bt->targets, B, T, backward, grad_scale, &io, &s, &k)))
         return st;
     if (!backward) pair_losses(r, r->scores, NULL, B);
-    metric_acc *acc = backward ? &r->train : &r->eval;
+    pair_metrics *acc = backward ? &r->train : &r->eval;
     for (int i = 0; i < B / 2; i++) {
         double rc = r->scores[2 * i], rr = r->scores[2 * i + 1];
         acc->sums[M_ACC] += rc > rr ? 1.0 : 0.0;
@@ -147,22 +143,12 @@ static cllm_status reward_run(cllm_objective *o, cllm_model *m, const cllm_objec
     return CLLM_OK;
 }
 
-static int take(metric_acc *a, cllm_objective_metric *out, int cap) {
-    int n = 0;
-    for (int i = 0; i < M_COUNT && n < cap && a->n_pairs > 0; i++, n++) {
-        out[n].name = metric_names[i];
-        out[n].value = a->sums[i] / (double)a->n_pairs;
-    }
-    memset(a, 0, sizeof *a);
-    return n;
-}
-
 static int reward_take_metrics(cllm_objective *o, cllm_objective_metric *out, int cap) {
-    return take(&((reward *)o)->train, out, cap);
+    return pair_metrics_take(&((reward *)o)->train, metric_names, M_COUNT, out, cap);
 }
 
 static int reward_take_eval_metrics(cllm_objective *o, cllm_objective_metric *out, int cap) {
-    return take(&((reward *)o)->eval, out, cap);
+    return pair_metrics_take(&((reward *)o)->eval, metric_names, M_COUNT, out, cap);
 }
 
 static void reward_free(cllm_objective *o) {

@@ -729,11 +729,15 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     /* the data were opened with the whole vocabulary; from here on tr->m is this rank's part */
     const bool reward = c->task && strcmp(c->task, "reward") == 0;
     tr->pairs = reward || (c->task && strcmp(c->task, "dpo") == 0);
-    if (reward) st = train_open_reward(tr, piped, tensor);
-    if (!st && reward && c->n_freeze && !cllm_model_has_trainable_set(tr->m))
-        st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "freeze with task \"reward\" from a causal LM (its score head is made "
-                       "after the tensors are frozen): start from a reward model folder, or train every tensor");
-    else if (tr->pairs) st = train_open_dpo(tr, piped, tensor);
+    if (reward) {
+        st = train_open_reward(tr, piped, tensor);
+        if (!st && c->n_freeze && !cllm_model_has_trainable_set(tr->m))
+            st = CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "freeze with task \"reward\" from a causal LM (its score head is "
+                           "made after the tensors are frozen): start from a reward model folder, or train every "
+                           "tensor");
+    } else if (tr->pairs) {
+        st = train_open_dpo(tr, piped, tensor);
+    }
     if (st) goto done;
     const uint64_t n_data = tr->train ? cllm_loader_size(tr->train) : 0;
     if (!reward && cllm_model_get_config(tr->m)->num_labels > 0) {

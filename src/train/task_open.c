@@ -134,9 +134,6 @@ cllm_status train_open_ppo(trainer *tr, bool piped, bool tensor) {
         return CLLM_FAIL(CLLM_ERR_ARG, "ppo.mini_batch_size: %d, but each rank trains on %ld rollouts per step "
                          "(train_batch_size %ld over %d ranks); set train_batch_size to mini_batch_size x ranks",
                          c->ppo_mini_batch_size, mini, c->train_batch_size, c->dp_size);
-    if (c->ppo.kl_penalty == CLLM_PPO_KL_FULL && c->zero.stage == 3)
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "ppo.kl_penalty \"full\" with zero_optimization.stage 3: the "
-                         "full-vocabulary KL runs the whole policy on every rank; use stage 0-2");
     cllm_status st = CLLM_OK;
     cllm_ppo_source *src = NULL;
     cllm_model *ref = NULL, *rm = NULL;
@@ -147,9 +144,10 @@ cllm_status train_open_ppo(trainer *tr, bool piped, bool tensor) {
                        "ppo.rollouts (--rollouts) for fixed rollouts");
     } else if (!(st = load_side_model(tr, c->reward_model_dir, "reward model", &rm))) {
         st = cllm_ppo_source_generate(&src, tr->train, rm, c->seed);
-        if (!st && c->zero.stage == 3) cllm_ppo_source_set_lender(src, lend_params, tr);
     }
     if (st) return st;
+    /* at ZeRO 3 sampling and kl_penalty "full" gather the whole policy */
+    if (c->zero.stage == 3) cllm_ppo_source_set_lender(src, lend_params, tr);
     bool lora = cllm_lora_attached(tr->m);
     const char *dir = c->ref_model_dir ? c->ref_model_dir : lora ? NULL : c->model_dir;
     if (dir) st = load_side_model(tr, dir, "reference model", &ref);

@@ -53,7 +53,9 @@
  * starts gathering the next one into a free working buffer. Each
  * collective's time from start to completion, and the time the computation
  * waited for it, are measured (comm_hidden_fraction).
- * Not here: checkpoints of partitioned state (the engine refuses them).
+ *
+ * Checkpoints of the partitioned state: train_shard_ckpt_fill / _load below,
+ * written and read per rank by ckpt_shard.c.
  */
 #define _DEFAULT_SOURCE /* madvise(MADV_DONTNEED): glibc ignores posix_madvise's DONTNEED */
 #include <errno.h>

@@ -109,9 +109,10 @@ static void print_table(const cllm_mem_estimate *e) {
  * reference is the base without adapters, or reference-free DPO), PPO's
  * reward model (a forward over a whole rollout batch) and its rollout
  * buffers (the batch's per-token arrays, one sequence's key/value cache
- * and logits). */
+ * and logits); at ZeRO 3, the whole fp32 copy of the policy's parameters
+ * that sampling gathers (train_shard_lend_params), value head included. */
 typedef struct {
-    size_t ref, reward, rollouts;
+    size_t ref, reward, rollouts, sampling;
 } side_bytes;
 
 static size_t forward_model(const cllm_model_config *c, int rows, int T) {
@@ -123,7 +124,7 @@ static size_t forward_model(const cllm_model_config *c, int rows, int T) {
 }
 
 static int side_models(const char *task, const cllm_model_config *cfg, const char *ref_dir, const char *rm_dir,
-                       bool lora, int B, int T, int R, side_bytes *out) {
+                       bool lora, int stage, int B, int T, int R, side_bytes *out) {
     memset(out, 0, sizeof *out);
     if (!strcmp(task, "lm") || !strcmp(task, "reward")) return 0;
     if (strcmp(task, "dpo") && strcmp(task, "ppo")) {
@@ -149,6 +150,8 @@ static int side_models(const char *task, const cllm_model_config *cfg, const cha
     size_t kv = (size_t)c[0].n_kv_head * (size_t)c[0].head_dim;
     out->rollouts = (size_t)R * T * (2 * sizeof(int32_t) + 5 * sizeof(float)) +
                     (2 * (size_t)cfg->n_layer * (size_t)T * kv + (size_t)cfg->vocab_size) * sizeof(float);
+    size_t n = 0, len = 0;
+    if (stage == 3 && !cllm_model_config_params(cfg, &n, &len)) out->sampling = len * sizeof(float);
     return 0;
 }
 
@@ -224,7 +227,8 @@ int cmd_estimate(int argc, char **argv) {
         QUANT_FLAG_SPECS(qf),
         {"json", ARG_FLAG, &as_json, NULL, false, "print the estimate as JSON (bytes)"},
         {"task", ARG_STR, &task, "lm", false,
-         "lm, reward, dpo or ppo: dpo and ppo add the reference model, ppo the reward model, value head and rollouts"},
+         "lm, reward, dpo or ppo: dpo and ppo add the reference model, ppo the reward model, value head, rollouts and "
+         "(--zero-stage 3) the whole parameters gathered for sampling"},
         {"ref-model", ARG_STR, &ref_dir, NULL, false, "dpo, ppo: the reference's folder (default: the model's shape; "
          "none with --lora-r, whose reference is the base without adapters)"},
         {"reward-model", ARG_STR, &rm_dir, NULL, false, "ppo: the reward model's folder (default: the model's shape)"},
@@ -300,10 +304,11 @@ int cmd_estimate(int argc, char **argv) {
     }
     side_bytes side;
     if (!strcmp(task, "ppo")) cfg.value_head = true; /* v_head.summary: C + 1 trained parameters */
-    if ((rc = side_models(task, &cfg, ref_dir, rm_dir, lora_r > 0, B * accum, T, ppo_batch > 0 ? ppo_batch : B * accum,
-                          &side)))
+    if ((rc = side_models(task, &cfg, ref_dir, rm_dir, lora_r > 0, stage, B * accum, T,
+                          ppo_batch > 0 ? ppo_batch : B * accum, &side)))
         goto done;
-    s.overhead += side.ref + side.reward + side.rollouts;
+    const size_t side_total = side.ref + side.reward + side.rollouts + side.sampling;
+    s.overhead += side_total;
     cllm_bnb_config qc;
     cllm_bnb_config_default(&qc);
     if (quant_flags_any(&qf)) { /* QLoRA: the base's linear layers quantized */
@@ -327,7 +332,7 @@ int cmd_estimate(int argc, char **argv) {
         rc = 2;
         goto done;
     }
-    e.overhead -= side.ref + side.reward + side.rollouts;
+    e.overhead -= side_total;
     cllm_mem_setup best;
     cllm_mem_estimate be;
     bool fits = memory_s && cllm_memory_suggest(&cfg, &s, budget, &best, &be);
@@ -336,6 +341,7 @@ int cmd_estimate(int argc, char **argv) {
         json_object_set_new(j, "reference_model", json_integer((json_int_t)side.ref));
         json_object_set_new(j, "reward_model", json_integer((json_int_t)side.reward));
         json_object_set_new(j, "rollouts", json_integer((json_int_t)side.rollouts));
+        json_object_set_new(j, "sampling_params", json_integer((json_int_t)side.sampling));
         if (cfg.n_experts) add_moe_json(j, &e);
         if (s.quant_numel) { /* a quantized base: its layers' parameters and stored bytes */
             json_object_set_new(j, "quantized_params", json_integer((json_int_t)s.quant_numel));
@@ -375,6 +381,9 @@ int cmd_estimate(int argc, char **argv) {
     if (side.ref || side.reward)
         printf("  of which %s: reference model %.1f MB, reward model %.1f MB, rollout buffers %.1f MB (fp32, forward "
                "only)\n", task, (double)side.ref / 1e6, (double)side.reward / 1e6, (double)side.rollouts / 1e6);
+    if (side.sampling)
+        printf("  and the whole parameters gathered at ZeRO 3 while sampling: %.1f MB (fp32)\n",
+               (double)side.sampling / 1e6);
     if (memory_s) {
         if (e.total <= budget) {
             printf("fits in %.1f MB as given\n", (double)budget / 1e6);
