@@ -30,6 +30,7 @@ if(CLLM_HAVE_MPI AND CLLM_MPIRUN)
   endforeach()
   # tensor-parallel inference (tp_infer_test.py): generate and serve against one process
   cllm_add_py_test(tp_infer_generate tp_infer_test.py LABELS mpi generate ARGS --case generate)
+  cllm_add_py_test(tp_infer_weights tp_infer_test.py LABELS mpi generate ARGS --case weights)
   cllm_add_py_test(tp_infer_serve tp_infer_test.py LABELS mpi serve ARGS --case serve --fixtures ${CLLM_FIXTURES}/hf)
-  set_tests_properties(tp_infer_generate tp_infer_serve PROPERTIES TIMEOUT 180)
+  set_tests_properties(tp_infer_generate tp_infer_weights tp_infer_serve PROPERTIES TIMEOUT 180)
 endif()

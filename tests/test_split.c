@@ -15,7 +15,9 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "cllm/io.h"
 #include "cllm/model.h"
+#include "cllm/quant.h"
 #include "cllm/split.h"
 
 static cllm_model *tiny(cllm_arch a, int tie) {
@@ -162,6 +164,101 @@ static void test_odd_vocab(const char *dir) {
     }
 }
 
+/* Whether dir_a/model.safetensors and dir_b/model.safetensors hold the same bytes. */
+static int same_file(const char *dir_a, const char *dir_b) {
+    char pa[4300], pb[4300], *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    snprintf(pa, sizeof pa, "%s/model.safetensors", dir_a);
+    snprintf(pb, sizeof pb, "%s/model.safetensors", dir_b);
+    int same = cllm_read_file(pa, &a, &na) == CLLM_OK && cllm_read_file(pb, &b, &nb) == CLLM_OK && na == nb &&
+               memcmp(a, b, na) == 0;
+    free(a);
+    free(b);
+    return same;
+}
+
+/* Parts in bf16 / int8 / q4 (cllm_tp_model_load_weights), vocabulary 511
+ * over 2 ranks: a part cut from fp32 files and quantized equals, bit for
+ * bit, the part whose blocks are cut as bytes from the whole model's
+ * quantized folder (so every slice holds exactly the whole model's blocks);
+ * each rank holds about half the whole model's bytes. A row-parallel cut
+ * inside a 32-value block (LLaMA's FFN of 172: 86 inputs a rank) is
+ * refused naming the tensor. */
+static void test_quantized_parts(const char *dir) {
+    for (int a = 0; a < CLLM_ARCH_COUNT; a++) {
+        json_t *j = NULL;
+        cllm_model *m = NULL, *whole = NULL;
+        if (cllm_model_preset(&j, (cllm_arch)a, "tiny")) continue;
+        json_object_set_new(j, "vocab_size", json_integer(511));
+        if (a == CLLM_ARCH_LLAMA) json_object_set_new(j, "intermediate_size", json_integer(192));
+        CHECK(cllm_model_init_random(&m, j, 5) == CLLM_OK, "init: %s", cllm_last_error());
+        json_decref(j);
+        if (!m) continue;
+        const char *arch = cllm_arch_name((cllm_arch)a);
+        char hf[4200], qdir[4200], da[4200], db[4200];
+        snprintf(hf, sizeof hf, "%s/q_%s", dir, arch);
+        CHECK(cllm_model_save(m, hf, 0) == CLLM_OK, "save %s: %s", arch, cllm_last_error());
+        for (int f = CLLM_WFMT_BF16; f < CLLM_WFMT_COUNT; f++) {
+            const char *fn = cllm_wfmt_name((cllm_wfmt)f);
+            snprintf(qdir, sizeof qdir, "%s/q_%s_%s", dir, arch, fn);
+            CHECK(cllm_model_load_weights(&whole, hf, fn) == CLLM_OK &&
+                      cllm_model_save_weights(whole, qdir, 0) == CLLM_OK,
+                  "%s %s whole: %s", arch, fn, cllm_last_error());
+            size_t held = 0;
+            for (int r = 0; r < 2; r++) {
+                cllm_model *pa = NULL, *pb = NULL;
+                snprintf(da, sizeof da, "%s/q_%s_%s_a%d", dir, arch, fn, r);
+                snprintf(db, sizeof db, "%s/q_%s_%s_b%d", dir, arch, fn, r);
+                CHECK(cllm_tp_model_load_weights(&pa, hf, 2, r, fn) == CLLM_OK &&
+                          cllm_tp_model_load_weights(&pb, qdir, 2, r, NULL) == CLLM_OK,
+                      "%s %s part %d: %s", arch, fn, r, cllm_last_error());
+                CHECK(pa && pb && cllm_model_weights(pa) == (cllm_wfmt)f && cllm_model_weights(pb) == (cllm_wfmt)f,
+                      "%s %s part %d: format", arch, fn, r);
+                CHECK(pa && pb && cllm_model_save_weights(pa, da, 0) == CLLM_OK &&
+                          cllm_model_save_weights(pb, db, 0) == CLLM_OK && same_file(da, db),
+                      "%s %s part %d: cut-then-quantized and quantized-then-cut differ", arch, fn, r);
+                held += pa ? cllm_model_held_bytes(pa) : 0;
+                cllm_model_free(pa);
+                cllm_model_free(pb);
+            }
+            /* the two halves: the whole's bytes, plus a second copy of the
+             * replicated tensors (norms, biases, GPT-2's positions) */
+            size_t whole_held = whole ? cllm_model_held_bytes(whole) : 0;
+            CHECK(held > whole_held && held < 2 * whole_held, "%s %s: ranks hold %zu bytes, whole %zu", arch, fn, held,
+                  whole_held);
+            cllm_model_free(whole);
+            whole = NULL;
+        }
+        cllm_model_free(m);
+    }
+    json_t *j = NULL;
+    cllm_model *m = NULL, *p = NULL;
+    char hf[4200];
+    snprintf(hf, sizeof hf, "%s/q_llama172", dir);
+    CHECK(cllm_model_preset(&j, CLLM_ARCH_LLAMA, "tiny") == CLLM_OK && cllm_model_init_random(&m, j, 5) == CLLM_OK &&
+              cllm_model_save(m, hf, 0) == CLLM_OK, "llama 172: %s", cllm_last_error());
+    CHECK(cllm_tp_model_load_weights(&p, hf, 2, 1, "int8") == CLLM_ERR_UNSUPPORTED && !p &&
+              strstr(cllm_last_error(), "model.layers.0.mlp.down_proj.weight is cut along its 172 inputs"),
+          "a cut inside a block: %s", cllm_last_error());
+    CHECK(cllm_tp_model_load_weights(&p, hf, 2, 1, "bf16") == CLLM_OK, "bf16 cuts anywhere: %s", cllm_last_error());
+    cllm_model_free(p);
+    /* an int8 folder of it: as stored (int8) refused, as bf16 widened and cut */
+    cllm_model *w = NULL;
+    char q8[4200];
+    snprintf(q8, sizeof q8, "%s/q_llama172_int8", dir);
+    CHECK(cllm_model_load_weights(&w, hf, "int8") == CLLM_OK && cllm_model_save_weights(w, q8, 0) == CLLM_OK,
+          "llama 172 int8: %s", cllm_last_error());
+    cllm_model_free(w);
+    p = NULL;
+    CHECK(cllm_tp_model_load_weights(&p, q8, 2, 0, NULL) == CLLM_ERR_UNSUPPORTED && !p,
+          "int8 folder cut inside a block: %s", cllm_last_error());
+    CHECK(cllm_tp_model_load_weights(&p, q8, 2, 0, "bf16") == CLLM_OK && p && cllm_model_weights(p) == CLLM_WFMT_BF16,
+          "int8 folder as bf16 slices: %s", cllm_last_error());
+    cllm_model_free(p);
+    cllm_model_free(m);
+    json_decref(j);
+}
+
 int main(void) {
     char dir[] = "/tmp/cllm_split_XXXXXX";
     if (!mkdtemp(dir)) return 1;
@@ -184,6 +281,7 @@ int main(void) {
             cllm_model_free(m);
         }
     test_odd_vocab(dir);
+    test_quantized_parts(dir);
     cllm_model *g = tiny(CLLM_ARCH_GPT2, 1), *l = tiny(CLLM_ARCH_LLAMA, 0), *bl = tiny(CLLM_ARCH_BLOOM, 1);
     expect_rule(g, "transformer.h.1.attn.c_attn.weight", CLLM_TP_COLS, 3, 2);
     expect_rule(g, "transformer.h.1.attn.c_attn.bias", CLLM_TP_ROWS, 3, 2);

@@ -12,15 +12,26 @@ raw log-probabilities of every step's token and of its top 5 alternatives
 agree within 1e-4 (the row-parallel partial sums are added by MPI, in
 another order). --tensor 2 with one rank fails with a message.
 
+weights: the same comparison with the matrices in bf16, int8 and q4 (GPT-2
+with vocabulary 511, LLaMA with an FFN of 192: 96 down-projection inputs a
+rank, whole 32-value blocks) and with a folder written by `cllm convert
+--quantize int8` loaded as stored: each rank's slices hold the one-process
+model's values in that format, so the tokens are the same and the
+log-probabilities agree within 1e-4 (only the order of the sums differs);
+the start-up line names the format. A row-parallel cut inside a block (an
+FFN of 172: 86 inputs a rank) is refused naming the tensor and the sizes.
+
 serve: `mpirun -np 2 cllm serve --tensor 2` on a tiny GPT-2 with the real
 GPT-2 tokenizer (vocabulary 50257, odd) answers /generate with the tokens
 of the one-process server, /info reports 2 ranks and each rank's weight
 bytes (about half the whole model's), the start-up log says so too, and
 SIGTERM to rank 0 alone stops every rank with exit 0. A follower killed
 with SIGKILL ends the job (mpirun exits non-zero) instead of leaving rank 0
-waiting.
+waiting. With --weights int8 the tokens are those of the one-process int8
+server and /info reports model_dtype int8 and each rank's int8 bytes (about
+half the one-process int8 model's, under 0.3 of fp32).
 
-Usage: tp_infer_test.py --cllm BIN --build DIR --case {generate,serve} [--fixtures DIR]
+Usage: tp_infer_test.py --cllm BIN --build DIR --case {generate,weights,serve} [--fixtures DIR]
 """
 import argparse, http.client, json, os, shutil, signal, subprocess, sys, tempfile, threading, time
 
@@ -92,6 +103,45 @@ def generate(cllm, tmp):
     # the rank count must match
     p = run(MPIRUN + ["-np", "1", cllm, "generate", "--model", cases[0][1], "--prompt-ids", "5", "--tensor", "2"])
     check(p.returncode not in (0, 124) and "needs exactly 2 ranks" in p.stderr, f"rank count: {p.stderr[-800:]}")
+
+
+def weights(cllm, tmp):
+    """--tensor 2 with --weights bf16 / int8 / q4 and with a quantized folder."""
+    gpt2 = init(cllm, tmp, "gpt2", "vocab_size=511")
+    llama = init(cllm, tmp, "llama", "intermediate_size=192")  # 96 FFN inputs a rank: whole 32-value blocks
+    q8 = os.path.join(tmp, "llama-int8")
+    p = run([cllm, "convert", "--model", llama, "--quantize", "int8", "--out", q8])
+    check(p.returncode == 0, f"convert --quantize int8: {p.stderr[-800:]}")
+    cases = [(f"{arch} {w}", model, "5,9,510,7,300", ["--weights", w])
+             for arch, model in (("gpt2 vocab 511", gpt2), ("llama", llama)) for w in ("bf16", "int8", "q4")]
+    cases.append(("llama int8 folder", q8, "5,9,23,7,300", []))  # as stored: the file's blocks, cut as bytes
+    for tag, model, prompt, flags in cases:
+        args = ["generate", "--model", model, "--prompt-ids", prompt, "--max-new-tokens", "12", "--greedy",
+                "--ignore-eos", "--output", "ids", "--top-n", "5"] + flags
+        one = run([cllm] + args)
+        two = run(MPIRUN + ["-np", "2", cllm] + args + ["--tensor", "2"])
+        if not check(one.returncode == 0 and two.returncode == 0,
+                     f"{tag}: exit {one.returncode} / {two.returncode}: {one.stderr[-800:]} {two.stderr[-1500:]}"):
+            continue
+        a, b = steps(one.stderr), steps(two.stderr)
+        check(len(a) == 12 and len(b) == 12, f"{tag}: {len(a)} / {len(b)} steps")
+        check(one.stdout.split() == two.stdout.split(), f"{tag}: tokens {one.stdout.split()} vs {two.stdout.split()}")
+        check(len(set(t for t, _, _ in a)) >= 4, f"{tag}: a degenerate continuation {one.stdout.split()}")
+        worst = 0.0
+        for (ta, la, topa), (tb, lb, topb) in zip(a, b):
+            check(ta == tb and [i for i, _ in topa] == [i for i, _ in topb], f"{tag}: top ids {topa} vs {topb}")
+            worst = max([worst, abs(la - lb)] + [abs(x[1] - y[1]) for x, y in zip(topa, topb)])
+        check(worst <= 1e-4, f"{tag}: log-probabilities differ by {worst:.2e}")
+        fmt = flags[1] if flags else "int8"
+        check(f"tensor parallel over 2 ranks" in two.stderr and f"per rank ({fmt})" in two.stderr,
+              f"{tag}: no start-up line naming {fmt}:\n{two.stderr[-800:]}")
+        print(f"{tag}: 12 greedy tokens equal, worst log-prob difference {worst:.1e}", flush=True)
+    # a row-parallel cut inside a 32-value block: refused, naming the tensor and the sizes
+    bad = init(cllm, tmp, "llama")  # intermediate_size 172: 86 down_proj inputs a rank
+    p = run(MPIRUN + ["-np", "2", cllm, "generate", "--model", bad, "--prompt-ids", "5", "--weights", "q4",
+                      "--tensor", "2"])
+    check(p.returncode not in (0, 124) and "model.layers.0.mlp.down_proj.weight is cut along its 172 inputs into "
+          "slices of 86 values" in p.stderr, f"block refusal: {p.stderr[-800:]}")
 
 
 def Server(cmd):
@@ -179,6 +229,35 @@ def serve(cllm, tmp, fixtures):
         if two.p.poll() is None:
             two.kill()
 
+    # int8 weights: each rank holds its slice in int8 (/info's model_dtype and rank_weight_bytes)
+    one = Server([cllm] + flags + ["--weights", "int8"])
+    st1, js1 = req(one.port, "POST", "/generate", body)
+    _, info8 = req(one.port, "GET", "/info")
+    os.killpg(one.p.pid, signal.SIGTERM)
+    check(one.wait(30 * SCALE) == 0, "one-process int8 server did not stop with 0")
+    two = Server(MPIRUN + ["-np", "2", cllm] + flags + ["--weights", "int8", "--tensor", "2"])
+    try:
+        st2, js2 = req(two.port, "POST", "/generate", body)
+        _, info = req(two.port, "GET", "/info")
+        ids1 = [t["id"] for t in js1["details"]["tokens"]] if st1 == 200 else None
+        ids2 = [t["id"] for t in js2["details"]["tokens"]] if st2 == 200 else None
+        check(ids1 == ids2 and ids1 and len(ids1) == 12, f"int8 tokens {ids1} vs {ids2}")
+        w8, w = info8.get("rank_weight_bytes", 0), info.get("rank_weight_bytes", 0)
+        check(info.get("model_dtype") == "int8" and info.get("tensor_parallel_size") == 2, f"int8 /info {info}")
+        # Q8_0 is 34 bytes per 32 values: about 0.27 of fp32; each rank about half of that
+        check(0.45 * w8 < w < 0.6 * w8 and w8 < 0.3 * w1, f"int8 rank weights {w} of {w8} (fp32 {w1})")
+        log = "".join(two.log)
+        m = [ln for ln in log.splitlines() if "MiB of weights per rank (int8)" in ln]
+        check(len(m) == 1, f"int8 start-up log:\n{log[-1500:]}")
+        pids = rank_pids(two.p.pid)
+        if 0 in pids:
+            os.kill(pids[0], signal.SIGTERM)
+        check(two.wait(60 * SCALE) == 0, f"int8 mpirun exit after SIGTERM:\n{''.join(two.log)[-2000:]}")
+        print(f"serve int8: tokens {ids1} equal; {w} of {w8} weight bytes a rank (fp32 whole {w1})", flush=True)
+    finally:
+        if two.p.poll() is None:
+            two.kill()
+
     # a dead follower ends the job
     three = Server(MPIRUN + ["-np", "2", cllm] + flags + ["--tensor", "2"])
     try:
@@ -198,13 +277,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cllm", required=True)
     ap.add_argument("--build", required=True)
-    ap.add_argument("--case", required=True, choices=["generate", "serve"])
+    ap.add_argument("--case", required=True, choices=["generate", "weights", "serve"])
     ap.add_argument("--fixtures")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="tp_infer_", dir=a.build)
     try:
         if a.case == "generate":
             generate(a.cllm, tmp)
+        elif a.case == "weights":
+            weights(a.cllm, tmp)
         else:
             serve(a.cllm, tmp, a.fixtures)
     finally:

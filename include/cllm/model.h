@@ -182,6 +182,11 @@ cllm_wfmt cllm_model_weights(const cllm_model *m);
 /* Bytes of the matrices one decode step reads: every linear weight and the
  * head (a tied head counted once), in their format. */
 size_t cllm_model_weight_bytes(const cllm_model *m);
+/* Bytes of the weight buffers the model holds (cllm_weights_bytes of a
+ * model): the flat parameters (without the never-written slots of the
+ * matrices a weight format stores), the low-precision copy, the weight
+ * format's matrices and a quantized base. A tensor part: its slices. */
+size_t cllm_model_held_bytes(const cllm_model *m);
 /* Writes the model as an HF-style folder whose matrices are stored in its
  * weight format (config.json gains "cllm_weights"; docs/formats/quantized.md)
  * so that cllm_model_load_weights reads them back without conversion. For

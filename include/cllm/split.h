@@ -86,6 +86,16 @@ cllm_status cllm_tp_model_part(cllm_model **out, const cllm_model *full, int tp,
  * the peak is the part plus the largest tensor. Values equal those of
  * cllm_tp_model_part over cllm_model_load bit for bit; errors as both. */
 cllm_status cllm_tp_model_load(cllm_model **out, const char *dir, int tp, int r);
+/* The same part with its matrices in weight format `weights` ("fp32",
+ * "bf16", "int8", "q4"; NULL: as the folder stores them, so that a folder
+ * written by cllm convert --quantize loads without re-quantization), as
+ * cllm_model_load_weights holds them (cllm/quant.h): only the slices, each
+ * in the format. The stored values are those of the whole model in that
+ * format, cut: column-parallel slices are whole rows, row-parallel slices
+ * runs of inputs, which for int8 / q4 must be whole 32-value blocks (a cut
+ * inside a block is CLLM_ERR_UNSUPPORTED naming the tensor and its sizes).
+ * Forwards only, like every model in those formats. */
+cllm_status cllm_tp_model_load_weights(cllm_model **out, const char *dir, int tp, int r, const char *weights);
 
 /* Collective over the tensor group g: gathers every rank's part (of
  * cllm_tp_model_part(full, size of g, rank in g)) into full's parameters.

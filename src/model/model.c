@@ -115,7 +115,7 @@ static int find_index(const cllm_model *m, const char *name) {
 /* The format config.json's "cllm_weights" names (a folder written by
  * cllm convert --quantize), else bf16 when the first stored matrix of the
  * files is BF16, else fp32. */
-static cllm_status stored_format(const cllm_model *m, const json_t *config, const cllm_st_set *set, const char *path,
+cllm_status model_stored_format(const cllm_model *m, const json_t *config, const cllm_st_set *set, const char *path,
                                  cllm_wfmt *out) {
     json_t *q = json_object_get(config, "cllm_weights");
     *out = CLLM_WFMT_FP32;
@@ -265,7 +265,7 @@ cllm_status cllm_model_load_weights(cllm_model **out, const char *dir, const cha
         if ((st = model_from_config_vh(&m, config, path, false, true))) goto done;
     }
     put_fmt_ctx pc = {m, CLLM_WFMT_FP32};
-    st = stored_format(m, config, set, path, &pc.file_fmt);
+    st = model_stored_format(m, config, set, path, &pc.file_fmt);
     cllm_st_set_close(set);
     set = NULL;
     if (st) goto done;

@@ -282,6 +282,25 @@ int model_tp_real_cols(const cllm_model *m);
  * of all heads without tensor parallelism: out[cfg.n_head]. */
 cllm_status model_tp_alibi(const cllm_model *m, float *out);
 
+/* A tensor part's matrices in a weight format (tp_weights.c).
+ * model_tp_check_blocks: CLLM_ERR_UNSUPPORTED naming the tensor and sizes
+ * when format f (int8 / q4) would cut a stored row inside a 32-value block.
+ * model_tp_put_values: stores the part's slice of tensor idx from the whole
+ * tensor's fp32 values (file layout). model_tp_put_blocks: the same from
+ * U8 file tensor t of a quantized folder (file_fmt blocks), cut without
+ * re-quantization. model_tp_embed_stored: out[N, C] = this part's stored
+ * rows of the tokens (zeros for tokens of other ranks), before the sum. */
+cllm_status model_tp_check_blocks(const cllm_model *whole, const cllm_model *part, cllm_wfmt f);
+cllm_status model_tp_put_values(const cllm_model *whole, cllm_model *part, int idx, const float *src);
+cllm_status model_tp_put_blocks(const cllm_model *whole, cllm_model *part, int idx, const cllm_st_tensor *t,
+                                cllm_wfmt file_fmt);
+void model_tp_embed_stored(const cllm_model *m, float *out, const int32_t *tokens, int N);
+/* The weight format of a folder (model.c): config.json's cllm_weights (a
+ * folder of cllm convert --quantize), else bf16 when its first stored
+ * matrix is BF16, else fp32. */
+cllm_status model_stored_format(const cllm_model *m, const json_t *config, const cllm_st_set *set, const char *path,
+                                cllm_wfmt *out);
+
 /* Sequence parallelism (seqpar.c): rows of this rank's sequence part
  * (B x T / tp_size) when the activations are sequence-parallel, else B x T.
  * model_sp_gather: full[B*T,C] <- every rank's local rows in sequence order;

@@ -90,8 +90,9 @@ cllm_status cllm_weights_load(cllm_weights **out, const char *dir, const char *f
 
 const cllm_model *cllm_weights_model(const cllm_weights *w) { return w->m; }
 
-size_t cllm_weights_bytes(const cllm_weights *w) {
-    const cllm_model *m = w->m;
+size_t cllm_weights_bytes(const cllm_weights *w) { return cllm_model_held_bytes(w->m); }
+
+size_t cllm_model_held_bytes(const cllm_model *m) {
     size_t params = m->n_params;
     if (m->params_lazy) /* the stored matrices' slots of the flat buffer are never written */
         for (int i = 0; i < m->n_tensors; i++)

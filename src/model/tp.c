@@ -39,8 +39,10 @@
 /* ------------------------------------------------------------ parts */
 
 /* The part's layout with zeroed parameters, its shapes checked against the
- * cut shapes of full's tensors (full may hold no parameters). */
-static cllm_status part_layout(cllm_model **out, const cllm_model *full, int tp, int r) {
+ * cut shapes of full's tensors (full may hold no parameters). lazy: the
+ * buffer of a part whose matrices live in a weight store, zero pages from
+ * calloc that are mapped only where written (norms, biases). */
+static cllm_status part_layout(cllm_model **out, const cllm_model *full, int tp, int r, bool lazy) {
     *out = NULL;
     if (tp < 1 || r < 0 || r >= tp) return CLLM_FAIL(CLLM_ERR_ARG, "tensor rank %d of %d", r, tp);
     cllm_status st = cllm_topo_check_tensor(&full->cfg, tp, "config.json");
@@ -62,8 +64,11 @@ static cllm_status part_layout(cllm_model **out, const cllm_model *full, int tp,
         st = CLLM_FAIL(CLLM_ERR_INTERNAL, "tensor part has %d tensors, the model %d", m->n_tensors, full->n_tensors);
         goto fail;
     }
-    m->params = cllm_calloc(m->n_params, sizeof(float), "model parameters");
+    m->params = lazy ? calloc(m->n_params ? m->n_params : 1, sizeof(float))
+                     : cllm_calloc(m->n_params, sizeof(float), "model parameters");
+    m->params_lazy = lazy;
     if (!m->params) {
+        if (lazy) CLLM_FAIL(CLLM_ERR_NOMEM, "cannot allocate %zu parameters", m->n_params);
         st = CLLM_ERR_NOMEM;
         goto fail;
     }
@@ -92,7 +97,7 @@ cllm_status cllm_tp_model_part(cllm_model **out, const cllm_model *full, int tp,
     if (full->conv_rows)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a tensor-parallel part of a model laid out for forwards "
                          "(cllm_model_set_inference): cut the model as loaded");
-    cllm_status st = part_layout(out, full, tp, r);
+    cllm_status st = part_layout(out, full, tp, r, false);
     if (st) return st;
     cllm_model *m = *out;
     for (int i = 0; i < m->n_tensors; i++)
@@ -103,10 +108,13 @@ cllm_status cllm_tp_model_part(cllm_model **out, const cllm_model *full, int tp,
 
 /* Loading a part straight from the files: each tensor is read (converted
  * to fp32 in a scratch buffer unless the file holds aligned fp32, which is
- * cut from the mapping) and only this rank's slice is kept. */
+ * cut from the mapping) and only this rank's slice is kept, in the part's
+ * weight store when it has one (tp_weights.c; blocks of a quantized folder
+ * are cut as they are). */
 typedef struct {
     const cllm_model *whole;
     cllm_model *part;
+    cllm_wfmt file_fmt;
     float *tmp;
     size_t tmp_len;
 } part_loader;
@@ -114,6 +122,14 @@ typedef struct {
 static cllm_status put_slice(void *ctx, int idx, const cllm_st_tensor *t) {
     part_loader *pl = ctx;
     const cllm_tensor_info *ti = &pl->whole->tensors[idx];
+    const bool stored = model_weights_stored(pl->part, idx);
+    if (t->dtype == CLLM_U8 && pl->file_fmt == CLLM_WFMT_FP32)
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: tensor '%s' holds U8 values but config.json has no cllm_weights",
+                         t->file, t->name);
+    /* blocks to int8 / q4 slices: cut as bytes (whole blocks: model_tp_check_blocks); to bf16 the
+     * whole tensor is widened first, since a bf16 slice may cut inside a block */
+    if (t->dtype == CLLM_U8 && stored && cllm_model_weights(pl->part) != CLLM_WFMT_BF16)
+        return model_tp_put_blocks(pl->whole, pl->part, idx, t, pl->file_fmt);
     const float *src;
     if (t->dtype == CLLM_F32 && (uintptr_t)t->data % sizeof(float) == 0) {
         src = t->data;
@@ -124,16 +140,22 @@ static cllm_status put_slice(void *ctx, int idx, const cllm_st_tensor *t) {
             pl->tmp_len = pl->tmp ? ti->numel : 0;
             if (!pl->tmp) return CLLM_ERR_NOMEM;
         }
-        cllm_status st = cllm_st_read_f32(t, pl->tmp, (int64_t)ti->numel);
+        cllm_status st = t->dtype == CLLM_U8 ? model_weights_widen(pl->whole, idx, t, pl->file_fmt, pl->tmp)
+                                             : cllm_st_read_f32(t, pl->tmp, (int64_t)ti->numel);
         if (st) return st;
         src = pl->tmp;
     }
+    if (stored) return model_tp_put_values(pl->whole, pl->part, idx, src);
     cllm_tp_slice(ti, cllm_tp_rule_of(pl->whole, idx), pl->part->tp_size, pl->part->tp_rank, src,
                   pl->part->params + pl->part->tensors[idx].offset);
     return CLLM_OK;
 }
 
 cllm_status cllm_tp_model_load(cllm_model **out, const char *dir, int tp, int r) {
+    return cllm_tp_model_load_weights(out, dir, tp, r, "fp32");
+}
+
+cllm_status cllm_tp_model_load_weights(cllm_model **out, const char *dir, int tp, int r, const char *weights) {
     *out = NULL;
     char path[4096];
     int n = snprintf(path, sizeof path, "%s/config.json", dir);
@@ -143,11 +165,24 @@ cllm_status cllm_tp_model_load(cllm_model **out, const char *dir, int tp, int r)
     if (st) return st;
     part_loader pl = {0};
     cllm_model *whole = NULL;
-    if (!(st = model_from_config_ex(&whole, config, path, false)) &&
-        !(st = part_layout(&pl.part, whole, tp, r))) {
-        pl.whole = whole;
-        st = model_load_tensors(whole, dir, put_slice, &pl);
+    cllm_st_set *set = NULL;
+    cllm_wfmt fmt = CLLM_WFMT_FP32;
+    if ((st = model_from_config_ex(&whole, config, path, false)) || (st = cllm_st_set_open(&set, dir)) ||
+        (st = model_stored_format(whole, config, set, path, &pl.file_fmt)))
+        goto done;
+    fmt = pl.file_fmt;
+    if (weights && !cllm_wfmt_from_name(weights, &fmt)) {
+        st = CLLM_FAIL(CLLM_ERR_ARG, "unknown weight format '%s' (expected fp32, bf16, int8 or q4)", weights);
+        goto done;
     }
+    if ((st = part_layout(&pl.part, whole, tp, r, fmt != CLLM_WFMT_FP32))) goto done;
+    if (fmt != CLLM_WFMT_FP32 &&
+        ((st = model_weights_init(pl.part, fmt)) || (st = model_tp_check_blocks(whole, pl.part, fmt))))
+        goto done;
+    pl.whole = whole;
+    st = model_load_tensors(whole, dir, put_slice, &pl);
+done:
+    cllm_st_set_close(set);
     cllm_free(pl.tmp);
     cllm_model_free(whole);
     json_decref(config);
@@ -273,7 +308,11 @@ cllm_status model_tp_embed_forward(const cllm_model *m, float *out, const int32_
     /* sequence parallelism: the lookup's partial sums are reduce-scattered,
      * out holds this rank's positions */
     const bool sp = !rows && m->acts_sp;
-    cllm_embedding_vp_forward(sp ? m->sp_full : out, tokens, model_param(m, m->gslot[G_WTE]), N, C, m->tp_rank * V, V);
+    float *look = sp ? m->sp_full : out;
+    if (model_weights_stored(m, m->gslot[G_WTE])) /* a part in bf16 / int8 / q4 */
+        model_tp_embed_stored(m, look, tokens, N);
+    else
+        cllm_embedding_vp_forward(look, tokens, model_param(m, m->gslot[G_WTE]), N, C, m->tp_rank * V, V);
     cllm_status st = sp ? model_sp_scatter(m, out, m->sp_full, N / T, T) : model_tp_allreduce(m, out, (size_t)N * C);
     if (st) return st;
     const float *wpe = model_param(m, m->gslot[G_WPE]);

@@ -77,9 +77,6 @@ void model_weights_free(cllm_model *m) {
 }
 
 cllm_status model_weights_init(cllm_model *m, cllm_wfmt f) {
-    if (m->tp_size > 1)
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "--weights %s on a tensor-parallel part: run it with fp32 weights",
-                         cllm_wfmt_name(f));
     struct model_wstore *ws = calloc(1, sizeof *ws);
     if (ws) ws->w = calloc((size_t)m->n_tensors, sizeof *ws->w);
     if (!ws || !ws->w) {

@@ -215,7 +215,7 @@ int cmd_serve(int argc, char **argv) {
     cllm_server_pool(srv, &pool_tokens, &pool_bytes);
     if (tensor > 1)
         fprintf(stderr, "cllm serve: %d tensor-parallel ranks; per rank %.1f MiB of weights and %.1f MiB of KV cache\n",
-                tensor, (double)cllm_model_buffer_len(m) * sizeof(float) / (1 << 20), (double)pool_bytes / (1 << 20));
+                tensor, (double)cllm_model_held_bytes(m) / (1 << 20), (double)pool_bytes / (1 << 20));
     const char *shown_host = strchr(host, ':') ? NULL : host;
     fprintf(stderr, "cllm serve: %s weights, %.1f MiB read per decode step\n", cllm_wfmt_name(cllm_model_weights(m)),
             (double)cllm_model_weight_bytes(m) / (1 << 20));

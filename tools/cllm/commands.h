@@ -43,8 +43,9 @@ int tool_fail(const char *cmd);
 int tool_copy_if_present(const char *cmd, const char *dir, const char *out, const char *name);
 
 /* --tensor N (tensor.c). tool_tp_load: N == 1 leaves *m NULL (load the
- * whole model as usual); N > 1 refuses --weights other than fp32 (NULL:
- * as stored), joins the MPI job (which must have N ranks), loads this rank's part of HF folder dir and logs its size; a
+ * whole model as usual); N > 1 joins the MPI job (which must have N
+ * ranks), loads this rank's part of HF folder dir with its matrices in
+ * format `weights` (NULL: as stored) and logs its size and format; a
  * failure on any rank ends the job. tool_tp_follower: true on ranks > 0 of
  * a part, which then call tool_tp_follow (runs rank 0's cache calls until
  * it stops; frees m; returns the exit code). Rank 0 calls tool_tp_end

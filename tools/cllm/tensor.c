@@ -4,13 +4,13 @@
  * held), rank 0 runs the command and the other ranks follow its cache calls
  * (cllm_kv_cache_follow) until rank 0 is done.
  */
-#include <string.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "cllm/dist.h"
 #include "cllm/generate.h"
+#include "cllm/quant.h"
 #include "cllm/split.h"
 #include "commands.h"
 
@@ -20,9 +20,6 @@ cllm_status tool_tp_load(cllm_model **m, const char *dir, int tensor, const char
     *m = NULL;
     if (tensor < 1) return CLLM_FAIL(CLLM_ERR_ARG, "--tensor %d: a positive number of ranks", tensor);
     if (tensor == 1) return CLLM_OK; /* the caller loads the whole model its usual way */
-    if (weights && strcmp(weights, "fp32") != 0)
-        return CLLM_FAIL(CLLM_ERR_ARG, "--tensor %d runs fp32 weight slices; --weights %s is not supported with it",
-                         tensor, weights);
     /* Every layer synchronises the ranks twice per token: a rank waiting in
      * a collective gives its core away rather than polling, so that on a
      * host shared with other work (or with more ranks than cores) the rank
@@ -41,7 +38,7 @@ cllm_status tool_tp_load(cllm_model **m, const char *dir, int tensor, const char
     if (tensor > 256) return CLLM_FAIL(CLLM_ERR_ARG, "--tensor %d: at most 256 ranks", tensor);
     for (int i = 0; i < tensor; i++) ranks[i] = i;
     if (!(st = cllm_dist_group_init(&world, ranks, tensor)) &&
-        !(st = cllm_tp_model_load(m, dir, tensor, cllm_dist_rank())))
+        !(st = cllm_tp_model_load_weights(m, dir, tensor, cllm_dist_rank(), weights)))
         st = cllm_model_set_tensor_parallel(*m, world, cllm_dist_rank(), tensor);
     if (st) {
         /* the others may be waiting for this rank: end them all */
@@ -51,10 +48,9 @@ cllm_status tool_tp_load(cllm_model **m, const char *dir, int tensor, const char
         *m = NULL;
         return st;
     }
-    size_t own = cllm_model_buffer_len(*m) * sizeof(float);
     if (cllm_dist_rank() == 0)
-        fprintf(stderr, "cllm %s: tensor parallel over %d ranks: %.1f MiB of weights per rank (fp32)\n", cmd, tensor,
-                (double)own / (1 << 20));
+        fprintf(stderr, "cllm %s: tensor parallel over %d ranks: %.1f MiB of weights per rank (%s)\n", cmd, tensor,
+                (double)cllm_model_held_bytes(*m) / (1 << 20), cllm_wfmt_name(cllm_model_weights(*m)));
     return CLLM_OK;
 }
 
