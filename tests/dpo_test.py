@@ -421,7 +421,9 @@ def case_precompute(cllm, tmp):
 def case_mpi(cllm, tmp):
     """Data parallelism: 2 ranks at ZeRO 1 (overlap_comm) and 3 give the
     one-process losses (relative 1e-5) and weights (1e-5) after 3 SGD steps
-    with accumulation, pairs split whole over ranks and micro-batches."""
+    with accumulation, pairs split whole over ranks and micro-batches; LoRA
+    (reference: the base without adapters) at ZeRO 3 gives the one-process
+    adapters and losses."""
     cfg = hm.make_config("bloom")
     pol_dir, ref_dir = os.path.join(tmp, "mpi.pol"), os.path.join(tmp, "mpi.ref")
     hm.save_hf_folder(pol_dir, cfg, hm.init_params(cfg, seed=3))
@@ -460,6 +462,30 @@ def case_mpi(cllm, tmp):
         diff = max(float((w[n] - base[n]).abs().max()) for n in base)
         check("mpi: ZeRO %d weights within 1e-5 of one process after 3 SGD steps" % stage, diff <= 1e-5,
               "max |diff| %.1e" % diff)
+    # LoRA at ZeRO 3: the adapters' values, gradients and optimizer state
+    # partitioned, the base (and so the reference: the base without
+    # adapters) whole on every rank
+    lora = ["--lora-r", "4", "--lora-target", "all-linear"]
+    lcommon = [x for x in common if x != "--ref-model" and x != ref_dir] + lora
+    lone = os.path.join(tmp, "mpi.lora.one")
+    r = run([cllm] + lcommon + ["--out", lone])
+    if not check("mpi: LoRA one-process run", r.returncode == 0, r.stderr[-300:]):
+        return
+    out = os.path.join(tmp, "mpi.lora.z3")
+    r = subprocess.run(["timeout", "-k", "5", "240", "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to",
+                        "none", "-np", "2", cllm] + lcommon + ["--config", os.path.join(tmp, "z3.json"), "--out", out],
+                       capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if check("mpi: LoRA at ZeRO 3 on 2 ranks", r.returncode == 0, r.stderr[-300:]):
+        a = hm.load_safetensors(os.path.join(out, "adapter_model.safetensors"))
+        b = hm.load_safetensors(os.path.join(lone, "adapter_model.safetensors"))
+        diff = max(float((a[n] - b[n]).abs().max()) / max(float(b[n].abs().max()), 1e-30) for n in b)
+        la = [m["loss"] for m in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "loss" in m]
+        lb = [m["loss"] for m in map(json.loads, open(os.path.join(lone, "metrics.jsonl"))) if "loss" in m]
+        check("mpi: LoRA at ZeRO 3 adapters and losses within 1e-5 of one process", a.keys() == b.keys() and
+              diff <= 1e-5 and all(abs(x - y) <= 1e-5 * abs(y) for x, y in zip(la, lb)) and len(la) == len(lb),
+              "adapter rel diff %.1e, losses %s vs %s" % (diff, la, lb))
+        check("mpi: LoRA adapters trained (B moved from its zero start)",
+              any(float(v.abs().max()) > 0 for k, v in b.items() if "lora_B" in k))
 
 
 def main():
