@@ -347,6 +347,17 @@ def test_errors(cllm, tmp):
               e4["params"] == e32["params"] - 4 * nq + want,
               "%s vs %d bytes; params %d vs %d" % (e4.get("quantized_bytes"), want, e4["params"],
                                                    e32["params"] - 4 * nq + want))
+    # bf16 compute: two regions of one layer's rounded operands at the widest layer (F = 80 here)
+    rb = lt.run([cllm, "estimate", "--model", d, "--lora-r", "2", "--load-in-4bit", "--bnb-4bit-compute-dtype",
+                 "bfloat16", "--json", "--seq-len", "12", "--micro-batch", "2"])
+    rf = lt.run([cllm, "estimate", "--model", d, "--lora-r", "2", "--load-in-4bit", "--json", "--seq-len", "12",
+                 "--micro-batch", "2"])
+    if check("estimate --bnb-4bit-compute-dtype bfloat16: exit 0", rb.returncode == 0 and rf.returncode == 0,
+             rb.stderr[-200:]):
+        wb, wf = json.loads(rb.stdout)["work"], json.loads(rf.stdout)["work"]
+        w = max(cfg["hidden_size"], cfg["intermediate_size"])
+        check("estimate: bf16 compute's operand scratch in work", wb - wf == 2 * (2 * 12 + 1) * w * 4,
+              "%d - %d vs %d" % (wb, wf, 2 * (2 * 12 + 1) * w * 4))
     r = lt.run([cllm, "generate", "--model", d, "--load-in-4bit", "--weights", "q4", "--prompt-ids", "1,2",
                 "--max-new-tokens", "2"])
     check("errors: --weights with --load-in-4bit", r.returncode not in (0, None) and "--weights" in r.stderr,
