@@ -14,10 +14,11 @@ for bit against cllm's quantizer), in float64.
             biases; LLaMA fp4) and float16 (LLaMA nf4): loss and adapter
             gradients against torch running the 4-bit layers' matmuls in that
             dtype (weight, input and bias cast, output cast back, adapters in
-            float64), and unlike those of float32 compute
+            float64), and unlike those of float32 compute; `cllm eval` with it
   train     `cllm train --config` with a "quantization" section (nf4, double
             quant, llm_int8_skip_modules) and SGD: the adapters after 3 steps
-            against torch's SGD on the dequantized base; a run stopped at
+            against torch's SGD on the dequantized base, and the same with
+            bnb_4bit_compute_dtype "torch.bfloat16"; a run stopped at
             step 2 and resumed gives the bits of an uninterrupted one
   eval      `cllm eval --load-in-4bit --adapter`: the loss of the dequantized
             base with the adapter
@@ -173,9 +174,10 @@ class QLinear:
         return y
 
 
-def compute_grads(cfg, base, adapter, scales, mods, ids, labels, dt):
+def compute_grads(cfg, base, adapter, scales, mods, ids, labels, dt, skip=()):
     """Loss and adapter gradients with every block linear layer of base
-    (its dequantized values) computing in dt, the rest in float64."""
+    (its dequantized values) but those in skip computing in dt, the rest in
+    float64."""
     leaves = OrderedDict((k, v.detach().double().requires_grad_(True)) for k, v in adapter.items())
     p = OrderedDict((k, v.detach().double()) for k, v in base.items())
     for k, v in leaves.items():
@@ -186,7 +188,9 @@ def compute_grads(cfg, base, adapter, scales, mods, ids, labels, dt):
         A = leaves[lt.PREFIX + mod + ".lora_A.weight"] if mod in adapted else None
         B = leaves[lt.PREFIX + mod + ".lora_B.weight"] if mod in adapted else None
         b = p.get(mod + ".bias")
-        p[mod + ".weight"] = QLinear(p[mod + ".weight"], b, A, B, scales.get(mod), conv, dt)
+        kept = any(mod == k or mod.endswith("." + k) for k in skip)  # fp32, not quantized
+        p[mod + ".weight"] = QLinear(p[mod + ".weight"], b, A, B, scales.get(mod), conv,
+                                     torch.float64 if kept else dt)
         if b is not None:
             p[mod + ".bias"] = torch.zeros((), dtype=torch.float64)
     loss, _ = hm.model_loss(cfg, p, ids, labels)
@@ -263,6 +267,26 @@ def test_train(cllm, tmp):
     moved = min(lt.rel(adapter[k], ref[k]) for k in ref if ".lora_" in k)
     check("train: adapters after 3 SGD steps on the nf4 base vs torch (rel L2 <= 1e-4)",
           worst[0] <= 1e-4 and moved > 1e-4, "worst %.2e %s; smallest change %.2e" % (worst + (moved,)))
+    # the same run computing the 4-bit layers in bfloat16 (the key as transformers writes it)
+    with open(conf, "w") as f:
+        json.dump({"quantization": {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                                    "bnb_4bit_use_double_quant": True, "bnb_4bit_compute_dtype": "torch.bfloat16",
+                                    "llm_int8_skip_modules": ["down_proj"]}}, f)
+    outb = os.path.join(tmp, "train-sgd-bf16")
+    r = lt.run(lt.train_cmd(cllm, d, data, outb, 3, ["--config", conf, "--adapter", ad, "--optimizer", "sgd",
+                                                      "--lr", "0.1"]))
+    if check("train bf16 compute: exit 0", r.returncode == 0, r.stderr.strip()[-300:]):
+        gotb = hm.load_safetensors(os.path.join(outb, "adapter_model.safetensors"))
+        cur = OrderedDict((k, v.double()) for k, v in adapter.items())
+        for step in range(3):
+            ids, labels = hm.micro_batch(samples, step, 3, 12)
+            _, g = compute_grads(cfg, base, cur, {m: s_of(m) for m, _ in mods}, mods, ids, labels, torch.bfloat16,
+                                 skip=("down_proj",))
+            cur = OrderedDict((k, v - 0.1 * g[k]) for k, v in cur.items())
+        worstb = max((lt.rel(gotb[k], cur[k]), k) for k in cur)
+        off = max(lt.rel(gotb[k], ref[k]) for k in ref)
+        check("train bf16 compute: adapters after 3 SGD steps vs torch in bfloat16 (rel L2 <= 2e-3), unlike float32's",
+              worstb[0] <= 2e-3 and off > 4 * worstb[0], "worst %.2e %s; from float32 compute's %.2e" % (worstb + (off,)))
     # exact resume on a quantized base: the checkpoint holds the adapters, the base is quantized again
     extra = ["--lora-r", "2", "--load-in-4bit", "--bnb-4bit-quant-type", "nf4", "--bnb-4bit-use-double-quant",
              "--save-interval", "2", "--sync-save"]
