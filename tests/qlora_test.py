@@ -125,9 +125,9 @@ def test_grads(cllm, tmp):
 
 class RoundedLinear(torch.autograd.Function):
     """F.linear as torch computes it in a 16-bit dtype `dt` on exact
-    operands: x, W and b rounded to dt, the exact sum rounded once (for
-    bfloat16 bit for bit torch's own F.linear on CPU, which has no float16
-    one); backward: the output gradient rounded to dt, the input gradient
+    operands: x, W and b rounded to dt, the exact sum rounded once (what an
+    fp32-accumulating GEMM gives but for rare ties; torch's CPU bf16 F.linear
+    matches it on contiguous operands only, and has no float16 one); backward: the output gradient rounded to dt, the input gradient
     round(g . W) and the bias gradient round(sum g), as autograd gives
     through Linear4bit's casts. Computed in float64."""
 
