@@ -349,6 +349,18 @@ static void test_precision_conversions(void) {
     CHECK(badh == 0, "cllm_round_f16: %d of %d values differ from the scalar round trip", badh, N);
     CHECK(y[5] == 65504.0f && isinf(y[6]) && y[7] == -65504.0f, "fp16 range edge: %g %g %g", (double)y[5],
           (double)y[6], (double)y[7]);
+    /* bf16 values kept as fp32: the bits of cllm_to_bf16 in the high half */
+    cllm_round_bf16(y, x, N);
+    int badb = 0;
+    for (size_t i = 0; i < N; i++) {
+        uint32_t u;
+        memcpy(&u, &y[i], sizeof u);
+        badb += (uint16_t)(u >> 16) != h[i] || (u & 0xffffu);
+    }
+    CHECK(badb == 0, "cllm_round_bf16: %d of %d values differ from cllm_to_bf16", badb, N);
+    CHECK(y[14] == 1.015625f && y[13] == 1.0f, "bf16 ties to even: %.9g %.9g", (double)y[13], (double)y[14]);
+    cllm_round_bf16(x, x, N); /* in place */
+    CHECK(!memcmp(x, y, sizeof x), "cllm_round_bf16 in place differs");
 }
 
 static void test_matmul_args(void) {

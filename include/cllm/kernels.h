@@ -229,6 +229,9 @@ void cllm_add(float *out, const float *a, const float *b, long N);
  * cllm_f32_to_f16; dst may alias src). */
 void cllm_to_bf16(uint16_t *dst, const float *src, long N);
 void cllm_round_f16(float *dst, const float *src, long N);
+/* dst[N] = the bf16 value of src (as cllm_to_bf16), kept as fp32; dst may
+ * alias src. */
+void cllm_round_bf16(float *dst, const float *src, long N);
 
 /* -------------------------------------------------------- cross-entropy
  * Fused softmax + cross-entropy over logits[N,V], working in place so no

@@ -91,6 +91,8 @@ typedef struct {
                               layers held in quant_bytes instead of fp32 (cllm_model_config_quantized) */
     size_t quant_bytes;
     size_t quant_widest;   /* parameters of the largest quantized layer: its dequantized copy (work) */
+    bool quant_compute16;  /* bnb_4bit_compute_dtype bfloat16 / float16 on a 4-bit base: two fp32 regions of
+                              one layer's rounded operands (work) */
 } cllm_mem_setup;
 
 /* The estimate for one rank, in bytes. total is the sum of every line

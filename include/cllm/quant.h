@@ -182,6 +182,16 @@ void cllm_bnb_dequantize(float *dst, const cllm_bnb_matrix *q, int r0, int nrows
 const float *cllm_bnb_code4(cllm_bnb_type t);
 const float *cllm_bnb_dynamic_map(void);
 
+/* bnb_4bit_compute_dtype: the dtype a 4-bit layer's matmul runs in, as
+ * bitsandbytes' Linear4bit. FP32: the dequantized weight times the fp32
+ * input. BF16 / FP16: weight and input rounded to that type (nearest even),
+ * multiplied with fp32 accumulation, the output rounded to it; the input
+ * gradient likewise (docs/lora.md#qlora). 8-bit layers ignore it, as
+ * transformers does. */
+typedef enum { CLLM_BNB_COMPUTE_FP32 = 0, CLLM_BNB_COMPUTE_BF16, CLLM_BNB_COMPUTE_FP16 } cllm_bnb_compute;
+/* "float32", "bfloat16", "float16" (torch's names); NULL out of range. */
+const char *cllm_bnb_compute_name(cllm_bnb_compute c);
+
 /* The "quantization" section of a training config: transformers'
  * BitsAndBytesConfig keys. Strings are owned (cllm_bnb_config_free). */
 typedef struct {
@@ -189,6 +199,7 @@ typedef struct {
     bool load_in_8bit, load_in_4bit;
     cllm_bnb_type quant_type;  /* bnb_4bit_quant_type: "fp4" (transformers' default) or "nf4" */
     bool double_quant;         /* bnb_4bit_use_double_quant: false */
+    cllm_bnb_compute compute;  /* bnb_4bit_compute_dtype: float32 (transformers' default) */
     double int8_threshold;     /* llm_int8_threshold: 6.0 (see docs/lora.md: activations stay fp32) */
     char **skip_modules;       /* llm_int8_skip_modules: modules kept in fp32 */
     int n_skip_modules;

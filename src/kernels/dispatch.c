@@ -24,6 +24,7 @@
     XV(void, cllm_add, (float *out, const float *a, const float *b, long N), (out, a, b, N)) \
     XV(void, cllm_to_bf16, (uint16_t *dst, const float *src, long N), (dst, src, N)) \
     XV(void, cllm_round_f16, (float *dst, const float *src, long N), (dst, src, N)) \
+    XV(void, cllm_round_bf16, (float *dst, const float *src, long N), (dst, src, N)) \
     XV(void, cllm_embedding_forward, (float *out, const int32_t *tokens, const float *wte, const float *wpe, int N, int T, int C), (out, tokens, wte, wpe, N, T, C)) \
     XV(void, cllm_embedding_backward, (float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int N, int T, int C, int V), (dwte, dwpe, dout, tokens, N, T, C, V)) \
     XV(void, cllm_gelu_forward, (float *out, const float *inp, long N), (out, inp, N)) \

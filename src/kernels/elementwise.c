@@ -29,6 +29,19 @@ void cllm_to_bf16(uint16_t *dst, const float *src, long N) {
     }
 }
 
+/* The same rounding with the result widened back to fp32 in place of a
+ * bf16 store (dst may alias src): bf16 values to feed an fp32 GEMM. */
+void cllm_round_bf16(float *dst, const float *src, long N) {
+#pragma omp parallel for simd schedule(static) if (N >= CLLM_PAR_MIN)
+    for (long i = 0; i < N; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], sizeof u);
+        bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+        uint32_t r = (nan ? (u | 0x400000u) : (u + 0x7fffu + ((u >> 16) & 1u))) & 0xffff0000u;
+        memcpy(&dst[i], &r, sizeof r);
+    }
+}
+
 /* Through the scalar converters of core: exact, including subnormals and
  * overflow; the fp16 mode is an emulation and this is not its hot path. */
 void cllm_round_f16(float *dst, const float *src, long N) {

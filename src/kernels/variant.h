@@ -24,6 +24,7 @@
 #define cllm_add KV_CAT(cllm_add, CLLM_KV)
 #define cllm_to_bf16 KV_CAT(cllm_to_bf16, CLLM_KV)
 #define cllm_round_f16 KV_CAT(cllm_round_f16, CLLM_KV)
+#define cllm_round_bf16 KV_CAT(cllm_round_bf16, CLLM_KV)
 #define cllm_embedding_forward KV_CAT(cllm_embedding_forward, CLLM_KV)
 #define cllm_embedding_backward KV_CAT(cllm_embedding_backward, CLLM_KV)
 #define cllm_gelu_forward KV_CAT(cllm_gelu_forward, CLLM_KV)

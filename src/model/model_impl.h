@@ -425,6 +425,9 @@ cllm_status model_build_layout(cllm_model *m);
  * run's operand scratch for the prepared batch; model_lp_release frees it
  * and the low-precision weights. */
 cllm_status model_lp_prepare(cllm_model *m);
+/* Grows lp's two operand regions (a, b) to at least `elems` elements of
+ * precision p each; CLLM_ERR_INTERNAL on a fixed scratch that is smaller. */
+cllm_status model_lp_reserve(model_lp_scratch *lp, cllm_precision p, size_t elems);
 void model_lp_release(cllm_model *m);
 /* A fixed operand scratch for forwards of up to `rows` rows, plus `head_rows`
  * rows through the head (a KV cache's): nothing when the model is fp32.
@@ -488,6 +491,9 @@ const float *model_conv_file_layout(const cllm_model *m, int idx, float **tmp);
 const cllm_bnb_matrix *model_qbase_get(const cllm_model *m, int idx);
 int model_qbase_index(const cllm_model *m, const float *w);
 size_t model_qbase_scratch(const cllm_model *m);
+/* Floats of lp->a a forward of up to `rows` rows needs for the rounded
+ * operands of bf16 / fp16 compute (bnb_4bit_compute_dtype); 0 in fp32. */
+size_t model_qbase_operand_elems(const cllm_model *m, int rows);
 cllm_status model_qbase_forward(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp,
                                 const cllm_bnb_matrix *q, const float *bias, int N);
 cllm_status model_qbase_backward(const cllm_model *m, model_lp_scratch *lp, float *dinp, float *dw, float *dbias,

@@ -119,9 +119,7 @@ void model_lp_release(cllm_model *m) {
     model_lp_scratch_free(&m->lp_run);
 }
 
-/* Grows the training run's two scratch regions to at least `elems`
- * elements of precision p. */
-static cllm_status reserve(model_lp_scratch *lp, cllm_precision p, size_t elems) {
+cllm_status model_lp_reserve(model_lp_scratch *lp, cllm_precision p, size_t elems) {
     if (elems <= lp->elems) return CLLM_OK;
     if (lp->fixed)
         return CLLM_FAIL(CLLM_ERR_INTERNAL, "operand of %zu elements, scratch sized for %zu", elems, lp->elems);
@@ -143,7 +141,7 @@ static cllm_status reserve(model_lp_scratch *lp, cllm_precision p, size_t elems)
 
 cllm_status model_lp_prepare(cllm_model *m) {
     if (m->prec == CLLM_PREC_FP32 || !m->acts) return CLLM_OK;
-    return reserve(&m->lp_run, m->prec, scratch_elems(&m->cfg, m->act_B, m->act_T));
+    return model_lp_reserve(&m->lp_run, m->prec, scratch_elems(&m->cfg, m->act_B, m->act_T));
 }
 
 /* The widened-GEMM workspace of forwards of up to `rows` rows (and
@@ -169,7 +167,17 @@ cllm_status model_lp_scratch_init(model_lp_scratch *lp, const cllm_model *m, int
         if (!lp->deq) return CLLM_ERR_NOMEM;
         lp->deq_elems = deq;
     }
-    if (m->prec == CLLM_PREC_FP32) return CLLM_OK;
+    if (m->prec == CLLM_PREC_FP32) {
+        /* a quantized base computing in bf16 / fp16: its rounded operands */
+        size_t qe = model_qbase_operand_elems(m, rows);
+        if (!qe) return CLLM_OK;
+        if (!(lp->a = cllm_alloc(qe * sizeof(float), "rounded operands of the quantized base"))) {
+            model_lp_scratch_free(lp);
+            return CLLM_ERR_NOMEM;
+        }
+        lp->elems = qe;
+        return CLLM_OK;
+    }
     const cllm_model_config *c = &m->cfg;
     size_t w = (size_t)c->n_embd, q = (size_t)c->n_head * (size_t)c->head_dim, bytes;
     if ((size_t)c->n_inner > w) w = (size_t)c->n_inner;
@@ -198,8 +206,9 @@ cllm_status cllm_model_set_precision(cllm_model *m, cllm_precision p) {
     if (p == m->prec) return CLLM_OK;
     if (m->shared) return model_shared_refuse("a change of matmul precision");
     if (m->qb)
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s matmuls over a %s base: a quantized base computes in fp32 "
-                         "(bnb_4bit_compute_dtype float32)", cllm_precision_name(p), cllm_bnb_type_name(cllm_model_quantized(m)));
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s matmuls over a %s base: the rest of a QLoRA model stays fp32; "
+                         "bnb_4bit_compute_dtype (--bnb-4bit-compute-dtype bfloat16) sets the 4-bit layers' matmul "
+                         "dtype", cllm_precision_name(p), cllm_bnb_type_name(cllm_model_quantized(m)));
     if (m->ws)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s matmuls over %s weights: the weight format sets the precision "
                          "(use --weights fp32 for mixed precision)", cllm_precision_name(p), cllm_wfmt_name(cllm_model_weights(m)));
@@ -322,7 +331,7 @@ static cllm_status linear_forward(const cllm_model *m, model_lp_scratch *lp, flo
     size_t nin = (size_t)N * IN;
     const void *wl = NULL;
     cllm_status st = lp_weight(m, w, (size_t)IN * OUT, &wl);
-    if (!st) st = reserve(lp, m->prec, nin);
+    if (!st) st = model_lp_reserve(lp, m->prec, nin);
     if (st) return st;
     if (m->prec == CLLM_PREC_BF16) {
         uint16_t *a = lp->a;
@@ -347,7 +356,7 @@ static cllm_status linear_backward(const cllm_model *m, model_lp_scratch *lp, fl
     size_t nin = (size_t)N * IN, nout = (size_t)N * OUT;
     const void *wl = NULL;
     cllm_status st = lp_weight(m, w, (size_t)IN * OUT, &wl);
-    if (!st) st = reserve(lp, m->prec, nin > nout ? nin : nout);
+    if (!st) st = model_lp_reserve(lp, m->prec, nin > nout ? nin : nout);
     if (!st && !lp->b) st = CLLM_FAIL(CLLM_ERR_INTERNAL, "a backward pass through a forward-only operand scratch");
     if (st) return st;
     if (m->prec == CLLM_PREC_BF16) {

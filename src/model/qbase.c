@@ -19,6 +19,17 @@
  * it again and adds dout . W to the input gradient. The base gets no
  * weight gradient (it is frozen: a trainable quantized weight is an
  * internal error). The scratch holds one fp32 matrix, the largest.
+ *
+ * bnb_4bit_compute_dtype bfloat16 / float16 (4-bit types only, as
+ * bitsandbytes' Linear4bit): the dequantized matrix is rounded in place to
+ * that type, the input is rounded into lp->a, the fp32 GEMM runs on those
+ * exact values (every product is exact in fp32; the sums accumulate in
+ * fp32) and the output is rounded; the bias is rounded first, as
+ * Linear4bit casts it. Backward rounds dout, multiplies it by the rounded
+ * matrix and rounds the product before adding it to dinp, as torch's
+ * autograd does through the casts; the bias gradient is the rounded sum of
+ * the rounded dout. The scratch grows by one layer's
+ * operands, never by a copy of the parameters.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +47,8 @@ struct model_qbase {
     unsigned char *buf;
     size_t bytes;
     size_t widest;       /* numel of the largest quantized matrix */
+    cllm_bnb_compute compute;
+    int max_rows, max_cols; /* of the quantized matrices */
 };
 
 static const int linear_slots[] = {L_QKV_W, L_Q_W, L_K_W, L_V_W, L_O_W, L_FC_W, L_UP_W, L_DOWN_W};
@@ -100,6 +113,12 @@ static cllm_status qbase_init(cllm_model *m, const cllm_bnb_config *c) {
         return CLLM_ERR_NOMEM;
     }
     walk(m, c, q->type, q->dq, q, &q->widest, &numel);
+    q->compute = q->type == CLLM_BNB_INT8 ? CLLM_BNB_COMPUTE_FP32 : c->compute;
+    for (int t = 0; t < m->n_tensors; t++)
+        if (q->w[t].type != CLLM_BNB_NONE) {
+            if (q->w[t].rows > q->max_rows) q->max_rows = q->w[t].rows;
+            if (q->w[t].cols > q->max_cols) q->max_cols = q->w[t].cols;
+        }
     m->qb = q;
     return CLLM_OK;
 }
@@ -131,6 +150,11 @@ int model_qbase_index(const cllm_model *m, const float *w) {
 }
 
 size_t model_qbase_scratch(const cllm_model *m) { return m->qb ? m->qb->widest : 0; }
+
+size_t model_qbase_operand_elems(const cllm_model *m, int rows) {
+    if (!m->qb || m->qb->compute == CLLM_BNB_COMPUTE_FP32) return 0;
+    return (size_t)rows * (size_t)m->qb->max_cols + (size_t)m->qb->max_rows;
+}
 
 /* ------------------------------------------------------------ loading */
 
@@ -230,13 +254,65 @@ static cllm_status deq_scratch(const cllm_model *m, model_lp_scratch *lp, float 
     return CLLM_OK;
 }
 
+/* dst[n] = src[n] rounded to the compute dtype (dst may alias src). */
+static void round_to(cllm_bnb_compute c, float *dst, const float *src, size_t n) {
+    if (c == CLLM_BNB_COMPUTE_BF16)
+        cllm_round_bf16(dst, src, (long)n);
+    else
+        cllm_round_f16(dst, src, (long)n);
+}
+
+/* The dequantized matrix in lp->deq, rounded to the compute dtype. */
+static cllm_status weight_of(const cllm_model *m, model_lp_scratch *lp, const cllm_bnb_matrix *q, float **W) {
+    cllm_status st = deq_scratch(m, lp, W);
+    if (st) return st;
+    cllm_bnb_dequantize(*W, q, 0, q->rows);
+    if (m->qb->compute != CLLM_BNB_COMPUTE_FP32) round_to(m->qb->compute, *W, *W, (size_t)q->rows * q->cols);
+    return CLLM_OK;
+}
+
 cllm_status model_qbase_forward(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp,
                                 const cllm_bnb_matrix *q, const float *bias, int N) {
     float *W = NULL;
-    cllm_status st = deq_scratch(m, lp, &W);
+    cllm_status st = weight_of(m, lp, q, &W);
     if (st) return st;
-    cllm_bnb_dequantize(W, q, 0, q->rows);
-    return cllm_linear_forward(out, inp, W, bias, N, q->cols, q->rows, false);
+    cllm_bnb_compute c = m->qb->compute;
+    if (c == CLLM_BNB_COMPUTE_FP32) return cllm_linear_forward(out, inp, W, bias, N, q->cols, q->rows, false);
+    size_t nin = (size_t)N * q->cols;
+    if ((st = model_lp_reserve(lp, CLLM_PREC_FP32, nin + (size_t)q->rows))) return st;
+    float *x = lp->a, *b = bias ? x + nin : NULL;
+    round_to(c, x, inp, nin);
+    if (b) round_to(c, b, bias, (size_t)q->rows);
+    st = cllm_linear_forward(out, x, W, b, N, q->cols, q->rows, false);
+    if (!st) round_to(c, out, out, (size_t)N * q->rows);
+    return st;
+}
+
+/* The backward pass under bf16 / fp16 compute: g = round(dout) in lp->a;
+ * dinp += round(g . W), dbias += round(column sums of g) (the bias was cast
+ * too), each product in lp->b. */
+static cllm_status backward_rounded(const cllm_model *m, model_lp_scratch *lp, float *dinp, float *dbias,
+                                    const float *dout, const cllm_bnb_matrix *q, int N) {
+    cllm_bnb_compute c = m->qb->compute;
+    size_t nin = (size_t)N * q->cols, nout = (size_t)N * q->rows;
+    cllm_status st = model_lp_reserve(lp, CLLM_PREC_FP32, (nin > nout ? nin : nout) + (size_t)q->rows);
+    if (st) return st;
+    if (!lp->b) return CLLM_FAIL(CLLM_ERR_INTERNAL, "a backward pass through a forward-only operand scratch");
+    float *d = lp->a, *g = lp->b, *W = NULL;
+    round_to(c, d, dout, nout);
+    if (dinp && !(st = weight_of(m, lp, q, &W)) &&
+        !(st = cllm_matmul(g, d, W, N, q->cols, q->rows, false, false, 1.0f, 0.0f))) {
+        round_to(c, g, g, nin);
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = 0; i < nin; i++) dinp[i] += g[i];
+    }
+    if (!st && dbias) {
+        memset(g, 0, (size_t)q->rows * sizeof *g);
+        st = cllm_linear_backward(NULL, NULL, g, d, NULL, NULL, N, q->cols, q->rows, false);
+        round_to(c, g, g, (size_t)q->rows);
+        for (int j = 0; j < q->rows; j++) dbias[j] += g[j];
+    }
+    return st;
 }
 
 cllm_status model_qbase_backward(const cllm_model *m, model_lp_scratch *lp, float *dinp, float *dw, float *dbias,
@@ -245,11 +321,11 @@ cllm_status model_qbase_backward(const cllm_model *m, model_lp_scratch *lp, floa
     if (dw)
         return CLLM_FAIL(CLLM_ERR_INTERNAL, "%s is quantized (%s) and cannot train: keep it frozen",
                          m->tensors[idx].name, cllm_bnb_type_name(q->type));
+    if (m->qb->compute != CLLM_BNB_COMPUTE_FP32) return backward_rounded(m, lp, dinp, dbias, dout, q, N);
     cllm_status st = CLLM_OK;
     if (dinp) {
         float *W = NULL;
-        if ((st = deq_scratch(m, lp, &W))) return st;
-        cllm_bnb_dequantize(W, q, 0, q->rows);
+        if ((st = weight_of(m, lp, q, &W))) return st;
         /* dinp[N, in] += dout[N, out] . W[out, in] */
         st = cllm_matmul(dinp, dout, W, N, q->cols, q->rows, false, false, 1.0f, 1.0f);
     }

@@ -1,9 +1,9 @@
 /*
  * The "quantization" section of a training config: transformers'
  * BitsAndBytesConfig keys (cllm/quant.h, docs/lora.md#qlora). Every key
- * transformers writes is known; values cllm cannot honour (fp16 or bf16
- * compute, CPU offload, trainable int8 weights, another storage type) are
- * refused naming the key, unknown keys naming them too.
+ * transformers writes is known; values cllm cannot honour (CPU offload,
+ * trainable int8 weights, another storage type) are refused naming the
+ * key, unknown keys naming them too.
  */
 #include <jansson.h>
 #include <stdlib.h>
@@ -47,6 +47,11 @@ cllm_status cllm_bnb_config_copy(cllm_bnb_config *dst, const cllm_bnb_config *sr
         dst->n_skip_modules = i + 1;
     }
     return CLLM_OK;
+}
+
+const char *cllm_bnb_compute_name(cllm_bnb_compute c) {
+    static const char *const names[] = {"float32", "bfloat16", "float16"};
+    return (unsigned)c < sizeof names / sizeof names[0] ? names[c] : NULL;
 }
 
 cllm_bnb_type cllm_bnb_config_type(const cllm_bnb_config *c) {
@@ -93,9 +98,15 @@ static cllm_status parse_values(cllm_bnb_config *c, const json_t *obj, const cha
     if ((v = json_object_get(obj, "bnb_4bit_compute_dtype")) && !json_is_null(v)) {
         const char *s = json_string_value(v);
         if (!s) return CLLM_FAIL(CLLM_ERR_ARG, KEYFMT ": expected a dtype name", path, where, "bnb_4bit_compute_dtype");
-        if (strcmp(dtype_name(s), "float32") && strcmp(dtype_name(s), "float"))
-            return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, KEYFMT ": \"%s\": the quantized base computes in float32 "
-                             "(dequantized weights times fp32 activations); set \"float32\" or leave the key out",
+        const char *n = dtype_name(s);
+        if (!strcmp(n, "float32") || !strcmp(n, "float"))
+            c->compute = CLLM_BNB_COMPUTE_FP32;
+        else if (!strcmp(n, "bfloat16"))
+            c->compute = CLLM_BNB_COMPUTE_BF16;
+        else if (!strcmp(n, "float16") || !strcmp(n, "half"))
+            c->compute = CLLM_BNB_COMPUTE_FP16;
+        else
+            return CLLM_FAIL(CLLM_ERR_ARG, KEYFMT ": \"%s\": expected \"float32\", \"bfloat16\" or \"float16\"",
                              path, where, "bnb_4bit_compute_dtype", s);
     }
     if ((v = json_object_get(obj, "bnb_4bit_quant_storage")) && !json_is_null(v) &&

@@ -294,10 +294,10 @@ json_t *cllm_train_config_to_json(const cllm_train_config *c) {
         json_object_set_new(j, c->freeze_except ? "unfrozen_parameters" : "freeze", f);
     }
     if (c->quant.enabled) {
-        json_t *q = json_pack("{sbsbsssbsf}", "load_in_8bit", c->quant.load_in_8bit, "load_in_4bit",
+        json_t *q = json_pack("{sbsbsssbsssf}", "load_in_8bit", c->quant.load_in_8bit, "load_in_4bit",
                               c->quant.load_in_4bit, "bnb_4bit_quant_type", cllm_bnb_type_name(c->quant.quant_type),
-                              "bnb_4bit_use_double_quant", c->quant.double_quant, "llm_int8_threshold",
-                              c->quant.int8_threshold);
+                              "bnb_4bit_use_double_quant", c->quant.double_quant, "bnb_4bit_compute_dtype",
+                              cllm_bnb_compute_name(c->quant.compute), "llm_int8_threshold", c->quant.int8_threshold);
         json_t *skip = c->quant.n_skip_modules ? json_array() : json_null();
         for (int i = 0; i < c->quant.n_skip_modules; i++)
             json_array_append_new(skip, json_string(c->quant.skip_modules[i]));

@@ -895,10 +895,11 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
                 100.0 * (double)cllm_model_trainable_numel(tr->m) / (double)cllm_model_n_params(tr->m),
                 cllm_model_n_params(tr->m));
     if (c->log != CLLM_LOG_MODE_QUIET && cllm_model_quantized(tr->m) && cllm_dist_rank() == 0)
-        fprintf(stderr, "cllm train: QLoRA base: the blocks' linear layers in %s%s, %.1f MB\n",
+        fprintf(stderr, "cllm train: QLoRA base: the blocks' linear layers in %s%s, %.1f MB, computing in %s\n",
                 cllm_bnb_type_name(cllm_model_quantized(tr->m)),
                 c->quant.double_quant && !c->quant.load_in_8bit ? " with double quantization" : "",
-                (double)cllm_model_quantized_bytes(tr->m) / 1e6);
+                (double)cllm_model_quantized_bytes(tr->m) / 1e6,
+                cllm_bnb_compute_name(c->quant.load_in_8bit ? CLLM_BNB_COMPUTE_FP32 : c->quant.compute));
     if (c->log != CLLM_LOG_MODE_QUIET)
         fprintf(stderr,
                 "cllm train: %zu parameters, %llu samples, steps %ld..%ld of %ld x %d tokens "

@@ -184,6 +184,12 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
          * (none with lora_rank 0: frozen tensors, no adapters) */
         out->work = 2 * (size_t)s->micro_batch * (size_t)s->seq_len * (size_t)s->lora_rank * sizeof(float);
         out->work += s->quant_widest * sizeof(float); /* one dequantized layer of a quantized base */
+        if (s->quant_compute16) { /* its rounded input / output gradient and product (+ bias), at the widest */
+            size_t w = (size_t)c->n_embd, qkv = (size_t)(c->n_head + 2 * c->n_kv_head) * (size_t)c->head_dim;
+            if ((size_t)c->n_inner > w) w = (size_t)c->n_inner;
+            if (qkv > w) w = qkv;
+            out->work += 2 * ((size_t)s->micro_batch * (size_t)s->seq_len + 1) * w * sizeof(float);
+        }
     } else if (s->zero_stage >= 2 && (P == 1 || !c->tie_embeddings)) {
         /* stages 2-3 reduce per group (a tied pipeline's stage at stage 2
          * after its backward): a group's gradient is written into a

@@ -319,6 +319,7 @@ int cmd_estimate(int argc, char **argv) {
                                                  "trains only with LoRA adapters: give --lora-r");
         json_decref(qo);
         if (!qst) qst = cllm_model_config_quantized(&cfg, &qc, &s.quant_numel, &s.quant_bytes, &s.quant_widest);
+        s.quant_compute16 = !qc.load_in_8bit && qc.compute != CLLM_BNB_COMPUTE_FP32;
         cllm_bnb_config_free(&qc);
         if (qst) {
             fprintf(stderr, "cllm estimate: %s\n", cllm_last_error());

@@ -6,7 +6,7 @@
 #include "quant_flags.h"
 
 bool quant_flags_any(const quant_flags *f) {
-    return f->load_in_4bit || f->load_in_8bit || f->double_quant || f->quant_type;
+    return f->load_in_4bit || f->load_in_8bit || f->double_quant || f->quant_type || f->compute_dtype;
 }
 
 void quant_flags_to_json(const quant_flags *f, json_t *obj) {
@@ -14,6 +14,7 @@ void quant_flags_to_json(const quant_flags *f, json_t *obj) {
     if (f->load_in_8bit) json_object_set_new(obj, "load_in_8bit", json_true());
     if (f->double_quant) json_object_set_new(obj, "bnb_4bit_use_double_quant", json_true());
     if (f->quant_type) json_object_set_new(obj, "bnb_4bit_quant_type", json_string(f->quant_type));
+    if (f->compute_dtype) json_object_set_new(obj, "bnb_4bit_compute_dtype", json_string(f->compute_dtype));
 }
 
 cllm_status quant_flags_load(const quant_flags *f, cllm_model **out, const char *dir, const char *weights) {

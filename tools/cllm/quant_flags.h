@@ -1,7 +1,8 @@
 /*
  * The QLoRA flags of train, grad, eval and generate: transformers'
  * BitsAndBytesConfig as flags (--load-in-4bit, --load-in-8bit,
- * --bnb-4bit-quant-type, --bnb-4bit-use-double-quant), written into a
+ * --bnb-4bit-quant-type, --bnb-4bit-use-double-quant,
+ * --bnb-4bit-compute-dtype), written into a
  * "quantization" object and read by the one reader of cllm/quant.h.
  */
 #ifndef CLLM_TOOL_QUANT_FLAGS_H
@@ -16,7 +17,7 @@
 
 typedef struct {
     bool load_in_4bit, load_in_8bit, double_quant;
-    const char *quant_type;
+    const char *quant_type, *compute_dtype;
 } quant_flags;
 
 #define QUANT_FLAG_SPECS(f)                                                                                         \
@@ -27,7 +28,9 @@ typedef struct {
         {"bnb-4bit-quant-type", ARG_STR, &(f).quant_type, NULL, false,                                              \
          "nf4 or fp4 (quantization.bnb_4bit_quant_type; default fp4, as transformers)"},                           \
         {"bnb-4bit-use-double-quant", ARG_FLAG, &(f).double_quant, NULL, false,                                     \
-         "quantize the absmax values too (quantization.bnb_4bit_use_double_quant)"}
+         "quantize the absmax values too (quantization.bnb_4bit_use_double_quant)"},                            \
+        {"bnb-4bit-compute-dtype", ARG_STR, &(f).compute_dtype, NULL, false,                                        \
+         "float32, bfloat16 or float16: the 4-bit layers' matmul dtype (quantization.bnb_4bit_compute_dtype)"}
 
 /* Whether any of the flags is set. */
 bool quant_flags_any(const quant_flags *f);
