@@ -20,18 +20,8 @@ cd "$(dirname "$0")/.."
 quick=${DEMO_QUICK:-0}
 work=${DEMO_DIR:-build/demo}
 export OMP_WAIT_POLICY=PASSIVE
-t0=$(date +%s)
-section() { printf '\n== %s  [%ds]\n' "$*" $(( $(date +%s) - t0 )); }
-
-if [ -n "${DEMO_CLLM:-}" ]; then
-  cllm=$DEMO_CLLM
-else
-  section "build"
-  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build build -j"$(nproc)" >/dev/null
-  cllm=build/cllm
-fi
-[ -x "$cllm" ] || { echo "demo.sh: $cllm is not an executable" >&2; exit 1; }
+. scripts/demo_lib.sh
+demo_start demo.sh
 
 if [ "$quick" = 1 ]; then
   sizes=(-v n_instruct=300 -v n_conv=30 -v n_pretrain=30 -v n_heldout=8)
@@ -96,7 +86,6 @@ awk -F'[,:{} ]+' '
 "$cllm" plot "$work/run"
 
 section "6/6 answer the $held held-out prompts: cllm generate --greedy"
-. scripts/demo_heldout.sh
 heldout_accuracy "$cllm" "$work/heldout.tsv" 6 --model "$work/run"
 k=$asked
 [ "$k" = "$held" ] || { echo "demo.sh: answered $k of $held prompts" >&2; exit 1; }

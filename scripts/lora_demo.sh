@@ -22,18 +22,8 @@ cd "$(dirname "$0")/.."
 quick=${DEMO_QUICK:-0}
 work=${DEMO_DIR:-build/lora-demo}
 export OMP_WAIT_POLICY=PASSIVE
-t0=$(date +%s)
-section() { printf '\n== %s  [%ds]\n' "$*" $(( $(date +%s) - t0 )); }
-
-if [ -n "${DEMO_CLLM:-}" ]; then
-  cllm=$DEMO_CLLM
-else
-  section "build"
-  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build build -j"$(nproc)" >/dev/null
-  cllm=build/cllm
-fi
-[ -x "$cllm" ] || { echo "lora_demo.sh: $cllm is not an executable" >&2; exit 1; }
+. scripts/demo_lib.sh
+demo_start lora_demo.sh
 
 if [ "$quick" = 1 ]; then
   sizes=(-v n_instruct=200 -v n_conv=60 -v n_pretrain=30 -v n_heldout=8)
@@ -101,7 +91,6 @@ conf "$ft_steps" "$warmup" 3e-3 "$work/lora.conf.json"
   --out "$work/lora" --log quiet --lora-r 8 --lora-alpha 16 --lora-target all-linear
 
 section "6/6 held-out accuracy (cllm generate --greedy, as demo.sh)"
-. scripts/demo_heldout.sh
 declare -A acc
 for run in base full lora; do
   case $run in

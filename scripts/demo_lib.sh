@@ -1,9 +1,29 @@
-# Sourced by scripts/demo.sh and scripts/lora_demo.sh: asks every held-out
-# number of a parity demo with `cllm generate --greedy`, rendered with the
-# Alpaca template exactly as training rendered it (half the prompts with
-# the number as "input"), and counts exact "even"/"odd" answers.
+# Sourced by scripts/demo.sh and scripts/lora_demo.sh.
 #
+#   demo_start NAME
+#
+# starts the clock of `section` (which prints "== TITLE  [Ns]") and sets
+# `cllm`: DEMO_CLLM when given, else a Release build of the tree in build/.
+demo_start() {
+  t0=$(date +%s)
+  if [ -n "${DEMO_CLLM:-}" ]; then
+    cllm=$DEMO_CLLM
+  else
+    section "build"
+    cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake --build build -j"$(nproc)" >/dev/null
+    cllm=build/cllm
+  fi
+  [ -x "$cllm" ] || { echo "$1: $cllm is not an executable" >&2; exit 1; }
+}
+section() { printf '\n== %s  [%ds]\n' "$*" $(( $(date +%s) - t0 )); }
+
 #   heldout_accuracy CLLM HELDOUT.tsv SHOW [generate flags...]
+#
+# asks every held-out number of a parity demo with `cllm generate
+# --greedy`, rendered with the Alpaca template exactly as training rendered
+# it (half the prompts with the number as "input"), and counts exact
+# "even"/"odd" answers.
 #
 # prints the first SHOW answers; sets `right` and `asked`.
 heldout_accuracy() {
