@@ -372,6 +372,16 @@ def case_errors(cllm, tmp):
     r = run(train_cmd(cllm, d1, data, os.path.join(tmp, "o1"), "--steps", "1", "--batch-size", "1", "--seq-len", "8"))
     check("missing score.weight: exit 1 naming it", r.returncode == 1 and "missing tensor 'score.weight'" in r.stderr,
           r.stderr[-300:])
+    # LoRA: refused by name (not the adapters silently dropped with the LM head)
+    rm_dir, lm_dir = os.path.join(tmp, "lora-rm"), os.path.join(tmp, "lora-lm")
+    hm.save_hf_folder(rm_dir, cfg, params)
+    lm_cfg = hm.make_config("llama")
+    hm.save_hf_folder(lm_dir, lm_cfg, hm.init_params(lm_cfg, seed=8))
+    for what, model in (("reward folder", rm_dir), ("causal LM", lm_dir)):
+        r = run(train_cmd(cllm, model, data, os.path.join(tmp, "olora"), "--steps", "1", "--batch-size", "1",
+                          "--seq-len", "8", "--lora-r", "4"))
+        check("LoRA with task reward (%s): exit non-zero naming it" % what,
+              r.returncode not in (0, None) and 'task "reward" with LoRA' in r.stderr, r.stderr[-300:])
     # two labels
     d2 = os.path.join(tmp, "twolabels")
     c2 = dict(cfg, id2label={"0": "LABEL_0", "1": "LABEL_1"})

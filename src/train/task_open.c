@@ -95,6 +95,12 @@ cllm_status train_open_reward(trainer *tr, bool piped, bool tensor) {
     if (piped || tensor)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "task \"reward\" with %s parallelism: not supported; use data "
                          "parallelism (any ZeRO stage)", piped ? "pipeline" : "tensor");
+    /* PEFT trains a reward model's adapters as task_type SEQ_CLS with the
+     * new score head in modules_to_save: not built; without this refusal a
+     * causal LM's adapters would be dropped with the LM head */
+    if (train_lora_run(c))
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "task \"reward\" with LoRA (lora / --lora-r / --adapter): not "
+                         "supported; train every tensor, or freeze some with \"freeze\"");
     cllm_status st = cllm_model_to_reward(&tr->m, c->seed);
     if (st) return cllm_fail_context(st, "task \"reward\"");
     cllm_objective *o = NULL;
