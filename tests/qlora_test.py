@@ -221,9 +221,12 @@ def test_compute_dtype(cllm, tmp):
         deq, scales = dequantized(cfg, params, kind, dq), {m: s_of(m) for m, _ in mods}
         ref_loss, ref = compute_grads(cfg, deq, adapter, scales, mods, ids, labels, dt)
         f32_loss, f32 = compute_grads(cfg, deq, adapter, scales, mods, ids, labels, torch.float64)
-        err, off = abs(line["loss"] - ref_loss), abs(ref_loss - f32_loss)
-        check("compute %s: loss (within 2e-4 relative, and nearer than the float32-compute loss)" % name,
-              err <= 2e-4 * abs(ref_loss) and err < off,
+        # the loss alone cannot tell the compute dtypes apart: a rounding flip
+        # of one bf16 output moves it by about as much as the dtype does
+        # (both ~1e-5 relative here), and the input's last bit differs with
+        # the compiler's contraction of the norm; the gradients below can
+        err = abs(line["loss"] - ref_loss)
+        check("compute %s: loss (within 2e-4 relative)" % name, err <= 2e-4 * abs(ref_loss),
               "%.9g vs %.9g (float32 compute %.9g)" % (line["loss"], ref_loss, f32_loss))
         worst = max((lt.rel(got[k], ref[k]), k) for k in ref if k in got)
         offg = min(lt.rel(f32[k], ref[k]) for k in ref if ".lora_" in k)
@@ -237,8 +240,8 @@ def test_compute_dtype(cllm, tmp):
                     str(B), "--bnb-4bit-compute-dtype", flag] + quant_flags(kind, dq))
         if check("compute %s: eval exit 0" % name, r.returncode == 0, r.stderr.strip()[-300:]):
             ev = json.loads(r.stdout.strip().splitlines()[-1])["loss"]
-            check("compute %s: eval loss" % name, abs(ev - ref_loss) <= 2e-4 * abs(ref_loss) and
-                  abs(ev - ref_loss) < off, "%.9g vs %.9g" % (ev, ref_loss))
+            check("compute %s: eval loss equals grad's (same forward)" % name,
+                  abs(ev - line["loss"]) <= 1e-6 * abs(line["loss"]), "%.9g vs %.9g" % (ev, line["loss"]))
 
 
 def test_train(cllm, tmp):
