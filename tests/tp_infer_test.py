@@ -77,29 +77,38 @@ def steps(stderr):
     return out
 
 
+def same_greedy(cllm, tag, model, prompt, n, flags):
+    """`cllm generate` of n greedy tokens with their top-5 log-probabilities,
+    one process against `mpirun -np 2 ... --tensor 2`: the same tokens and
+    top ids, log-probabilities within 1e-4, the start-up line. Returns the
+    2-rank run's stderr (None when a run failed)."""
+    args = ["generate", "--model", model, "--prompt-ids", prompt, "--max-new-tokens", str(n), "--greedy",
+            "--ignore-eos", "--output", "ids", "--top-n", "5"] + flags
+    one = run([cllm] + args)
+    two = run(MPIRUN + ["-np", "2", cllm] + args + ["--tensor", "2"])
+    if not check(one.returncode == 0 and two.returncode == 0,
+                 f"{tag}: exit {one.returncode} / {two.returncode}: {one.stderr[-800:]} {two.stderr[-1500:]}"):
+        return None
+    a, b = steps(one.stderr), steps(two.stderr)
+    check(len(a) == n and len(b) == n, f"{tag}: {len(a)} / {len(b)} steps")
+    check(one.stdout.split() == two.stdout.split(), f"{tag}: tokens {one.stdout.split()} vs {two.stdout.split()}")
+    check(len(set(t for t, _, _ in a)) >= 4, f"{tag}: a degenerate continuation {one.stdout.split()}")
+    worst = 0.0
+    for (ta, la, topa), (tb, lb, topb) in zip(a, b):
+        check(ta == tb and [i for i, _ in topa] == [i for i, _ in topb], f"{tag}: top ids {topa} vs {topb}")
+        worst = max([worst, abs(la - lb)] + [abs(x[1] - y[1]) for x, y in zip(topa, topb)])
+    check(worst <= 1e-4, f"{tag}: log-probabilities differ by {worst:.2e}")
+    check("tensor parallel over 2 ranks" in two.stderr, f"{tag}: no start-up line:\n{two.stderr[-800:]}")
+    print(f"{tag}: {n} greedy tokens equal, worst log-prob difference {worst:.1e}", flush=True)
+    return two.stderr
+
+
 def generate(cllm, tmp):
     cases = [("llama", init(cllm, tmp, "llama"), "5,9,23,7,300"),
              ("bloom", init(cllm, tmp, "bloom", std="0.5"), "5,9,23,7,300"),
              ("gpt2 vocab 511", init(cllm, tmp, "gpt2", "vocab_size=511"), "5,9,510,7,300")]
     for tag, model, prompt in cases:
-        args = ["generate", "--model", model, "--prompt-ids", prompt, "--max-new-tokens", "16", "--greedy",
-                "--ignore-eos", "--output", "ids", "--top-n", "5"]
-        one = run([cllm] + args)
-        two = run(MPIRUN + ["-np", "2", cllm] + args + ["--tensor", "2"])
-        if not check(one.returncode == 0 and two.returncode == 0,
-                     f"{tag}: exit {one.returncode} / {two.returncode}: {one.stderr[-800:]} {two.stderr[-1500:]}"):
-            continue
-        a, b = steps(one.stderr), steps(two.stderr)
-        check(len(a) == 16 and len(b) == 16, f"{tag}: {len(a)} / {len(b)} steps")
-        check(one.stdout.split() == two.stdout.split(), f"{tag}: tokens {one.stdout.split()} vs {two.stdout.split()}")
-        check(len(set(t for t, _, _ in a)) >= 4, f"{tag}: a degenerate continuation {one.stdout.split()}")
-        worst = 0.0
-        for (ta, la, topa), (tb, lb, topb) in zip(a, b):
-            check(ta == tb and [i for i, _ in topa] == [i for i, _ in topb], f"{tag}: top ids {topa} vs {topb}")
-            worst = max([worst, abs(la - lb)] + [abs(x[1] - y[1]) for x, y in zip(topa, topb)])
-        check(worst <= 1e-4, f"{tag}: log-probabilities differ by {worst:.2e}")
-        check("tensor parallel over 2 ranks" in two.stderr, f"{tag}: no start-up line:\n{two.stderr[-800:]}")
-        print(f"{tag}: 16 greedy tokens equal, worst log-prob difference {worst:.1e}", flush=True)
+        same_greedy(cllm, tag, model, prompt, 16, [])
     # the rank count must match
     p = run(MPIRUN + ["-np", "1", cllm, "generate", "--model", cases[0][1], "--prompt-ids", "5", "--tensor", "2"])
     check(p.returncode not in (0, 124) and "needs exactly 2 ranks" in p.stderr, f"rank count: {p.stderr[-800:]}")
@@ -116,26 +125,10 @@ def weights(cllm, tmp):
              for arch, model in (("gpt2 vocab 511", gpt2), ("llama", llama)) for w in ("bf16", "int8", "q4")]
     cases.append(("llama int8 folder", q8, "5,9,23,7,300", []))  # as stored: the file's blocks, cut as bytes
     for tag, model, prompt, flags in cases:
-        args = ["generate", "--model", model, "--prompt-ids", prompt, "--max-new-tokens", "12", "--greedy",
-                "--ignore-eos", "--output", "ids", "--top-n", "5"] + flags
-        one = run([cllm] + args)
-        two = run(MPIRUN + ["-np", "2", cllm] + args + ["--tensor", "2"])
-        if not check(one.returncode == 0 and two.returncode == 0,
-                     f"{tag}: exit {one.returncode} / {two.returncode}: {one.stderr[-800:]} {two.stderr[-1500:]}"):
-            continue
-        a, b = steps(one.stderr), steps(two.stderr)
-        check(len(a) == 12 and len(b) == 12, f"{tag}: {len(a)} / {len(b)} steps")
-        check(one.stdout.split() == two.stdout.split(), f"{tag}: tokens {one.stdout.split()} vs {two.stdout.split()}")
-        check(len(set(t for t, _, _ in a)) >= 4, f"{tag}: a degenerate continuation {one.stdout.split()}")
-        worst = 0.0
-        for (ta, la, topa), (tb, lb, topb) in zip(a, b):
-            check(ta == tb and [i for i, _ in topa] == [i for i, _ in topb], f"{tag}: top ids {topa} vs {topb}")
-            worst = max([worst, abs(la - lb)] + [abs(x[1] - y[1]) for x, y in zip(topa, topb)])
-        check(worst <= 1e-4, f"{tag}: log-probabilities differ by {worst:.2e}")
+        two = same_greedy(cllm, tag, model, prompt, 12, flags)
         fmt = flags[1] if flags else "int8"
-        check(f"tensor parallel over 2 ranks" in two.stderr and f"per rank ({fmt})" in two.stderr,
-              f"{tag}: no start-up line naming {fmt}:\n{two.stderr[-800:]}")
-        print(f"{tag}: 12 greedy tokens equal, worst log-prob difference {worst:.1e}", flush=True)
+        if two is not None:
+            check(f"per rank ({fmt})" in two, f"{tag}: no start-up line naming {fmt}:\n{two[-800:]}")
     # a row-parallel cut inside a 32-value block: refused, naming the tensor and the sizes
     bad = init(cllm, tmp, "llama")  # intermediate_size 172: 86 down_proj inputs a rank
     p = run(MPIRUN + ["-np", "2", cllm, "generate", "--model", bad, "--prompt-ids", "5", "--weights", "q4",
