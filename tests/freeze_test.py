@@ -37,27 +37,11 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
 import hf_models as hm  # noqa: E402
 
-PASSED = 0
-FAILED = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lora_test as lt  # noqa: E402  (its check/run helpers and their counters)
+
+check, run = lt.check, lt.run
 FREEZE = ["embed", r"^model\.layers\.0\."]
-
-
-def check(name, ok, detail=""):
-    global PASSED, FAILED
-    if ok:
-        PASSED += 1
-    else:
-        FAILED += 1
-    print("%s  %s%s" % ("ok  " if ok else "FAIL", name, ("  " + detail) if detail else ""))
-    sys.stdout.flush()
-    return ok
-
-
-def run(cmd):
-    try:
-        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
-    except subprocess.TimeoutExpired as e:
-        return subprocess.CompletedProcess(cmd, None, e.stdout or "", "timeout")
 
 
 def frozen(name):
@@ -261,8 +245,8 @@ def main():
             print("kept", tmp)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    print("%d passed, %d failed" % (PASSED, FAILED))
-    return 1 if FAILED or not PASSED else 0
+    print("%d passed, %d failed" % (lt.PASSED, lt.FAILED))
+    return 1 if lt.FAILED or not lt.PASSED else 0
 
 
 if __name__ == "__main__":
