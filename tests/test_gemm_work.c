@@ -15,6 +15,11 @@
  * tail are not written, so it is slightly below the formula). Also checks
  * the cases the formula answers without measuring: empty shapes, and a
  * no-copy shape (a 64-row GEMM) that allocates (almost) nothing.
+ * The blocking and thread split the formula models were calibrated on
+ * AVX2 CPUs; on AVX-512 CPUs (16 threads of a Sapphire Rapids measured
+ * 0.1-0.9 of the formula: oneDNN gives small GEMMs fewer threads than it
+ * has) only the upper bound is checked, which is what `cllm estimate`
+ * needs: the formula never under-counts.
  * Skips (exit 0, "SKIP") where the peak cannot be reset (old kernels).
  * Not run under sanitizers (shadow memory is resident too).
  */
@@ -23,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cllm/cpu.h"
 #include "cllm/kernels.h"
 
 static int failures;
@@ -100,6 +106,9 @@ int main(void) {
     size_t small = measure(64, 256, 256, false, false, 0);
     CHECK(small < (1u << 20), "64 x 256 x 256 allocated %zu bytes", small);
 
+    /* two-sided where the formula was calibrated, upper bound elsewhere */
+    const bool calibrated = cllm_cpu()->isa < CLLM_ISA_AVX512;
+    if (!calibrated) printf("AVX-512 CPU: checking the formula as an upper bound only\n");
     static const struct {
         int M, N, K;
         bool ta, tb;
@@ -119,7 +128,7 @@ int main(void) {
             CHECK(got < (2u << 20), "%s: formula %zu, measured %zu", shapes[i].what, model, got);
             continue;
         }
-        CHECK((double)got >= 0.88 * (double)model && (double)got <= 1.02 * (double)model + 65536,
+        CHECK((!calibrated || (double)got >= 0.88 * (double)model) && (double)got <= 1.02 * (double)model + 65536,
               "%s: formula %zu bytes, measured peak RSS rise %zu", shapes[i].what, model, got);
     }
     cllm_matmul_cleanup();
