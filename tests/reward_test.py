@@ -26,7 +26,9 @@ Cases:
           single records, and the pairwise accuracy.
   resume  a resumed run ends bit-identical to the straight one.
   errors  missing score head, num_labels 2, malformed pairs, a causal LM to
-          `cllm score`, an LM task on a reward model: clear messages.
+          `cllm score`, an LM task on a reward model: clear messages; LoRA
+          (--lora-r) from a reward folder and from a causal LM writes a
+          SEQ_CLS adapter with the score head.
   prepared  `cllm data prepare --pairs`: the prepared dataset trains
           bit-identically to its .jsonl (reward and DPO).
   mpi     2 ranks at ZeRO 1 and 3 against one process (label mpi).
@@ -372,16 +374,23 @@ def case_errors(cllm, tmp):
     r = run(train_cmd(cllm, d1, data, os.path.join(tmp, "o1"), "--steps", "1", "--batch-size", "1", "--seq-len", "8"))
     check("missing score.weight: exit 1 naming it", r.returncode == 1 and "missing tensor 'score.weight'" in r.stderr,
           r.stderr[-300:])
-    # LoRA: refused by name (not the adapters silently dropped with the LM head)
+    # LoRA: no longer refused; the adapters are the reward model's (PEFT's
+    # SEQ_CLS, the score head trained beside them), not a causal LM's whose
+    # LM head is dropped (reward_lora_test.py checks the values)
     rm_dir, lm_dir = os.path.join(tmp, "lora-rm"), os.path.join(tmp, "lora-lm")
     hm.save_hf_folder(rm_dir, cfg, params)
     lm_cfg = hm.make_config("llama")
     hm.save_hf_folder(lm_dir, lm_cfg, hm.init_params(lm_cfg, seed=8))
     for what, model in (("reward folder", rm_dir), ("causal LM", lm_dir)):
-        r = run(train_cmd(cllm, model, data, os.path.join(tmp, "olora"), "--steps", "1", "--batch-size", "1",
-                          "--seq-len", "8", "--lora-r", "4"))
-        check("LoRA with task reward (%s): exit non-zero naming it" % what,
-              r.returncode not in (0, None) and 'task "reward" with LoRA' in r.stderr, r.stderr[-300:])
+        o = os.path.join(tmp, "olora-" + what.split()[0])
+        r = run(train_cmd(cllm, model, data, o, "--steps", "1", "--batch-size", "1", "--seq-len", "8", "--lora-r", "4"))
+        conf, keys = {}, []
+        if r.returncode == 0:
+            conf = json.load(open(os.path.join(o, "adapter_config.json")))
+            keys = list(hm.load_safetensors(os.path.join(o, "adapter_model.safetensors")))
+        check("LoRA with task reward (%s): a SEQ_CLS adapter with the score head" % what, r.returncode == 0 and
+              conf.get("task_type") == "SEQ_CLS" and "base_model.model.score.weight" in keys and
+              not any("lm_head" in k for k in keys), r.stderr[-300:] or str(conf.get("task_type")))
     # two labels
     d2 = os.path.join(tmp, "twolabels")
     c2 = dict(cfg, id2label={"0": "LABEL_0", "1": "LABEL_1"})

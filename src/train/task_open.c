@@ -95,12 +95,7 @@ cllm_status train_open_reward(trainer *tr, bool piped, bool tensor) {
     if (piped || tensor)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "task \"reward\" with %s parallelism: not supported; use data "
                          "parallelism (any ZeRO stage)", piped ? "pipeline" : "tensor");
-    /* PEFT trains a reward model's adapters as task_type SEQ_CLS with the
-     * new score head in modules_to_save: not built; without this refusal a
-     * causal LM's adapters would be dropped with the LM head */
-    if (train_lora_run(c))
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "task \"reward\" with LoRA (lora / --lora-r / --adapter): not "
-                         "supported; train every tensor, or freeze some with \"freeze\"");
+    /* with LoRA the model is a reward model already (train_lora_to_reward) */
     cllm_status st = cllm_model_to_reward(&tr->m, c->seed);
     if (st) return cllm_fail_context(st, "task \"reward\"");
     cllm_objective *o = NULL;
@@ -108,6 +103,21 @@ cllm_status train_open_reward(trainer *tr, bool piped, bool tensor) {
     cllm_objective_free(tr->obj);
     tr->obj = o;
     return CLLM_OK;
+}
+
+/* LoRA with task "reward": the score head goes on before the adapters
+ * (open_model), as PEFT's SEQ_CLS adapters sit on
+ * AutoModelForSequenceClassification of the base. A quantized base has no
+ * fp32 weights to rebuild the model from: it must be a reward model
+ * folder. */
+cllm_status train_lora_to_reward(trainer *tr) {
+    if (cllm_model_get_config(tr->m)->num_labels == 1) return CLLM_OK;
+    if (tr->cfg->quant.enabled)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "task \"reward\" with a quantized base (QLoRA) from a causal LM: not "
+                         "supported; start from a reward model folder (a *ForSequenceClassification, e.g. what "
+                         "cllm train --task reward --steps 1 --lr 0 writes from the causal LM)");
+    cllm_status st = cllm_model_to_reward(&tr->m, tr->cfg->seed);
+    return st ? cllm_fail_context(st, "task \"reward\"") : CLLM_OK;
 }
 
 /* A model folder for PPO's reward or reference model, checked against the
