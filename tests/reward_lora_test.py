@@ -13,7 +13,9 @@ Cases:
           step's loss (rel 1e-5) and the update / lr against autograd's
           gradient of every lora_A, lora_B and score.weight (rel L2 1e-4); the
           folder written has the same keys and task_type SEQ_CLS; `cllm score
-          --adapter` on it gives torch's rewards of the updated adapter.
+          --adapter` gives torch's rewards (abs 2e-5); the same step on a
+          quantized reward folder (QLoRA: LLaMA nf4 with double quant, BLOOM
+          int8) against torch on its dequantized weights.
   learn   from a causal LM with --lora-r: the adapter folder (task_type
           SEQ_CLS, modules_to_save with score, PEFT's default targets,
           base_model_name_or_path the causal LM, base untouched), the loss
@@ -43,6 +45,7 @@ sys.path.insert(0, os.path.join(HERE, "ref"))
 sys.path.insert(0, HERE)
 import hf_models as hm  # noqa: E402
 import lora_test as lt  # noqa: E402
+import qlora_test as qt  # noqa: E402
 import reward_test as rt  # noqa: E402
 
 LOSS_RTOL = 1e-5
@@ -102,57 +105,75 @@ def max_diff(a, b):
 # --------------------------------------------------------------------- cases
 
 
-def case_grads(cllm, tmp):
+def grads_one(cllm, tmp, arch, quant=None):
+    """One SGD step with a SEQ_CLS adapter on a reward folder (quant: (kind,
+    double quant) for a quantized base, torch then on its dequantized
+    weights)."""
     T, LR, R, ALPHA = 12, 100.0, 2, 4.0
+    tag = arch + ("-%s%s" % (quant[0], "-dq" if quant[1] else "") if quant else "")
+    cfg = rt.reward_config(arch)
+    params = rt.reward_params(cfg, seed=3 + len(arch))
+    mdir = os.path.join(tmp, tag + ".rm")
+    hm.save_hf_folder(mdir, cfg, params)
+    mods = lt.linear_modules(cfg)
+    ad = os.path.join(tmp, tag + ".adapter")
+    targets = sorted({m.split(".")[-1] for m, _ in mods})
+    acfg = {"task_type": "SEQ_CLS", "r": R, "lora_alpha": ALPHA, "target_modules": targets,
+            "modules_to_save": ["classifier", "score"], "fan_in_fan_out": arch == "gpt2"}
+    adapter = lt.make_adapter(ad, cfg, params, mods, lambda m: R, acfg, seed=len(arch), extra=["score.weight"])
+    scales = {m: ALPHA / R for m, _ in mods}
+    recs = rt.make_records(cfg["vocab_size"], 4, seed=len(arch) + 1, T=T)
+    data = os.path.join(tmp, tag + ".pairs.jsonl")
+    rt.write_jsonl(data, recs)
+    out = os.path.join(tmp, tag + ".out")
+    qflags = qt.quant_flags(*quant) if quant else []
+    r = rt.run(rt.train_cmd(cllm, mdir, data, out, "--steps", "1", "--seq-len", str(T), "--optimizer", "sgd",
+                            "--lr", str(LR), "--no-shuffle", "--batch-size", "4", "--adapter", ad, *qflags))
+    if not check("grads %s: exit 0" % tag, r.returncode == 0, r.stderr[-400:]):
+        return
+    base = qt.dequantized(cfg, params, *quant) if quant else params
+    loss, grads = torch_step(cfg, base, adapter, scales, mods, recs, T)
+    m = rt.last_metrics(out)
+    lrel = abs(m["loss"] - loss) / abs(loss)
+    check("grads %s: loss = torch's" % tag, lrel <= LOSS_RTOL, "cllm %.9g torch %.9g rel %.1e" % (m["loss"], loss, lrel))
+    new = hm.load_safetensors(os.path.join(out, "adapter_model.safetensors"))
+    conf = json.load(open(os.path.join(out, "adapter_config.json")))
+    check("grads %s: same PEFT keys written, task_type SEQ_CLS, score in modules_to_save" % tag,
+          sorted(new) == sorted(adapter) and conf.get("task_type") == "SEQ_CLS" and
+          "score" in (conf.get("modules_to_save") or []) and conf.get("peft_type") == "LORA",
+          "keys %s; config %s" % (sorted(set(new) ^ set(adapter))[:4], {k: conf.get(k) for k in
+                                                                        ("task_type", "modules_to_save")}))
+    if sorted(new) != sorted(adapter):
+        return
+    worst, errs = 0.0, []
+    for k, g in grads.items():
+        e = rt.rel_l2((adapter[k].double() - new[k].double()) / LR, g)
+        worst = max(worst, e)
+        if e > GRAD_RTOL:
+            errs.append("%s rel %.1e" % (k, e))
+    n_ab = sum(".lora_" in k for k in grads)
+    check("grads %s: SGD update = torch gradient (%d lora_A/B, score.weight)" % (tag, n_ab), not errs,
+          "; ".join(errs[:6]) if errs else "worst rel-L2 %.1e" % worst)
+    if quant:  # the quantization took effect: the fp32 base's loss is far off
+        fp = torch_step(cfg, params, adapter, scales, mods, recs, T)[0]
+        check("grads %s: unlike the fp32 base's loss" % tag, abs(fp - loss) > 100 * abs(m["loss"] - loss),
+              "fp32 base %.6g, quantized %.6g" % (fp, loss))
+        return
+    # the adapter on the reward folder: cllm score --adapter = torch
+    rows = [x for rec in recs for x in rt.rows_of(rec, T)]
+    got, err = score_file(cllm, mdir, data, T, os.path.join(tmp, tag + ".score.jsonl"), ad)
+    ref = torch_rewards(cfg, params, adapter, scales, mods, rows, T)
+    d = max_diff(got, ref)
+    check("grads %s: cllm score --adapter = torch rewards (abs %.0e)" % (tag, REWARD_ATOL), d <= REWARD_ATOL,
+          err or "max |diff| %.1e (rewards up to %.2f)" % (d, float(ref.abs().max())))
+
+
+def case_grads(cllm, tmp):
     for arch in ("gpt2", "llama", "bloom"):
-        cfg = rt.reward_config(arch)
-        params = rt.reward_params(cfg, seed=3 + len(arch))
-        mdir = os.path.join(tmp, arch + ".rm")
-        hm.save_hf_folder(mdir, cfg, params)
-        mods = lt.linear_modules(cfg)
-        ad = os.path.join(tmp, arch + ".adapter")
-        targets = sorted({m.split(".")[-1] for m, _ in mods})
-        acfg = {"task_type": "SEQ_CLS", "r": R, "lora_alpha": ALPHA, "target_modules": targets,
-                "modules_to_save": ["classifier", "score"], "fan_in_fan_out": arch == "gpt2"}
-        adapter = lt.make_adapter(ad, cfg, params, mods, lambda m: R, acfg, seed=len(arch), extra=["score.weight"])
-        scales = {m: ALPHA / R for m, _ in mods}
-        recs = rt.make_records(cfg["vocab_size"], 4, seed=len(arch) + 1, T=T)
-        data = os.path.join(tmp, arch + ".pairs.jsonl")
-        rt.write_jsonl(data, recs)
-        out = os.path.join(tmp, arch + ".out")
-        r = rt.run(rt.train_cmd(cllm, mdir, data, out, "--steps", "1", "--seq-len", str(T), "--optimizer", "sgd",
-                                "--lr", str(LR), "--no-shuffle", "--batch-size", "4", "--adapter", ad))
-        if not check("grads %s: exit 0" % arch, r.returncode == 0, r.stderr[-400:]):
-            continue
-        loss, grads = torch_step(cfg, params, adapter, scales, mods, recs, T)
-        m = rt.last_metrics(out)
-        lrel = abs(m["loss"] - loss) / abs(loss)
-        check("grads %s: loss = torch's" % arch, lrel <= LOSS_RTOL, "cllm %.9g torch %.9g rel %.1e" % (m["loss"], loss, lrel))
-        new = hm.load_safetensors(os.path.join(out, "adapter_model.safetensors"))
-        conf = json.load(open(os.path.join(out, "adapter_config.json")))
-        check("grads %s: same PEFT keys written, task_type SEQ_CLS, score in modules_to_save" % arch,
-              sorted(new) == sorted(adapter) and conf.get("task_type") == "SEQ_CLS" and
-              "score" in (conf.get("modules_to_save") or []) and conf.get("peft_type") == "LORA",
-              "keys %s; config %s" % (sorted(set(new) ^ set(adapter))[:4], {k: conf.get(k) for k in
-                                                                            ("task_type", "modules_to_save")}))
-        if sorted(new) != sorted(adapter):
-            continue
-        worst, errs = 0.0, []
-        for k, g in grads.items():
-            e = rt.rel_l2((adapter[k].double() - new[k].double()) / LR, g)
-            worst = max(worst, e)
-            if e > GRAD_RTOL:
-                errs.append("%s rel %.1e" % (k, e))
-        n_ab = sum(".lora_" in k for k in grads)
-        check("grads %s: SGD update = torch gradient (%d lora_A/B, score.weight)" % (arch, n_ab), not errs,
-              "; ".join(errs[:6]) if errs else "worst rel-L2 %.1e" % worst)
-        # the adapter on the reward folder: cllm score --adapter = torch
-        rows = [x for rec in recs for x in rt.rows_of(rec, T)]
-        got, err = score_file(cllm, mdir, data, T, os.path.join(tmp, arch + ".score.jsonl"), ad)
-        ref = torch_rewards(cfg, params, adapter, scales, mods, rows, T)
-        d = max_diff(got, ref)
-        check("grads %s: cllm score --adapter = torch rewards (abs %.0e)" % (arch, REWARD_ATOL), d <= REWARD_ATOL,
-              err or "max |diff| %.1e (rewards up to %.2f)" % (d, float(ref.abs().max())))
+        grads_one(cllm, tmp, arch)
+    # QLoRA: a quantized reward folder (its score head stays fp32, as bitsandbytes leaves the output layer)
+    grads_one(cllm, tmp, "llama", ("nf4", True))
+    grads_one(cllm, tmp, "bloom", ("int8", False))
 
 
 def case_learn(cllm, tmp):
