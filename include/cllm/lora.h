@@ -142,7 +142,9 @@ cllm_status cllm_lora_count(const cllm_model_config *mc, const cllm_lora_config 
  * adapter_model.safetensors, or a checkpoint's model.safetensors) onto m:
  * attach by its config, then every tensor of the file into the trainable
  * buffer. A missing, unexpected or mis-shaped tensor is an error naming
- * it; a file written for another architecture is refused by name. */
+ * it; a file written for another architecture is refused by name, as are
+ * a task_type "CAUSAL_LM" adapter on a reward model and a "SEQ_CLS" one on
+ * a causal LM (cllm_lora_load_model converts the model first). */
 cllm_status cllm_lora_load(cllm_model *m, const char *dir);
 /* cllm_lora_load on *pm, first turning a causal LM into its reward model
  * (cllm_model_to_reward, the new score head from `seed`, then replaced by
