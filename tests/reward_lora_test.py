@@ -273,17 +273,17 @@ def case_errors(cllm, tmp):
     lt.make_adapter(causal, cfg, params, mods, lambda m: 2, {"r": 2, "target_modules": ["q_proj"]}, seed=1)
     r = rt.run(rt.train_cmd(cllm, rm_dir, data, os.path.join(tmp, "e1"), "--steps", "1", "--batch-size", "1",
                             "--seq-len", "8", "--adapter", causal))
-    check("errors: a CAUSAL_LM adapter on a reward model refused naming task_type", r.returncode not in (0, None) and
+    check("errors: a CAUSAL_LM adapter on a reward model refused naming task_type", r.returncode == 1 and
           "CAUSAL_LM" in r.stderr and "reward model" in r.stderr, r.stderr[-300:])
     seq = os.path.join(tmp, "err.seq-adapter")
     lt.make_adapter(seq, cfg, params, mods, lambda m: 2, {"r": 2, "target_modules": ["q_proj"], "task_type": "SEQ_CLS",
                                                           "modules_to_save": ["score"]}, seed=1, extra=["score.weight"])
     r = rt.run([cllm, "eval", "--model", lm_dir, "--adapter", seq, "--data", data, "--seq-len", "8"])
-    check("errors: a SEQ_CLS adapter to cllm eval of a causal LM refused naming it", r.returncode not in (0, None) and
+    check("errors: a SEQ_CLS adapter to cllm eval of a causal LM refused naming it", r.returncode == 1 and
           "SEQ_CLS" in r.stderr, r.stderr[-300:])
     r = rt.run(rt.train_cmd(cllm, lm_dir, data, os.path.join(tmp, "e3"), "--steps", "1", "--batch-size", "1",
                             "--seq-len", "8", "--lora-r", "2", "--load-in-4bit"))
-    check("errors: QLoRA from a causal LM with task reward refused by name", r.returncode not in (0, None) and
+    check("errors: QLoRA from a causal LM with task reward refused by name", r.returncode == 1 and
           "quantized base" in r.stderr, r.stderr[-300:])
 
 
