@@ -31,7 +31,8 @@ Cases:
           SEQ_CLS adapter with the score head.
   prepared  `cllm data prepare --pairs`: the prepared dataset trains
           bit-identically to its .jsonl (reward and DPO).
-  mpi     2 ranks at ZeRO 1 and 3 against one process (label mpi).
+  mpi     2 ranks at ZeRO 1 and 3 against one process, and LoRA (the
+          adapters and score head) at ZeRO 3 (label mpi).
 
 Run by ctest as
   /usr/bin/python3 tests/reward_test.py --cllm build/cllm --build build --case CASE
@@ -538,6 +539,19 @@ def case_mpi(cllm, tmp):
         diff = max(float((w[n] - base[n]).abs().max()) for n in base)
         check("mpi: ZeRO %d weights (score head included) within 1e-5 of one process" % stage, diff <= 1e-5,
               "max |diff| %.1e" % diff)
+    # LoRA (PEFT's SEQ_CLS: adapters and the score head sliced over the ranks) at ZeRO 3
+    lora = common + ["--lora-r", "2"]
+    one, out = os.path.join(tmp, "mpi.lora.one"), os.path.join(tmp, "mpi.lora.z3")
+    r1 = run(train_cmd(cllm, mdir, data, one, *lora))
+    r2 = run(["timeout", "-k", "5", "240", "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+              "-np", "2"] + train_cmd(cllm, mdir, data, out, "--config", os.path.join(tmp, "z3.json"), *lora),
+             env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if check("mpi: LoRA at ZeRO 3 on 2 ranks and in one process", r1.returncode == 0 and r2.returncode == 0,
+             (r1.stderr + r2.stderr)[-300:]):
+        a, b = (hm.load_safetensors(os.path.join(x, "adapter_model.safetensors")) for x in (one, out))
+        diff = max(float((a[k] - b[k]).abs().max()) for k in a) if sorted(a) == sorted(b) else float("inf")
+        check("mpi: LoRA adapters and score head at ZeRO 3 within 1e-5 of one process",
+              diff <= 1e-5 and "base_model.model.score.weight" in a, "max |diff| %.1e" % diff)
 
 
 def main():
