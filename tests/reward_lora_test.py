@@ -13,7 +13,8 @@ Cases:
           step's loss (rel 1e-5) and the update / lr against autograd's
           gradient of every lora_A, lora_B and score.weight (rel L2 1e-4); the
           folder written has the same keys and task_type SEQ_CLS; `cllm score
-          --adapter` gives torch's rewards (abs 2e-5); the same step on a
+          --adapter` gives torch's rewards (abs 2e-5), `cllm lora merge` a
+          *ForSequenceClassification folder scoring the same; the same step on a
           quantized reward folder (QLoRA: LLaMA nf4 with double quant, BLOOM
           int8) against torch on its dequantized weights.
   learn   from a causal LM with --lora-r: the adapter folder (task_type
@@ -160,6 +161,16 @@ def grads_one(cllm, tmp, arch, quant=None):
     d = max_diff(got, ref)
     check("grads %s: cllm score --adapter = torch rewards (abs %.0e)" % (tag, REWARD_ATOL), d <= REWARD_ATOL,
           err or "max |diff| %.1e (rewards up to %.2f)" % (d, float(ref.abs().max())))
+    # merged onto the reward folder: a reward folder scoring the same
+    merged = os.path.join(tmp, tag + ".merged")
+    r = rt.run([cllm, "lora", "merge", "--model", mdir, "--adapter", ad, "--out", merged])
+    got_m, err = score_file(cllm, merged, data, T, os.path.join(tmp, tag + ".score-merged.jsonl")) \
+        if r.returncode == 0 else (None, r.stderr[-300:])
+    arch_ok = r.returncode == 0 and json.load(open(os.path.join(merged, "config.json"))).get("architectures") == \
+        [rt.SEQ_CLS[arch]]
+    d = max_diff(got_m, got)
+    check("grads %s: lora merge onto the reward folder: a %s scoring as --adapter (abs 1e-5)" % (tag, rt.SEQ_CLS[arch]),
+          arch_ok and d <= 1e-5, err or "max |diff| %.1e" % d)
 
 
 def case_grads(cllm, tmp):
