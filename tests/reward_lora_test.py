@@ -19,7 +19,8 @@ Cases:
           int8) against torch on its dequantized weights.
   learn   from a causal LM with --lora-r: the adapter folder (task_type
           SEQ_CLS, modules_to_save with score, PEFT's default targets,
-          base_model_name_or_path the causal LM, base untouched), the loss
+          base_model_name_or_path the causal LM, base untouched; `cllm
+          estimate` counts its parameters), the loss
           falls, `cllm score --model LM --adapter` = `cllm score` of the
           `cllm lora merge` output (a *ForSequenceClassification folder) =
           torch's rewards; `--adapter` continues training from the folder.
@@ -212,6 +213,10 @@ def case_learn(cllm, tmp):
           tuple(t[PREFIX + "score.weight"].shape) == (1, cfg["hidden_size"]), str(sorted(set(t) ^ want)[:4]))
     check("learn: no model.safetensors (the base is not rewritten)",
           not os.path.exists(os.path.join(out, "model.safetensors")))
+    r = rt.run([cllm, "estimate", "--model", lm_dir, "--task", "reward", "--lora-r", "4", "--seq-len", str(T)])
+    n = sum(x.numel() for x in t.values())
+    check("learn: cllm estimate --task reward --lora-r counts the adapters and the score head (%d)" % n,
+          r.returncode == 0 and (" %d trainable parameters" % n) in r.stdout, (r.stdout + r.stderr)[-300:])
     # scoring: the causal LM + adapter, the merged folder, torch
     recs = rt.separable(V, 6, seed=2)
     singles = [{"input_ids": [12, 40, 5]}, {"input_ids": [12, 40, 7]}]
