@@ -12,8 +12,8 @@ endforeach()
 # SGD step's loss and every lora_A / lora_B / score.weight gradient against
 # float64 torch on tiny gpt2, llama and bloom (grads), learning from a causal
 # LM, score --adapter = lora merge = torch (learn), exact resume (resume),
-# refusals (errors).
-foreach(case grads learn resume errors)
+# PPO with a reward adapter folder as --reward-model (ppo), refusals (errors).
+foreach(case grads learn resume ppo errors)
   cllm_add_py_test(reward_lora_${case} reward_lora_test.py LABELS lora train ARGS --case ${case})
   set_tests_properties(reward_lora_${case} PROPERTIES TIMEOUT 300)
 endforeach()

@@ -26,6 +26,9 @@ Cases:
           torch's rewards; `--adapter` continues training from the folder.
   resume  stopped at step 2 and resumed: the adapter file of an
           uninterrupted run, bit for bit (AdamW, dropout 0.1).
+  ppo     `cllm train --task ppo --reward-model ADAPTER_DIR`: the rewards of
+          its base with the adapter merged, those of the `cllm lora merge`
+          folder.
   errors  a CAUSAL_LM adapter on a reward model, a SEQ_CLS adapter to
           `cllm eval` of a causal LM, QLoRA from a causal LM: refused by name.
 
@@ -273,6 +276,47 @@ def case_resume(cllm, tmp):
     check("resume: same losses", la == lb[-len(la):] if lb else False, "%s vs %s" % (la, lb))
 
 
+def case_ppo(cllm, tmp):
+    """PPO scored by a reward LoRA adapter folder: the rewards of its base
+    with the adapter merged, as the `cllm lora merge` folder gives them."""
+    cfg = hm.make_config("llama")
+    pol_dir = os.path.join(tmp, "ppo.pol")
+    hm.save_hf_folder(pol_dir, cfg, hm.init_params(cfg, seed=3))
+    rcfg = rt.reward_config("llama")
+    params = rt.reward_params(rcfg, seed=5)
+    rm_dir = os.path.join(tmp, "ppo.rm")
+    hm.save_hf_folder(rm_dir, rcfg, params)
+    mods = [(m, c) for m, c in lt.linear_modules(rcfg) if m.split(".")[-1] in ("q_proj", "v_proj")]
+    ad = os.path.join(tmp, "ppo.adapter")
+    lt.make_adapter(ad, rcfg, params, mods, lambda m: 2, {"task_type": "SEQ_CLS", "r": 2, "lora_alpha": 4,
+                                                          "target_modules": ["q_proj", "v_proj"],
+                                                          "modules_to_save": ["score"],
+                                                          "base_model_name_or_path": rm_dir},
+                    seed=9, extra=["score.weight"])
+    merged = os.path.join(tmp, "ppo.merged")
+    r = rt.run([cllm, "lora", "merge", "--model", rm_dir, "--adapter", ad, "--out", merged])
+    if not check("ppo: lora merge of the reward adapter", r.returncode == 0, r.stderr[-300:]):
+        return
+    prompts = os.path.join(tmp, "ppo.prompts.jsonl")
+    rt.write_jsonl(prompts, [{"input_ids": [10 + i, 20 + i, 30 + i]} for i in range(8)])
+    conf = os.path.join(tmp, "ppo.json")
+    with open(conf, "w") as f:
+        json.dump({"task": "ppo", "ppo": {"ppo_epochs": 1, "batch_size": 8,
+                                          "generation_kwargs": {"max_new_tokens": 3}}}, f)
+    rewards = {}
+    for name, rm in (("merged folder", merged), ("adapter folder", ad), ("base", rm_dir)):
+        out = os.path.join(tmp, "ppo.out-" + name.split()[0])
+        r = rt.run([cllm, "train", "--config", conf, "--model", pol_dir, "--reward-model", rm, "--data", prompts,
+                    "--out", out, "--steps", "1", "--batch-size", "8", "--seq-len", "12", "--lr", "1e-3",
+                    "--log", "quiet", "--peak-gflops", "1"])
+        if check("ppo: --reward-model %s" % name, r.returncode == 0, r.stderr[-300:]):
+            rewards[name] = [m.get("env/reward_mean") for m in rt.metrics_of(out) if "env/reward_mean" in m]
+    if len(rewards) == 3:
+        check("ppo: an adapter folder as --reward-model scores as its merged folder (and unlike its base)",
+              rewards["adapter folder"] == rewards["merged folder"] and rewards["base"] != rewards["merged folder"]
+              and rewards["base"], str(rewards))
+
+
 def case_errors(cllm, tmp):
     cfg = rt.reward_config("llama")
     params = rt.reward_params(cfg, seed=1)
@@ -311,7 +355,7 @@ def main():
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="cllm-reward-lora-")
-    cases = {"grads": case_grads, "learn": case_learn, "resume": case_resume, "errors": case_errors}
+    cases = {"grads": case_grads, "learn": case_learn, "resume": case_resume, "ppo": case_ppo, "errors": case_errors}
     try:
         for name, fn in cases.items():
             if a.case in (name, "all"):
