@@ -28,7 +28,8 @@ Cases:
           uninterrupted run, bit for bit (AdamW, dropout 0.1).
   ppo     `cllm train --task ppo --reward-model ADAPTER_DIR`: the rewards of
           its base with the adapter merged, those of the `cllm lora merge`
-          folder.
+          folder; `--ref-model` a causal LM's adapter folder: the merged
+          folder's KL.
   errors  a CAUSAL_LM adapter on a reward model, a SEQ_CLS adapter to
           `cllm eval` of a causal LM, QLoRA from a causal LM: refused by name.
 
@@ -315,6 +316,22 @@ def case_ppo(cllm, tmp):
         check("ppo: an adapter folder as --reward-model scores as its merged folder (and unlike its base)",
               rewards["adapter folder"] == rewards["merged folder"] and rewards["base"] != rewards["merged folder"]
               and rewards["base"], str(rewards))
+    # --ref-model: a causal LM's adapter folder, as its merged folder
+    pol = hm.load_hf_folder(pol_dir)[1]
+    cmods = [(m, c) for m, c in lt.linear_modules(cfg) if m.endswith("q_proj")]
+    cad, cmerged = os.path.join(tmp, "ppo.ref-adapter"), os.path.join(tmp, "ppo.ref-merged")
+    lt.make_adapter(cad, cfg, pol, cmods, lambda m: 2, {"r": 2, "target_modules": ["q_proj"],
+                                                        "base_model_name_or_path": pol_dir}, seed=4)
+    r = rt.run([cllm, "lora", "merge", "--model", pol_dir, "--adapter", cad, "--out", cmerged])
+    kls = []
+    for ref in (cad, cmerged):
+        out = ref + ".out"
+        r = rt.run([cllm, "train", "--config", conf, "--model", pol_dir, "--reward-model", rm_dir, "--ref-model", ref,
+                    "--data", prompts, "--out", out, "--steps", "1", "--batch-size", "8", "--seq-len", "12",
+                    "--log", "quiet", "--peak-gflops", "1"])
+        kls.append([m.get("objective/kl") for m in rt.metrics_of(out)] if r.returncode == 0 else r.stderr[-300:])
+    check("ppo: an adapter folder as --ref-model gives its merged folder's KL", kls[0] == kls[1] and
+          isinstance(kls[0], list) and kls[0][0] != 0, str(kls))
 
 
 def case_errors(cllm, tmp):
