@@ -188,11 +188,7 @@ def case_grads(cllm, tmp):
 
 def case_learn(cllm, tmp):
     T = 12
-    cfg = hm.make_config("llama", eos_token_id=2)
-    cfg["initializer_range"] = 0.02
-    lm_dir = os.path.join(tmp, "learn.lm")
-    lm = hm.init_params(cfg, seed=11)
-    hm.save_hf_folder(lm_dir, cfg, lm)
+    cfg, lm_dir, lm = rt.learn_lm(tmp)
     V = cfg["vocab_size"]
     train = os.path.join(tmp, "learn.train.jsonl")
     rt.write_jsonl(train, rt.separable(V, 32, seed=1))

@@ -273,12 +273,19 @@ def separable(V, n, seed):
     return out
 
 
-def case_learn(cllm, tmp):
+def learn_lm(tmp):
+    """The causal LLaMA (EOS 2, initializer_range 0.02) the learn cases
+    start from: (config, folder, tensors)."""
     cfg = hm.make_config("llama", eos_token_id=2)
     cfg["initializer_range"] = 0.02
     lm_dir = os.path.join(tmp, "learn.lm")
     lm = hm.init_params(cfg, seed=11)
     hm.save_hf_folder(lm_dir, cfg, lm)
+    return cfg, lm_dir, lm
+
+
+def case_learn(cllm, tmp):
+    cfg, lm_dir, lm = learn_lm(tmp)
     V = cfg["vocab_size"]
     train, held = os.path.join(tmp, "learn.train.jsonl"), os.path.join(tmp, "learn.eval.jsonl")
     write_jsonl(train, separable(V, 32, seed=1))
