@@ -26,10 +26,13 @@ Cases:
           single records, and the pairwise accuracy.
   resume  a resumed run ends bit-identical to the straight one.
   errors  missing score head, num_labels 2, malformed pairs, a causal LM to
-          `cllm score`, an LM task on a reward model: clear messages.
+          `cllm score`, an LM task on a reward model: clear messages; LoRA
+          (--lora-r) from a reward folder and from a causal LM writes a
+          SEQ_CLS adapter with the score head.
   prepared  `cllm data prepare --pairs`: the prepared dataset trains
           bit-identically to its .jsonl (reward and DPO).
-  mpi     2 ranks at ZeRO 1 and 3 against one process (label mpi).
+  mpi     2 ranks at ZeRO 1 and 3 against one process, and LoRA (the
+          adapters and score head) at ZeRO 3 (label mpi).
 
 Run by ctest as
   /usr/bin/python3 tests/reward_test.py --cllm build/cllm --build build --case CASE
@@ -270,12 +273,19 @@ def separable(V, n, seed):
     return out
 
 
-def case_learn(cllm, tmp):
+def learn_lm(tmp):
+    """The causal LLaMA (EOS 2, initializer_range 0.02) the learn cases
+    start from: (config, folder, tensors)."""
     cfg = hm.make_config("llama", eos_token_id=2)
     cfg["initializer_range"] = 0.02
     lm_dir = os.path.join(tmp, "learn.lm")
     lm = hm.init_params(cfg, seed=11)
     hm.save_hf_folder(lm_dir, cfg, lm)
+    return cfg, lm_dir, lm
+
+
+def case_learn(cllm, tmp):
+    cfg, lm_dir, lm = learn_lm(tmp)
     V = cfg["vocab_size"]
     train, held = os.path.join(tmp, "learn.train.jsonl"), os.path.join(tmp, "learn.eval.jsonl")
     write_jsonl(train, separable(V, 32, seed=1))
@@ -372,16 +382,23 @@ def case_errors(cllm, tmp):
     r = run(train_cmd(cllm, d1, data, os.path.join(tmp, "o1"), "--steps", "1", "--batch-size", "1", "--seq-len", "8"))
     check("missing score.weight: exit 1 naming it", r.returncode == 1 and "missing tensor 'score.weight'" in r.stderr,
           r.stderr[-300:])
-    # LoRA: refused by name (not the adapters silently dropped with the LM head)
+    # LoRA: no longer refused; the adapters are the reward model's (PEFT's
+    # SEQ_CLS, the score head trained beside them), not a causal LM's whose
+    # LM head is dropped (reward_lora_test.py checks the values)
     rm_dir, lm_dir = os.path.join(tmp, "lora-rm"), os.path.join(tmp, "lora-lm")
     hm.save_hf_folder(rm_dir, cfg, params)
     lm_cfg = hm.make_config("llama")
     hm.save_hf_folder(lm_dir, lm_cfg, hm.init_params(lm_cfg, seed=8))
     for what, model in (("reward folder", rm_dir), ("causal LM", lm_dir)):
-        r = run(train_cmd(cllm, model, data, os.path.join(tmp, "olora"), "--steps", "1", "--batch-size", "1",
-                          "--seq-len", "8", "--lora-r", "4"))
-        check("LoRA with task reward (%s): exit non-zero naming it" % what,
-              r.returncode not in (0, None) and 'task "reward" with LoRA' in r.stderr, r.stderr[-300:])
+        o = os.path.join(tmp, "olora-" + what.split()[0])
+        r = run(train_cmd(cllm, model, data, o, "--steps", "1", "--batch-size", "1", "--seq-len", "8", "--lora-r", "4"))
+        conf, keys = {}, []
+        if r.returncode == 0:
+            conf = json.load(open(os.path.join(o, "adapter_config.json")))
+            keys = list(hm.load_safetensors(os.path.join(o, "adapter_model.safetensors")))
+        check("LoRA with task reward (%s): a SEQ_CLS adapter with the score head" % what, r.returncode == 0 and
+              conf.get("task_type") == "SEQ_CLS" and "base_model.model.score.weight" in keys and
+              not any("lm_head" in k for k in keys), r.stderr[-300:] or str(conf.get("task_type")))
     # two labels
     d2 = os.path.join(tmp, "twolabels")
     c2 = dict(cfg, id2label={"0": "LABEL_0", "1": "LABEL_1"})
@@ -529,6 +546,19 @@ def case_mpi(cllm, tmp):
         diff = max(float((w[n] - base[n]).abs().max()) for n in base)
         check("mpi: ZeRO %d weights (score head included) within 1e-5 of one process" % stage, diff <= 1e-5,
               "max |diff| %.1e" % diff)
+    # LoRA (PEFT's SEQ_CLS: adapters and the score head sliced over the ranks) at ZeRO 3
+    lora = common + ["--lora-r", "2"]
+    one, out = os.path.join(tmp, "mpi.lora.one"), os.path.join(tmp, "mpi.lora.z3")
+    r1 = run(train_cmd(cllm, mdir, data, one, *lora))
+    r2 = run(["timeout", "-k", "5", "240", "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+              "-np", "2"] + train_cmd(cllm, mdir, data, out, "--config", os.path.join(tmp, "z3.json"), *lora),
+             env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if check("mpi: LoRA at ZeRO 3 on 2 ranks and in one process", r1.returncode == 0 and r2.returncode == 0,
+             (r1.stderr + r2.stderr)[-300:]):
+        a, b = (hm.load_safetensors(os.path.join(x, "adapter_model.safetensors")) for x in (one, out))
+        diff = max(float((a[k] - b[k]).abs().max()) for k in a) if sorted(a) == sorted(b) else float("inf")
+        check("mpi: LoRA adapters and score head at ZeRO 3 within 1e-5 of one process",
+              diff <= 1e-5 and "base_model.model.score.weight" in a, "max |diff| %.1e" % diff)
 
 
 def main():

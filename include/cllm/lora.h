@@ -18,13 +18,21 @@
  * so training, evaluation and generation all see it. Adapters compute in
  * fp32 whatever the model's matmul precision.
  *
+ * On a reward model (num_labels 1, cllm_model_to_reward) the adapters are
+ * PEFT's task_type "SEQ_CLS": the classifier head `score` trains in full
+ * beside them (PEFT adds it to modules_to_save for that task; the name
+ * "classifier" of PEFT's list, which these architectures lack, is
+ * ignored), and the files say so.
+ *
  * Files (a PEFT adapter folder, what save_pretrained writes):
- *   adapter_config.json        peft_type "LORA", task_type "CAUSAL_LM",
- *                              base_model_name_or_path, r, lora_alpha, ...
+ *   adapter_config.json        peft_type "LORA", task_type "CAUSAL_LM" or
+ *                              "SEQ_CLS", base_model_name_or_path, r, ...
  *   adapter_model.safetensors  base_model.model.<module>.lora_A.weight [r, in]
  *                              base_model.model.<module>.lora_B.weight [out, r]
  *                              base_model.model.<module>.bias (bias all/lora_only)
- *                              base_model.model.<module>.modules_to_save.weight
+ *                              base_model.model.<module>.weight (modules_to_save,
+ *                              e.g. base_model.model.score.weight; PEFT drops
+ *                              "modules_to_save.default" from the name)
  * docs/lora.md has the keys, flags and limits.
  */
 #ifndef CLLM_LORA_H
@@ -90,6 +98,8 @@ typedef struct {
     int n_rank_pattern, n_alpha_pattern;
     cllm_lora_init init;
     char *base_model_name_or_path; /* adapter files: written as given, read as found */
+    bool seq_cls;              /* task_type "SEQ_CLS" (else "CAUSAL_LM"): adapters on a reward model
+                                * (*ForSequenceClassification, num_labels 1); set by attaching to one */
 } cllm_lora_config;
 
 /* PEFT's defaults (r 8, lora_alpha 8, no dropout, default targets...). */
@@ -132,8 +142,16 @@ cllm_status cllm_lora_count(const cllm_model_config *mc, const cllm_lora_config 
  * adapter_model.safetensors, or a checkpoint's model.safetensors) onto m:
  * attach by its config, then every tensor of the file into the trainable
  * buffer. A missing, unexpected or mis-shaped tensor is an error naming
- * it; a file written for another architecture is refused by name. */
+ * it; a file written for another architecture is refused by name, as are
+ * a task_type "CAUSAL_LM" adapter on a reward model and a "SEQ_CLS" one on
+ * a causal LM (cllm_lora_load_model converts the model first). */
 cllm_status cllm_lora_load(cllm_model *m, const char *dir);
+/* cllm_lora_load on *pm, first turning a causal LM into its reward model
+ * (cllm_model_to_reward, the new score head from `seed`, then replaced by
+ * the adapter's) when the adapter's task_type is "SEQ_CLS": what PEFT does
+ * loading such an adapter onto AutoModelForSequenceClassification of the
+ * base. *pm may be replaced. */
+cllm_status cllm_lora_load_model(cllm_model **pm, const char *dir, uint64_t seed);
 /* Writes adapter_config.json and adapter_model.safetensors (F32) into dir
  * (created if needed), atomically; base_model_name_or_path is `base` when
  * not NULL, else the config's. */

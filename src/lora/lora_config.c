@@ -108,6 +108,17 @@ cllm_status cllm_lora_config_copy(cllm_lora_config *dst, const cllm_lora_config 
     return CLLM_OK;
 }
 
+cllm_status lora_config_add_saved(cllm_lora_config *c, const char *name) {
+    for (int i = 0; i < c->n_modules_to_save; i++)
+        if (!strcmp(c->modules_to_save[i], name)) return CLLM_OK;
+    char **d = realloc(c->modules_to_save, (size_t)(c->n_modules_to_save + 1) * sizeof *d);
+    if (!d) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    c->modules_to_save = d;
+    if (!(d[c->n_modules_to_save] = dup(name))) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    c->n_modules_to_save++;
+    return CLLM_OK;
+}
+
 /* ------------------------------------------------------------- parsing */
 
 #define KEYFMT "%s: %s.%s"
@@ -279,9 +290,13 @@ cllm_status cllm_lora_config_parse(cllm_lora_config *c, const json_t *obj, const
         (!json_is_string(v) || strcmp(json_string_value(v), "LORA")))
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, KEYFMT ": expected \"LORA\" (the only PEFT method cllm trains)", path,
                          where, "peft_type");
-    if ((v = json_object_get(obj, "task_type")) && !json_is_null(v) &&
-        (!json_is_string(v) || strcmp(json_string_value(v), "CAUSAL_LM")))
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, KEYFMT ": expected \"CAUSAL_LM\"", path, where, "task_type");
+    if ((v = json_object_get(obj, "task_type")) && !json_is_null(v)) {
+        const char *tt = json_is_string(v) ? json_string_value(v) : "";
+        if (strcmp(tt, "CAUSAL_LM") && strcmp(tt, "SEQ_CLS"))
+            return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, KEYFMT ": expected \"CAUSAL_LM\" or \"SEQ_CLS\" (a reward model)",
+                             path, where, "task_type");
+        c->seq_cls = !strcmp(tt, "SEQ_CLS");
+    }
     if ((v = json_object_get(obj, "inference_mode")) && !json_is_null(v) && !json_is_boolean(v))
         return CLLM_FAIL(CLLM_ERR_ARG, KEYFMT ": expected true or false", path, where, "inference_mode");
     if ((v = json_object_get(obj, "r")) && !json_is_null(v)) {

@@ -86,7 +86,7 @@ json_t *cllm_lora_config_to_json(const cllm_lora_config *c) {
     else if (c->target_kind == CLLM_LORA_TARGET_REGEX) tm = json_string(c->target_regex);
     else if (c->target_kind == CLLM_LORA_TARGET_ALL_LINEAR) tm = json_string("all-linear");
     json_object_set_new(j, "target_modules", tm);
-    json_object_set_new(j, "task_type", json_string("CAUSAL_LM"));
+    json_object_set_new(j, "task_type", json_string(c->seq_cls ? "SEQ_CLS" : "CAUSAL_LM"));
     json_object_set_new(j, "use_dora", json_false());
     json_object_set_new(j, "use_rslora", json_boolean(c->use_rslora));
     return j;
@@ -172,6 +172,9 @@ cllm_status cllm_lora_load(cllm_model *m, const char *dir) {
     cllm_lora_config c;
     cllm_lora_config_default(&c);
     cllm_status st = cllm_lora_config_load(&c, dir);
+    if (!st && !c.seq_cls && cllm_model_get_config(m)->num_labels == 1)
+        st = CLLM_FAIL(CLLM_ERR_ARG, "%s/adapter_config.json: task_type \"CAUSAL_LM\" on a reward model (a causal "
+                       "LM's adapters have no score head; a reward model's say \"SEQ_CLS\")", dir);
     if (!st) st = cllm_lora_attach(m, &c, 0);
     cllm_lora_config_free(&c);
     if (st) return cllm_fail_context(st, "adapter %s", dir);
@@ -211,4 +214,16 @@ cllm_status cllm_lora_load(cllm_model *m, const char *dir) {
     cllm_st_close(f);
     if (!st) cllm_model_params_updated(m); /* trained copies into the model */
     return st;
+}
+
+cllm_status cllm_lora_load_model(cllm_model **pm, const char *dir, uint64_t seed) {
+    cllm_lora_config c;
+    cllm_lora_config_default(&c);
+    cllm_status st = cllm_lora_config_load(&c, dir);
+    const bool seq_cls = c.seq_cls;
+    cllm_lora_config_free(&c);
+    if (st) return cllm_fail_context(st, "adapter %s", dir);
+    if (seq_cls && cllm_model_get_config(*pm)->num_labels != 1 && (st = cllm_model_to_reward(pm, seed)))
+        return cllm_fail_context(st, "adapter %s (task_type \"SEQ_CLS\"): the base as a reward model", dir);
+    return cllm_lora_load(*pm, dir);
 }

@@ -25,6 +25,12 @@ void lora_module_rank(const cllm_lora_config *c, const char *module, int *r, dou
 /* The block index in a module path (layers_pattern), or -1. */
 int lora_module_layer(const cllm_lora_config *c, const char *module);
 
+/* Appends `name` to c's modules_to_save unless listed already. */
+cllm_status lora_config_add_saved(cllm_lora_config *c, const char *name);
+/* The module of a reward model's classifier head (PEFT's SEQ_CLS
+ * modules_to_save holds it and "classifier", which these models lack). */
+#define LORA_SCORE_MODULE "score"
+
 /* The PEFT name prefix of every adapter tensor. */
 #define LORA_PREFIX "base_model.model."
 

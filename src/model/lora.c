@@ -142,15 +142,21 @@ static cllm_status choose(const cllm_model *m, const cllm_lora_config *c, bool *
     return st;
 }
 
-/* modules_to_save: every tensor of a matching module; each name must match. */
+/* modules_to_save: every tensor of a matching module; each name must match.
+ * A reward model's score head trains in full (PEFT's SEQ_CLS adds
+ * "classifier" and "score" to modules_to_save; "classifier" matches nothing
+ * here). */
 static cllm_status choose_saved(const cllm_model *m, const cllm_lora_config *c, bool *save) {
     char mod[128];
+    const bool reward = m->cfg.num_labels == 1 && m->gslot[G_SCORE] >= 0;
+    if (reward) save[m->gslot[G_SCORE]] = true;
     for (int i = 0; i < c->n_modules_to_save; i++) {
         bool any = false;
         for (int t = 0; t < m->n_tensors; t++) {
             module_of(m, t, mod, sizeof mod);
             if (lora_name_matches(mod, c->modules_to_save[i])) save[t] = any = true;
         }
+        if (!any && reward && !strcmp(c->modules_to_save[i], "classifier")) continue;
         if (!any)
             return CLLM_FAIL(CLLM_ERR_ARG, "lora.modules_to_save: '%s' matches no module of this %s model%s",
                              c->modules_to_save[i], cllm_arch_name(m->cfg.arch),
@@ -197,6 +203,11 @@ void model_lora_set_training(cllm_model *m, bool on) {
 cllm_status cllm_lora_attach(cllm_model *m, const cllm_lora_config *c, uint64_t seed) {
     if (m->lora) return CLLM_FAIL(CLLM_ERR_ARG, "the model already carries LoRA adapters");
     if (m->tp_size > 1) return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "LoRA on a tensor-parallel part: not supported");
+    const bool reward = m->cfg.num_labels == 1;
+    if (c->seq_cls && !reward)
+        return CLLM_FAIL(CLLM_ERR_ARG, "LoRA task_type \"SEQ_CLS\" (a reward model's adapters) on a causal LM: "
+                         "load them onto the reward model (cllm score --adapter, cllm lora merge, cllm train --task "
+                         "reward)");
     int nt = m->n_tensors;
     bool *pick = calloc((size_t)nt, sizeof *pick), *save = calloc((size_t)nt, sizeof *save);
     struct model_lora *L = calloc(1, sizeof *L);
@@ -204,6 +215,10 @@ cllm_status cllm_lora_attach(cllm_model *m, const cllm_lora_config *c, uint64_t 
     char (*names)[192] = calloc(3 * (size_t)nt, sizeof *names);
     cllm_status st = pick && save && L && spec && names ? CLLM_OK : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     if (!st) st = cllm_lora_config_copy(&L->cfg, c);
+    if (!st && reward) { /* PEFT's SEQ_CLS: the files name the task and the trained score head */
+        L->cfg.seq_cls = true;
+        st = lora_config_add_saved(&L->cfg, LORA_SCORE_MODULE);
+    }
     if (!st) st = choose(m, c, pick);
     if (!st) st = choose_saved(m, c, save);
     /* PPO's value head trains beside the adapters (trl keeps it outside the

@@ -46,10 +46,14 @@ static cllm_status open_start(trainer *tr);
 static cllm_status train_freeze_open(trainer *tr, const char *resume_dir);
 
 /* A LoRA run: the base from the model (a checkpoint holds only the
- * adapters), then the adapters (lora_train.c). */
+ * adapters), then the adapters (lora_train.c); task "reward" turns a
+ * causal LM into its reward model first, so that the adapters are those of
+ * the reward model's layers and its score head trains beside them (PEFT's
+ * task_type SEQ_CLS). */
 static cllm_status open_model(trainer *tr, const char *resume_dir) {
     if (train_lora_run(tr->cfg)) {
         cllm_status st = open_start(tr);
+        if (!st && task_is(tr->cfg, "reward")) st = train_lora_to_reward(tr);
         return st ? st : train_lora_attach(tr->m, tr->cfg, resume_dir);
     }
     if (tr->cfg->n_freeze) return train_freeze_open(tr, resume_dir);

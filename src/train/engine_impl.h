@@ -97,6 +97,9 @@ cllm_status train_lora_check_layout(const cllm_train_config *c, bool piped, bool
 /* The same for frozen tensors ("freeze"). */
 cllm_status train_freeze_check_layout(const cllm_train_config *c, bool piped, bool tensor);
 cllm_status train_lora_attach(cllm_model *m, const cllm_train_config *c, const char *resume_dir);
+/* task "reward" with LoRA: a causal LM becomes its reward model before the
+ * adapters go on (task_open.c) */
+cllm_status train_lora_to_reward(trainer *tr);
 
 /* task_open.c: the objective of task "dpo", "reward" (tr->m becomes a
  * reward model) or "ppo" with its other models, in place of tr->obj;

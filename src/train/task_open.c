@@ -95,12 +95,7 @@ cllm_status train_open_reward(trainer *tr, bool piped, bool tensor) {
     if (piped || tensor)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "task \"reward\" with %s parallelism: not supported; use data "
                          "parallelism (any ZeRO stage)", piped ? "pipeline" : "tensor");
-    /* PEFT trains a reward model's adapters as task_type SEQ_CLS with the
-     * new score head in modules_to_save: not built; without this refusal a
-     * causal LM's adapters would be dropped with the LM head */
-    if (train_lora_run(c))
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "task \"reward\" with LoRA (lora / --lora-r / --adapter): not "
-                         "supported; train every tensor, or freeze some with \"freeze\"");
+    /* with LoRA the model is a reward model already (train_lora_to_reward) */
     cllm_status st = cllm_model_to_reward(&tr->m, c->seed);
     if (st) return cllm_fail_context(st, "task \"reward\"");
     cllm_objective *o = NULL;
@@ -110,10 +105,56 @@ cllm_status train_open_reward(trainer *tr, bool piped, bool tensor) {
     return CLLM_OK;
 }
 
-/* A model folder for PPO's reward or reference model, checked against the
- * policy's vocabulary. */
+/* LoRA with task "reward": the score head goes on before the adapters
+ * (open_model), as PEFT's SEQ_CLS adapters sit on
+ * AutoModelForSequenceClassification of the base. A quantized base has no
+ * fp32 weights to rebuild the model from: it must be a reward model
+ * folder. */
+cllm_status train_lora_to_reward(trainer *tr) {
+    if (cllm_model_get_config(tr->m)->num_labels == 1) return CLLM_OK;
+    if (tr->cfg->quant.enabled)
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "task \"reward\" with a quantized base (QLoRA) from a causal LM: not "
+                         "supported; start from a reward model folder (a *ForSequenceClassification, e.g. what "
+                         "cllm train --task reward --steps 1 --lr 0 writes from the causal LM)");
+    cllm_status st = cllm_model_to_reward(&tr->m, tr->cfg->seed);
+    return st ? cllm_fail_context(st, "task \"reward\"") : CLLM_OK;
+}
+
+/* A PEFT adapter folder (adapter_config.json, no config.json) as a side
+ * model: its base (base_model_name_or_path) with the adapter merged in, a
+ * reward model for a SEQ_CLS adapter (trl's PPO takes a PEFT reward
+ * model). */
+static cllm_status load_adapter_model(cllm_model **out, const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (f) {
+        fclose(f);
+        return cllm_ckpt_load_model(out, dir);
+    }
+    cllm_lora_config c;
+    cllm_lora_config_default(&c);
+    if (cllm_lora_config_load(&c, dir) != CLLM_OK) { /* not an adapter folder: the model folder's own message */
+        cllm_lora_config_free(&c);
+        return cllm_ckpt_load_model(out, dir);
+    }
+    cllm_status st = c.base_model_name_or_path ? cllm_ckpt_load_model(out, c.base_model_name_or_path)
+                     : CLLM_FAIL(CLLM_ERR_ARG, "%s/adapter_config.json: no base_model_name_or_path", dir);
+    if (st && c.base_model_name_or_path) st = cllm_fail_context(st, "the adapter's base %s", c.base_model_name_or_path);
+    cllm_lora_config_free(&c);
+    if (!st) st = cllm_lora_load_model(out, dir, 0);
+    if (!st) st = cllm_lora_merge(*out);
+    if (st) {
+        cllm_model_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+/* A model folder (or a PEFT adapter folder: load_adapter_model) for PPO's
+ * reward or reference model, checked against the policy's vocabulary. */
 static cllm_status load_side_model(trainer *tr, const char *dir, const char *what, cllm_model **out) {
-    cllm_status st = cllm_ckpt_load_model(out, dir);
+    cllm_status st = load_adapter_model(out, dir);
     if (st) return cllm_fail_context(st, "%s %s", what, dir);
     int v = cllm_model_get_config(*out)->vocab_size, pv = cllm_model_get_config(tr->m)->vocab_size;
     if (v != pv) {

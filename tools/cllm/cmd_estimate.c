@@ -267,6 +267,9 @@ int cmd_estimate(int argc, char **argv) {
         rc = tool_fail("estimate");
         goto done;
     }
+    /* task "reward" trains the reward model: a causal LM's LM head becomes the score head (and with LoRA,
+     * trains in full beside the adapters) */
+    if (!strcmp(task, "reward")) cfg.num_labels = 1;
     if (lora_r < 0 || (lora_target && lora_r == 0)) {
         fprintf(stderr, "cllm estimate: --lora-r must be positive (--lora-target needs it)\n");
         rc = 2;

@@ -6,6 +6,10 @@
  *       GPT-2's Conv1D; modules_to_save and trained biases replace the
  *       base's): PEFT's merge_and_unload. MERGED is a plain HF folder
  *       (config.json, model.safetensors) plus the base's tokenizer files.
+ *       A reward model's adapter (task_type SEQ_CLS) gives a
+ *       *ForSequenceClassification folder, from a reward model base or
+ *       from the causal LM it was trained from (the score head is the
+ *       adapter's).
  * Exit codes: 0 ok, 1 failure, 2 usage.
  */
 #include <stdio.h>
@@ -33,7 +37,7 @@ static int merge(int argc, char **argv) {
     if (cllm_parse_size(shard, &max_shard)) {
         fprintf(stderr, "cllm lora merge: --max-shard-size '%s': expected a size such as 2GB or 0\n", shard);
         rc = 2;
-    } else if (cllm_model_load(&m, model_dir) || cllm_lora_load(m, adapter)) {
+    } else if (cllm_model_load(&m, model_dir) || cllm_lora_load_model(&m, adapter, 0)) {
         rc = tool_fail("lora merge");
     } else {
         size_t trained = cllm_model_trainable_numel(m);

@@ -11,7 +11,10 @@
  * A text is tokenized as a pair's row is (BOS where the tokenizer adds it,
  * the text, EOS), and scored at its last non-padding token, as HF's
  * *ForSequenceClassification does. Rows keep their last --seq-len tokens.
- * A summary (pairwise accuracy, mean rewards) goes to stderr.
+ * A summary (pairwise accuracy, mean rewards) goes to stderr. --adapter
+ * applies a reward model's LoRA adapter (PEFT task_type SEQ_CLS: the
+ * adapters and the trained score head) to --model, a reward model or the
+ * causal LM it was made from, as PEFT's PeftModel does.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +25,7 @@
 #include "cllm/checkpoint.h"
 #include "cllm/io.h"
 #include "cllm/loader.h"
+#include "cllm/lora.h"
 #include "cllm/model.h"
 #include "cllm/objective.h"
 #include "commands.h"
@@ -47,7 +51,7 @@ static int append(text_buf *b, const char *line) {
 }
 
 int cmd_score(int argc, char **argv) {
-    const char *model_dir, *data_path, *tok_dir, *out_path, *prec_name;
+    const char *model_dir, *data_path, *tok_dir, *out_path, *prec_name, *adapter;
     int B, T;
     arg_spec specs[] = {
         {"model", ARG_STR, &model_dir, NULL, true, "reward model: an HF *ForSequenceClassification folder (num_labels 1) or a checkpoint of one"},
@@ -58,6 +62,9 @@ int cmd_score(int argc, char **argv) {
         {"seq-len", ARG_INT, &T, "512", false, "tokens per row (longer records keep their last tokens)"},
         {"batch-size", ARG_INT, &B, "8", false, "records per forward pass"},
         {"precision", ARG_STR, &prec_name, "fp32", false, "matmul precision: fp32, bf16 or fp16"},
+        {"adapter", ARG_STR, &adapter, NULL, false,
+         "PEFT LoRA adapter folder of a reward model (task_type SEQ_CLS, written by cllm train --task reward with "
+         "LoRA); --model may then be the causal LM it was trained from"},
     };
     int rc = args_parse("score", "Scores records with a reward model: one JSON line per record.", argc, argv, specs,
                         ARGS_COUNT(specs));
@@ -78,7 +85,8 @@ int cmd_score(int argc, char **argv) {
         rc = 2;
         goto done;
     }
-    if (cllm_ckpt_load_model(&m, model_dir) || cllm_model_set_precision(m, prec)) {
+    if (cllm_ckpt_load_model(&m, model_dir) || cllm_model_set_precision(m, prec) ||
+        (adapter && (cllm_lora_load_model(&m, adapter, 0) || cllm_model_set_inference(m)))) {
         rc = tool_fail("score");
         goto done;
     }
