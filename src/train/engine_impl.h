@@ -129,7 +129,6 @@ cllm_status train_moe_setup(trainer *tr, bool piped, bool tensor);
  * (collective; whole and full buffers only on rank 0) and a whole-layout
  * buffer cut to this rank's part. */
 cllm_status train_moe_zero_init(trainer *tr, size_t n);
-cllm_status train_moe_reduce_shared(trainer *tr, float *grads);
 cllm_status train_moe_gather(trainer *tr, const float *part_buf, cllm_model **whole, float **full_buf);
 cllm_status train_moe_step_begin(trainer *tr);
 cllm_status train_moe_step_end(trainer *tr);

@@ -34,9 +34,10 @@ static cllm_status set_capacity(trainer *tr, bool train) {
 
 /* Why this run keeps every expert on every rank (NULL: it slices them). */
 static const char *replicated_reason(const cllm_train_config *c) {
-    if (c->zero.stage >= 2)
-        return "ZeRO stages 2 and 3 partition the gradient layer by layer over one group, while a sliced "
-               "expert's gradient sums over another (the ranks holding the same experts)";
+    if (c->zero.stage >= 3)
+        return "ZeRO-3 with sliced experts is not built (its partitioned parameters and the replicated small "
+               "tensors are gathered and summed over one group, the data-parallel world; a sliced expert's over "
+               "another, the ranks holding the same experts)";
     if (c->n_freeze) return "freeze keeps a trainable set of the whole model";
     if (c->task && strcmp(c->task, "lm") != 0) return "the task's extra models hold every expert";
     if (c->zero.offload_optimizer.device == CLLM_OFFLOAD_NVME) return "offload_optimizer streams the whole buffer";
@@ -103,25 +104,17 @@ static cllm_status slice_experts(trainer *tr) {
 
 cllm_status train_moe_zero_init(trainer *tr, size_t n) {
     cllm_status st = train_zero_init_group(&tr->zero, tr->cfg, n, n, tr->ranges, tr->n_ranges, tr->edp_grp, tr->ep_grp);
-    if (st || cllm_dist_group_rank(tr->ep_grp) == 0) return st;
+    if (st) return st;
+    tr->zero.shared_grp = tr->ep_grp;
+    tr->zero.shared = tr->ep_shared;
+    tr->zero.n_shared = tr->n_ep_shared;
+    if (cllm_dist_group_rank(tr->ep_grp) == 0) return st;
     /* the non-expert tensors' norm counted once, by the first rank of each expert-parallel group */
     cllm_param_range *r = malloc(((size_t)tr->n_ep_shared + 1) * sizeof *r);
     if (!r) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     memcpy(r, tr->ep_shared, (size_t)tr->n_ep_shared * sizeof *r);
     tr->zero.norm_skip = r;
     tr->zero.n_norm_skip = tr->n_ep_shared;
-    return CLLM_OK;
-}
-
-cllm_status train_moe_reduce_shared(trainer *tr, float *grads) {
-    for (int i = 0; i < tr->n_ep_shared; i++) {
-        const cllm_param_range *r = &tr->ep_shared[i];
-        for (size_t b = r->begin; b < r->end; b += (size_t)1 << 28) {
-            size_t k = r->end - b < ((size_t)1 << 28) ? r->end - b : (size_t)1 << 28;
-            cllm_status st = cllm_dist_g_allreduce_sum_f32(tr->ep_grp, grads + b, k);
-            if (st) return cllm_fail_context(st, "non-expert gradient sum over the expert-parallel group");
-        }
-    }
     return CLLM_OK;
 }
 

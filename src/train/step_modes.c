@@ -91,9 +91,7 @@ static void rep_zero_grads(trainer *tr) { (void)tr; }
 static cllm_status rep_reduce(trainer *tr, float *g) {
     if (tr->overlap) return train_overlap_finish(tr->overlap); /* started during the backward pass */
     double t0 = cllm_time_sec();
-    /* sliced experts: the non-expert gradients over the expert-parallel group first */
-    cllm_status st = tr->ep_sliced ? train_moe_reduce_shared(tr, g) : CLLM_OK;
-    if (!st) st = train_zero_reduce_grads(&tr->zero, g);
+    cllm_status st = train_zero_reduce_grads(&tr->zero, g);
     tr->comm_seconds += cllm_time_sec() - t0;
     return st;
 }
