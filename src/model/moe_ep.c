@@ -20,10 +20,12 @@
  * demand) for the backward pass.
  *
  * The experts' weight gradients then hold the contributions of the whole
- * group's rows on the rank that runs the expert and zeros elsewhere; the
- * data-parallel gradient sum over every rank gives each expert the sum
- * over all rows of all ranks, as one process accumulating the same
- * micro-batches would.
+ * group's rows on the rank that runs the expert: in a part holding only
+ * its own experts (moe_slice.c) the trainer sums them over the ranks
+ * holding the same experts; in a model holding every expert the others get
+ * zeros, and the data-parallel gradient sum over every rank gives each
+ * expert the sum over all rows of all ranks, as one process accumulating
+ * the same micro-batches would.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -117,7 +117,8 @@ cllm_status train_open_ppo(trainer *tr, bool piped, bool tensor);
  * (consecutive ranks) and the counters; step_begin turns expert
  * parallelism and the training capacity on and resets the counters,
  * step_end (collective) turns them off (train-time evaluation runs with
- * every expert local and eval_capacity_factor) and sums the counters;
+ * every expert local and eval_capacity_factor; a part with sliced experts
+ * stays expert-parallel, evaluating in rank 0's group) and sums the counters;
  * record adds them to the step's metrics record. */
 cllm_status train_moe_setup(trainer *tr, bool piped, bool tensor);
 /* Sliced experts (tr->ep_sliced): ZeRO's partition over the expert-data

@@ -6,13 +6,21 @@
  * Expert parallelism of size P over W ranks: ranks g*P .. g*P+P-1 form
  * expert-parallel group g (W/P groups); each rank reads its own batch (data
  * parallelism over all W ranks, as without experts) and runs E/P experts of
- * every block on the rows that the P ranks of its group route to them. The
- * flat buffers keep every tensor on every rank: a rank's gradient holds its
- * own experts' sums over its group's rows and zeros for the others, so the
- * data-parallel gradient sum over all W ranks (ZeRO 0-3, unchanged) is, for
- * an expert, the sum over the W/P ranks that run it, and checkpoints are
- * those of data parallelism (every tensor by its HF name), which resume on
- * any expert-parallel size.
+ * every block on the rows that the P ranks of its group route to them.
+ *
+ * At ZeRO 0-2 (sliced experts) the model becomes this rank's part: the
+ * non-expert tensors and its own experts only (cllm_moe_model_part). The
+ * non-expert gradients are summed over the expert-parallel group, then ZeRO
+ * (partition, reduction, updates) runs over the expert-data group, the W/P
+ * ranks q, q+P, .. holding the same experts, which completes the non-expert
+ * sums to all W ranks and sums each expert over the ranks running it.
+ * Checkpoints and the final model are gathered into the whole model's
+ * layout on rank 0 (engine.c), so they resume on any expert-parallel size.
+ * Elsewhere (ZeRO-3, and the settings replicated_reason names) the flat
+ * buffers keep every expert on every rank: a rank's gradient holds its own
+ * experts' sums over its group's rows and zeros for the others, and the
+ * data-parallel sum over all W ranks is, for an expert, the sum over the
+ * W/P ranks that run it.
  */
 #include <stdio.h>
 #include <stdlib.h>
