@@ -135,11 +135,15 @@ cllm_status cllm_moe_gather_buffer(const cllm_model *whole, const cllm_model *pa
      * their own): an all-to-all in which only rank s sends, to rank 0 */
     size_t *sc = calloc(2 * (size_t)P, sizeof *sc), *rc = sc ? sc + P : NULL;
     cllm_status st = sc ? CLLM_OK : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    const size_t chunk = (size_t)1 << 28; /* floats per call: the all-to-all's buffers stay under INT_MAX bytes */
     for (int s = 1; s < P && !st; s++) {
-        memset(sc, 0, 2 * (size_t)P * sizeof *sc);
-        if (me == s) sc[0] = n * sizeof(float);
-        if (me == 0) rc[s] = n * sizeof(float);
-        st = cllm_dist_g_alltoallv(g, part_buf, sc, tmp, rc);
+        for (size_t b = 0; b < n && !st; b += chunk) {
+            const size_t k = n - b < chunk ? n - b : chunk;
+            memset(sc, 0, 2 * (size_t)P * sizeof *sc);
+            if (me == s) sc[0] = k * sizeof(float);
+            if (me == 0) rc[s] = k * sizeof(float);
+            st = cllm_dist_g_alltoallv(g, part_buf + b, sc, tmp ? tmp + b : NULL, rc);
+        }
         if (!st && me == 0 && full_buf) copy_part(whole, part, s, tmp, full_buf, false, true);
     }
     free(sc);
