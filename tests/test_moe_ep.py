@@ -252,14 +252,49 @@ def test_expert_parallel(cllm, tmp, big):
     r = run([cllm, "train", "--config", cfg1, "--out", one, "--batch-size", "4", "--grad-accum", "2"] + common)
     if not check("one process: exits 0", r.returncode == 0, r.stderr[-500:]):
         return
-    for stage in (1, 2, 3):
+    # gradient clipping below the gradient norm (so it acts) and a train-time evaluation, in the reference too;
+    # SGD, whose update is linear in the clipped gradient (AdamW divides each element by its own magnitude, so
+    # elements with gradients near its eps turn last-bit differences of the summation order into 2e-5 of a
+    # tensor, with or without sliced experts; AdamW's runs are those below)
+    clip = 0.05
+    adamw, common = common, [("sgd" if x == "adamw" else "1.0" if x == "1e-2" else x) for x in common]
+    onec = os.path.join(tmp, "ep-one-clip")
+    cfg1c = write_config(os.path.join(tmp, "one-clip.json"), {"moe": nodrop, "gradient_clipping": clip})
+    evald = ["--eval-data", data, "--eval-interval", "3", "--eval-iters", "2"]
+    r = run([cllm, "train", "--config", cfg1c, "--out", onec, "--batch-size", "4", "--grad-accum", "2"] + common + evald)
+    if not check("one process with clipping: exits 0", r.returncode == 0, r.stderr[-500:]):
+        return
+    check("clipping acts: every step's gradient norm is above %g" % clip, all(x["grad_norm"] > clip for x in records(onec)))
+    shp = mx.shapes(c)
+    n_all = sum(math.prod(v) for v in shp.values())
+    n_exp = sum(math.prod(v) for k, v in shp.items() if ".experts." in k)
+    for stage in (0, 1, 2, 3):
         cfg = write_config(os.path.join(tmp, "ep2-z%d.json" % stage),
-                           {"moe": dict(nodrop, expert_parallel_size=2), "zero_optimization": {"stage": stage}})
+                           {"moe": dict(nodrop, expert_parallel_size=2), "zero_optimization": {"stage": stage},
+                            "gradient_clipping": clip})
         out = os.path.join(tmp, "ep2-z%d" % stage)
-        r = run([cllm, "train", "--config", cfg, "--out", out, "--batch-size", "4"] + common, np=2)
-        if not check("2 ranks, expert_parallel_size 2, ZeRO-%d: exits 0" % stage, r.returncode == 0, r.stderr[-800:]):
+        r = run([cllm, "train", "--config", cfg, "--out", out, "--batch-size", "4"] + common + evald, np=2)
+        if not check("2 ranks, expert_parallel_size 2, ZeRO-%d, clipping %g: exits 0" % (stage, clip), r.returncode == 0,
+                     r.stderr[-800:]):
             continue
-        recs = compare(tmp, one, out, "EP 2 x ZeRO-%d" % stage, 3)
+        recs = compare(tmp, onec, out, "EP 2 x ZeRO-%d with clipping" % stage, 3)
+        ev = [[json.loads(l)["eval_loss"] for l in open(os.path.join(d_, "metrics.jsonl")) if '"eval_loss"' in l]
+              for d_ in (onec, out)]
+        check("EP 2 x ZeRO-%d: train-time evaluation %s equals one process's %s (rel 1e-5)" % (stage, ev[1], ev[0]),
+              len(ev[0]) == len(ev[1]) == 1 and abs(ev[0][0] - ev[1][0]) <= 1e-5 * ev[0][0])
+        # the rank's flat buffers: the non-expert tensors and 2 of the 4 experts (ZeRO-3: every expert, said)
+        want = n_all - n_exp // 2 if stage < 3 else None
+        line = [x for x in r.stderr.splitlines() if "parameters on this rank:" in x]
+        if stage < 3:
+            check("EP 2 x ZeRO-%d: rank 0 holds %d parameters (experts: local 2 of 4), the whole model %d" %
+                  (stage, want, n_all), len(line) == 1 and ("parameters on this rank: %d (experts: local 2 of 4 per block, "
+                                                            "%d expert parameters; the whole model %d)" %
+                                                            (want, n_exp // 2, n_all)) in line[0], r.stderr[-600:])
+            print("      " + "\n      ".join(x for x in r.stderr.splitlines() if "ZeRO stage" in x))
+        else:
+            check("EP 2 x ZeRO-3: every expert on every rank, said with the reason", not line and
+                  "expert parallelism keeps every expert on every rank (%d parameters per rank): ZeRO-3 with sliced "
+                  "experts is not built" % n_all in r.stderr, r.stderr[-600:])
         if stage == 1:
             r = run([cllm, "plot", out])
             svg = open(os.path.join(out, "plot.svg")).read() if r.returncode == 0 else ""
@@ -268,6 +303,7 @@ def test_expert_parallel(cllm, tmp, big):
         if recs:
             check("EP 2: all-to-all bytes and time reported", all(x["a2a_bytes"] > 0 and x["expert_parallel_size"] == 2
                                                                   and x["time_a2a"] >= 0 for x in recs))
+    common = adamw
     # bf16 matmuls: the same operands rounded on both layouts (losses, gradient norms within 1e-4)
     b1, b2 = os.path.join(tmp, "bf16-one"), os.path.join(tmp, "bf16-ep2")
     cb1 = write_config(os.path.join(tmp, "bf16-one.json"), {"moe": nodrop, "bf16": {"enabled": True}})
@@ -296,38 +332,49 @@ def test_expert_parallel(cllm, tmp, big):
     one4 = os.path.join(tmp, "ep-one4")
     r = run([cllm, "train", "--config", cfg1, "--out", one4, "--batch-size", "8", "--grad-accum", "4"] + common)
     check("one process (4 micro-batches): exits 0", r.returncode == 0, r.stderr[-500:])
-    for P in (2, 4):
+    for P, stage in ((2, 1), (2, 2), (4, 1)):
         cfg = write_config(os.path.join(tmp, "ep4-%d.json" % P),
-                           {"moe": dict(nodrop, expert_parallel_size=P), "zero_optimization": {"stage": 1}})
-        out = os.path.join(tmp, "ep4-%d" % P)
+                           {"moe": dict(nodrop, expert_parallel_size=P), "zero_optimization": {"stage": stage}})
+        out = os.path.join(tmp, "ep4-%d-z%d" % (P, stage))
         r = run([cllm, "train", "--config", cfg, "--out", out, "--batch-size", "8"] + common, np=4)
-        if check("4 ranks, expert_parallel_size %d: exits 0" % P, r.returncode == 0, r.stderr[-800:]):
-            compare(tmp, one4, out, "4 ranks x EP %d" % P, 3)
+        if check("4 ranks, expert_parallel_size %d, ZeRO-%d: exits 0" % (P, stage), r.returncode == 0, r.stderr[-800:]):
+            compare(tmp, one4, out, "4 ranks x EP %d x ZeRO-%d" % (P, stage), 3)
 
 
 def test_resume(cllm, tmp):
     d, data = setup_ep(tmp)[:2]
     common = ["--model", d, "--data", data, "--optimizer", "adamw", "--lr", "1e-2", "--batch-size", "4",
               "--micro-batch-size", "2", "--seq-len", "12", "--no-shuffle"]
-    cfg = {P: write_config(os.path.join(tmp, "res%d.json" % P),
-                           {"moe": {"drop_tokens": False, "expert_parallel_size": P}, "zero_optimization": {"stage": 1}})
-           for P in (1, 2)}
+    cfg = {(P, z): write_config(os.path.join(tmp, "res%d-z%d.json" % (P, z)),
+                                {"moe": {"drop_tokens": False, "expert_parallel_size": P},
+                                 "zero_optimization": {"stage": z}})
+           for P in (1, 2) for z in (0, 1, 2)}
     straight = os.path.join(tmp, "res-straight")
-    r = run([cllm, "train", "--config", cfg[2], "--out", straight, "--steps", "4"] + common, np=2)
+    r = run([cllm, "train", "--config", cfg[2, 1], "--out", straight, "--steps", "4"] + common, np=2)
     if not check("resume: straight run exits 0", r.returncode == 0, r.stderr[-500:]):
         return
-    for a, b in ((2, 1), (1, 2)):
-        out = os.path.join(tmp, "res-%d-%d" % (a, b))
-        r1 = run([cllm, "train", "--config", cfg[a], "--out", out, "--steps", "2", "--save-interval", "2"] + common, np=2)
-        r2 = run([cllm, "train", "--config", cfg[b], "--out", out, "--steps", "4", "--resume", "auto"] + common, np=2)
-        if not check("resume: EP %d -> %d runs exit 0" % (a, b), r1.returncode == r2.returncode == 0,
-                     (r1.stderr + r2.stderr)[-600:]):
+    # sliced experts write the whole model's checkpoint (every expert, gathered to rank 0) and cut theirs out of it
+    # (b = 0: one process, accumulating both ranks' micro-batches)
+    for a, b, za, zb in ((2, 1, 1, 1), (1, 2, 1, 1), (2, 1, 2, 0), (1, 2, 0, 2), (2, 0, 1, 0)):
+        out = os.path.join(tmp, "res-%d-%d-z%d%d" % (a, b, za, zb))
+        r1 = run([cllm, "train", "--config", cfg[a, za], "--out", out, "--steps", "2", "--save-interval", "2"] + common,
+                 np=2)
+        r2 = run([cllm, "train", "--config", cfg[max(b, 1), zb], "--out", out, "--steps", "4", "--resume", "auto"] +
+                 common, np=2 if b else None)
+        to = "EP %d on 2 ranks" % b if b else "one process"
+        if not check("resume: EP %d (ZeRO-%d) -> %s (ZeRO-%d) runs exit 0" % (a, za, to, zb),
+                     r1.returncode == r2.returncode == 0, (r1.stderr + r2.stderr)[-600:]):
             continue
+        if a == 2:
+            ck = hm.load_safetensors(os.path.join(out, "checkpoint-2", "model.safetensors"))
+            check("resume: the EP 2 checkpoint holds all 4 experts of every block",
+                  all("model.layers.%d.block_sparse_moe.experts.%d.w2.weight" % (l, e) in ck
+                      for l in range(2) for e in range(4)), sorted(ck)[:8])
         w1 = hm.load_safetensors(os.path.join(straight, "model.safetensors"))
         w2 = hm.load_safetensors(os.path.join(out, "model.safetensors"))
         e = max(mx.rel_l2(w2[n], w1[n]) for n in w1)
-        check("resume: checkpoint of EP %d at step 2 resumed with EP %d to step 4 within 1e-5 of the straight run "
-              "(worst %.1e)" % (a, b, e), e <= 1e-5)
+        check("resume: checkpoint of EP %d (ZeRO-%d) at step 2 resumed with %s (ZeRO-%d) to step 4 within 1e-5 of "
+              "the straight run (worst %.1e)" % (a, za, to, zb, e), e <= 1e-5)
 
 
 def test_errors(cllm, tmp):
@@ -394,7 +441,23 @@ def test_estimate(cllm, tmp):
           (w.get("expert_buffers"), b.get("expert_buffers")),
           w.get("expert_buffers") == rows_bytes(2 * B * T * k + E) and
           b.get("expert_buffers") == rows_bytes(int(B * T * k * 1.25) + E) and
-          w.get("total", 0) - e.get("total", 0) == w.get("expert_buffers"))
+          w.get("total", 0) - e.get("total", 0) == w.get("expert_buffers", 0) -
+          sum(e.get(x, 0) - w.get(x, 0) for x in ("params", "grads", "optim", "precision", "snapshot")))
+    # each rank holds the non-expert tensors and E/P experts: parameters, gradients and (ZeRO-1 over the dp/P
+    # ranks holding the same experts) AdamW's two states; what `cllm train` reports holding
+    def shard(n, dp):
+        s_ = (n + dp - 1) // dp
+        return min(n, (s_ + 15) // 16 * 16)
+    mine = n - expert // 2
+    for dp, zs in ((2, 0), (2, 1), (4, 1), (4, 2)):
+        x = est("--dp", str(dp), "--expert-parallel", "2", "--zero-stage", str(zs))
+        dz = shard(mine, dp // 2) if zs >= 1 else mine
+        check("estimate: dp %d, expert-parallel 2, ZeRO-%d: %s parameters per rank (want %d), params %s grads %s optim "
+              "%s bytes" % (dp, zs, x.get("rank_params"), mine, x.get("params"), x.get("grads"), x.get("optim")),
+              x.get("rank_params") == mine and x.get("params") == 4 * mine and
+              x.get("grads") == 4 * (dz if zs >= 2 else mine) and x.get("optim") == 2 * 4 * dz)
+    x = est("--dp", "2", "--expert-parallel", "2", "--zero-stage", "3")
+    check("estimate: ZeRO-3 keeps every expert (%s parameters per rank)" % x.get("rank_params"), x.get("rank_params") == n)
     r = run([cllm, "estimate", "--model", d, "--seq-len", "12", "--dp", "3", "--expert-parallel", "2"])
     check("estimate: --expert-parallel 2 over --dp 3 names it", r.returncode != 0 and
           "expert parallelism 2 does not divide the 3 data-parallel ranks" in r.stderr, r.stderr[-300:])

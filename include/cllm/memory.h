@@ -83,8 +83,11 @@ typedef struct {
                               adapters (frozen tensors, cllm_model_config_freeze: trainable counts the
                               copies of the tensors that train) */
     int expert_parallel;   /* mixture of experts: expert-parallel ranks (0 or 1: none); divides dp and
-                              the experts. The flat buffers keep every expert (docs/moe.md); each rank
-                              adds the rows it receives for its experts, kept for the backward */
+                              the experts. At ZeRO 0-2 a rank's flat buffers keep the non-expert
+                              tensors and E / expert_parallel experts of every block, ZeRO slicing them
+                              over the dp / expert_parallel ranks holding the same experts (at stage 3
+                              every expert, docs/moe.md); each rank adds the rows it receives for its
+                              experts, kept for the backward */
     double capacity_factor;/* with expert_parallel: the training capacity factor (0: no limit, the
                               worst case of every rank routing every row to this rank's experts) */
     size_t quant_numel;    /* with trainable, > 0: a quantized base (QLoRA): parameters of the linear
@@ -99,6 +102,8 @@ typedef struct {
  * except the breakdown in `act`. */
 typedef struct {
     size_t n_params;    /* parameters of the model */
+    size_t rank_params; /* parameters one rank holds: n_params, less the other ranks' experts under
+                           expert parallelism at ZeRO 0-2 */
     size_t params;      /* parameter buffer (shard with ZeRO-3) */
     size_t grads;       /* gradient buffer (shard with ZeRO-2/3) */
     size_t optim;       /* optimizer state (shard with ZeRO-1/2/3); 0 when offloaded */

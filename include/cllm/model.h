@@ -495,14 +495,39 @@ cllm_status cllm_model_set_moe_capacity(cllm_model *m, double capacity_factor, i
  * (this rank is group rank `rank` and runs experts rank*E/size ..
  * (rank+1)*E/size - 1, on the rows every rank of g routes to them: two
  * all-to-alls per block forward and two backward). Every forward and
- * backward pass is then collective over g. The flat buffers keep every
- * expert; the others' stay untouched and get zero gradients here (the
- * data-parallel gradient sum over all ranks completes them). size 1 turns
- * it off. Errors name expert_parallel_size when it does not divide the
+ * backward pass is then collective over g. A model that keeps every
+ * expert leaves the others' untouched (zero gradients here: the
+ * data-parallel gradient sum over all ranks completes them); a part
+ * (cllm_moe_model_part) holds only its own. size 1 turns it off (refused
+ * for a part). Errors name expert_parallel_size when it does not divide the
  * experts or the model has none. */
 struct cllm_dist_group;
 cllm_status cllm_model_set_expert_parallel(cllm_model *m, const struct cllm_dist_group *g, int rank, int size);
 int cllm_model_expert_parallel_size(const cllm_model *m);
+/* Expert-parallel parts (moe_slice.c): the model one rank of an
+ * expert-parallel group of P ranks holds when its flat buffers keep only
+ * its own experts. cllm_moe_model_part: group rank q's part of `full`:
+ * every non-expert tensor (the router still scores all E experts) and
+ * experts q*E/P .. (q+1)*E/P - 1 of every block under their global names,
+ * values copied; it runs only under cllm_model_set_expert_parallel with
+ * that rank and size (others are refused). Every part of a group has the
+ * same layout. cllm_moe_model_whole: the whole model's layout (every
+ * expert) with zeroed parameters, for a part's config.
+ * cllm_moe_cut_buffer: the part's share of a buffer laid out as the whole
+ * model's (parameters or an optimizer state); cllm_moe_gather_buffer:
+ * collective over the group g (group rank q holding part q): full_buf on
+ * group rank 0 (NULL: not kept) receives every part's tensors.
+ * cllm_moe_model_experts_held: experts per block in m's buffers (E when
+ * whole) and the first one's index; cllm_moe_tensor_is_expert: tensor i is
+ * an expert's; cllm_moe_model_expert_params: parameters of those. */
+cllm_status cllm_moe_model_part(cllm_model **out, const cllm_model *full, int P, int q);
+cllm_status cllm_moe_model_whole(cllm_model **out, const cllm_model *part);
+void cllm_moe_cut_buffer(const cllm_model *whole, const cllm_model *part, const float *full_buf, float *part_buf);
+cllm_status cllm_moe_gather_buffer(const cllm_model *whole, const cllm_model *part, const struct cllm_dist_group *g,
+                                   const float *part_buf, float *full_buf);
+int cllm_moe_model_experts_held(const cllm_model *m, int *first);
+bool cllm_moe_tensor_is_expert(const cllm_model *m, int i);
+size_t cllm_moe_model_expert_params(const cllm_model *m);
 /* The file layout of a Mixtral's expert tensors (docs/moe.md, "Tensors"):
  * per-expert, transformers 4.x's block_sparse_moe.experts.N.w1/w2/w3 and
  * cllm's own tensor names; fused, transformers 5.x's mlp.experts.gate_up_proj

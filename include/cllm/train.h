@@ -240,7 +240,8 @@ typedef struct {
                                             MoE's names (Megatron's accepted as aliases) */
         bool given;                      /* the section is present */
         int expert_parallel_size;        /* (expert_model_parallel_size) ranks that split each block's
-                                            experts; divides the ranks and the experts; default 1 */
+                                            experts; divides the ranks and the experts; default 1. At
+                                            ZeRO 0-2 each rank holds its own experts only */
         double capacity_factor;          /* (moe_expert_capacity_factor) training capacity factor;
                                             default 1.0 with the section, no limit without */
         double eval_capacity_factor;     /* in train-time evaluation; default 1.0 */

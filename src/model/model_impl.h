@@ -220,6 +220,10 @@ struct cllm_model {
     const struct cllm_dist_group *ep_grp;
     int ep_rank, ep_size;
     struct model_moe_ep *ep; /* the owner side's buffers, grown on demand */
+    /* an expert-parallel part (cllm_moe_model_part): the flat buffer holds
+     * experts ep_first .. ep_first + ep_held - 1 of every block (local
+     * expert le is lslot[L_EXP_*] + le); ep_held 0: every expert */
+    int ep_first, ep_held;
     cllm_expert_layout expert_layout; /* the layout cllm_model_save writes (moe_layout.c) */
     /* A run over shared weights (shared.c, cllm/weights.h): the weight
      * fields (config_json, tensors, lslot, tgroup, params, lp_params, ws,

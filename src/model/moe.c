@@ -124,8 +124,9 @@ void model_moe_layout(cllm_model *m, int l, model_add_fn add, size_t *offset) {
         int slot;
         const char *w;
     } kinds[] = {{L_EXP_W1, "w1"}, {L_EXP_W3, "w3"}, {L_EXP_W2, "w2"}};
+    const int e0 = m->ep_held ? m->ep_first : 0, e1 = m->ep_held ? e0 + m->ep_held : c->n_experts;
     for (int i = 0; i < 3; i++)
-        for (int e = 0; e < c->n_experts; e++) {
+        for (int e = e0; e < e1; e++) {
             snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", l, e, kinds[i].w);
             bool down = kinds[i].slot == L_EXP_W2;
             add(m, name, kinds[i].slot, l, down ? c->n_embd : c->n_inner, down ? c->n_inner : c->n_embd, false,

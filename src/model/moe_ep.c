@@ -20,10 +20,12 @@
  * demand) for the backward pass.
  *
  * The experts' weight gradients then hold the contributions of the whole
- * group's rows on the rank that runs the expert and zeros elsewhere; the
- * data-parallel gradient sum over every rank gives each expert the sum
- * over all rows of all ranks, as one process accumulating the same
- * micro-batches would.
+ * group's rows on the rank that runs the expert: in a part holding only
+ * its own experts (moe_slice.c) the trainer sums them over the ranks
+ * holding the same experts; in a model holding every expert the others get
+ * zeros, and the data-parallel gradient sum over every rank gives each
+ * expert the sum over all rows of all ranks, as one process accumulating
+ * the same micro-batches would.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -136,6 +138,11 @@ static void expert_rows(const ep_layer *L, int P, int El, int *n, size_t *start)
     }
 }
 
+/* The tensor offset of this rank's local expert le from its block's first
+ * expert: le in a part that holds only its own experts, its global index
+ * in a model that holds them all. */
+static int local_index(const cllm_model *m, int El, int le) { return m->ep_held ? le : m->ep_rank * El + le; }
+
 cllm_status model_moe_ep_forward(const cllm_model *m, model_lp_scratch *lp, int l, const int32_t *off,
                                  const float *xs, float *eo) {
     struct model_moe_ep *ep = m->ep;
@@ -160,7 +167,7 @@ cllm_status model_moe_ep_forward(const cllm_model *m, model_lp_scratch *lp, int 
     expert_rows(L, P, El, rows, r0);
     for (int le = 0; le < El; le++) {
         size_t oc = r0[le] * (size_t)C, of = r0[le] * (size_t)F;
-        if (rows[le] && (st = model_moe_expert_forward(m, lp, l, m->ep_rank * El + le, rows[le], L->xr + oc,
+        if (rows[le] && (st = model_moe_expert_forward(m, lp, l, local_index(m, El, le), rows[le], L->xr + oc,
                                                        L->h1 + of, L->h3 + of, L->act + of, ep->ebuf + oc)))
             return st;
     }
@@ -184,7 +191,7 @@ cllm_status model_moe_ep_backward(cllm_model *m, int l, const int32_t *off, cons
     expert_rows(L, P, El, rows, r0);
     for (int le = 0; le < El; le++) {
         size_t oc = r0[le] * (size_t)C, of = r0[le] * (size_t)F;
-        if (rows[le] && (st = model_moe_expert_backward(m, l, m->ep_rank * El + le, rows[le], ep->ebuf + oc,
+        if (rows[le] && (st = model_moe_expert_backward(m, l, local_index(m, El, le), rows[le], ep->ebuf + oc,
                                                         L->xr + oc, L->h1 + of, L->h3 + of, L->act + of,
                                                         ep->dact + of, ep->dh1 + of, ep->dh3 + of, ep->dxr + oc)))
             return st;
@@ -210,6 +217,10 @@ cllm_status cllm_model_set_expert_parallel(cllm_model *m, const cllm_dist_group 
     if (size > 1 && cllm_dist_group_size(g) != size)
         return CLLM_FAIL(CLLM_ERR_ARG, "expert_parallel_size %d over a group of %d ranks", size,
                          cllm_dist_group_size(g));
+    if (m->ep_held && (size * m->ep_held != E || rank * m->ep_held != m->ep_first))
+        return CLLM_FAIL(CLLM_ERR_ARG, "this model holds experts %d..%d of %d only: it runs as rank %d of %d of an "
+                         "expert-parallel group, not as rank %d of %d", m->ep_first, m->ep_first + m->ep_held - 1, E,
+                         m->ep_first / m->ep_held, E / m->ep_held, rank, size);
     if (size > 1 && m->tp_size > 1)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "expert parallelism with tensor parallelism: not supported");
     if (size > 1 && !m->ep) {

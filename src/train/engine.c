@@ -242,6 +242,62 @@ static cllm_status save_tp(trainer *tr) {
     return st;
 }
 
+/* Sliced experts: the checkpoint holds every expert; this rank's part of
+ * each state is cut out of it, then its ZeRO slice kept. */
+static cllm_status ep_read_optim(trainer *tr, const char *dir, float *s0, float *s1) {
+    cllm_model *whole = NULL;
+    cllm_status st = cllm_moe_model_whole(&whole, tr->m);
+    if (st) return st;
+    size_t nf = cllm_model_buffer_len(whole), nl = cllm_model_buffer_len(tr->m);
+    float *full = cllm_model_params(whole), *part = cllm_alloc(nl * sizeof(float), "state");
+    if (!part) st = CLLM_ERR_NOMEM;
+    float *dst[2] = {s0, s1};
+    const cllm_ckpt_buffer which[2] = {CLLM_CKPT_STATE0, CLLM_CKPT_STATE1};
+    for (int k = 0; k < 2 && !st; k++) {
+        if (!dst[k]) continue;
+        if ((st = cllm_ckpt_read_range(dir, whole, which[k], 0, nf, full))) break;
+        cllm_moe_cut_buffer(whole, tr->m, full, part);
+        memcpy(dst[k], part + tr->zero.begin, (tr->zero.end - tr->zero.begin) * sizeof(float));
+    }
+    cllm_free(part);
+    cllm_model_free(whole);
+    return st;
+}
+
+/* Sliced experts: every rank's part of the parameters and of the optimizer
+ * state gathered into the whole model's layout on rank 0 (ZeRO-1's slices
+ * first within the expert-data group), which writes a one-process
+ * checkpoint: any expert-parallel size, or none, resumes it. */
+static cllm_status save_ep(trainer *tr) {
+    size_t nl = cllm_model_buffer_len(tr->m);
+    float *loc = cllm_alloc(nl * sizeof(float), "checkpoint state");
+    if (!loc) return CLLM_ERR_NOMEM;
+    float *s[2] = {cllm_optim_state(tr->opt, 0), cllm_optim_state(tr->opt, 1)};
+    cllm_model *whole = NULL;
+    float *fullp = NULL, *full[2] = {NULL, NULL};
+    cllm_status st = train_moe_gather(tr, cllm_model_params(tr->m), &whole, &fullp);
+    for (int k = 0; k < 2 && !st; k++) {
+        if (!s[k]) continue;
+        if ((st = tp_part_of(tr, s[k], loc))) break; /* the ZeRO slices of the expert-data group */
+        if (whole && !(full[k] = cllm_alloc(cllm_model_buffer_len(whole) * sizeof(float), "checkpoint state"))) {
+            st = CLLM_ERR_NOMEM;
+            break;
+        }
+        if (cllm_dist_rank() < cllm_model_expert_parallel_size(tr->m))
+            st = cllm_moe_gather_buffer(whole, tr->m, tr->ep_grp, loc, full[k]);
+    }
+    if (!st && tr->output_dir && cllm_dist_rank() == 0) {
+        tr->state.optim_step = cllm_optim_step_count(tr->opt);
+        cllm_ckpt_tensors t = {fullp, full[0], full[1], cllm_model_buffer_len(whole)};
+        st = cllm_ckpt_write(tr->output_dir, whole, &t, &tr->state, tr->cfg->max_shard_bytes, tr->cfg->save_total_limit);
+    }
+    cllm_free(loc);
+    cllm_free(full[0]);
+    cllm_free(full[1]);
+    cllm_model_free(whole);
+    return st;
+}
+
 static cllm_status resume_from(trainer *tr, const char *dir) {
     cllm_status st = cllm_ckpt_read_state(dir, &tr->state);
     if (st) return st;
@@ -254,6 +310,8 @@ static cllm_status resume_from(trainer *tr, const char *dir) {
     if (tr->offload && (st = train_offload_map(tr->offload, true, &s0, &s1))) return st;
     if (tr->tp)
         st = tp_read_optim(tr, dir, s0, s1);
+    else if (tr->ep_sliced)
+        st = ep_read_optim(tr, dir, s0, s1);
     else
         st = cllm_ckpt_read_optim_range(dir, tr->m, s0, s1, tr->base + tr->zero.begin, tr->base + tr->zero.end);
     train_offload_unmap(tr->offload);
@@ -287,6 +345,8 @@ static cllm_status run_eval(trainer *tr, long step) {
      * group; at ZeRO-3 every rank takes part in the parameter gathers (and
      * computes the same batches) */
     bool evaluates = tr->zero.stage == 3 ||
+                     /* sliced experts: rank 0's expert-parallel group, on the same batches */
+                     (tr->ep_sliced && cllm_dist_rank() < cllm_model_expert_parallel_size(tr->m)) ||
                      (tr->tp ? tr->topo.coord[CLLM_AXIS_DATA] + tr->topo.coord[CLLM_AXIS_PIPE] == 0
                              : cllm_dist_rank() == 0);
     if (!tr->eval || !evaluates) return CLLM_OK;
@@ -427,9 +487,9 @@ static cllm_status save_sharded(trainer *tr) {
 
 static cllm_status save_checkpoint(trainer *tr, bool sync) {
     cllm_train_config *c = tr->cfg;
-    if (tr->tp) {
+    if (tr->tp || tr->ep_sliced) {
         double t0 = cllm_time_sec();
-        cllm_status st = save_tp(tr);
+        cllm_status st = tr->tp ? save_tp(tr) : save_ep(tr);
         double wait = cllm_time_sec() - t0;
         tr->save_wait_total += wait;
         tr->time_save_pending += wait;
@@ -790,6 +850,8 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         if ((st = train_zero_init_group(&tr->zero, c, n, n, tr->ranges, tr->n_ranges, train_tp_data_group(tr->tp),
                                         train_tp_model_group(tr->tp))))
             goto done;
+    } else if (tr->ep_sliced) {
+        if ((st = train_moe_zero_init(tr, n))) goto done;
     } else if ((st = train_zero_init(&tr->zero, c, n, tr->ranges, tr->n_ranges))) {
         goto done;
     }
@@ -826,7 +888,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     /* stages 0-1: overlap_comm starts each group's all-reduce during the
      * backward pass (one process, pipelines, tensor parallelism and 16-bit
      * sums keep the reduction after it) */
-    if (tr->zero.stage <= 1 && tr->zero.size > 1 && !tr->pipe && !tr->tp && c->comm_dtype == CLLM_F32 &&
+    if (tr->zero.stage <= 1 && tr->zero.size > 1 && !tr->pipe && !tr->tp && !tr->ep_sliced && c->comm_dtype == CLLM_F32 &&
         c->zero.overlap_comm && !cllm_model_has_trainable_set(tr->m) && (st = train_overlap_init(&tr->overlap, &tr->zero, tr->m)))
         goto done;
     const cllm_offload_config *oc = &c->zero.offload_optimizer;
@@ -978,9 +1040,17 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         if ((st = gather_values(tr))) goto done;
         if (tr->pipe && (st = train_pipe_gather_params_to_first(tr->pipe, cllm_model_params(tr->m)))) goto done;
         if (tr->pipe && (st = pipe_report(tr, true))) goto done;
-        cllm_model *whole = tr->m;
-        float diff = 0;
+        cllm_model *whole = tr->m, *ep_whole = NULL;
+        float diff = 0, *ep_params = NULL;
         if (tr->tp && (st = train_tp_gather(tr->tp, tr->m, &whole, &diff))) goto done;
+        if (tr->ep_sliced) { /* every expert to rank 0, which saves the whole model */
+            st = train_moe_gather(tr, cllm_model_params(tr->m), &ep_whole, &ep_params);
+            if (ep_whole) whole = ep_whole;
+            if (st) {
+                cllm_model_free(ep_whole);
+                goto done;
+            }
+        }
         /* norms and row-parallel biases are updated by every tensor rank from gradients that must agree */
         if (tr->tp && cllm_dist_rank() == 0 && c->log != CLLM_LOG_MODE_QUIET)
             fprintf(stderr, "cllm train: replicated tensors differ by at most %.3g over the %d tensor ranks\n",
@@ -989,6 +1059,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
             st = cllm_lora_save(whole, c->output_dir, c->model_dir);
         else if (c->output_dir && !(st = cllm_model_set_expert_layout(whole, c->save_expert_layout)))
             st = cllm_model_save(whole, c->output_dir, c->max_shard_bytes);
+        cllm_model_free(ep_whole);
         if (st) goto done;
         /* the tokenizer and a chat template of the format trained on, so that
          * `cllm serve` prompts the model as it was trained */

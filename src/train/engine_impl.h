@@ -62,6 +62,14 @@ typedef struct {
      * step's counters summed over every rank: [E] choices per expert, then
      * dropped, all choices, all-to-all bytes (all ranks), rank 0's seconds */
     cllm_dist_group *ep_grp;
+    /* sliced experts (ZeRO 0-1 under expert parallelism): tr->m is this
+     * rank's part (its own experts only); edp_grp the ranks holding the same
+     * experts (ZeRO's group); shared the flat-buffer ranges of the tensors
+     * every rank holds (non-expert), summed over ep_grp before ZeRO's sum */
+    bool ep_sliced;
+    cllm_dist_group *edp_grp;
+    cllm_param_range *ep_shared;
+    int n_ep_shared;
     double *moe_step;
     double a2a_bytes0, a2a_sec0;
 } trainer;
@@ -112,9 +120,20 @@ cllm_status train_open_ppo(trainer *tr, bool piped, bool tensor);
  * (consecutive ranks) and the counters; step_begin turns expert
  * parallelism and the training capacity on and resets the counters,
  * step_end (collective) turns them off (train-time evaluation runs with
- * every expert local and eval_capacity_factor) and sums the counters;
+ * every expert local and eval_capacity_factor; a part with sliced experts
+ * stays expert-parallel, evaluating in rank 0's group) and sums the counters;
  * record adds them to the step's metrics record. */
 cllm_status train_moe_setup(trainer *tr, bool piped, bool tensor);
+/* Sliced experts (tr->ep_sliced): ZeRO's partition over the expert-data
+ * group (norm over the expert-parallel group, the non-expert tensors left
+ * out of the norm on all but its first rank); the non-expert gradients
+ * summed over the expert-parallel group (before ZeRO's sum over the
+ * expert-data group completes them to the sum over every rank); the
+ * checkpoint and final-model state gathered into the whole model's layout
+ * (collective; whole and full buffers only on rank 0) and a whole-layout
+ * buffer cut to this rank's part. */
+cllm_status train_moe_zero_init(trainer *tr, size_t n);
+cllm_status train_moe_gather(trainer *tr, const float *part_buf, cllm_model **whole, float **full_buf);
 cllm_status train_moe_step_begin(trainer *tr);
 cllm_status train_moe_step_end(trainer *tr);
 void train_moe_record(const trainer *tr, train_record *r);

@@ -135,6 +135,20 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
             return st;
         }
     }
+    /* expert parallelism at ZeRO 0-2 (moe_train.c): a rank holds the
+     * non-expert tensors and E / ep experts of every block; ZeRO's slices
+     * are those of the dp / ep ranks holding the same experts */
+    const int ep = s->expert_parallel > 1 ? s->expert_parallel : 1;
+    int dz = s->dp;
+    if (ep > 1 && c->n_experts && c->n_experts % ep == 0 && s->dp % ep == 0 && s->zero_stage <= 2 && !s->trainable &&
+        P == 1 && TP == 1) {
+        const size_t expert = (size_t)c->n_layer * (size_t)c->n_experts * 3 * (size_t)c->n_embd * (size_t)c->n_inner;
+        len -= expert / (size_t)ep * (size_t)(ep - 1);
+        out->rank_params = n_params - expert / (size_t)ep * (size_t)(ep - 1);
+        dz = s->dp / ep;
+    } else {
+        out->rank_params = n_params;
+    }
     size_t opt_len = len;
     size_t bytes = len * sizeof(float);
     int states = 0;
@@ -163,8 +177,8 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
         /* a quantized base: its linear layers' fp32 slots are never touched */
         out->params += bytes + s->quant_bytes - s->quant_numel * sizeof(float);
     }
-    out->grads = s->zero_stage >= 2 ? shard(opt_len, s->dp) * sizeof(float) : bytes;
-    out->optim = (size_t)states * (s->zero_stage >= 1 ? shard(opt_len, s->dp) : opt_len) * sizeof(float);
+    out->grads = s->zero_stage >= 2 ? shard(opt_len, dz) * sizeof(float) : bytes;
+    out->optim = (size_t)states * (s->zero_stage >= 1 ? shard(opt_len, dz) : opt_len) * sizeof(float);
     if (s->offload_optimizer) {
         if (s->offload_buffer_count < 3 || s->offload_buffer_size < 1) {
             free(stages);
@@ -172,7 +186,7 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
             return CLLM_FAIL(CLLM_ERR_ARG, "offload buffer: %ld buffers of %ld floats (expected >= 3 and >= 1)",
                              s->offload_buffer_count, s->offload_buffer_size);
         }
-        size_t slice = s->zero_stage >= 1 ? shard(opt_len, s->dp) : opt_len;
+        size_t slice = s->zero_stage >= 1 ? shard(opt_len, dz) : opt_len;
         size_t chunk = (size_t)s->offload_buffer_size < slice ? (size_t)s->offload_buffer_size : slice;
         out->optim_disk = out->optim;
         out->optim = 0;

@@ -108,6 +108,12 @@ typedef struct {
      * update and the next use each rank holds only its slice of the values
      * (train_zero_gather_values brings them back) */
     bool scattered;
+    /* sliced experts (moe_train.c): ranges (offsets relative to base) of the
+     * tensors whose gradients are summed over shared_grp (the
+     * expert-parallel group) before grp's reduction; NULL/0 otherwise */
+    const cllm_dist_group *shared_grp;
+    const cllm_param_range *shared;
+    int n_shared;
 } train_zero;
 
 /* Partitions n floats over the world by c->zero.stage, checks the topology;
@@ -136,6 +142,9 @@ size_t train_zero_slice_len(const train_zero *z);
 cllm_status train_zero_check_world(const train_zero *z, uint64_t config_hash, uint64_t data_size);
 /* Sums the gradients over ranks (all of them, or this rank's slice). */
 cllm_status train_zero_reduce_grads(train_zero *z, float *grads);
+/* buf holds elements [b, e) of the part's gradient: its z->shared ranges
+ * summed over z->shared_grp in place (nothing without). Collective. */
+cllm_status train_zero_presum(const train_zero *z, float *buf, size_t b, size_t e);
 /* This rank's share of the squared gradient norm: the sum of squares of
  * slice[end - begin] (the slice's summed gradient) less the replicated
  * tensors another tensor rank counts (norm_skip); never negative. */

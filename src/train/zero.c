@@ -159,7 +159,21 @@ cllm_status train_zero_check_world(const train_zero *z, uint64_t config_hash, ui
     return st;
 }
 
+cllm_status train_zero_presum(const train_zero *z, float *buf, size_t b, size_t e) {
+    for (int i = 0; i < z->n_shared; i++) {
+        size_t lo = z->shared[i].begin > b ? z->shared[i].begin : b, hi = z->shared[i].end < e ? z->shared[i].end : e;
+        for (size_t c0 = lo; c0 < hi; c0 += z->bucket) {
+            size_t c1 = hi - c0 > z->bucket ? c0 + z->bucket : hi;
+            cllm_status st = cllm_dist_g_allreduce_sum_f32(z->shared_grp, buf + (c0 - b), c1 - c0);
+            if (st) return cllm_fail_context(st, "non-expert gradient sum over the expert-parallel group (at %zu)", c0);
+        }
+    }
+    return CLLM_OK;
+}
+
 cllm_status train_zero_reduce_grads(train_zero *z, float *grads) {
+    cllm_status pst = train_zero_presum(z, grads, 0, z->n);
+    if (pst) return pst;
     if (z->size == 1) return CLLM_OK;
     for (size_t b0 = 0; b0 < z->n; b0 += z->bucket) {
         size_t b1 = z->n - b0 > z->bucket ? b0 + z->bucket : z->n;

@@ -328,6 +328,8 @@ static cllm_status reduce_start(train_shard *s, int i, int g) {
     f->n = 0;
     f->start = t0;
     s->gwork_group[i] = g;
+    cllm_status pst = train_zero_presum(z, w, b, e); /* sliced experts: the non-expert tensors first */
+    if (pst) return pst;
     for (size_t c0 = b; c0 < e; c0 += z->bucket) {
         size_t c1 = e - c0 > z->bucket ? c0 + z->bucket : e;
         parts(s, c0, c1);

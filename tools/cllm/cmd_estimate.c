@@ -73,7 +73,9 @@ static void print_setup(const cllm_mem_setup *s) {
            s->offload_optimizer ? ", optimizer state offloaded" : "");
     if (s->pipe > 1) printf(", %d pipeline stages", s->pipe);
     if (s->tensor > 1) printf(", %d tensor ranks%s", s->tensor, s->sequence_parallel ? " with sequence parallelism" : "");
-    if (s->expert_parallel > 1) printf(", %d expert-parallel ranks", s->expert_parallel);
+    if (s->expert_parallel > 1)
+        printf(", %d expert-parallel ranks (each holding 1/%d of the experts at ZeRO 0-2)", s->expert_parallel,
+               s->expert_parallel);
     printf("\n");
 }
 
@@ -173,6 +175,7 @@ static json_t *to_json(const cllm_mem_estimate *e) {
 static void add_moe_json(json_t *j, const cllm_mem_estimate *e) {
     json_object_set_new(j, "active_params", json_integer((json_int_t)e->active_params));
     json_object_set_new(j, "expert_buffers", json_integer((json_int_t)e->expert_buffers));
+    json_object_set_new(j, "rank_params", json_integer((json_int_t)e->rank_params));
 }
 
 int cmd_estimate(int argc, char **argv) {
@@ -369,6 +372,10 @@ int cmd_estimate(int argc, char **argv) {
     if (cfg.n_experts)
         printf("%d experts per block, %d per token: %zu active parameters per token (%.1f%%)\n", cfg.n_experts,
                cfg.n_experts_per_tok, e.active_params, 100.0 * (double)e.active_params / (double)e.n_params);
+    if (cfg.n_experts && e.rank_params != e.n_params)
+        printf("expert parallelism %d: %zu parameters on each rank (%d of %d experts per block), their gradients and "
+               "optimizer state likewise\n", s.expert_parallel, e.rank_params, cfg.n_experts / s.expert_parallel,
+               cfg.n_experts);
     if (fl->n > 0)
         printf("freeze: %zu trainable parameters (%.3f%%), copied beside the frozen model; the frozen tensors have no "
                "gradient or optimizer state\n", freeze_numel, 100.0 * (double)freeze_numel / (double)e.n_params);
