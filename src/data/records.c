@@ -1,7 +1,8 @@
 /*
  * Streaming record readers for .jsonl, .json and .txt files. Memory is one
  * record (plus a 1 MiB read buffer), never the file, so a 1 GB .json array
- * streams like a .jsonl. Records are handed out as text with the location
+ * streams like a .jsonl (a file smaller than the buffer gets a buffer its
+ * size). Records are handed out as text with the location
  * of their first character; parsing them is sample.c's job.
  *
  * The .json scanner follows strings, escapes and nesting only to find where
@@ -15,6 +16,7 @@
 #include <string.h>
 
 #include "data/data_impl.h"
+#include "io/io_impl.h"
 
 typedef enum { F_JSONL, F_JSON, F_TXT } file_kind;
 
@@ -23,7 +25,7 @@ struct cllm_record_reader {
     char *path;
     file_kind kind;
     unsigned char *blk; /* read buffer for the .json scanner */
-    size_t blk_len, blk_pos;
+    size_t blk_cap, blk_len, blk_pos;
     char *buf; /* current record */
     size_t len, cap;
     char *line; /* getline buffer */
@@ -55,7 +57,7 @@ uint64_t cllm_records_bytes(const cllm_record_reader *r) { return r->bytes; }
 static int peek(cllm_record_reader *r) {
     if (r->blk_pos == r->blk_len) {
         if (r->eof) return -1;
-        r->blk_len = fread(r->blk, 1, BLK, r->f);
+        r->blk_len = fread(r->blk, 1, r->blk_cap, r->f);
         r->blk_pos = 0;
         if (r->blk_len == 0) {
             r->eof = true;
@@ -307,8 +309,7 @@ cllm_status cllm_records_open(cllm_record_reader **out, const char *path) {
     r->line_no = 1;
     r->col = 1;
     r->path = malloc(strlen(path) + 1);
-    r->blk = kind == F_JSON ? malloc(BLK) : NULL;
-    if (!r->path || (kind == F_JSON && !r->blk)) {
+    if (!r->path) {
         cllm_records_close(r);
         return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     }
@@ -318,6 +319,13 @@ cllm_status cllm_records_open(cllm_record_reader **out, const char *path) {
         cllm_status st = CLLM_FAIL(CLLM_ERR_IO, "cannot open %s: %s", path, strerror(errno));
         cllm_records_close(r);
         return st;
+    }
+    if (kind == F_JSON) {
+        r->blk_cap = cllm_io_chunk(r->f, BLK);
+        if (!(r->blk = malloc(r->blk_cap))) {
+            cllm_records_close(r);
+            return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+        }
     }
     if (kind == F_JSON) {
         /* A .json file that starts with an object is JSON lines in disguise. */

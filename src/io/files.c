@@ -39,6 +39,13 @@ bool cllm_io_dtype_parse(const char *s, cllm_dtype *out) {
     return false;
 }
 
+size_t cllm_io_chunk(FILE *f, size_t max) {
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < 0 || (uint64_t)sb.st_size >= max)
+        return max;
+    return (size_t)sb.st_size + 1;
+}
+
 char *cllm_io_join(const char *dir, const char *name) {
     size_t a = strlen(dir), b = strlen(name), n;
     if (!cllm_size_add(a, b, &n) || !cllm_size_add(n, 2, &n)) {

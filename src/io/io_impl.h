@@ -1,8 +1,9 @@
 /*
  * Private helpers shared by the io sources: a buffered atomic file writer
  * (temp file in the target's folder, fsync, rename, fsync of the folder),
- * errno text, and the safetensors dtype spellings.
- * Not part of the public API; nothing outside src/io includes this.
+ * errno text, the safetensors dtype spellings, and the read-buffer size for
+ * streaming a file. Not part of the public API (the library's other readers
+ * and writers use it too).
  */
 #ifndef CLLM_IO_IMPL_H
 #define CLLM_IO_IMPL_H
@@ -12,6 +13,7 @@
 #include "cllm/io.h"
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include "cllm/core.h"
 
@@ -44,6 +46,11 @@ const char *cllm_io_errstr(int err, char *buf, size_t cap);
 
 /* "F32" -> CLLM_F32 etc. (exact, case-sensitive spelling). */
 bool cllm_io_dtype_parse(const char *s, cllm_dtype *out);
+
+/* The size of a buffer to stream the open file f through: `max`, or the
+ * file's size + 1 when it is a regular file smaller than that (so a small
+ * file costs a small buffer, and the read that finds its end still fits). */
+size_t cllm_io_chunk(FILE *f, size_t max);
 
 /* Joins dir + "/" + name into a malloc'd string (NULL on overflow/ENOMEM,
  * with an error recorded). */

@@ -21,6 +21,7 @@
 #include "cllm/io.h"
 #include "cllm/json.h"
 #include "train_impl.h"
+#include "io/io_impl.h"
 
 /* dir + "/" + name into out[cap]; false (and an empty string) if it does
  * not fit. */
@@ -71,8 +72,8 @@ uint32_t cllm_crc32(uint32_t crc, const void *data, size_t n) {
 cllm_status cllm_crc32_file(const char *path, uint32_t *crc, uint64_t *size) {
     FILE *f = fopen(path, "rb");
     if (!f) return CLLM_FAIL(CLLM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
-    enum { CHUNK = 1 << 20 };
-    unsigned char *buf = malloc(CHUNK);
+    const size_t chunk = cllm_io_chunk(f, (size_t)1 << 20);
+    unsigned char *buf = malloc(chunk);
     if (!buf) {
         fclose(f);
         return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
@@ -80,7 +81,7 @@ cllm_status cllm_crc32_file(const char *path, uint32_t *crc, uint64_t *size) {
     uint32_t c = 0;
     uint64_t total = 0;
     size_t got;
-    while ((got = fread(buf, 1, CHUNK, f)) > 0) {
+    while ((got = fread(buf, 1, chunk, f)) > 0) {
         c = cllm_crc32(c, buf, got);
         total += got;
     }

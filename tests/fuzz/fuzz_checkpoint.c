@@ -7,6 +7,7 @@
  * checked with cllm_ckpt_verify and its state read with
  * cllm_ckpt_read_state.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -16,16 +17,18 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fuzz_clear();
     const uint8_t *part[4];
     size_t len[4];
     int n = fuzz_split(data, size, part, len, 4);
     char ck[1024];
     snprintf(ck, sizeof ck, "%s/checkpoint-1", fuzz_dir());
-    if (mkdir(ck, 0700) != 0) abort();
+    if (mkdir(ck, 0700) != 0 && errno != EEXIST) abort(); /* kept from the previous input */
     static const char *const names[] = {"latest", "checkpoint-1/manifest.json", "checkpoint-1/trainer_state.json",
                                         "checkpoint-1/model.safetensors"};
-    for (int i = 0; i < n; i++) fuzz_write(i, names[i], part[i], len[i]);
+    for (int i = 0; i < 4; i++) {
+        if (i < n) fuzz_write(i, names[i], part[i], len[i]);
+        else fuzz_absent(i);
+    }
     char *dir = NULL;
     if (fuzz_note(cllm_ckpt_find(fuzz_dir(), "auto", &dir)) == CLLM_OK) {
         const char *d = dir ? dir : ck;

@@ -11,12 +11,14 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fuzz_clear();
     const uint8_t *part[3];
     size_t len[3];
     int n = fuzz_split(data, size, part, len, 3);
     static const char *const ext[] = {"d.idx", "d.bin", "d.mask"};
-    for (int i = 0; i < n; i++) fuzz_write(i, ext[i], part[i], len[i]);
+    for (int i = 0; i < 3; i++) {
+        if (i < n) fuzz_write(i, ext[i], part[i], len[i]);
+        else fuzz_absent(i);
+    }
     char prefix[1024];
     snprintf(prefix, sizeof prefix, "%s/d", fuzz_dir());
     cllm_indexed d = {0};

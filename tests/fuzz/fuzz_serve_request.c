@@ -6,6 +6,7 @@
  * GPT-2 tokenizer of the fixtures and small limits. Every outcome must be
  * a validated request or an error status with a message; nothing is run.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,7 +28,16 @@ static void setup(void) {
     static cllm_tokenizer *tok;
     static cllm_chat_template *tmpl;
     if (tok) return;
-    if (cllm_tokenizer_load(&tok, CLLM_FUZZ_GPT2) || cllm_chat_template_init(&tmpl, CHATML, "fuzz")) abort();
+    /* CLLM_FUZZ_GPT2 in the environment: the fixture on a machine the
+     * binary was copied to */
+    const char *gpt2 = getenv("CLLM_FUZZ_GPT2");
+    if (!gpt2 || !*gpt2) gpt2 = CLLM_FUZZ_GPT2;
+    if (cllm_tokenizer_load(&tok, gpt2) != CLLM_OK) {
+        fprintf(stderr, "fuzz_serve_request: %s (set CLLM_FUZZ_GPT2 to the fixtures' hf/gpt2 folder)\n",
+                cllm_last_error());
+        abort();
+    }
+    if (cllm_chat_template_init(&tmpl, CHATML, "fuzz")) abort();
     srv.tok = tok;
     srv.tmpl = tmpl;
     srv.vocab = cllm_tokenizer_vocab_size(tok);

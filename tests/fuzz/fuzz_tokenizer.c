@@ -15,12 +15,12 @@ static const char TEXT[] = "Hello world!  It's 2024: caf\xc3\xa9 \xe4\xb8\xad\xe
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fuzz_clear();
     const uint8_t *part[2];
     size_t len[2];
     int n = fuzz_split(data, size, part, len, 2);
     const char *path = fuzz_write(0, "tokenizer.json", part[0], len[0]);
     if (n > 1) fuzz_write(1, "tokenizer_config.json", part[1], len[1]);
+    else fuzz_absent(1);
     cllm_tokenizer *tok = NULL;
     if (fuzz_note(cllm_tokenizer_load(&tok, path)) != CLLM_OK) return 0;
     for (int special = 0; special < 2; special++) {

@@ -14,18 +14,27 @@
 /* Separates the parts of an input that become several files. */
 #define FUZZ_SEP "\n--8<--\n"
 
-/* This process's temporary folder (created on first use, removed at exit),
- * emptied of the files earlier inputs wrote by fuzz_clear(). Silences the
- * library's warnings (a fuzzer prints nothing per input). */
+/* This process's temporary folder (created on first use, removed at exit):
+ * in CLLM_FUZZ_TMPDIR when set, else in /dev/shm (memory) where it exists,
+ * else in TMPDIR or /tmp. Silences the library's warnings (a fuzzer prints
+ * nothing per input). */
 const char *fuzz_dir(void);
 
-/* Writes len bytes to fuzz_dir()/name (aborts if the write fails: the
- * harness, not the library, is then broken). Returns the path in a static
- * buffer per call slot (slot 0..7). */
+/* Files per target (slots 0..FUZZ_SLOTS-1). */
+#define FUZZ_SLOTS 8
+
+/* Makes fuzz_dir()/name hold len bytes of data and returns its path (valid
+ * until the slot's next call); the file the slot held under another name is
+ * removed. A slot that already holds these bytes is not written again.
+ * Aborts if the write fails: the harness, not the library, is then broken. */
 const char *fuzz_write(int slot, const char *name, const void *data, size_t len);
 
-/* Removes every file in fuzz_dir() (not recursive beyond one level). */
-void fuzz_clear(void);
+/* As fuzz_write, the file then running on in zero bytes to `size` (a
+ * sparse file: large files cost no write). */
+const char *fuzz_write_padded(int slot, const char *name, const void *data, size_t len, size_t size);
+
+/* Removes the slot's file, if any (a part the input does not have). */
+void fuzz_absent(int slot);
 
 /* Splits data at FUZZ_SEP into at most max parts; returns the count (>= 1).
  * The last part runs to the end of the input. */
