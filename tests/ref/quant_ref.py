@@ -12,7 +12,8 @@ all-zero block, odd sizes), inputs x [M, cols] and a bias; computes with torch
     rounded half away from zero).
 Writes them with manifest.txt into a temporary directory and runs
 <build>/tests/test_quant on it: the C side must reproduce the bytes exactly and
-the outputs to a tight tolerance through every kernel variant the CPU has.
+the outputs to a tight tolerance through every kernel variant the CPU has and
+through the prompt path (cllm_qgemm: panels of widened rows on oneDNN).
 
 Manifest lines: "qmm <name> <fmt> <rows> <cols> <M> <in_out> <has_bias>".
 Files: <name>.W (fp32 [rows, cols]), .x, .bias, .q (expected stored bytes, for
@@ -121,7 +122,9 @@ def gen():
     i = 0
     for (rows, cols) in shapes:
         W = weights(rows, cols)
-        for M in (1, 3, 16, 17):
+        # 70 rows: a prompt, cllm_qgemm's panels of 128 output channels
+        # (130 rows: a full panel and a partial one)
+        for M in (1, 3, 16, 17) + ((70,) if rows == 130 else ()):
             if rows * cols > 200000 and M > 3:
                 continue
             x = torch.randn(M, cols).float()
