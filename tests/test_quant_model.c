@@ -86,7 +86,8 @@ static double max_diff(const float *a, const float *b, size_t n) {
 static void family(const char *name, cllm_arch arch, const char *extra) {
     /* relative bounds on max |logit - fp32 logit| / max |fp32 logit| */
     const double bound[CLLM_WFMT_COUNT] = {0, 0.015, 0.05, 0.6};
-    /* ... and on the same bound on the difference to the stored-values model */
+    /* ... on the difference to the stored-values model, and between a
+     * prompt on cllm_qgemm and each of its sequences alone */
     const double same[CLLM_WFMT_COUNT] = {0, 2e-5, 0.025, 0.04};
     cllm_model *m = tiny_model(arch, extra, 11);
     CHECK(m != NULL, "%s: model", name);
