@@ -133,7 +133,7 @@ const char *cllm_qmatmul_variant(void);
  * prompts faster than cllm_qmatmul's integer tiles (docs/inference.md); for
  * few rows widening dominates and cllm_qmatmul is the faster one
  * (CLLM_QGEMM_MIN_ROWS: the row count from which a model uses this). */
-enum { CLLM_QGEMM_PANEL_FLOATS = 1 << 20, CLLM_QGEMM_PANEL_ROWS = 1024, CLLM_QGEMM_MIN_ROWS = 64 };
+enum { CLLM_QGEMM_PANEL_FLOATS = 1 << 21, CLLM_QGEMM_PANEL_ROWS = 2048, CLLM_QGEMM_MIN_ROWS = 64 };
 /* Bytes of scratch cllm_qgemm needs for M rows of `cols` inputs: a panel
  * (CLLM_QGEMM_PANEL_FLOATS + 8 * cols floats), its [M, CLLM_QGEMM_PANEL_ROWS]
  * output, and for int8 / q4 the [M, cols] rounded activations; 0 for

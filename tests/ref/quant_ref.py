@@ -118,13 +118,13 @@ def weights(rows, cols):
 
 
 def gen():
-    # (1100, 40): more rows than one panel of cllm_qgemm's holds (two of 552 and 548)
-    shapes = [(1, 1), (37, 101), (64, 96), (130, 768), (7, 8200), (200, 33), (1100, 40)]
+    # (2100, 40): more rows than one panel of cllm_qgemm's holds (two of 1056 and 1044)
+    shapes = [(1, 1), (37, 101), (64, 96), (130, 768), (7, 8200), (200, 33), (2100, 40)]
     i = 0
     for (rows, cols) in shapes:
         W = weights(rows, cols)
-        # 70 rows: a prompt (cllm_qgemm: one panel for 130 x 768, two for 1100 x 40)
-        for M in (1, 3, 16, 17) + ((70,) if rows in (130, 1100) else ()):
+        # 70 rows: a prompt (cllm_qgemm: one panel for 130 x 768, two for 2100 x 40)
+        for M in (1, 3, 16, 17) + ((70,) if rows in (130, 2100) else ()):
             if rows * cols > 200000 and M > 3:
                 continue
             x = torch.randn(M, cols).float()
