@@ -12,9 +12,12 @@
  * Run: build/bench/qmatmul_bench [rounds [only]] (threads from OMP_NUM_THREADS);
  * `only` (onednn, fp32, bf16, int8, q4) times that one alone at M = 1, for
  * `perf stat` cycle counts, which a loaded machine does not distort.
- * QMATMUL_BENCH_M="1,64" picks the row counts (at most 4, each 1 .. 64; the
- * default is 1,4,16); 64 rows exercise the tiled prefill kernels of int8 /
- * q4, and the GB/s column then counts the weights once per call.
+ * QMATMUL_BENCH_M="1,64" picks the row counts (at most 4, each 1 .. 512; the
+ * default is 1,4,16); 4 or more rows exercise the tiled prompt kernels of
+ * int8 / q4, and the GB/s column then counts the weights once per call.
+ * From 16 rows the prompt path cllm_qgemm (panels of widened rows on
+ * oneDNN, what a model runs from CLLM_QGEMM_MIN_ROWS rows) is timed too, for
+ * bf16, int8 and q4 ("int8-panels" ...), in the same rounds.
  */
 #include <omp.h>
 #include <stdio.h>
@@ -33,7 +36,9 @@ typedef struct {
 
 static const shape shapes[] = {
     {2304, 768, true, 12}, {768, 768, true, 12}, {3072, 768, true, 12}, {768, 3072, true, 12}, {50257, 768, false, 1}};
-enum { NS = sizeof shapes / sizeof shapes[0], NF = CLLM_WFMT_COUNT + 1 }; /* + oneDNN */
+/* the formats on cllm_qmatmul, oneDNN, then bf16 / int8 / q4 on cllm_qgemm */
+enum { NS = sizeof shapes / sizeof shapes[0], ONEDNN = CLLM_WFMT_COUNT, NF = CLLM_WFMT_COUNT + 4 };
+static cllm_wfmt fmt_of(int f) { return f < ONEDNN ? (cllm_wfmt)f : f > ONEDNN ? (cllm_wfmt)(f - ONEDNN) : CLLM_WFMT_FP32; }
 
 static double now(void) {
     struct timespec t;
@@ -62,9 +67,10 @@ int main(int argc, char **argv) {
         }
         if ((size_t)shapes[s].rows > max_out) max_out = (size_t)shapes[s].rows;
     }
-    enum { MAXM = 64 };
+    enum { MAXM = 512 };
     x = malloc(MAXM * 3072 * 4);
-    void *scratch = malloc(cllm_qmatmul_scratch_bytes(CLLM_WFMT_Q4, 3072, MAXM));
+    size_t sb = cllm_qmatmul_scratch_bytes(CLLM_WFMT_Q4, 3072, MAXM), gb = cllm_qgemm_scratch_bytes(CLLM_WFMT_INT8, 3072, MAXM);
+    void *scratch = malloc(sb > gb ? sb : gb);
     out = malloc(MAXM * max_out * 4);
     for (int i = 0; i < MAXM * 3072; i++) x[i] = (float)(i % 7) * 0.1f;
     printf("qmatmul_bench: gpt2-124M decode-step matrices, %d threads, kernel variant %s, %d rounds\n",
@@ -102,30 +108,34 @@ int main(int argc, char **argv) {
         int M = Ms[mi];
         double *t = calloc((size_t)rounds * NF, sizeof *t);
         for (int r = 0; r < rounds; r++)
-            for (int f = 0; f < NF; f++) { /* f == CLLM_WFMT_COUNT: oneDNN */
+            for (int f = 0; f < NF; f++) {
+                if (f > ONEDNN && M < 16) continue;
                 double t0 = now();
                 for (int s = 0; s < NS; s++)
                     for (int c = 0; c < shapes[s].count && (!only_shape || only_shape[0] - '0' == s); c++) {
-                        if (f == CLLM_WFMT_COUNT) {
+                        cllm_qweight w = {fmt_of(f), store[s][fmt_of(f)], shapes[s].rows, shapes[s].cols, false};
+                        if (f == ONEDNN)
                             cllm_linear_forward(out, x, W[s], NULL, M, shapes[s].cols, shapes[s].rows, shapes[s].in_out);
-                        } else {
-                            cllm_qweight w = {(cllm_wfmt)f, store[s][f], shapes[s].rows, shapes[s].cols, false};
+                        else if (f > ONEDNN)
+                            cllm_qgemm(out, x, &w, NULL, M, scratch);
+                        else
                             cllm_qmatmul(out, x, &w, NULL, M, scratch);
-                        }
                     }
                 t[f * rounds + r] = now() - t0;
             }
         double base = 0;
-        for (int f = NF - 1; f >= 0; f--) {
+        for (int f = ONEDNN; f >= 0; f = f == ONEDNN ? NF - 1 : f == ONEDNN + 1 ? ONEDNN - 1 : f - 1) {
+            if (f > ONEDNN && M < 16) continue;
             qsort(t + f * rounds, (size_t)rounds, sizeof *t, cmp);
             double med = t[f * rounds + rounds / 2], bytes = 0;
             for (int s = 0; s < NS; s++)
                 bytes += (double)shapes[s].count *
-                         (double)cllm_qweight_bytes(f == CLLM_WFMT_COUNT ? CLLM_WFMT_FP32 : (cllm_wfmt)f,
-                                                    shapes[s].rows, shapes[s].cols);
-            if (f == CLLM_WFMT_COUNT) base = med;
-            printf("  M=%-2d %-12s %8.2f ms  %6.1f GB/s  %5.2fx oneDNN fp32\n", M,
-                   f == CLLM_WFMT_COUNT ? "onednn-fp32" : cllm_wfmt_name((cllm_wfmt)f), med * 1e3, bytes / med * 1e-9,
+                         (double)cllm_qweight_bytes(fmt_of(f), shapes[s].rows, shapes[s].cols);
+            if (f == ONEDNN) base = med;
+            char label[32];
+            snprintf(label, sizeof label, "%s%s", f == ONEDNN ? "onednn-fp32" : cllm_wfmt_name(fmt_of(f)),
+                     f > ONEDNN ? "-panels" : "");
+            printf("  M=%-3d %-12s %8.2f ms  %6.1f GB/s  %5.2fx oneDNN fp32\n", M, label, med * 1e3, bytes / med * 1e-9,
                    base / med);
         }
         free(t);

@@ -11,9 +11,9 @@
  * With a directory: the cases written by tests/ref/quant_ref.py. Each
  * weight matrix is stored by cllm_quant_matrix (from [rows, cols], and from
  * the transposed [cols, rows] layout) and must equal torch's bytes exactly;
- * every kernel variant the CPU runs (portable, avx2, avx512) must give
- * torch's float64 output (int8 / q4: of the Q8_0-quantized activations)
- * to |d| <= 2e-6 * sum_k |x_k w_k| + 1e-6.
+ * every kernel variant the CPU runs (portable, avx2, avx512), and the
+ * prompt path cllm_qgemm, must give torch's float64 output (int8 / q4: of
+ * the Q8_0-quantized activations) to |d| <= 2e-6 * sum_k |x_k w_k| + 1e-6.
  */
 #include <math.h>
 #include <omp.h>
@@ -42,6 +42,30 @@ static void *read_all(const char *dir, const char *name, const char *key, size_t
 }
 
 static const cllm_isa variants[] = {CLLM_ISA_PORTABLE, CLLM_ISA_AVX2, CLLM_ISA_AVX512};
+
+/* Checks out [M, R] against torch's float64 y within 2e-6 * sum_k |x_k w_k|
+ * + 1e-6 (w: the stored values); `via` names the path in the message. */
+static void check_out(const char *name, const float *out, const float *y, const float *x, const unsigned char *q,
+                      cllm_wfmt fmt, int R, int K, int M, bool in_out, const char *via) {
+    double worst = 0;
+    int bad = -1;
+    float *wrow = malloc((size_t)K * 4);
+    CHECK(wrow != NULL, "alloc");
+    for (int r = 0; r < R && wrow; r++) {
+        cllm_quant_dequant_row(wrow, q + (size_t)r * cllm_wfmt_row_bytes(fmt, K), fmt, K);
+        for (int m = 0; m < M; m++) {
+            double mag = 0;
+            for (int k = 0; k < K; k++) mag += fabs((double)x[(size_t)m * K + k] * wrow[k]);
+            double d = fabs((double)out[(size_t)m * R + r] - y[(size_t)m * R + r]), tol = 2e-6 * mag + 1e-6;
+            if (!(d <= tol) && bad < 0) bad = m * R + r;
+            if (d / tol > worst) worst = d / tol;
+        }
+    }
+    free(wrow);
+    CHECK(bad < 0, "%s: %s %dx%d M=%d%s via %s: output %d = %g, torch %g (worst %.2f of tolerance)", name,
+          cllm_wfmt_name(fmt), R, K, M, in_out ? " in_out" : "", via, bad, bad >= 0 ? out[bad] : 0.0,
+          bad >= 0 ? y[bad] : 0.0, worst);
+}
 
 static void run_case(const char *dir, const char *name, cllm_wfmt fmt, int R, int K, int M, bool in_out, bool has_bias) {
     size_t nw = (size_t)R * K;
@@ -73,24 +97,16 @@ static void run_case(const char *dir, const char *name, cllm_wfmt fmt, int R, in
         void *scratch = malloc(cllm_qmatmul_scratch_bytes(fmt, K, M) + 1);
         cllm_qmatmul_isa(out, x, &w, has_bias ? bias : NULL, M, scratch, variants[v]);
         free(scratch);
-        double worst = 0;
-        int bad = -1;
-        float *wrow = malloc((size_t)K * 4);
-        for (int r = 0; r < R && wrow; r++) {
-            cllm_quant_dequant_row(wrow, (const unsigned char *)q + (size_t)r * cllm_wfmt_row_bytes(fmt, K), fmt, K);
-            for (int m = 0; m < M; m++) {
-                double mag = 0;
-                for (int k = 0; k < K; k++) mag += fabs((double)x[(size_t)m * K + k] * wrow[k]);
-                double d = fabs((double)out[(size_t)m * R + r] - y[(size_t)m * R + r]), tol = 2e-6 * mag + 1e-6;
-                if (!(d <= tol) && bad < 0) bad = m * R + r;
-                if (d / tol > worst) worst = d / tol;
-            }
-        }
-        free(wrow);
-        CHECK(bad < 0, "%s: %s %dx%d M=%d%s via %s: output %d = %g, torch %g (worst %.2f of tolerance)", name,
-              cllm_wfmt_name(fmt), R, K, M, in_out ? " in_out" : "", cllm_isa_name(variants[v]), bad,
-              bad >= 0 ? out[bad] : 0.0, bad >= 0 ? y[bad] : 0.0, worst);
+        check_out(name, out, y, x, q, fmt, R, K, M, in_out, cllm_isa_name(variants[v]));
     }
+    /* the prompt path: panels of widened rows on oneDNN (int8 / q4: of the
+     * rounded activations), against the same float64 reference */
+    memset(out, 0xff, (size_t)M * R * 4);
+    void *scratch = malloc(cllm_qgemm_scratch_bytes(fmt, K, M) + 1);
+    CHECK(scratch && cllm_qgemm(out, x, &w, has_bias ? bias : NULL, M, scratch) == CLLM_OK, "%s: qgemm: %s", name,
+          cllm_last_error());
+    free(scratch);
+    check_out(name, out, y, x, q, fmt, R, K, M, in_out, "qgemm");
 done:
     free(W), free(x), free(bias), free(y), free(want_q), free(q), free(qt), free(Wt), free(out);
 }

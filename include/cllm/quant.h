@@ -37,10 +37,11 @@
  * of the sum. int8 and q4 weights multiply activations quantized per block
  * of 32 like Q8_0 (fp32 scale max|x| / 127, int8 codes rounded half away
  * from zero): each block adds d_w * d_x * (integer dot of the codes), as
- * llama.cpp computes Q8_0 / Q4_0 times Q8_0. int8 and q4 serve prompts
- * too (any M): 4 or more rows run on register tiles of 2 weight rows by 4
- * rows of x, each weight block unpacked once per tile, with every output
- * computed by the same operations as alone (bit for bit).
+ * llama.cpp computes Q8_0 / Q4_0 times Q8_0. int8 and q4 take any M: 4
+ * or more rows run on register tiles of 2 weight rows by 4 rows of x, each
+ * weight block unpacked once per tile, with every output computed by the
+ * same operations as alone (bit for bit). Long prompts are faster on
+ * cllm_qgemm (below): oneDNN's fp32 GEMM over panels of widened rows.
  */
 #ifndef CLLM_QUANT_H
 #define CLLM_QUANT_H
@@ -116,6 +117,34 @@ void cllm_qmatmul_isa(float *out, const float *x, const cllm_qweight *w, const f
 /* "portable", "avx2", "avx512" or "avx512-vnni" (the avx512 build with
  * int8 / q4 dots on vpdpbusd): the variant cllm_qmatmul uses. */
 const char *cllm_qmatmul_variant(void);
+
+/* ------------------------------------------------------ prompts: panels
+ * cllm_qgemm: the same product for the many rows of a prompt, on oneDNN's
+ * fp32 GEMM. The weight rows are widened to fp32 (their stored values,
+ * exactly) one panel of output channels at a time into the caller's
+ * scratch (at most CLLM_QGEMM_PANEL_ROWS rows and about
+ * CLLM_QGEMM_PANEL_FLOATS values, equal parts), and each panel multiplies
+ * all M rows of x, so widening costs O(rows * cols) against the GEMM's
+ * O(M * rows * cols). For int8 / q4 the activations first take the values
+ * their quantized blocks have in cllm_qmatmul (d * q, the same codes): both
+ * compute the sum over k of the same products, cllm_qmatmul with exact
+ * integer dots per block and cllm_qgemm in fp32, so their outputs differ by
+ * fp32 rounding only (not bit for bit). On AVX2 without VNNI this runs long
+ * prompts faster than cllm_qmatmul's integer tiles (docs/inference.md); for
+ * few rows widening dominates and cllm_qmatmul is the faster one
+ * (CLLM_QGEMM_MIN_ROWS: the row count from which a model uses this). */
+enum { CLLM_QGEMM_PANEL_FLOATS = 1 << 21, CLLM_QGEMM_PANEL_ROWS = 2048, CLLM_QGEMM_MIN_ROWS = 64 };
+/* Bytes of scratch cllm_qgemm needs for M rows of `cols` inputs: a panel
+ * (CLLM_QGEMM_PANEL_FLOATS + 8 * cols floats), its [M, CLLM_QGEMM_PANEL_ROWS]
+ * output, and for int8 / q4 the [M, cols] rounded activations; 0 for
+ * fp32. */
+size_t cllm_qgemm_scratch_bytes(cllm_wfmt f, int cols, int M);
+/* out[M, w.rows] = x[M, w.cols] . W^T + bias, as cllm_qmatmul (same
+ * arguments; fp32 weights, in_out too, go to oneDNN directly). The
+ * widening and copies run on cllm_qmatmul's thread pool, the GEMMs on
+ * oneDNN's OpenMP threads; allocates nothing of its own. Fails only where
+ * oneDNN does (its message left). */
+cllm_status cllm_qgemm(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch);
 
 
 /* ------------------------------------------------------------ bitsandbytes

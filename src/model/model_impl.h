@@ -453,11 +453,11 @@ cllm_status model_linear_backward(const cllm_model *m, model_lp_scratch *lp, flo
                                   const float *dout, const float *inp, const float *w, int N, int IN, int OUT,
                                   bool w_in_out);
 
-/* Inference weight formats (weights.c). int8 / q4 linear forwards run on
- * cllm_qmatmul (activations quantized in lp->deq); fp32 and bf16 ones up to
- * WEIGHTS_SMALL_ROWS rows too, longer bf16 ones widen WEIGHTS_TILE output
- * channels at a time into lp->deq for oneDNN. */
-enum { WEIGHTS_SMALL_ROWS = 16, WEIGHTS_TILE = 256 };
+/* Inference weight formats (weights.c). int8 / q4 linear forwards of fewer
+ * than CLLM_QGEMM_MIN_ROWS rows run on cllm_qmatmul (activations quantized
+ * in lp->deq), fp32 and bf16 ones up to WEIGHTS_SMALL_ROWS rows too; longer
+ * ones on cllm_qgemm (panels of widened rows in lp->deq, on oneDNN). */
+enum { WEIGHTS_SMALL_ROWS = 16 };
 /* The stored matrix of tensor idx, or NULL (no store, or kept in params). */
 const cllm_qweight *model_weights_get(const cllm_model *m, int idx);
 bool model_weights_stored(const cllm_model *m, int idx);

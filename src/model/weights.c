@@ -7,13 +7,13 @@
  * each as a [out, in] matrix of the chosen format (GPT-2's Conv1D weights
  * transposed); the flat fp32 buffer keeps the rest (norms, biases, position
  * embeddings). model_linear_forward finds a layer's stored matrix by its
- * tensor index. int8 and q4 run on cllm_qmatmul for any row count (its
- * integer dots are as fast as oneDNN's fp32 GEMM on this class of CPU, and
- * a sequence's logits then never depend on the batch); bf16 rows of a
- * decode step (up to WEIGHTS_SMALL_ROWS) too, longer bf16 prefills on
- * oneDNN's fp32 GEMM over tiles of WEIGHTS_TILE output channels widened
- * into the run's scratch. Embedding rows are widened from the stored
- * matrix as they are looked up.
+ * tensor index. The rows of a decode step run on cllm_qmatmul (int8 and q4
+ * up to CLLM_QGEMM_MIN_ROWS - 1 rows, bf16 up to WEIGHTS_SMALL_ROWS), longer
+ * prompts on cllm_qgemm: oneDNN's fp32 GEMM over panels of output channels
+ * widened into the run's scratch (int8 / q4 activations rounded to their
+ * quantized values first, so both paths compute the same products, up to
+ * fp32 rounding). Embedding rows are widened from the stored matrix as
+ * they are looked up.
  *
  * A model loaded in a format other than fp32 never writes the fp32 slots of
  * the stored matrices: its flat buffer comes from calloc, whose untouched
@@ -294,15 +294,27 @@ void model_weights_embed(const cllm_model *m, float *out, const int32_t *tokens,
     }
 }
 
-/* Floats of lp->deq a forward of `rows` rows needs: the quantized
- * activations of int8 / q4 (every row count runs on cllm_qmatmul), or the
- * widened bf16 tiles and their outputs past WEIGHTS_SMALL_ROWS. */
+/* Whether a forward of `rows` rows through matrices of format f runs on
+ * cllm_qgemm (panels of widened rows on oneDNN's GEMM) rather than on
+ * cllm_qmatmul: bf16 past WEIGHTS_SMALL_ROWS, int8 / q4 from
+ * CLLM_QGEMM_MIN_ROWS (below it widening costs more than the integer tiles
+ * save). */
+static bool on_gemm(cllm_wfmt f, int rows) {
+    if (f == CLLM_WFMT_BF16) return rows > WEIGHTS_SMALL_ROWS;
+    return (f == CLLM_WFMT_INT8 || f == CLLM_WFMT_Q4) && rows >= CLLM_QGEMM_MIN_ROWS;
+}
+
+/* Floats of lp->deq a forward of up to `rows` rows needs: the quantized
+ * activations of cllm_qmatmul, and where `rows` run on cllm_qgemm its
+ * widened panel, panel output and rounded activations. */
 static size_t scratch_floats(const cllm_model *m, int rows, int widest) {
     if (!m->ws) return 0;
-    if (m->ws->fmt == CLLM_WFMT_INT8 || m->ws->fmt == CLLM_WFMT_Q4)
-        return (cllm_qmatmul_scratch_bytes(m->ws->fmt, widest, rows) + sizeof(float) - 1) / sizeof(float);
-    if (rows <= WEIGHTS_SMALL_ROWS) return 0;
-    return (size_t)WEIGHTS_TILE * (size_t)widest + (size_t)rows * WEIGHTS_TILE;
+    size_t b = cllm_qmatmul_scratch_bytes(m->ws->fmt, widest, rows);
+    if (on_gemm(m->ws->fmt, rows)) {
+        size_t g = cllm_qgemm_scratch_bytes(m->ws->fmt, widest, rows);
+        if (g > b) b = g;
+    }
+    return (b + sizeof(float) - 1) / sizeof(float);
 }
 
 size_t model_weights_scratch(const cllm_model *m, int rows) {
@@ -315,8 +327,7 @@ size_t model_weights_scratch(const cllm_model *m, int rows) {
 
 cllm_status model_weights_linear(const cllm_model *m, model_lp_scratch *lp, float *out, const float *inp,
                                  const cllm_qweight *q, const float *bias, int N) {
-    const int R = q->rows, K = q->cols;
-    size_t need = scratch_floats(m, N, K);
+    size_t need = scratch_floats(m, N, q->cols);
     if (need > lp->deq_elems) {
         if (lp->fixed)
             return CLLM_FAIL(CLLM_ERR_INTERNAL, "a forward of %d rows, weight scratch sized for fewer", N);
@@ -326,23 +337,8 @@ cllm_status model_weights_linear(const cllm_model *m, model_lp_scratch *lp, floa
         lp->deq = d;
         lp->deq_elems = need;
     }
-    if (q->fmt != CLLM_WFMT_BF16 || N <= WEIGHTS_SMALL_ROWS) {
-        cllm_qmatmul(out, inp, q, bias, N, lp->deq);
-        return CLLM_OK;
-    }
-    /* a bf16 prefill: oneDNN's fp32 GEMM on tiles of widened rows */
-    float *wt = lp->deq, *ot = lp->deq + (size_t)WEIGHTS_TILE * K;
-    const size_t rb = cllm_wfmt_row_bytes(q->fmt, K);
-    for (int r0 = 0; r0 < R; r0 += WEIGHTS_TILE) {
-        int n = R - r0 < WEIGHTS_TILE ? R - r0 : WEIGHTS_TILE;
-#pragma omp parallel for schedule(static)
-        for (int r = 0; r < n; r++)
-            cllm_quant_dequant_row(wt + (size_t)r * K, (const unsigned char *)q->data + (size_t)(r0 + r) * rb, q->fmt, K);
-        cllm_status st = cllm_linear_forward(ot, inp, wt, bias ? bias + r0 : NULL, N, K, n, false);
-        if (st) return st;
-#pragma omp parallel for schedule(static)
-        for (int i = 0; i < N; i++) memcpy(out + (size_t)i * R + r0, ot + (size_t)i * n, (size_t)n * sizeof(float));
-    }
+    if (on_gemm(q->fmt, N)) return cllm_qgemm(out, inp, q, bias, N, lp->deq);
+    cllm_qmatmul(out, inp, q, bias, N, lp->deq);
     return CLLM_OK;
 }
 

@@ -51,6 +51,7 @@
 #define KV_CAT_(a, b) a##_##b
 #define KV_CAT(a, b) KV_CAT_(a, b)
 #define QMATMUL KV_CAT(cllm_qmatmul, CLLM_KV)
+#define QROUND KV_CAT(cllm_qmatmul_round, CLLM_KV)
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define QV_SIMD 1
@@ -277,6 +278,21 @@ static void quantize_chunk(void *ctx, int c) {
             float pad[QB];
             const size_t i = (size_t)m * nb + b;
             quantize_block(j->xq + i, j->xc ? j->xc + 8 * i : NULL, x_block(j->x + (size_t)m * j->K, j->K, b, pad));
+        }
+}
+
+/* The values d * q of the quantized activations as floats, for cllm_qgemm
+ * (the same blocks as quantize_chunk's, so the same codes). */
+void QROUND(float *dst, const float *x, int M, int K) {
+    const int nb = (K + QB - 1) / QB;
+    for (int m = 0; m < M; m++)
+        for (int b = 0; b < nb; b++) {
+            float pad[QB];
+            xblock xb;
+            quantize_block(&xb, NULL, x_block(x + (size_t)m * K, K, b, pad));
+            const int n = K - b * QB < QB ? K - b * QB : QB;
+            float *o = dst + (size_t)m * K + (size_t)b * QB;
+            for (int i = 0; i < n; i++) o[i] = xb.d * (float)xb.q[i];
         }
 }
 

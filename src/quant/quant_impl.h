@@ -11,6 +11,14 @@
 void cllm_qmatmul_portable(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch);
 void cllm_qmatmul_avx2(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch);
 void cllm_qmatmul_avx512(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch);
+/* dst[M, K] = the values d * q that x[M, K] takes in the variant's
+ * quantized activations (cllm_qgemm's int8 / q4 operand); on the calling
+ * thread. */
+void cllm_qmatmul_round_portable(float *dst, const float *x, int M, int K);
+void cllm_qmatmul_round_avx2(float *dst, const float *x, int M, int K);
+void cllm_qmatmul_round_avx512(float *dst, const float *x, int M, int K);
+/* The variant cllm_qmatmul runs (dispatch.c). */
+void quant_round_x(float *dst, const float *x, int M, int K);
 
 /* The decode matmuls' thread pool (pool.c): runs fn(ctx, c) for every c in
  * [0, n) on the calling thread and up to quant_pool_threads() - 1 helpers,

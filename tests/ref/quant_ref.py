@@ -12,7 +12,8 @@ all-zero block, odd sizes), inputs x [M, cols] and a bias; computes with torch
     rounded half away from zero).
 Writes them with manifest.txt into a temporary directory and runs
 <build>/tests/test_quant on it: the C side must reproduce the bytes exactly and
-the outputs to a tight tolerance through every kernel variant the CPU has.
+the outputs to a tight tolerance through every kernel variant the CPU has and
+through the prompt path (cllm_qgemm: panels of widened rows on oneDNN).
 
 Manifest lines: "qmm <name> <fmt> <rows> <cols> <M> <in_out> <has_bias>".
 Files: <name>.W (fp32 [rows, cols]), .x, .bias, .q (expected stored bytes, for
@@ -117,11 +118,13 @@ def weights(rows, cols):
 
 
 def gen():
-    shapes = [(1, 1), (37, 101), (64, 96), (130, 768), (7, 8200), (200, 33)]
+    # (2100, 40): more rows than one panel of cllm_qgemm's holds (two of 1056 and 1044)
+    shapes = [(1, 1), (37, 101), (64, 96), (130, 768), (7, 8200), (200, 33), (2100, 40)]
     i = 0
     for (rows, cols) in shapes:
         W = weights(rows, cols)
-        for M in (1, 3, 16, 17):
+        # 70 rows: a prompt (cllm_qgemm: one panel for 130 x 768, two for 2100 x 40)
+        for M in (1, 3, 16, 17) + ((70,) if rows in (130, 2100) else ()):
             if rows * cols > 200000 and M > 3:
                 continue
             x = torch.randn(M, cols).float()
