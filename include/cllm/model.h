@@ -419,8 +419,11 @@ cllm_status cllm_model_add_value_head(cllm_model **m, uint64_t seed);
  * cllm_model_forward_backward (the same kernels in the same order). Only
  * the stage's parameters are read, plus the embedding matrix on a tied
  * head's stage. The layer hooks (below) run around each of the stage's
- * groups as in the whole-model pass; a tied head's stage with hooks is
- * refused (CLLM_ERR_UNSUPPORTED: its embedding is another stage's group). */
+ * groups as in the whole-model pass; a tied head's stage (without the
+ * embedding) also fetches group 0 around the head, and its gradient of
+ * group 0 is ready (grads_ready) after the head's backward: the hooks give
+ * that stage its own copy of the embedding and take its share of the
+ * gradient (the first stage adds the embedding's). */
 typedef struct {
     int u0, u1;
     const int32_t *tokens, *targets; /* [B*T]: tokens on the first stage, targets on the head's */
