@@ -676,6 +676,11 @@ cllm_status cllm_model_config_params(const cllm_model_config *c, size_t *n_param
  * runs the head keeps a copy). units has n_layer + 2 entries. */
 cllm_status cllm_model_config_unit_params(const cllm_model_config *c, size_t *units);
 
+/* Per unit as above, the floats of the tensors with fewer than `threshold`
+ * elements (those ZeRO-3 keeps whole: stage3_param_persistence_threshold);
+ * a tied embedding counts in units[0] only. */
+cllm_status cllm_model_config_unit_small(const cllm_model_config *c, double threshold, size_t *units);
+
 /* Floats of parameter group 0 (embeddings), of the last group (final norm,
  * untied head) and of the largest block group of a model of config c (see
  * cllm_model_n_groups), without allocating its parameters. */
