@@ -8,7 +8,10 @@ steps, 8 micro-batches per step, clipping active) within 1e-5 relative, for
 LLaMA with GQA (tied and untied head), BLOOM and GPT-2 (tied heads: the
 embedding is shared by the first and the last stage). Not bit-identical:
 the gradient norm is summed stage by stage and MPI adds the data ranks'
-gradients in its own order.
+gradients in its own order. The LLaMA and GPT-2 cases (and zero2, zero3)
+also evaluate every 5 steps through the stages, forward only: their
+evaluation losses within 1e-5 of the one-process run's, printed by rank 0
+alone.
 
 ZeRO-2 (case zero2): pipe=2 x data=2 with each stage's gradient
 reduce-scattered within its data group, against the one-process run, and
@@ -19,10 +22,13 @@ ZeRO-3 (case zero3): pipe=2 x data=2 with each stage's parameters
 partitioned over its data group and gathered layer by layer (an untied
 LLaMA), against the one-process run; its checkpoints resumed in one
 process, at ZeRO-2 in the same layout and at ZeRO-3 with data parallelism
-alone.
+alone. Tied heads at ZeRO-3 (a tied LLaMA, GPT-2): the embedding kept whole
+on the first and the last stage, its gradient summed between them, the two
+copies reported bit-identical at the end; GPT-2's checkpoints resumed in one
+process and at ZeRO-2.
 
-Errors: parts that do not add up, more stages than units, ZeRO-3 with a
-pipeline and a tied head, or with evaluation.
+Errors: parts that do not add up, more stages than units, a bad schedule,
+16-bit communication with a pipeline.
 
 Usage: pipe_test.py --cllm BIN --build DIR --case {llama,llama-tied,bloom,gpt2,errors,ckpt,zero2,zero3}
 """
@@ -49,9 +55,8 @@ LAYOUTS = [
 # stage's range is reduced, and an untied one, reduced layer by layer)
 ZERO2_LAYOUTS = [("pipe2xdata2-zero2", 4, P2D2, {}, {}),
                  ("pipe2xdata2-zero2-gpipe", 4, P2D2, {"schedule": "gpipe"}, {"use_grad_ckpt": True})]
-# ZeRO-3 inside the stages (an untied LLaMA: a tied head is refused):
-# each stage's parameters partitioned over its data group, gathered layer
-# by layer in the stage's passes
+# ZeRO-3 inside the stages: each stage's parameters partitioned over its
+# data group, gathered layer by layer in the stage's passes
 ZERO3_LAYOUTS = [("pipe2xdata2-zero3", 4, P2D2, {}, {}),
                  ("pipe2xdata2-zero3-gpipe", 4, P2D2, {"schedule": "gpipe"}, {"use_grad_ckpt": True})]
 # checkpoints of ZeRO-2 stages resume in other layouts and stages
