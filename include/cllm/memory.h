@@ -64,9 +64,10 @@ typedef struct {
     bool async_save;       /* checkpoints snapshot params + optimizer state */
     bool offload_optimizer;/* optimizer state in a file (offload_optimizer nvme): not in RAM */
     bool offload_param;    /* ZeRO-3 parameter slice in a file (offload_param nvme): not in RAM */
-    double persistence;    /* ZeRO-3: tensors under this many elements stay whole on every rank, with
-                              their gradient and optimizer state (stage3_param_persistence_threshold;
-                              0: none) */
+    double persistence;    /* ZeRO-3 with a pipeline: tensors under this many elements stay whole on
+                              every rank of their stage, with their gradient and optimizer state
+                              (stage3_param_persistence_threshold; 0: none). Not counted without a
+                              pipeline */
     long offload_buffer_count, offload_buffer_size; /* its stream: slots x floats per state */
     cllm_precision precision; /* matmul precision (bf16/fp16 add a parameter copy and scratch) */
     size_t overhead;       /* fixed process memory (code, libraries, threads) */

@@ -149,14 +149,14 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
         n_params = whole_params;
         c = &local;
     }
-    /* a pipeline rank's optimizer covers its stage's range; at stage 3 the
-     * small tensors stay whole (small[u]: their floats per unit) */
+    /* a pipeline rank's optimizer covers its stage's range; at stage 3 a
+     * stage's small tensors stay whole (small[u]: their floats per unit;
+     * without a pipeline they are not counted, R = 0 in docs/memory.md) */
     cllm_stage *stages = NULL;
-    size_t *units = NULL, *small = calloc((size_t)c->n_layer + 2, sizeof *small), n_small = 0;
+    size_t *units = NULL, *small = calloc((size_t)c->n_layer + 2, sizeof *small);
     if (!small) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
-    if (s->zero_stage >= 3 && s->persistence > 0 && !s->trainable)
+    if (P > 1 && s->zero_stage >= 3 && s->persistence > 0 && !s->trainable)
         st = cllm_model_config_unit_small(c, s->persistence, small);
-    for (int u = 0; u < c->n_layer + 2; u++) n_small += small[u];
     if (P > 1 && !st) {
         stages = calloc((size_t)P, sizeof *stages);
         units = calloc((size_t)c->n_layer + 2, sizeof *units);
@@ -207,11 +207,6 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     }
     out->grads = s->zero_stage >= 2 ? shard(opt_len, s->dp) * sizeof(float) : bytes;
     out->optim = (size_t)states * (s->zero_stage >= 1 ? shard(opt_len, s->dp) : opt_len) * sizeof(float);
-    if (P == 1 && n_small) { /* stage 3: the small tensors whole beside the slices (values, gradient, state) */
-        out->params += n_small * sizeof(float);
-        out->grads += n_small * sizeof(float);
-        out->optim += (size_t)states * n_small * sizeof(float);
-    }
     if (s->offload_optimizer) {
         if (s->offload_buffer_count < 3 || s->offload_buffer_size < 1) {
             free(stages);

@@ -213,7 +213,7 @@ int cmd_estimate(int argc, char **argv) {
         {"offload-optimizer", ARG_FLAG, &offload, NULL, false,
          "optimizer state offloaded to a file (offload_optimizer device nvme)"},
         {"persistence-threshold", ARG_F64, &persistence, "100000", false,
-         "ZeRO stage 3: tensors with fewer elements stay whole on every rank "
+         "ZeRO stage 3 with --pipe: tensors with fewer elements stay whole on every rank of their stage "
          "(zero_optimization.stage3_param_persistence_threshold)"},
         {"offload-param", ARG_FLAG, &offload_p, NULL, false,
          "ZeRO-3 parameter slice in a file (offload_param device nvme)"},
