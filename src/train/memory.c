@@ -289,7 +289,7 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
             if (s->offload_optimizer) opt = 0;
             /* parameters and gradients: the stage's range (and the tied
              * embedding on the last stage); the first stage receives the
-             * whole parameters for evaluation and the final save */
+             * whole parameters for the final save */
             size_t keep = range + (c->tie_embeddings && k == P - 1 ? (size_t)c->vocab_size * (size_t)c->n_embd : 0);
             size_t prm = (k == 0 ? len : keep) * sizeof(float), grd = keep * sizeof(float);
             if (s->zero_stage >= 2 && !c->tie_embeddings) grd = shard(range, s->dp) * sizeof(float); /* per layer */
