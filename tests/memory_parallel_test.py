@@ -25,6 +25,13 @@ LLAMA = ["hidden_size=256", "num_hidden_layers=4", "num_attention_heads=8", "num
 CONFIGS = [  # (name, ranks, topology, micro-batch, seq-len, accumulation, estimate flags)
     ("pipe 2", 2, {"axis": ["pipe"], "dims": [2]}, 2, 256, 4, ["--pipe", "2"]),
     ("pipe 4", 4, {"axis": ["pipe"], "dims": [4]}, 2, 256, 4, ["--pipe", "4"]),
+    # ZeRO-3 inside the stages: each stage's range partitioned over its data
+    # group, its own layers gathered (with a tied head, the embedding kept
+    # whole on the first and the last stage)
+    ("pipe 2 x data 2 zero 3", 4, {"axis": ["pipe", "data"], "dims": [2, 2]}, 2, 256, 4,
+     ["--pipe", "2", "--dp", "2", "--zero-stage", "3"]),
+    ("pipe 2 x data 2 zero 3 tied", 4, {"axis": ["pipe", "data"], "dims": [2, 2]}, 2, 256, 4,
+     ["--pipe", "2", "--dp", "2", "--zero-stage", "3"]),
     ("tensor 2", 2, {"axis": ["tensor"], "dims": [2]}, 2, 256, 2, ["--tensor", "2"]),
     ("tensor 2 sequence-parallel", 2, {"axis": ["tensor"], "dims": [2]}, 2, 256, 2,
      ["--tensor", "2", "--sequence-parallel"]),
@@ -59,6 +66,8 @@ def main():
             cfg["model_topo"] = {"process_topology": topo}
         if "sequence-parallel" in name:
             cfg["sequence_parallel"] = True
+        if "zero_3" in name:
+            cfg["zero_optimization"] = {"stage": 3}
         path = os.path.join(d, name + ".json")
         with open(path, "w") as f:
             json.dump(cfg, f)
@@ -88,12 +97,15 @@ def main():
     for s in LLAMA:
         cmd += ["--set", s]
     run(cmd)
+    tied = os.path.join(d, "llama_tied")
+    run([tied if x == model else x for x in cmd] + ["--set", "tie_word_embeddings=true"])
     fails = []
     print("| layout | B x T x accum | estimate MB | largest rank's peak RSS MB | error |")
     print("|---|---|---|---|---|")
     for name, n, topo, B, T, accum, flags in CONFIGS:
-        e = estimate(model, B, T, accum, flags, overhead)
-        rss = train(name.replace(" ", "_"), model, n, topo, B, T, accum)
+        mdl = tied if name.endswith("tied") else model
+        e = estimate(mdl, B, T, accum, flags, overhead)
+        rss = train(name.replace(" ", "_"), mdl, n, topo, B, T, accum)
         err = (e["total"] - rss) / rss
         print(f"| {name} | {B} x {T} x {accum} | {e['total'] / 1e6:.1f} | {rss / 1e6:.1f} | {100 * err:+.1f}% |")
         if abs(err) > 0.10:

@@ -8,7 +8,10 @@ steps, 8 micro-batches per step, clipping active) within 1e-5 relative, for
 LLaMA with GQA (tied and untied head), BLOOM and GPT-2 (tied heads: the
 embedding is shared by the first and the last stage). Not bit-identical:
 the gradient norm is summed stage by stage and MPI adds the data ranks'
-gradients in its own order.
+gradients in its own order. The LLaMA and GPT-2 cases (and zero2, zero3)
+also evaluate every 5 steps through the stages, forward only: their
+evaluation losses within 1e-5 of the one-process run's, printed by rank 0
+alone.
 
 ZeRO-2 (case zero2): pipe=2 x data=2 with each stage's gradient
 reduce-scattered within its data group, against the one-process run, and
@@ -19,10 +22,13 @@ ZeRO-3 (case zero3): pipe=2 x data=2 with each stage's parameters
 partitioned over its data group and gathered layer by layer (an untied
 LLaMA), against the one-process run; its checkpoints resumed in one
 process, at ZeRO-2 in the same layout and at ZeRO-3 with data parallelism
-alone.
+alone. Tied heads at ZeRO-3 (a tied LLaMA, GPT-2): the embedding kept whole
+on the first and the last stage, its gradient summed between them, the two
+copies reported bit-identical at the end; GPT-2's checkpoints resumed in one
+process and at ZeRO-2.
 
-Errors: parts that do not add up, more stages than units, ZeRO-3 with a
-pipeline and a tied head, or with evaluation.
+Errors: parts that do not add up, more stages than units, a bad schedule,
+16-bit communication with a pipeline.
 
 Usage: pipe_test.py --cllm BIN --build DIR --case {llama,llama-tied,bloom,gpt2,errors,ckpt,zero2,zero3}
 """
@@ -49,17 +55,20 @@ LAYOUTS = [
 # stage's range is reduced, and an untied one, reduced layer by layer)
 ZERO2_LAYOUTS = [("pipe2xdata2-zero2", 4, P2D2, {}, {}),
                  ("pipe2xdata2-zero2-gpipe", 4, P2D2, {"schedule": "gpipe"}, {"use_grad_ckpt": True})]
-# ZeRO-3 inside the stages (an untied LLaMA: a tied head is refused):
-# each stage's parameters partitioned over its data group, gathered layer
-# by layer in the stage's passes
+# ZeRO-3 inside the stages: each stage's parameters partitioned over its
+# data group, gathered layer by layer in the stage's passes
 ZERO3_LAYOUTS = [("pipe2xdata2-zero3", 4, P2D2, {}, {}),
                  ("pipe2xdata2-zero3-gpipe", 4, P2D2, {"schedule": "gpipe"}, {"use_grad_ckpt": True})]
 # checkpoints of ZeRO-2 stages resume in other layouts and stages
 ZERO2_PLANS = [("p2d2z2", 4, P2D2, 2, [("one", 1, None, 0), ("dp2z2", 2, None, 2), ("p2z0", 2, PIPE2, 0)])]
 ZERO3_PLANS = [("p2d2z3", 4, P2D2, 3, [("one", 1, None, 0), ("p2d2z2", 4, P2D2, 2), ("dp2z3", 2, None, 3)])]
+# a tied head at ZeRO-3 (GPT-2): the first stage's copy of the embedding is the one saved
+ZERO3_TIED_PLANS = [("p2d2z3", 4, P2D2, 3, [("one", 1, None, 0), ("p2d2z2", 4, P2D2, 2)])]
 
 
-def equivalence(env, arch, tie, layouts=LAYOUTS):
+def equivalence(env, arch, tie, layouts=LAYOUTS, evals=False):
+    """evals: evaluation every 5 steps (4 batches), its losses against the
+    one-process run's too (the stages pass the batches on, forward only)."""
     model = env.init(arch)
     if tie:  # a tied llama: no lm_head tensor, the embedding serves as the head
         shutil.rmtree(model)
@@ -69,12 +78,17 @@ def equivalence(env, arch, tie, layouts=LAYOUTS):
             raise SystemExit(p.stderr)
     ref_out = env.path("ref")
     base = dict(train_batch_size=8, train_micro_batch_size_per_gpu=1)
+    if evals:
+        base.update(eval_interval=5, eval_iters=4, data={"train": env.data, "eval": env.data, "seq_len": 32})
     p = env.run(["train", "--config", env.config("ref.json", model, **base), "--out", ref_out])
     if p.returncode != 0:
         print(p.stderr, file=sys.stderr)
         dt.check(False, f"{arch}: one-process run failed")
         return
-    ref_m = dt.metrics(os.path.join(ref_out, "metrics.jsonl"))
+    ref_all = dt.metrics(os.path.join(ref_out, "metrics.jsonl"))
+    ref_m = [r for r in ref_all if "loss" in r]
+    ref_eval = [r["eval_loss"] for r in ref_all if "eval_loss" in r]
+    dt.check(len(ref_eval) == (2 if evals else 0), f"{arch}: reference run: {len(ref_eval)} evaluations")
     ref_w = dt.tensors(os.path.join(ref_out, "model.safetensors"))
     start = dt.tensors(os.path.join(model, "model.safetensors"))
     dt.check(all(r["grad_norm"] > 0.5 for r in ref_m[:3]), f"{arch}: clipping not active in the reference")
@@ -93,8 +107,19 @@ def equivalence(env, arch, tie, layouts=LAYOUTS):
             dt.check(False, f"{tag}: mpirun failed ({p.returncode})")
             continue
         dt.check("pipeline stage of units" in p.stderr and "waited" in p.stderr, f"{tag}: no stage report")
-        m = dt.metrics(os.path.join(out, "metrics.jsonl"))
+        if stage == 3 and (tie or arch in ("gpt2", "bloom")):  # each end of the pipeline updated its own copy
+            dt.check("copies on the first and the last stage are identical" in p.stderr,
+                     f"{tag}: the tied embedding's copies were not reported identical")
+        m_all = dt.metrics(os.path.join(out, "metrics.jsonl"))
+        m = [r for r in m_all if "loss" in r]
         dt.check(len(m) == 10, f"{tag}: {len(m)} metrics records")
+        evals = [r["eval_loss"] for r in m_all if "eval_loss" in r]
+        dt.check(len(evals) == len(ref_eval), f"{tag}: {len(evals)} evaluations, expected {len(ref_eval)}")
+        dt.check(p.stderr.count("eval      5") == (1 if evals else 0), f"{tag}: ranks > 0 are not quiet in evaluation")
+        worst_eval = 0.0
+        for a, b in zip(evals, ref_eval):
+            worst_eval = max(worst_eval, dt.rel(a, b))
+            dt.check(dt.rel(a, b) <= 1e-5, f"{tag}: eval loss {a} vs {b}")
         for a, b in zip(m, ref_m):
             dt.check(a["tokens"] == b["tokens"], f"{tag} step {b['step']}: tokens {a['tokens']} vs {b['tokens']}")
             dt.check(dt.rel(a["loss"], b["loss"]) <= 1e-5, f"{tag} step {b['step']}: loss {a['loss']} vs {b['loss']}")
@@ -107,7 +132,8 @@ def equivalence(env, arch, tie, layouts=LAYOUTS):
         dt.check(worst[0] <= 1e-5, f"{tag}: final weights differ, worst {worst[1]} rel {worst[0]:.2e}")
         moved = min(float(np.max(np.abs(w[k] - start[k]))) for k in w if "norm" not in k and "ln" not in k)
         dt.check(moved > 1e-4, f"{tag}: some weight matrix did not train (min change {moved:.1e})")
-        print(f"{tag}: ok (worst weight rel diff {worst[0]:.1e} in {worst[1]})")
+        print(f"{tag}: ok (worst weight rel diff {worst[0]:.1e} in {worst[1]}"
+              + (f", eval loss rel diff {worst_eval:.1e})" if evals else ")"))
 
 
 def errors(env):
@@ -126,11 +152,6 @@ def errors(env):
     p5 = {"process_topology": {"axis": ["pipe"], "dims": [5]}}
     fails("too-many", 5, p5, "5 pipeline stages but the model has only 4 units")
     fails("schedule", 2, {"process_topology": pipe2, "schedule": "zigzag"}, "model_topo.schedule")
-    fails("zero3-tied", 2, {"process_topology": pipe2}, "stage 3 with pipeline parallelism and a tied head",
-          "use stage 2", mdl=env.init("gpt2"), zero_optimization={"stage": 3})
-    fails("zero3-eval", 2, {"process_topology": pipe2}, "eval_interval 5 with zero_optimization.stage 3 and pipeline",
-          zero_optimization={"stage": 3}, eval_interval=5,
-          data={"train": env.data, "eval": env.data, "seq_len": 32})
     fails("commtype", 2, {"process_topology": pipe2}, "communication_data_type bf16 with pipeline",
           communication_data_type="bf16")
 
@@ -143,12 +164,12 @@ PIPE_PLANS = [("p2", 2, PIPE2, 0, [("one", 1, None, 0), ("p2d2z1", 4, P2D2, 1)])
 
 
 def checkpoints(env, plans=PIPE_PLANS, from_one=("p2d2z1", 4, P2D2, 1), bad_order=True, sharded=True, zero_extra=None,
-                extras=None):
+                extras=None, arch="llama"):
     """Checkpoints saved in one layout resume in others, and the reverse
     (zero_extra: more zero_optimization keys for every run; extras: {layout
     tag: config keys that layout adds}, e.g. sequence_parallel)."""
     extras = extras or {}
-    model = env.init("llama")
+    model = env.init(arch)
     base = dict(train_batch_size=8, train_micro_batch_size_per_gpu=1)
     ref_out = env.path("ref")
     p = env.run(["train", "--config", env.config("ref.json", model, **base), "--out", ref_out])
@@ -226,15 +247,20 @@ def main():
         elif a.case == "ckpt":
             checkpoints(env)
         elif a.case == "zero2":
-            equivalence(env, "llama", True, ZERO2_LAYOUTS)
+            equivalence(env, "llama", True, ZERO2_LAYOUTS, evals=True)
             equivalence(env, "llama", False, ZERO2_LAYOUTS[:1])
             checkpoints(env, ZERO2_PLANS, from_one=("p2d2z2", 4, P2D2, 2), bad_order=False)
         elif a.case == "zero3":
-            equivalence(env, "llama", False, ZERO3_LAYOUTS)
+            equivalence(env, "llama", False, ZERO3_LAYOUTS, evals=True)
             checkpoints(env, ZERO3_PLANS, from_one=("p2d2z3", 4, P2D2, 3), bad_order=False,
                         zero_extra={"stage3_param_persistence_threshold": 2000})
+            # tied heads: the embedding kept whole on the first and the last stage
+            equivalence(env, "llama", True, ZERO3_LAYOUTS[:1], evals=True)
+            equivalence(env, "gpt2", False, ZERO3_LAYOUTS[1:], evals=True)
+            checkpoints(env, ZERO3_TIED_PLANS, from_one=("p2d2z3", 4, P2D2, 3), bad_order=False,
+                        zero_extra={"stage3_param_persistence_threshold": 2000}, arch="gpt2")
         else:
-            equivalence(env, a.case.split("-")[0], a.case.endswith("tied"))
+            equivalence(env, a.case.split("-")[0], a.case.endswith("tied"), evals=a.case in ("llama", "gpt2"))
     finally:
         if not a.keep and not dt.FAILS:
             shutil.rmtree(env.dir, ignore_errors=True)

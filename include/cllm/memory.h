@@ -17,7 +17,7 @@
  * With pipe or tensor ranks the estimate follows what cllm holds: a
  * pipeline stage keeps the memory of its own range of the parameters and
  * gradients (plus the tied embedding on the last stage; the first stage
- * receives the whole parameters for evaluation and the final save), touches
+ * receives the whole parameters for the final save), touches
  * only its blocks' part of the activation buffer, and its optimizer state
  * follows its stage (the largest stage of the "parameters" split is
  * counted: the stage with the largest total), plus its stage inputs in flight (1F1B on stage 0: min(pipe,
@@ -27,8 +27,12 @@
  * model's parameters kept for the final gather, and that gather's buffer
  * (tensor x its part). Only the pages a pipeline stage touches are counted
  * (its blocks' activations, its message buffers): allocated pages that are
- * never written do not become resident. ZeRO 2-3 is not available with
- * either (refused).
+ * never written do not become resident. At ZeRO 3 a pipeline stage
+ * holds its slices of its range, its small tensors whole (persistence
+ * below), its own groups' working buffers, the tied embedding whole on
+ * the first and the last stage, and the whole model at start-up (first
+ * stage: at the end) where that exceeds its optimizer state and working
+ * buffers.
  *
  * oneDNN's GEMMs allocate packed copies of their operands during each call
  * (cllm_matmul_workspace: its size depends on the CPU's ISA, the thread
@@ -64,6 +68,10 @@ typedef struct {
     bool async_save;       /* checkpoints snapshot params + optimizer state */
     bool offload_optimizer;/* optimizer state in a file (offload_optimizer nvme): not in RAM */
     bool offload_param;    /* ZeRO-3 parameter slice in a file (offload_param nvme): not in RAM */
+    double persistence;    /* ZeRO-3 with a pipeline: tensors under this many elements stay whole on
+                              every rank of their stage, with their gradient and optimizer state
+                              (stage3_param_persistence_threshold; 0: none). Not counted without a
+                              pipeline */
     long offload_buffer_count, offload_buffer_size; /* its stream: slots x floats per state */
     cllm_precision precision; /* matmul precision (bf16/fp16 add a parameter copy and scratch) */
     size_t overhead;       /* fixed process memory (code, libraries, threads) */

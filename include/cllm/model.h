@@ -419,8 +419,11 @@ cllm_status cllm_model_add_value_head(cllm_model **m, uint64_t seed);
  * cllm_model_forward_backward (the same kernels in the same order). Only
  * the stage's parameters are read, plus the embedding matrix on a tied
  * head's stage. The layer hooks (below) run around each of the stage's
- * groups as in the whole-model pass; a tied head's stage with hooks is
- * refused (CLLM_ERR_UNSUPPORTED: its embedding is another stage's group). */
+ * groups as in the whole-model pass; a tied head's stage (without the
+ * embedding) also fetches group 0 around the head, and its gradient of
+ * group 0 is ready (grads_ready) after the head's backward: the hooks give
+ * that stage its own copy of the embedding and take its share of the
+ * gradient (the first stage adds the embedding's). */
 typedef struct {
     int u0, u1;
     const int32_t *tokens, *targets; /* [B*T]: tokens on the first stage, targets on the head's */
@@ -697,6 +700,11 @@ cllm_status cllm_model_config_params(const cllm_model_config *c, size_t *n_param
  * head; a tied head counts the embedding matrix again, since the stage that
  * runs the head keeps a copy). units has n_layer + 2 entries. */
 cllm_status cllm_model_config_unit_params(const cllm_model_config *c, size_t *units);
+
+/* Per unit as above, the floats of the tensors with fewer than `threshold`
+ * elements (those ZeRO-3 keeps whole: stage3_param_persistence_threshold);
+ * a tied embedding counts in units[0] only. */
+cllm_status cllm_model_config_unit_small(const cllm_model_config *c, double threshold, size_t *units);
 
 /* Floats of parameter group 0 (embeddings), of the last group (final norm,
  * untied head) and of the largest block group of a model of config c (see

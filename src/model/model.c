@@ -634,6 +634,21 @@ cllm_status cllm_model_config_groups(const cllm_model_config *c, size_t *first, 
     return st;
 }
 
+cllm_status cllm_model_config_unit_small(const cllm_model_config *c, double threshold, size_t *units) {
+    cllm_model tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.cfg = *c;
+    cllm_status st = model_build_layout(&tmp);
+    for (int u = 0; !st && u < c->n_layer + 2; u++) units[u] = 0;
+    for (int i = 0; !st && i < tmp.n_tensors; i++) /* the groups are the units */
+        if ((double)tmp.tensors[i].numel < threshold) units[tmp.tgroup[i]] += tmp.tensors[i].numel;
+    free(tmp.tensors);
+    free(tmp.lslot);
+    free(tmp.tgroup);
+    free(tmp.groups);
+    return st;
+}
+
 cllm_status cllm_model_config_unit_params(const cllm_model_config *c, size_t *units) {
     cllm_model tmp;
     memset(&tmp, 0, sizeof tmp);

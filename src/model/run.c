@@ -726,11 +726,13 @@ cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, i
     if ((!embed && !io->x_in) || (embed && !io->tokens) || (head && !io->targets) || (!head && !io->x_out) ||
         (io->backward && !head && !io->dx_out) || (io->backward && !embed && !io->dx_in))
         return CLLM_FAIL(CLLM_ERR_ARG, "stage [%d, %d): a required input or output buffer is NULL", u0, u1);
-    /* the layer hooks see the stage's own groups only: a tied head would
-     * read the first stage's embedding */
-    if (head && m->tgroup[head_slot(m)] == 0 && (m->hooks.fetch_params || m->hooks.fetch_grads))
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a pipeline stage whose head is the tied embedding, with layer hooks "
-                         "(per-layer gathers or reductions)");
+    /* a tied head reads group 0, the embedding, which the hooks then give
+     * this stage too (its own copy), and its gradient of it is ready once
+     * the head's backward is done (the first stage adds its own) */
+    const bool tied = head && !embed && m->tgroup[head_slot(m)] == 0;
+    if (head && embed && m->tgroup[head_slot(m)] == 0 && (m->hooks.fetch_params || m->hooks.fetch_grads))
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "one stage of every unit with a tied head and layer hooks: run the "
+                         "whole model (cllm_model_forward_backward)");
     /* the stage's input lands where its first unit reads it */
     float *in = l0 < L ? m->layers[l0].x : m->x_out;
     if (embed) {
@@ -749,9 +751,13 @@ cllm_status cllm_model_stage_run(cllm_model *m, const cllm_model_stage_io *io, i
     *loss_sum = 0;
     *n_counted = 0;
     if (head) {
-        TRY(fetch(m, L + 1, io->backward && l1 > l0 ? l1 : -1));
+        TRY(fetch(m, L + 1, tied ? 0 : io->backward && l1 > l0 ? l1 : -1));
+        if (tied) TRY(fetch(m, 0, io->backward && l1 > l0 ? l1 : -1));
         if (io->backward) TRY(fetch_grads(m, L + 1));
+        if (io->backward && tied) TRY(fetch_grads(m, 0));
         TRY(head_run(m, io->targets, B, T, io->backward, io->grad_scale, NULL, loss_sum, n_counted));
+        if (io->backward && tied) TRY(grads_ready(m, 0));
+        if (tied) TRY(release(m, 0));
     } else {
         memcpy(io->x_out, out, NC * sizeof(float));
     }

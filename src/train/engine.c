@@ -335,20 +335,17 @@ static cllm_status resume_from(trainer *tr, const char *dir) {
 
 static cllm_status run_eval(trainer *tr, long step) {
     tr->last_eval_step = step; /* on every rank: the final evaluation is collective with a pipeline */
-    /* with a pipeline every stage's part of the model comes to the first
-     * stage, which evaluates (and gives the other parts back afterwards) */
-    if (tr->pipe) {
-        cllm_status gs = train_pipe_gather_params_to_first(tr->pipe, cllm_model_params(tr->m));
-        if (gs) return cllm_fail_context(gs, "evaluation at step %ld", step);
-    }
     /* rank 0 evaluates alone; with tensor parallelism, with its tensor
-     * group; at ZeRO-3 every rank takes part in the parameter gathers (and
-     * computes the same batches) */
+     * group; with a pipeline, the stages of the first data replica pass the
+     * batches on, forward only, and the last stage's loss is shared; at
+     * ZeRO-3 every rank takes part in the parameter gathers (and computes
+     * the same batches) */
     bool evaluates = tr->zero.stage == 3 ||
                      /* sliced experts: rank 0's expert-parallel group, on the same batches */
                      (tr->ep_sliced && cllm_dist_rank() < cllm_model_expert_parallel_size(tr->m)) ||
-                     (tr->tp ? tr->topo.coord[CLLM_AXIS_DATA] + tr->topo.coord[CLLM_AXIS_PIPE] == 0
-                             : cllm_dist_rank() == 0);
+                     (tr->pipe ? tr->topo.coord[CLLM_AXIS_DATA] == 0
+                      : tr->tp ? tr->topo.coord[CLLM_AXIS_DATA] + tr->topo.coord[CLLM_AXIS_PIPE] == 0
+                               : cllm_dist_rank() == 0);
     if (!tr->eval || !evaluates) return CLLM_OK;
     double t0 = cllm_time_sec();
     long B = tr->cfg->train_micro_batch_size_per_gpu;
@@ -373,9 +370,16 @@ static cllm_status run_eval(trainer *tr, long step) {
         double sum = 0;
         long k = 0;
         cllm_objective_batch b = {tr->tokens, tr->targets, rows, T, tr->margins};
-        st = cllm_objective_run(tr->obj, tr->m, &b, false, 0.0f, &sum, &k);
+        st = tr->pipe ? train_pipe_eval(tr->pipe, tr->m, tr->tokens, tr->targets, rows, &sum, &k)
+                      : cllm_objective_run(tr->obj, tr->m, &b, false, 0.0f, &sum, &k);
         total += sum;
         count += k;
+    }
+    if (!st && tr->pipe) { /* the last stage's sums, to every stage of the pipeline */
+        double v[2] = {total, (double)count};
+        st = cllm_dist_g_allreduce_sum_f64(train_pipe_group(tr->pipe), v, 2);
+        total = v[0];
+        count = (long)v[1];
     }
     if (st) return cllm_fail_context(st, "evaluation at step %ld", step);
     double loss = count ? total / (double)count : NAN;
@@ -412,14 +416,10 @@ static cllm_status gather_values(trainer *tr) {
     return st;
 }
 
-/* Evaluation, then (pipeline) the first stage gives the other stages'
- * parameters back. */
 static cllm_status eval_at(trainer *tr, long step) {
     cllm_status st = gather_values(tr);
     if (st) return cllm_fail_context(st, "evaluation at step %ld", step);
-    st = run_eval(tr, step);
-    if (tr->pipe) train_pipe_release(tr->pipe, cllm_model_params(tr->m));
-    return st;
+    return run_eval(tr, step);
 }
 
 /* --------------------------------------------------------------- save */
@@ -668,15 +668,6 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
  * range of the flat buffer. */
 static cllm_status setup_pipeline(trainer *tr) {
     cllm_train_config *c = tr->cfg;
-    if (c->zero.stage == 3 && cllm_model_get_config(tr->m)->tie_embeddings)
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "zero_optimization.stage 3 with pipeline parallelism and a tied head "
-                         "(tie_word_embeddings): the last stage's head reads the embedding the first stage "
-                         "partitions; use stage 2, or a model with its own lm_head");
-    if (c->zero.stage == 3 && c->eval_interval > 0)
-        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "eval_interval %ld with zero_optimization.stage 3 and pipeline "
-                         "parallelism: evaluation runs the whole model on the first stage, whose parameters are "
-                         "partitioned over the other stages' data groups; set eval_interval 0 (or use stage 2)",
-                         (long)c->eval_interval);
     if (c->comm_dtype != CLLM_F32)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "communication_data_type %s with pipeline parallelism: the stages' "
                          "reductions run in fp32", (c->comm_dtype == CLLM_BF16 ? "bf16" : "fp16"));
@@ -689,9 +680,13 @@ static cllm_status setup_pipeline(trainer *tr) {
     st = cllm_dist_group_init(&tr->data_grp, ranks, D);
     free(ranks);
     if (st) return st;
-    size_t b, e;
+    size_t b, e, tied_at = 0, tied_len = 0;
     train_pipe_range(tr->pipe, &b, &e);
     tr->base = b;
+    const cllm_dist_group *tied = train_pipe_tied(tr->pipe, &tied_at, &tied_len);
+    bool tied_decay = false;
+    for (int i = 0; i < tr->n_ranges; i++)
+        if (tied && tr->ranges[i].begin <= tied_at && tied_at < tr->ranges[i].end) tied_decay = tr->ranges[i].decay;
     /* decay ranges relative to the stage */
     int k = 0;
     for (int i = 0; i < tr->n_ranges; i++) {
@@ -706,6 +701,33 @@ static cllm_status setup_pipeline(trainer *tr) {
     st = train_zero_init_group(&tr->zero, c, e - b, cllm_model_buffer_len(tr->m), tr->ranges, tr->n_ranges,
                                tr->data_grp, tr->tp ? train_tp_model_group(tr->tp) : train_pipe_group(tr->pipe));
     tr->zero.base = b;
+    /* stage 3: the first and the last stage each keep the tied embedding
+     * whole (zero3.c), its gradients summed between them */
+    if (c->zero.stage == 3 && tied) {
+        tr->zero.tied_grp = tied;
+        tr->zero.tied_at = tied_at;
+        tr->zero.tied_len = tied_len;
+        tr->zero.tied_decay = tied_decay;
+    }
+    return st;
+}
+
+/* ZeRO-3 with a tied head: the first and the last stage each updated their
+ * own copy of the embedding; rank 0 says whether the copies are still the
+ * same bits in every pipeline. Collective. */
+static cllm_status tied_report(trainer *tr) {
+    bool differ = false;
+    cllm_status st = train_shard_tied_check(tr->shard, &differ);
+    double n = differ;
+    if (!st) st = cllm_dist_allreduce_sum_f64(&n, 1);
+    if (!st && cllm_dist_rank() == 0 && tr->cfg->log != CLLM_LOG_MODE_QUIET) {
+        train_end_line(tr);
+        if (n > 0)
+            fprintf(stderr, "cllm train: warning: the tied embedding's copy differs from the first stage's on %.0f "
+                    "last stage(s); the first stage's is saved\n", n);
+        else
+            fprintf(stderr, "cllm train: the tied embedding's copies on the first and the last stage are identical\n");
+    }
     return st;
 }
 
@@ -860,9 +882,10 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
     /* stages 2-3: layer hooks before prepare (no flat gradient buffer); at
      * stage 3 the model's flat parameters are freed here. A pipeline whose
      * last stage's head is the tied embedding (another stage's group) keeps
-     * the flat gradient at stage 2 (setup_pipeline refuses stage 3). */
+     * the flat gradient at stage 2; at stage 3 the first and the last stage
+     * keep that embedding whole. */
     const bool tied_pipe = tr->pipe && cllm_model_get_config(tr->m)->tie_embeddings;
-    if (tr->zero.stage >= 2 && !cllm_model_has_trainable_set(tr->m) && !tied_pipe &&
+    if (tr->zero.stage >= 2 && !cllm_model_has_trainable_set(tr->m) && !(tied_pipe && tr->zero.stage == 2) &&
         (st = train_shard_init(&tr->shard, &tr->zero, tr->m, c, tr->ranges, tr->n_ranges)))
         goto done; /* a frozen base, a tied pipeline: the trainable buffer (a stage's range) is reduce-scattered
                       after the backward (zero.c) */
@@ -1036,6 +1059,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
             cllm_optim_free(tr->opt);
             tr->opt = NULL;
         }
+        if (tr->shard && tied_pipe && (st = tied_report(tr))) goto done;
         if (tr->shard && (st = train_shard_gather_model(tr->shard))) goto done;
         if ((st = gather_values(tr))) goto done;
         if (tr->pipe && (st = train_pipe_gather_params_to_first(tr->pipe, cllm_model_params(tr->m)))) goto done;

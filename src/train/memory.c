@@ -71,6 +71,40 @@ static cllm_status expert_terms(const cllm_model_config *c, const cllm_mem_setup
     return CLLM_OK;
 }
 
+/* ZeRO-3 inside pipeline stage g, whose range of the flat buffer is `range`
+ * floats: the stage's slices of parameters, gradient and optimizer state
+ * (its range partitioned over its data group); the working buffers of its
+ * own groups (group 0 on the first stage, the last group on the last, the
+ * blocks' if it has any: a group's gradient, the gathered parameters and
+ * their 16-bit copy); with a tied head the embedding kept whole on the
+ * first and the last stage (values, gradient, optimizer state; the last
+ * stage's group-0 buffers hold it). Every rank loads the whole model
+ * (`final` floats) before it keeps its slice, and the first stage gathers
+ * it again at the end, after its optimizer state and working buffers were
+ * freed: counted where that is more than they are. */
+static cllm_status stage3_terms(const cllm_model_config *c, const cllm_mem_setup *s, const cllm_stage *g,
+                                size_t range, size_t small, size_t final, int states, size_t *prm, size_t *grd,
+                                size_t *opt, size_t *work) {
+    size_t first, last, block;
+    cllm_status st = cllm_model_config_groups(c, &first, &last, &block);
+    if (st) return st;
+    const bool embed = g->first_unit == 0;
+    const size_t VC = (size_t)c->vocab_size * (size_t)c->n_embd;
+    /* whole: the stage's small tensors, and the tied embedding (the first
+     * stage's counts among them when it is small too) */
+    size_t tied = c->tie_embeddings && ((embed && (double)VC >= s->persistence) || g->head) ? VC : 0;
+    tied += small;
+    const size_t f = embed || (c->tie_embeddings && g->head) ? first : 0, l = g->head ? last : 0;
+    const size_t b = g->n_layers > 0 ? block : 0;
+    const size_t slice = shard(range, s->dp), F = sizeof(float);
+    *prm = (slice + tied) * F;
+    *grd = (slice + tied) * F;
+    *opt = s->offload_optimizer ? 0 : (size_t)states * (slice + tied) * F;
+    *work = (f + l + b) * F + (f + l + 2 * b) * (F + cllm_precision_copy_bytes(s->precision));
+    if (final * F > *opt + *work) *prm += final * F - *opt - *work;
+    return CLLM_OK;
+}
+
 cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setup *s, cllm_mem_estimate *out) {
     memset(out, 0, sizeof *out);
     if (s->micro_batch <= 0 || s->seq_len <= 0 || s->grad_accum <= 0 || s->dp <= 0 || s->pipe < 0 || s->tensor < 0 ||
@@ -87,10 +121,7 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     /* a pipeline stage at ZeRO 2 holds its gradient slice and per-layer
      * buffers, or with a tied head its range's gradient as at stage 1
      * (reduce-scattered after the stage's backward); at stage 3 its slices
-     * and gathered groups are not modelled per stage here */
-    if (P > 1 && s->zero_stage >= 3)
-        return CLLM_FAIL(CLLM_ERR_ARG, "ZeRO stage 3 with pipeline parallelism: the estimate models stages 0-2 of "
-                         "a pipeline (run `cllm train`, whose start-up lines report each rank's memory)");
+     * and its own groups' gathered buffers (below) */
     if (s->trainable && (P > 1 || TP > 1 || s->offload_param))
         return CLLM_FAIL(CLLM_ERR_ARG, "a frozen base (LoRA) trains with data parallelism only (ZeRO stage 0-3, "
                          "offload_optimizer; not offload_param)");
@@ -118,10 +149,15 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
         n_params = whole_params;
         c = &local;
     }
-    /* a pipeline rank's optimizer covers its stage's range */
+    /* a pipeline rank's optimizer covers its stage's range; at stage 3 a
+     * stage's small tensors stay whole (small[u]: their floats per unit;
+     * without a pipeline they are not counted, R = 0 in docs/memory.md) */
     cllm_stage *stages = NULL;
-    size_t *units = NULL;
-    if (P > 1) {
+    size_t *units = NULL, *small = calloc((size_t)c->n_layer + 2, sizeof *small);
+    if (!small) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    if (P > 1 && s->zero_stage >= 3 && s->persistence > 0 && !s->trainable)
+        st = cllm_model_config_unit_small(c, s->persistence, small);
+    if (P > 1 && !st) {
         stages = calloc((size_t)P, sizeof *stages);
         units = calloc((size_t)c->n_layer + 2, sizeof *units);
         if (!stages || !units) st = CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
@@ -132,8 +168,13 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
         if (st) {
             free(stages);
             free(units);
+            free(small);
             return st;
         }
+    }
+    if (st) {
+        free(small);
+        return st;
     }
     /* expert parallelism at ZeRO 0-2 (moe_train.c): a rank holds the
      * non-expert tensors and E / ep experts of every block; ZeRO's slices
@@ -166,6 +207,7 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
         if (s->zero_stage < 3) {
             free(stages);
             free(units);
+            free(small);
             return CLLM_FAIL(CLLM_ERR_ARG, "parameter offload needs ZeRO stage 3");
         }
         out->params_disk = out->params; /* mapped from a file; pages dropped after each use */
@@ -183,6 +225,7 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
         if (s->offload_buffer_count < 3 || s->offload_buffer_size < 1) {
             free(stages);
             free(units);
+            free(small);
             return CLLM_FAIL(CLLM_ERR_ARG, "offload buffer: %ld buffers of %ld floats (expected >= 3 and >= 1)",
                              s->offload_buffer_count, s->offload_buffer_size);
         }
@@ -210,7 +253,12 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
          * working buffer (group 0, last group, blocks); stage 3 also gathers
          * parameters into working buffers (group 0, last group, two blocks) */
         size_t first, last, block;
-        if ((st = cllm_model_config_groups(c, &first, &last, &block))) return st;
+        if ((st = cllm_model_config_groups(c, &first, &last, &block))) {
+            free(stages);
+            free(units);
+            free(small);
+            return st;
+        }
         out->work = (first + last + block) * sizeof(float);
         /* stage 3: the gathered buffers, and with 16-bit matmuls a 16-bit
          * copy of each (instead of one of the whole flat buffer, below) */
@@ -243,7 +291,8 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
         for (int k = 0; k < P; k++) {
             const cllm_stage *g = &stages[k];
             size_t range = 0;
-            for (int u = g->first_unit; u < g->first_unit + g->n_units; u++) range += units[u];
+            size_t sm = 0;
+            for (int u = g->first_unit; u < g->first_unit + g->n_units; u++) range += units[u], sm += small[u];
             size_t opt = (size_t)states * (s->zero_stage >= 1 ? shard(range, s->dp) : range) * sizeof(float);
             size_t per = (size_t)(c->n_layer > 0 ? c->n_layer : 1);
             size_t act = A->head + A->backward + A->block_inputs / per * (size_t)g->n_layers +
@@ -254,14 +303,19 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
             if (s->offload_optimizer) opt = 0;
             /* parameters and gradients: the stage's range (and the tied
              * embedding on the last stage); the first stage receives the
-             * whole parameters for evaluation and the final save */
+             * whole parameters for the final save */
             size_t keep = range + (c->tie_embeddings && k == P - 1 ? (size_t)c->vocab_size * (size_t)c->n_embd : 0);
             size_t prm = (k == 0 ? len : keep) * sizeof(float), grd = keep * sizeof(float);
             if (s->zero_stage >= 2 && !c->tie_embeddings) grd = shard(range, s->dp) * sizeof(float); /* per layer */
             /* only the last stage runs the head's GEMMs */
             size_t gw = g->head && gw_head > gw_blocks ? gw_head : g->n_layers > 0 ? gw_blocks : 0;
-            size_t tot = prm + grd + opt + act + logits + bufs + gw;
+            size_t wk = out->work;
+            if (s->zero_stage >= 3 && (st = stage3_terms(c, s, g, range, sm, len, states, &prm, &grd,
+                                                          &opt, &wk)))
+                break;
+            size_t tot = prm + grd + opt + act + logits + bufs + gw + wk;
             if (tot >= best) {
+                out->work = wk;
                 out->gemm_work = gw;
                 best = tot;
                 opt_len = range;
@@ -272,6 +326,16 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
                 out->logits = logits;
                 out->pipe_buffers = bufs;
             }
+        }
+        if (st) {
+            free(stages);
+            free(units);
+            free(small);
+            return st;
+        }
+        if (s->offload_param) { /* the stage's slice lives in the file */
+            out->params_disk = shard(opt_len, s->dp) * sizeof(float);
+            out->params -= out->params_disk < out->params ? out->params_disk : out->params;
         }
         if (s->offload_optimizer) {
             size_t chunk = (size_t)s->offload_buffer_size < opt_len ? (size_t)s->offload_buffer_size : opt_len;
@@ -284,6 +348,7 @@ cllm_status cllm_memory_estimate(const cllm_model_config *c, const cllm_mem_setu
     if (TP > 1) out->pipe_buffers += (size_t)TP * len * sizeof(float);
     free(stages);
     free(units);
+    free(small);
     if ((st = expert_terms(c, s, out))) return st;
     out->precision = cllm_model_precision_bytes(c, s->zero_stage >= 3 && !s->trainable ? 0 : len, s->micro_batch,
                                                 s->seq_len, s->precision);

@@ -201,6 +201,27 @@ cllm_status train_pipe_run(train_pipe *p, cllm_model *m, const int32_t *tokens, 
     return st;
 }
 
+cllm_status train_pipe_eval(train_pipe *p, cllm_model *m, const int32_t *tokens, const int32_t *targets, int rows,
+                            double *loss_sum, long *n_counted) {
+    const bool first = p->s == 0, last = p->s == p->K - 1;
+    const size_t NC = cllm_model_stage_floats(m, rows, p->T); /* rows <= micro: fits one slot */
+    const int tag = 2 * p->M; /* above the training step's tags (its messages are all delivered) */
+    *loss_sum = 0;
+    *n_counted = 0;
+    double t0 = cllm_time_sec();
+    cllm_status st = first ? CLLM_OK : cllm_dist_recv_f32(p->xin, NC, p->prev, tag);
+    if (st) return st;
+    double t1 = cllm_time_sec();
+    p->wait += t1 - t0;
+    cllm_model_stage_io io = {p->stage.first_unit, p->stage.first_unit + p->stage.n_units, tokens, targets, p->xin,
+                              NULL, last ? NULL : p->xsend, NULL, false, 0};
+    if ((st = cllm_model_stage_run(m, &io, rows, p->T, loss_sum, n_counted))) return st;
+    if (!last && !(st = cllm_dist_isend_f32(p->xsend, NC, p->next, tag, &p->xreq[0])))
+        st = cllm_dist_send_wait(&p->xreq[0]);
+    p->busy += cllm_time_sec() - t1;
+    return st;
+}
+
 cllm_status train_pipe_sync_tied_grads(train_pipe *p, float *grads) {
     if (!p->tied_grp || cllm_dist_group_size(p->tied_grp) < 2) return CLLM_OK;
     return cllm_dist_g_allreduce_sum_f32(p->tied_grp, grads + p->tied_begin, p->tied_len);
@@ -234,6 +255,12 @@ cllm_status train_pipe_gather_layout(train_pipe *p, const cllm_model *m, float *
 }
 
 const cllm_dist_group *train_pipe_group(const train_pipe *p) { return p->pipe_grp; }
+
+const cllm_dist_group *train_pipe_tied(const train_pipe *p, size_t *at, size_t *len) {
+    *at = p->tied_begin;
+    *len = p->tied_len;
+    return p->tied_grp && cllm_dist_group_size(p->tied_grp) > 1 ? p->tied_grp : NULL;
+}
 
 /* The parts of the flat buffers this rank uses: its stage's range, and the
  * tied embedding on the last stage (the head reads it). */

@@ -66,10 +66,14 @@ static cllm_status pipe_run(trainer *tr, float scale, double *loss_sum) {
     return train_pipe_run(tr->pipe, tr->m, tr->tokens, tr->targets, scale, loss_sum);
 }
 
-static cllm_status pipe_sync_grads(trainer *tr, float *grads) { return train_pipe_sync_tied_grads(tr->pipe, grads); }
+/* (at ZeRO-3 the shard sums the tied embedding's gradients and both
+ * stages update their copies: zero3.c) */
+static cllm_status pipe_sync_grads(trainer *tr, float *grads) {
+    return tr->shard ? CLLM_OK : train_pipe_sync_tied_grads(tr->pipe, grads);
+}
 
 static cllm_status pipe_sync_params(trainer *tr, float *params) {
-    return train_pipe_sync_tied_params(tr->pipe, params);
+    return tr->shard ? CLLM_OK : train_pipe_sync_tied_params(tr->pipe, params);
 }
 
 static const train_exec_mode exec_local = {"local", local_zero_grads, local_run, no_sync, no_sync};

@@ -114,6 +114,12 @@ typedef struct {
     const cllm_dist_group *shared_grp;
     const cllm_param_range *shared;
     int n_shared;
+    /* stage 3 in a pipeline with a tied head (train_shard): on the first and
+     * the last stage, the pair of them with this data index, and the tied
+     * embedding's flat range (absolute) and weight decay; NULL elsewhere */
+    const cllm_dist_group *tied_grp;
+    size_t tied_at, tied_len;
+    bool tied_decay;
 } train_zero;
 
 /* Partitions n floats over the world by c->zero.stage, checks the topology;
@@ -213,6 +219,10 @@ cllm_status train_shard_lend_params(train_shard *s, bool on);
  * its completion, and of those the seconds the computation waited for them
  * (the same when the collectives are blocking: without overlap_comm). */
 double train_shard_comm_seconds(const train_shard *s);
+/* Pipeline with a tied head: whether this stage's copy of the embedding
+ * differs (in any bit) from the first stage's (collective over the pair;
+ * false elsewhere). */
+cllm_status train_shard_tied_check(train_shard *s, bool *differ);
 double train_shard_wait_seconds(const train_shard *s);
 /* Stage 3 state, for checkpoints of partitioned runs: this rank's
  * parameter slice, floats [z->begin, z->end) of the flat buffer (its
@@ -325,6 +335,13 @@ void train_pipe_times(const train_pipe *p, double *busy, double *wait);
  * gradients; *loss_sum is the sum of losses on the last stage, 0 elsewhere. */
 cllm_status train_pipe_run(train_pipe *p, cllm_model *m, const int32_t *tokens, const int32_t *targets,
                            float grad_scale, double *loss_sum);
+/* One evaluation batch of `rows` (<= micro) rows [rows, T] through the
+ * stages, forward only, each stage with its own parameters (gathered layer
+ * by layer at ZeRO-3): the first stage embeds, the last computes the loss
+ * (*loss_sum, *n_counted; 0 on the other stages). Collective over the
+ * pipeline (and each stage's tensor group). */
+cllm_status train_pipe_eval(train_pipe *p, cllm_model *m, const int32_t *tokens, const int32_t *targets, int rows,
+                            double *loss_sum, long *n_counted);
 /* Tied head: sums the embedding gradient of the first and last stage. */
 cllm_status train_pipe_sync_tied_grads(train_pipe *p, float *grads);
 /* Tied head: the first stage's updated embedding to the last stage. */
@@ -337,6 +354,9 @@ cllm_status train_pipe_gather_params_to_first(train_pipe *p, float *params);
  * pipeline's units (the whole model of a tensor-parallel part). */
 cllm_status train_pipe_gather_layout(train_pipe *p, const cllm_model *m, float *buf);
 const cllm_dist_group *train_pipe_group(const train_pipe *p);
+/* Tied head, on the first and the last stage of a pipeline of 2 or more:
+ * the pair's group and the embedding's flat range; NULL elsewhere. */
+const cllm_dist_group *train_pipe_tied(const train_pipe *p, size_t *at, size_t *len);
 /* Zeroes the parts of the gradient buffer this stage writes (its range, and
  * the tied embedding on the last stage); nothing for NULL. */
 void train_pipe_zero_grads(const train_pipe *p, float *grads);

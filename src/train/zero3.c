@@ -85,9 +85,12 @@ typedef struct {
 } inflight;
 
 typedef struct {
-    size_t flat, compact, numel; /* offset in the flat buffer, in the compact one */
+    size_t flat, compact, numel; /* offset in the part of the flat buffer (foreign: in group 0), in the compact one */
+    size_t abs;                  /* offset in the whole flat buffer */
     int group;
     bool decay;
+    bool tied;    /* a pipeline's tied embedding: its gradient adds up over the first and the last stage */
+    bool foreign; /* ... held by the last stage, outside its part (group 0 is the first stage's) */
 } persistent;
 
 struct train_shard {
@@ -96,6 +99,8 @@ struct train_shard {
     int stage, n_groups;
     size_t *gb, *ge;        /* [n_groups] group ranges */
     size_t max_block;       /* floats of the largest block group */
+    size_t len0;            /* floats of group 0's working buffers (the whole group 0 on a tied last stage) */
+    int tied;               /* the pipeline's tied embedding in pers[], or -1 */
     float *gslice;          /* [slice] summed gradient of this rank's slice */
     float *gwork[N_GSLOTS]; /* working gradients: group 0, last group, blocks */
     int gwork_group[N_GSLOTS];
@@ -136,6 +141,9 @@ static void drop_pages(train_shard *s, size_t b, size_t e);
 /* ------------------------------------------------------------ helpers */
 
 static size_t gsize(const train_shard *s, int g) { return s->ge[g] - s->gb[g]; }
+/* floats of group g's working buffers */
+static size_t wsize(const train_shard *s, int g) { return g == 0 ? s->len0 : gsize(s, g); }
+static bool foreign0(const train_shard *s) { return s->tied >= 0 && s->pers[s->tied].foreign; }
 
 /* counts[r] <- floats of rank r's slice inside [c0, c1) */
 static void parts(train_shard *s, size_t c0, size_t c1) {
@@ -207,7 +215,7 @@ static cllm_status gather_finish(train_shard *s, inflight *f, float *buf, size_t
     }
     for (int i = 0; i < s->n_pers; i++) {
         const persistent *p = &s->pers[i];
-        if (p->flat >= b && p->flat + p->numel <= e)
+        if (!p->foreign && p->flat >= b && p->flat + p->numel <= e)
             memcpy(buf + (p->flat - b), s->pparams + p->compact, p->numel * sizeof(float));
     }
     return CLLM_OK;
@@ -264,8 +272,25 @@ static cllm_status pslot_load(train_shard *s, int k, int g) {
     return CLLM_OK;
 }
 
+/* A tied last stage's group 0: its embedding, from the whole copy this
+ * stage keeps (nothing is gathered: the rest of the group is not read). */
+static cllm_status fetch_foreign(train_shard *s, float **out) {
+    const persistent *p = &s->pers[s->tied];
+    if (s->slot_busy[0]) return CLLM_FAIL(CLLM_ERR_INTERNAL, "the tied embedding fetched while it is in use");
+    if (s->slot_group[0] != 0) { /* once per optimizer step */
+        memcpy(s->pwork[0] + p->flat, s->pparams + p->compact, p->numel * sizeof(float));
+        s->slot_group[0] = 0;
+        s->lp_ok[0] = false;
+    }
+    s->slot_busy[0] = true;
+    s->slot_used[0] = ++s->clock;
+    *out = s->pwork[0];
+    return CLLM_OK;
+}
+
 static cllm_status hook_fetch_params(void *ctx, int g, int next, float **out) {
     train_shard *s = ctx;
+    if (g == 0 && foreign0(s)) return fetch_foreign(s, out);
     int k = pslot_pick(s, g, -1);
     if (k < 0 || s->slot_busy[k])
         return CLLM_FAIL(CLLM_ERR_INTERNAL, "parameter group %d fetched while its working buffer is in use", g);
@@ -292,7 +317,7 @@ static cllm_status hook_fetch_params_lp(void *ctx, int g, const void **lp) {
     train_shard *s = ctx;
     for (int k = 0; k < N_PSLOTS; k++) {
         if (s->slot_group[k] != g || !s->slot_busy[k] || !s->plp[k]) continue;
-        if (!s->lp_ok[k]) cllm_model_lp_copy(s->prec, s->plp[k], s->pwork[k], gsize(s, g));
+        if (!s->lp_ok[k]) cllm_model_lp_copy(s->prec, s->plp[k], s->pwork[k], wsize(s, g));
         s->lp_ok[k] = true;
         *lp = s->plp[k];
         return CLLM_OK;
@@ -321,8 +346,11 @@ static cllm_status reduce_start(train_shard *s, int i, int g) {
         const persistent *p = &s->pers[t];
         if (p->group != g) continue;
         float *d = s->pgrads + p->compact;
-        const float *x = w + (p->flat - b);
+        float *x = w + (p->foreign ? p->flat : p->flat - b);
         for (size_t j = 0; j < p->numel; j++) d[j] += x[j];
+        /* the tied embedding's norm is counted from its whole summed
+         * gradient (train_shard_clip), not from the slices */
+        if (p->tied) memset(x, 0, p->numel * sizeof(float));
     }
     double t0 = cllm_time_sec();
     f->n = 0;
@@ -406,7 +434,7 @@ static cllm_status hook_fetch_grads(void *ctx, int g, float **out) {
     int i = gslot_of(s, g);
     cllm_status st = reduce_finish(s, i);
     if (st) return st;
-    memset(s->gwork[i], 0, gsize(s, g) * sizeof(float));
+    memset(s->gwork[i], 0, wsize(s, g) * sizeof(float));
     *out = s->gwork[i];
     return CLLM_OK;
 }
@@ -498,18 +526,28 @@ static cllm_status init_stage3(train_shard *s, const cllm_train_config *c, const
     s->pranges = calloc((size_t)nt, sizeof *s->pranges);
     s->ranges = calloc((size_t)nt, sizeof *s->ranges);
     if (!s->pers || !s->pranges || !s->ranges) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    size_t g0b, g0e; /* group 0 in the whole flat buffer */
+    cllm_model_group_range(m, 0, &g0b, &g0e);
     for (int i = 0; i < nt; i++) {
         const cllm_tensor_info *t = cllm_model_tensor(m, i);
-        if (t->offset < z->base || t->offset >= z->base + z->n) continue; /* another pipeline stage's */
-        const size_t at = t->offset - z->base;
-        if ((double)t->numel < thr) {
+        /* a pipeline's tied embedding stays whole on the first and the last stage */
+        const bool tied = z->tied_grp && t->offset == z->tied_at && t->numel == z->tied_len;
+        const bool foreign = t->offset < z->base || t->offset >= z->base + z->n;
+        if (foreign && !tied) continue; /* another pipeline stage's */
+        const size_t at = foreign ? 0 : t->offset - z->base;
+        if (tied || (double)t->numel < thr) {
             persistent *p = &s->pers[s->n_pers++];
-            p->flat = at;
+            p->flat = foreign ? t->offset - g0b : at;
+            p->abs = t->offset;
             p->numel = t->numel;
             p->compact = s->n_compact;
-            p->decay = decay_at(ranges, n_ranges, at);
+            p->decay = tied ? z->tied_decay : decay_at(ranges, n_ranges, at);
+            p->tied = tied;
+            p->foreign = foreign;
+            if (tied) s->tied = s->n_pers - 1;
+            if (foreign) s->len0 = g0e - g0b;
             p->group = 0;
-            for (int g = 0; g < s->n_groups; g++)
+            for (int g = 0; g < s->n_groups && !foreign; g++)
                 if (at >= s->gb[g] && at < s->ge[g]) p->group = g;
             s->pranges[s->n_pers - 1] = (cllm_param_range){p->compact, p->compact + p->numel, p->decay};
             s->n_compact += (t->numel + 15) & ~(size_t)15;
@@ -532,15 +570,14 @@ static cllm_status init_stage3(train_shard *s, const cllm_train_config *c, const
     s->pparams = alloc_floats(s->n_compact, "replicated parameters");
     s->pgrads = alloc_floats(s->n_compact, "replicated gradients");
     if (!s->pslice || !s->pparams || !s->pgrads) return CLLM_ERR_NOMEM;
-    full += z->base; /* the part's start */
-    if (slice) memcpy(s->pslice, full + z->begin, slice * sizeof(float));
+    if (slice) memcpy(s->pslice, full + z->base + z->begin, slice * sizeof(float));
     drop_pages(s, 0, slice);
     for (int i = 0; i < s->n_pers; i++)
-        memcpy(s->pparams + s->pers[i].compact, full + s->pers[i].flat, s->pers[i].numel * sizeof(float));
+        memcpy(s->pparams + s->pers[i].compact, full + s->pers[i].abs, s->pers[i].numel * sizeof(float));
     /* from here on the rank holds only its slice (freed before the working
      * buffers are allocated, so that the start-up peak stays lower) */
     cllm_model_drop_params(m);
-    size_t len[N_PSLOTS] = {gsize(s, 0), gsize(s, s->n_groups - 1), s->max_block, s->max_block};
+    size_t len[N_PSLOTS] = {wsize(s, 0), gsize(s, s->n_groups - 1), s->max_block, s->max_block};
     for (int k = 0; k < N_PSLOTS; k++) {
         if (!(s->pwork[k] = alloc_floats(len[k], "gathered parameters"))) return CLLM_ERR_NOMEM;
         s->slot_group[k] = -1;
@@ -550,7 +587,7 @@ static cllm_status init_stage3(train_shard *s, const cllm_train_config *c, const
 }
 
 static size_t work_floats(const train_shard *s) {
-    size_t g = gsize(s, 0) + gsize(s, s->n_groups - 1);
+    size_t g = wsize(s, 0) + gsize(s, s->n_groups - 1);
     size_t blocks = s->overlap ? 2 : 1;
     return s->stage == 3 ? 2 * g + (blocks + 2) * s->max_block : g + blocks * s->max_block;
 }
@@ -577,6 +614,8 @@ cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, co
         s->ge[g] = in ? e - z->base : 0;
         if (g > 0 && g + 1 < s->n_groups && gsize(s, g) > s->max_block) s->max_block = gsize(s, g);
     }
+    s->len0 = gsize(s, 0);
+    s->tied = -1;
     size_t slice = z->end - z->begin;
     /* a data group (pipeline, tensor parallelism) has blocking collectives only */
     s->overlap = c->zero.overlap_comm && z->size > 1 && !z->grp;
@@ -603,7 +642,7 @@ cllm_status train_shard_init(train_shard **out, train_zero *z, cllm_model *m, co
     if (train_zpp_active(c, z, &qw, &qg) && (st = train_zpp_init(&s->zpp, z, c, longest < widest ? longest : widest)))
         return st;
     if (!(s->sec_ok = calloc((size_t)s->n_groups, sizeof *s->sec_ok))) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
-    size_t glen[N_GSLOTS] = {gsize(s, 0), gsize(s, s->n_groups - 1), s->max_block, s->overlap ? s->max_block : 0};
+    size_t glen[N_GSLOTS] = {wsize(s, 0), gsize(s, s->n_groups - 1), s->max_block, s->overlap ? s->max_block : 0};
     s->gslice = alloc_floats(slice, "gradient slice");
     if (!s->gslice) return CLLM_ERR_NOMEM;
     for (int k = 0; k < N_GSLOTS; k++)
@@ -661,7 +700,7 @@ cllm_status train_shard_set_precision(train_shard *s, cllm_precision p) {
     size_t es = cllm_precision_copy_bytes(p);
     if (s->stage < 3 || !es || s->plp[0]) return CLLM_OK;
     s->prec = p;
-    size_t len[N_PSLOTS] = {gsize(s, 0), gsize(s, s->n_groups - 1), s->max_block, s->max_block}, total = 0;
+    size_t len[N_PSLOTS] = {wsize(s, 0), gsize(s, s->n_groups - 1), s->max_block, s->max_block}, total = 0;
     for (int k = 0; k < N_PSLOTS; k++) {
         if (!(s->plp[k] = cllm_alloc((len[k] ? len[k] : 1) * es, "low-precision gathered parameters")))
             return CLLM_ERR_NOMEM;
@@ -695,6 +734,12 @@ static cllm_status finish_reduction(train_shard *s) {
     cllm_status st = finish_all(s);
     if (st) return st;
     double t0 = cllm_time_sec();
+    if (s->tied >= 0) { /* the tied embedding: the first and the last stage's gradients, before the data group's sum */
+        const persistent *p = &s->pers[s->tied];
+        if ((st = cllm_dist_g_allreduce_sum_f32(s->z->tied_grp, s->pgrads + p->compact, p->numel)))
+            return cllm_fail_context(st, "tied embedding gradients");
+        s->bytes_grads += p->numel * sizeof(float);
+    }
     st = !s->n_compact ? CLLM_OK
          : s->z->grp   ? cllm_dist_g_allreduce_sum_f32(s->z->grp, s->pgrads, s->n_compact)
                        : cllm_dist_allreduce_sum_f32_as(s->pgrads, s->n_compact, s->z->comm);
@@ -732,6 +777,12 @@ cllm_status train_shard_clip(train_shard *s, double max_norm, double *norm) {
     if (st) return st;
     float *g = s->gslice;
     double sum = train_zero_norm_sq(s->z, g);
+    if (s->tied >= 0 && !s->pers[s->tied].foreign && s->z->rank == 0) { /* once: the first stage's data rank 0 */
+        const persistent *p = &s->pers[s->tied];
+        double t = 0;
+        for (size_t i = 0; i < p->numel; i++) t += (double)s->pgrads[p->compact + i] * s->pgrads[p->compact + i];
+        sum += t;
+    }
     if ((st = cllm_dist_allreduce_sum_f64(&sum, 1))) return cllm_fail_context(st, "gradient norm");
     *norm = sqrt(sum);
     if (max_norm > 0) {
@@ -779,6 +830,19 @@ cllm_status train_shard_step(train_shard *s, cllm_optimizer *opt, double lr) {
 }
 
 double train_shard_comm_seconds(const train_shard *s) { return s->comm_seconds; }
+
+cllm_status train_shard_tied_check(train_shard *s, bool *differ) {
+    *differ = false;
+    if (s->tied < 0) return CLLM_OK;
+    const persistent *p = &s->pers[s->tied];
+    uint64_t h[2] = {1469598103934665603ULL, 0}; /* FNV-1a of the bytes: [0] this copy's, [1] the first stage's */
+    const unsigned char *b = (const unsigned char *)(s->pparams + p->compact);
+    for (size_t i = 0; i < p->numel * sizeof(float); i++) h[0] = (h[0] ^ b[i]) * 1099511628211ULL;
+    h[1] = h[0];
+    cllm_status st = cllm_dist_g_bcast(s->z->tied_grp, &h[1], sizeof h[1], 0);
+    *differ = h[0] != h[1];
+    return st;
+}
 
 void train_shard_take_bytes(train_shard *s, uint64_t *params, uint64_t *grads) {
     *params = s->bytes_params;
@@ -854,6 +918,7 @@ void train_shard_ckpt_fill(train_shard *s, float *state0, float *state1) {
     float *ps0 = s->popt ? cllm_optim_state(s->popt, 0) : NULL, *ps1 = s->popt ? cllm_optim_state(s->popt, 1) : NULL;
     for (int i = 0; i < s->n_pers; i++) {
         const persistent *p = &s->pers[i];
+        if (p->foreign) continue; /* the first stage's copy is the one written */
         size_t lo = p->flat > b ? p->flat : b, hi = p->flat + p->numel < e ? p->flat + p->numel : e;
         if (lo >= hi) continue;
         size_t from = p->compact + (lo - p->flat), n = hi - lo;
@@ -866,7 +931,7 @@ void train_shard_ckpt_fill(train_shard *s, float *state0, float *state1) {
 void train_shard_set_replicated_state(train_shard *s, int k, const float *flat) {
     float *ps = s->stage == 3 && s->popt ? cllm_optim_state(s->popt, k) : NULL;
     for (int i = 0; ps && i < s->n_pers; i++)
-        memcpy(ps + s->pers[i].compact, flat + s->z->base + s->pers[i].flat, s->pers[i].numel * sizeof(float));
+        memcpy(ps + s->pers[i].compact, flat + s->pers[i].abs, s->pers[i].numel * sizeof(float));
 }
 
 cllm_status train_shard_ckpt_load(train_shard *s, const char *dir, long optim_step) {
@@ -881,7 +946,7 @@ cllm_status train_shard_ckpt_load(train_shard *s, const char *dir, long optim_st
         const persistent *p = &s->pers[i];
         for (int k = 0; k < 2; k++) {
             if (!ps[k]) continue;
-            size_t at = s->z->base + p->flat;
+            size_t at = p->abs;
             cllm_status st = cllm_ckpt_read_range(dir, s->m, which[k], at, at + p->numel, ps[k] + p->compact);
             if (st) return cllm_fail_context(st, "replicated tensor state");
         }

@@ -182,7 +182,7 @@ int cmd_estimate(int argc, char **argv) {
     const char *model, *arch_name, *preset, *opt_name, *precision, *overhead_s, *memory_s, *lora_target, *task,
         *ref_dir, *rm_dir;
     int B, T, accum, stage, dp, off_count, off_size, pipe, tensor, threads, lora_r, ppo_batch, ep;
-    double capacity;
+    double capacity, persistence;
     bool grad_ckpt = false, momentum = false, async_save = false, as_json = false, offload = false, offload_p = false;
     bool seq_par = false;
     arg_list sets, freeze = {0}, unfrozen = {0};
@@ -215,6 +215,9 @@ int cmd_estimate(int argc, char **argv) {
         {"precision", ARG_STR, &precision, "fp32", false, "matmul precision: fp32, bf16 or fp16 (bf16.enabled / fp16.enabled)"},
         {"offload-optimizer", ARG_FLAG, &offload, NULL, false,
          "optimizer state offloaded to a file (offload_optimizer device nvme)"},
+        {"persistence-threshold", ARG_F64, &persistence, "100000", false,
+         "ZeRO stage 3 with --pipe: tensors with fewer elements stay whole on every rank of their stage "
+         "(zero_optimization.stage3_param_persistence_threshold)"},
         {"offload-param", ARG_FLAG, &offload_p, NULL, false,
          "ZeRO-3 parameter slice in a file (offload_param device nvme)"},
         {"offload-buffer-count", ARG_INT, &off_count, "4", false, "offload stream buffers (buffer_count, >= 3)"},
@@ -246,7 +249,7 @@ int cmd_estimate(int argc, char **argv) {
                         .sgd_momentum = momentum, .zero_stage = stage, .dp = dp, .async_save = async_save,
                         .offload_optimizer = offload, .offload_buffer_count = off_count,
                         .offload_buffer_size = off_size, .pipe = pipe, .tensor = tensor, .sequence_parallel = seq_par,
-                        .offload_param = offload_p, .threads = threads, .expert_parallel = ep,
+                        .offload_param = offload_p, .persistence = persistence, .threads = threads, .expert_parallel = ep,
                         .capacity_factor = capacity};
     size_t budget = 0;
     if (!cllm_precision_from_name(precision, &s.precision)) {
