@@ -419,7 +419,9 @@ static void quant_kernel(float *out, const float *x, const cllm_qweight *w, cons
 }
 
 /* Row-major formats: tiles of 4 weight rows (one row at the chunk's end)
- * by 3 inputs; a tile's rows stay in cache while the inputs go by. */
+ * by 3 inputs; a tile's rows stay in cache while the inputs go by. When M
+ * leaves one input over (M = 3k + 1, k >= 1), the last four go as 2 + 2:
+ * a 4 x 1 tile does 4 multiply-adds per 5 loads, a 4 x 2 one 8 per 6. */
 static void rows_chunk(void *ctx, int c) {
     const mm_job *j = ctx;
     const cllm_qweight *w = j->w;
@@ -430,8 +432,8 @@ static void rows_chunk(void *ctx, int c) {
     for (int r = r0; r < r1;) {
         const int rt = r1 - r >= 4 ? 4 : 1;
         const unsigned char *row = (const unsigned char *)w->data + (size_t)r * rb;
-        for (int m = 0; m < M; m += 3) {
-            const int mt = M - m < 3 ? M - m : 3;
+        for (int m = 0, mt; m < M; m += mt) {
+            mt = M - m == 4 ? 2 : M - m < 3 ? M - m : 3;
             tiles[bf][rt == 4][mt - 1](j->out + (size_t)m * R + r, R, row, rb, j->x + (size_t)m * K, K,
                                        j->bias ? j->bias + r : NULL);
         }
