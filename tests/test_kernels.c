@@ -3,8 +3,9 @@
  *
  * Without arguments: self-contained checks that need no PyTorch: cllm_matmul
  * against a naive triple loop (all transposes, alpha, beta 0/1), argument
- * errors, the primitive cache under eviction and after cleanup, and
- * thread-count independence of the row-reducing backward kernels.
+ * errors, the primitive cache under eviction and after cleanup,
+ * thread-count independence of the row-reducing backward kernels, and
+ * cllm_logsumexp against a float64 reference.
  *
  * With a directory argument: the cases written there by tests/ref/kernels_ref.py
  * (manifest.txt + raw float32/int32 tensors, references from torch autograd
@@ -850,6 +851,37 @@ static void run_manifest(const char *dir) {
     printf("%d reference cases\n", cases);
 }
 
+/* cllm_logsumexp against a float64 reference (max + log of the sum of
+ * libm's double exp): rows of 1, 7, 513 and 50257 logits (a GPT-2
+ * vocabulary, spread like real logits, with a spike and -inf entries),
+ * within 1e-6 at three spreads; an all -inf row gives -inf. */
+static void test_logsumexp(void) {
+    cllm_rng r;
+    cllm_rng_seed(&r, 77);
+    const int sizes[] = {1, 7, 513, 50257};
+    float *x = xmalloc(50257 * sizeof *x);
+    for (size_t t = 0; t < sizeof sizes / sizeof sizes[0]; t++) {
+        const int V = sizes[t];
+        for (int rep = 0; rep < 3; rep++) {
+            const float spread = rep == 0 ? 1.0f : rep == 1 ? 8.0f : 30.0f;
+            for (int i = 0; i < V; i++) x[i] = spread * (2.0f * cllm_rng_uniform(&r) - 1.0f) - 3.0f;
+            if (V > 2) {
+                x[V / 3] = 4.0f * spread; /* one dominant logit */
+                x[V - 1] = -INFINITY;     /* a masked one */
+            }
+            double mx = -INFINITY, sum = 0.0;
+            for (int i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+            for (int i = 0; i < V; i++) sum += exp((double)x[i] - mx);
+            const double want = mx + log(sum), got = cllm_logsumexp(x, V);
+            CHECK(fabs(got - want) <= 1e-6, "logsumexp V=%d spread %g: %.9f, float64 %.9f", V, (double)spread, got,
+                  want);
+        }
+    }
+    for (int i = 0; i < 7; i++) x[i] = -INFINITY;
+    CHECK(cllm_logsumexp(x, 7) == -INFINITY, "logsumexp of -inf logits: %g", cllm_logsumexp(x, 7));
+    free(x);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) {
         run_manifest(argv[1]);
@@ -866,6 +898,7 @@ int main(int argc, char **argv) {
         test_matmul_cache_key();
         test_thread_independence();
         test_pointwise_nonfinite();
+        test_logsumexp();
     }
     cllm_matmul_cleanup();
     return check_summary();

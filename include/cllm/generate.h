@@ -313,11 +313,16 @@ cllm_status cllm_sampler_probs(cllm_sampler *s, float *probs, const float *logit
 
 /* The n most likely tokens of the raw distribution log_softmax(logits[V])
  * (no processor applied): ids[n] highest first, ties by lower id, and
- * their log-probabilities logprobs[n] (computed in double as
- * l - max - ln(sum exp(l - max)), then rounded). 0 <= n <= V, else
- * CLLM_ERR_ARG; logits that are not all finite are CLLM_ERR_ARG. Does not
- * allocate; thread-safe. */
+ * their log-probabilities logprobs[n] (cllm_sampler_raw_logprob of each
+ * logit and cllm_logsumexp of the row). 0 <= n <= V, else CLLM_ERR_ARG;
+ * logits that are not all finite are CLLM_ERR_ARG. Does not allocate;
+ * thread-safe. */
 cllm_status cllm_sampler_top_logprobs(int32_t *ids, float *logprobs, int n, const float *logits, int V);
+/* ln softmax(x)[i] as every raw log-probability is reported: logit x[i]
+ * minus lse = cllm_logsumexp(x, V) (cllm/kernels.h), in double, rounded
+ * to float; the generation events' raw_logprob and the top-n alternatives
+ * agree bit for bit. */
+float cllm_sampler_raw_logprob(float logit, double lse);
 
 /* --------------------------------------------------- streaming decoding */
 

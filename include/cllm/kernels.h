@@ -245,6 +245,12 @@ long cllm_xent_forward_backward(float *losses, float *logits, const int32_t *tar
                                 float dscale);
 /* Forward only (evaluation): losses[n] as above, logits untouched. */
 long cllm_xent_forward(float *losses, const float *logits, const int32_t *targets, int N, int V);
+/* ln sum_v exp(x[v]) over one row of V >= 1 logits, in double (the
+ * normaliser of log-probabilities: ln softmax(x)[i] = x[i] - this):
+ * max + ln(sum exp(x - max)), exp vectorised (within 2 ulp of fp32's),
+ * summed in fp32 blocks of 512 and in double across them. A row whose max
+ * is not finite returns that max. Serial (one row per caller). */
+double cllm_logsumexp(const float *x, int V);
 
 /* ------------------------------------------- vocabulary-parallel pieces
  * For tensor parallelism: a rank holds the vocabulary rows [v0, v0 + V) of

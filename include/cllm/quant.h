@@ -146,6 +146,21 @@ size_t cllm_qgemm_scratch_bytes(cllm_wfmt f, int cols, int M);
  * oneDNN does (its message left). */
 cllm_status cllm_qgemm(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch);
 
+/* The decode step's threads: runs fn(ctx, c) once for every c in [0, n) on
+ * the pool that runs cllm_qmatmul's chunks (the calling thread and up to
+ * omp_get_max_threads() - 1 helpers) and returns when all are done. A
+ * decode step's other parallel work (attention over the cache, the
+ * pointwise activations, the per-sequence draws) goes through it too, so
+ * the step keeps one set of threads busy instead of waking an OpenMP team
+ * between matmuls whose idle threads spin against the pool's (and the
+ * reverse). Inside an OpenMP region, with one thread, or while another
+ * thread's job holds the pool, the chunks run in order on the caller. fn
+ * must write disjoint outputs per chunk and must not call this again. */
+typedef void (*cllm_quant_task_fn)(void *ctx, int chunk);
+void cllm_quant_parallel(cllm_quant_task_fn fn, void *ctx, int n);
+/* Threads cllm_quant_parallel would use now (the caller included). */
+int cllm_quant_threads(void);
+
 
 /* ------------------------------------------------------------ bitsandbytes
  * The formats of a frozen QLoRA base (bitsandbytes' numerics, as

@@ -43,6 +43,7 @@
 #include <string.h>
 
 #include "cllm/kernels.h"
+#include "cllm/quant.h"
 
 enum { KT = 64, HSMAX = CLLM_ATTN_MAX_HS };
 
@@ -106,43 +107,88 @@ static inline float ld_bf16(const uint16_t *p, int i) {
 DEFINE_ATTEND_ROW(attend_row, float, ld_f32)
 DEFINE_ATTEND_ROW(attend_row_bf16, uint16_t, ld_bf16)
 
-/* Both storage types: kpool / vpool hold floats, or bf16 values when bf16. */
+/* One call's operands, shared by its tasks: task t is row N - 1 - t / NH
+ * (later rows of a sequence have more keys: they go first), head t % NH. */
+typedef struct {
+    cllm_view out;
+    cllm_cview q;
+    const void *kpool, *vpool;
+    bool bf16;
+    const int32_t *table, *rows, *past;
+    const float *alibi;
+    int max_blocks, BS, n_seq, NH, NKV, HS, window, N;
+    long ntask, per;
+    float scale;
+} paged_job;
+
+static void paged_task(const paged_job *j, long task) {
+    const int BS = j->BS, HS = j->HS, group = j->NH / j->NKV;
+    const size_t bstride = (size_t)j->NKV * BS * HS;
+    const int r = j->N - 1 - (int)(task / j->NH), h = (int)(task % j->NH);
+    int lo = 0, hi = j->n_seq - 1; /* the sequence of row r: rows[i] <= r < rows[i + 1] */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (j->rows[mid] <= r) lo = mid;
+        else hi = mid - 1;
+    }
+    const int i = lo, pos = j->past[i] + (r - j->rows[i]), g = h / group;
+    assert((pos + BS) / BS <= j->max_blocks);
+    const float *qr = j->q.p + (ptrdiff_t)r * j->q.rs + (ptrdiff_t)h * j->q.hs;
+    float *o = j->out.p + (ptrdiff_t)r * j->out.rs + (ptrdiff_t)h * j->out.hs;
+    const size_t goff = (size_t)g * BS * HS;
+    const int first = j->window > 0 && pos - j->window + 1 > 0 ? pos - j->window + 1 : 0;
+    const int32_t *tab = j->table + (size_t)i * j->max_blocks;
+    const float slope = j->alibi ? j->alibi[h] : 0.0f;
+    if (j->bf16)
+        attend_row_bf16(o, qr, (const uint16_t *)j->kpool + goff, (const uint16_t *)j->vpool + goff, tab, BS, bstride,
+                        first, pos + 1, pos, HS, j->scale, slope);
+    else
+        attend_row(o, qr, (const float *)j->kpool + goff, (const float *)j->vpool + goff, tab, BS, bstride, first,
+                   pos + 1, pos, HS, j->scale, slope);
+}
+
+/* Chunk c: tasks [c * per, (c + 1) * per). */
+static void paged_chunk(void *ctx, int c) {
+    const paged_job *j = ctx;
+    const long t1 = (long)(c + 1) * j->per < j->ntask ? (long)(c + 1) * j->per : j->ntask;
+    for (long t = (long)c * j->per; t < t1; t++) paged_task(j, t);
+}
+
+/* Both storage types: kpool / vpool hold floats, or bf16 values when bf16.
+ * The (row, head) tasks of a decode step (up to POOL_MAX_ROWS rows, whose
+ * matmuls run on cllm_qmatmul's pool) run on that pool too
+ * (cllm_quant_parallel), about 8 chunks per thread, so no OpenMP team
+ * wakes between the matmuls to spin against the pool's threads; longer
+ * calls (prompts, whose matmuls are oneDNN's) on OpenMP. */
+enum { POOL_MAX_ROWS = 16 };
 static void paged(cllm_view out, cllm_cview q, const void *kpool, const void *vpool, bool bf16, const int32_t *table,
                   int max_blocks, int BS, const int32_t *rows, const int32_t *past, const float *alibi, int n_seq,
                   int NH, int NKV, int HS, float scale, int window) {
     assert(HS > 0 && HS <= HSMAX && NKV > 0 && NH % NKV == 0 && BS > 0 && n_seq >= 0);
-    const int group = NH / NKV, N = n_seq > 0 ? rows[n_seq] : 0;
-    const size_t bstride = (size_t)NKV * BS * HS;
-    const long ntask = (long)N * NH;
+    paged_job j = {.out = out, .q = q, .kpool = kpool, .vpool = vpool, .bf16 = bf16, .table = table, .rows = rows,
+                   .past = past, .alibi = alibi, .max_blocks = max_blocks, .BS = BS, .n_seq = n_seq, .NH = NH,
+                   .NKV = NKV, .HS = HS, .window = window, .N = n_seq > 0 ? rows[n_seq] : 0, .scale = scale};
+    j.ntask = (long)j.N * NH;
+    if (j.ntask == 0) return;
     double keys = 0;
     for (int i = 0; i < n_seq; i++) keys += (double)(rows[i + 1] - rows[i]) * (past[i] + rows[i + 1] - rows[i]);
     /* A decode step of a small model is a few thousand multiply-adds, less
-     * than waking the thread team costs: run those serially. Later rows of
-     * a sequence have more keys: tasks run from the last row back. */
-#pragma omp parallel for schedule(dynamic, 1) if (keys * NH * HS > 65536.0)
-    for (long task = 0; task < ntask; task++) {
-        const int r = N - 1 - (int)(task / NH), h = (int)(task % NH);
-        int lo = 0, hi = n_seq - 1; /* the sequence of row r: rows[i] <= r < rows[i + 1] */
-        while (lo < hi) {
-            int mid = (lo + hi + 1) / 2;
-            if (rows[mid] <= r) lo = mid;
-            else hi = mid - 1;
-        }
-        const int i = lo, pos = past[i] + (r - rows[i]), g = h / group;
-        assert((pos + BS) / BS <= max_blocks);
-        const float *qr = q.p + (ptrdiff_t)r * q.rs + (ptrdiff_t)h * q.hs;
-        float *o = out.p + (ptrdiff_t)r * out.rs + (ptrdiff_t)h * out.hs;
-        const size_t goff = (size_t)g * BS * HS;
-        const int first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-        const int32_t *tab = table + (size_t)i * max_blocks;
-        const float slope = alibi ? alibi[h] : 0.0f;
-        if (bf16)
-            attend_row_bf16(o, qr, (const uint16_t *)kpool + goff, (const uint16_t *)vpool + goff, tab, BS, bstride,
-                            first, pos + 1, pos, HS, scale, slope);
-        else
-            attend_row(o, qr, (const float *)kpool + goff, (const float *)vpool + goff, tab, BS, bstride, first,
-                       pos + 1, pos, HS, scale, slope);
+     * than handing out chunks costs: run those on the caller. */
+    const bool par = keys * NH * HS > 65536.0;
+    if (j.N > POOL_MAX_ROWS) { /* a prompt: its matmuls ran on oneDNN's OpenMP team, so this does too */
+#pragma omp parallel for schedule(dynamic, 1) if (par)
+        for (long t = 0; t < j.ntask; t++) paged_task(&j, t);
+        return;
     }
+    const int nt = par ? cllm_quant_threads() : 1;
+    if (nt <= 1) {
+        j.per = j.ntask;
+        paged_chunk(&j, 0);
+        return;
+    }
+    j.per = (j.ntask + 8L * nt - 1) / (8L * nt);
+    if (j.per * 0xffffL < j.ntask) j.per = (j.ntask + 0xfffe) / 0xffff; /* the pool takes at most 65535 chunks */
+    cllm_quant_parallel(paged_chunk, &j, (int)((j.ntask + j.per - 1) / j.per));
 }
 
 void cllm_attention_forward_paged_bf16(cllm_view out, cllm_cview q, const uint16_t *kpool, const uint16_t *vpool,

@@ -43,7 +43,8 @@
     XV(void, cllm_embedding_vp_forward, (float *out, const int32_t *tokens, const float *wte, int N, int C, int v0, int V), (out, tokens, wte, N, C, v0, V)) \
     XV(void, cllm_embedding_vp_backward, (float *dwte, const float *dout, const int32_t *tokens, int N, int C, int v0, int V), (dwte, dout, tokens, N, C, v0, V)) \
     XR(long, cllm_xent_forward_backward, (float *losses, float *logits, const int32_t *targets, int N, int V, float dscale), (losses, logits, targets, N, V, dscale)) \
-    XR(long, cllm_xent_forward, (float *losses, const float *logits, const int32_t *targets, int N, int V), (losses, logits, targets, N, V))
+    XR(long, cllm_xent_forward, (float *losses, const float *logits, const int32_t *targets, int N, int V), (losses, logits, targets, N, V)) \
+    XR(double, cllm_logsumexp, (const float *x, int V), (x, V))
 
 /* each variant's definitions */
 #define DECL(ret, name, params, args) \

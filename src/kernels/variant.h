@@ -44,6 +44,7 @@
 #define cllm_embedding_vp_backward KV_CAT(cllm_embedding_vp_backward, CLLM_KV)
 #define cllm_xent_forward_backward KV_CAT(cllm_xent_forward_backward, CLLM_KV)
 #define cllm_xent_forward KV_CAT(cllm_xent_forward, CLLM_KV)
+#define cllm_logsumexp KV_CAT(cllm_logsumexp, CLLM_KV)
 
 /* Below this many values an elementwise or per-row pass runs on the calling
  * thread: waking the thread team and meeting it at the barrier costs more

@@ -106,3 +106,12 @@ long cllm_xent_forward(float *losses, const float *logits, const int32_t *target
     }
     return counted;
 }
+
+/* ln sum_v exp(x[v]): the row's max plus the log of sum_exp's sum (the
+ * same vectorised exp and blocked sum as the loss), in double. A row with
+ * no finite maximum returns that maximum (-inf, +inf or NaN). */
+double cllm_logsumexp(const float *x, int V) {
+    const float m = row_max(x, V);
+    if (!isfinite(m)) return m;
+    return (double)m + log(sum_exp(x, V, m));
+}

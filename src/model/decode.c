@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "cllm/generate.h"
+#include "cllm/kernels.h"
 
 struct cllm_generation {
     const cllm_model *m;
@@ -52,7 +53,7 @@ struct cllm_generation {
     cllm_sampler *smp;
     cllm_kv_cache *kv;  /* from prefill on */
     cllm_text_stream *ts;
-    float *logits;      /* [V] logits for the next token */
+    float *logits;      /* [V] logits for the next token (NULL: the caller's, external) */
     int32_t *hist;      /* [hist_cap] prompt, then generated ids */
     size_t n_hist, hist_cap, n_prompt;
     bool prefilled, need_forward, broken;
@@ -251,13 +252,13 @@ static void prompt_undo(cllm_generation *g) {
     g->stats.prefill_seconds = 0;
 }
 
-/* History, logits, text stream and the prompt's text for a sequence of
- * `cap` positions. */
-static cllm_status prompt_setup(cllm_generation *g, const int32_t *ids, size_t n, int cap) {
+/* History, logits (a sequence that runs its own forwards), text stream
+ * and the prompt's text for a sequence of `cap` positions. */
+static cllm_status prompt_setup(cllm_generation *g, const int32_t *ids, size_t n, int cap, bool own_logits) {
     g->hist_cap = (size_t)cap + 1; /* n + generated, and generated <= cap - n + 1 */
     g->hist = malloc(g->hist_cap * sizeof *g->hist);
-    g->logits = malloc((size_t)g->V * sizeof *g->logits);
-    cllm_status st = g->hist && g->logits ? CLLM_OK : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
+    g->logits = own_logits ? malloc((size_t)g->V * sizeof *g->logits) : NULL;
+    cllm_status st = g->hist && (g->logits || !own_logits) ? CLLM_OK : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     if (!st && g->tok) st = cllm_text_stream_init(&g->ts, g->tok, ids, n);
     if (!st && g->include_prompt) {
         char *t = NULL;
@@ -290,7 +291,7 @@ cllm_status cllm_generate_prefill(cllm_generation *g, const int32_t *ids, size_t
     if (c->n_ctx > 0 && cap > c->n_ctx) cap = c->n_ctx;
 
     st = cllm_kv_cache_init(&g->kv, g->m, 1, cap, (int)n);
-    if (!st) st = prompt_setup(g, ids, n, cap);
+    if (!st) st = prompt_setup(g, ids, n, cap, true);
     if (!st) {
         double t0 = cllm_time_sec();
         st = cllm_kv_cache_forward(g->kv, ids, (int)n, g->logits);
@@ -309,7 +310,7 @@ cllm_status cllm_generate_prefill_external(cllm_generation *g, const int32_t *id
     if (st) return st;
     if (capacity < 1 || n > (size_t)capacity)
         return CLLM_FAIL(CLLM_ERR_ARG, "the prompt has %zu tokens; the cache holds %d positions for it", n, capacity);
-    if ((st = prompt_setup(g, ids, n, capacity))) {
+    if ((st = prompt_setup(g, ids, n, capacity, false))) {
         prompt_undo(g);
         return st;
     }
@@ -317,16 +318,6 @@ cllm_status cllm_generate_prefill_external(cllm_generation *g, const int32_t *id
     g->external = true;
     g->ext_cap = capacity;
     return CLLM_OK;
-}
-
-/* ln softmax(l)[id], in double. */
-static double log_softmax_at(const float *l, int V, int32_t id) {
-    float mx = l[0];
-    for (int i = 1; i < V; i++)
-        if (l[i] > mx) mx = l[i];
-    double s = 0;
-    for (int i = 0; i < V; i++) s += exp((double)l[i] - mx);
-    return (double)l[id] - mx - log(s);
 }
 
 /* Ends the sequence: releases held-back text (after the stream's last
@@ -342,7 +333,7 @@ static cllm_status finish_up(cllm_generation *g, cllm_finish_reason why) {
     return st;
 }
 
-static cllm_status step_core(cllm_generation *g, cllm_generate_event *ev, double t0, bool external);
+static cllm_status step_core(cllm_generation *g, cllm_generate_event *ev, double t0, const float *logits);
 
 static cllm_status step_check(const cllm_generation *g, bool external) {
     if (!g->prefilled) return CLLM_FAIL(CLLM_ERR_ARG, "no prompt yet: call cllm_generate_prefill first");
@@ -360,7 +351,7 @@ cllm_status cllm_generate_step(cllm_generation *g, cllm_generate_event *ev) {
     *ev = (cllm_generate_event){.token = -1, .text = "", .finish = CLLM_FINISH_NONE};
     cllm_status st0 = step_check(g, false);
     if (st0) return st0;
-    return step_core(g, ev, cllm_time_sec(), false);
+    return step_core(g, ev, cllm_time_sec(), NULL);
 }
 
 cllm_status cllm_generate_step_logits(cllm_generation *g, const float *logits, cllm_generate_event *ev) {
@@ -368,9 +359,8 @@ cllm_status cllm_generate_step_logits(cllm_generation *g, const float *logits, c
     cllm_status st0 = step_check(g, true);
     if (st0) return st0;
     if (!logits) return CLLM_FAIL(CLLM_ERR_ARG, "no logits");
-    memcpy(g->logits, logits, (size_t)g->V * sizeof *g->logits);
     if (g->n_hist > g->n_prompt) g->stats.n_decode_forwards++;
-    return step_core(g, ev, cllm_time_sec(), true);
+    return step_core(g, ev, cllm_time_sec(), logits);
 }
 
 int32_t cllm_generate_next_input(const cllm_generation *g) {
@@ -386,7 +376,10 @@ cllm_status cllm_generate_end(cllm_generation *g, cllm_finish_reason why) {
     return finish_up(g, why);
 }
 
-static cllm_status step_core(cllm_generation *g, cllm_generate_event *ev, double t0, bool external) {
+/* One draw from `logits` (the caller's, read in place), or, when NULL,
+ * from the sequence's own forward. */
+static cllm_status step_core(cllm_generation *g, cllm_generate_event *ev, double t0, const float *logits) {
+    const bool external = logits != NULL;
     size_t rel0 = g->released;
     cllm_status st = CLLM_OK;
     cllm_finish_reason why = CLLM_FINISH_NONE;
@@ -401,14 +394,15 @@ static cllm_status step_core(cllm_generation *g, cllm_generate_event *ev, double
         g->need_forward = false;
         g->stats.n_decode_forwards++;
     }
+    if (!external) logits = g->logits;
     int32_t id;
     double lp;
-    st = cllm_sampler_sample_ex(g->smp, &id, &lp, g->logits, g->hist, g->n_hist, g->n_prompt);
-    if (!st && g->n_top) st = cllm_sampler_top_logprobs(g->top_ids, g->top_lp, g->n_top, g->logits, g->V);
+    st = cllm_sampler_sample_ex(g->smp, &id, &lp, logits, g->hist, g->n_hist, g->n_prompt);
+    if (!st && g->n_top) st = cllm_sampler_top_logprobs(g->top_ids, g->top_lp, g->n_top, logits, g->V);
     if (st) goto out;
     ev->token = id;
     ev->logprob = (float)lp;
-    ev->raw_logprob = (float)log_softmax_at(g->logits, g->V, id);
+    ev->raw_logprob = cllm_sampler_raw_logprob(logits[id], cllm_logsumexp(logits, g->V));
     if (g->n_top) {
         ev->n_top = g->n_top;
         ev->top_ids = g->top_ids;

@@ -473,8 +473,11 @@ static cllm_status run_rows_inner(cllm_kv_cache *kv, const int32_t *tokens, int 
     kv->lrows.seg_rows = kv->iota; /* the head's rows: one per call entry */
     /* one GEMM for every sequence of the call (the head weight is read
      * once); with some sequences idle, their rows of `logits` stay as they
-     * were, so the rows go through the scratch and are placed after */
-    if (n_call == kv->n_seq) return model_linear_forward(m, &kv->lp, logits, kv->lnf, head, NULL, n_call, C, V, false);
+     * were, so unless the call's are the first ones the rows go through the
+     * scratch and are placed after */
+    bool in_place = true; /* the call's sequences are 0 .. n_call - 1: their rows are logits' first ones */
+    for (int j = 0; j < n_call; j++) in_place &= kv->seq_of[j] == j;
+    if (in_place) return model_linear_forward(m, &kv->lp, logits, kv->lnf, head, NULL, n_call, C, V, false);
     TRY(model_linear_forward(m, &kv->lp, kv->head_out, kv->lnf, head, NULL, n_call, C, V, false));
     for (int j = 0; j < n_call; j++)
         memcpy(logits + (size_t)kv->seq_of[j] * V, kv->head_out + (size_t)j * V, (size_t)V * sizeof(float));

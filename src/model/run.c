@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "cllm/kernels.h"
+#include "cllm/quant.h"
 #include "model_impl.h"
 
 #define TRY(x)                         \
@@ -208,6 +209,39 @@ static void cache_append(const model_rows *rows, int l, cllm_view k, cllm_view v
         }
 }
 
+/* The FFN activation of N rows of F values: GELU of fc, or LLaMA's SwiGLU
+ * of fc and up. A decode step (N <= WEIGHTS_SMALL_ROWS: its matmuls run on
+ * cllm_qmatmul's pool) runs it on that pool in chunks of whole groups of 64
+ * values, each an ordinary call below the kernels' OpenMP threshold, so no
+ * OpenMP team wakes between the step's matmuls; the values do not depend
+ * on the chunks (each is elementwise, every chunk starts 64 values apart
+ * from the buffer's start). Longer calls use the kernels' own threads. */
+typedef struct {
+    float *out;
+    const float *fc, *up;
+    long n, per;
+} act_job;
+
+static void act_chunk(void *ctx, int c) {
+    const act_job *j = ctx;
+    const long i0 = (long)c * j->per, n = j->n - i0 < j->per ? j->n - i0 : j->per;
+    if (j->up) cllm_swiglu_forward(j->out + i0, j->fc + i0, j->up + i0, n);
+    else cllm_gelu_forward(j->out + i0, j->fc + i0, n);
+}
+
+static void ffn_act(float *out, const float *fc, const float *up, int N, int F) {
+    act_job j = {.out = out, .fc = fc, .up = up, .n = (long)N * F};
+    const int nt = cllm_quant_threads();
+    if (N > WEIGHTS_SMALL_ROWS || nt <= 1 || j.n < 8192) {
+        j.per = j.n;
+        act_chunk(&j, 0);
+        return;
+    }
+    j.per = (j.n + 4L * nt - 1) / (4L * nt);
+    j.per = j.per < 4096 ? 4096 : j.per > 16384 ? 16384 : (j.per + 63) / 64 * 64;
+    cllm_quant_parallel(act_chunk, &j, (int)((j.n + j.per - 1) / j.per));
+}
+
 /* One block over N rows: a->x in, y out; every intermediate lands in a's
  * buffers (saved for backward in training, scratch in a cached pass).
  * Without `rows` the rows are B x T from position 0 and attention is the
@@ -281,9 +315,9 @@ cllm_status model_block_forward(const cllm_model *m, model_lp_scratch *lp, int l
     TRY(model_linear_forward(m, lp, a->fc, in, s[L_FC_W], P[L_FC_B], N, C, F, in_out));
     if (c->arch == CLLM_ARCH_LLAMA) {
         TRY(model_linear_forward(m, lp, a->up, in, s[L_UP_W], P[L_UP_B], N, C, F, false));
-        cllm_swiglu_forward(a->act, a->fc, a->up, (long)N * F);
+        ffn_act(a->act, a->fc, a->up, N, F);
     } else {
-        cllm_gelu_forward(a->act, a->fc, (long)N * F);
+        ffn_act(a->act, a->fc, NULL, N, F);
     }
     if (recompute) return CLLM_OK;
     TRY(model_linear_forward(m, lp, sp ? m->sp_full : y, a->act, s[L_DOWN_W], tp ? NULL : P[L_DOWN_B], N, F, C, in_out));

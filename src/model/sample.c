@@ -25,7 +25,10 @@
  * tokens are in the vocabulary beyond rounding of each probability.
  *
  * Also here: the top-n alternatives of the raw distribution
- * (cllm_sampler_top_logprobs), by one pass with a small sorted list.
+ * (cllm_sampler_top_logprobs), by one pass with a small sorted list, their
+ * log-probabilities x - logsumexp(x) with cllm_logsumexp's normaliser.
+ * Greedy draws read the logits in place (no copy, no distribution written)
+ * unless a logits processor is on.
  *
  * Left out: min-p and epsilon sampling, beam search.
  */
@@ -34,6 +37,7 @@
 #include <string.h>
 
 #include "cllm/generate.h"
+#include "cllm/kernels.h"
 
 typedef struct {
     double p;
@@ -255,10 +259,23 @@ static void typical_filter(cllm_sampler *s, const int32_t *ids, int n, double ma
     for (int i = 0; i < keep; i++) s->prob[c[i].id] /= kept;
 }
 
+/* The first index of the largest value, NaNs never winning (x[0] when it
+ * is NaN, as a scan that replaces the best only by a larger value gives):
+ * the max by a vectorisable pass, then its first position. */
+static int32_t argmax_first(const float *x, int V) {
+    if (x[0] != x[0]) return 0;
+    float m = x[0];
+#pragma omp simd reduction(max : m)
+    for (int i = 0; i < V; i++) m = x[i] > m ? x[i] : m;
+    for (int i = 0; i < V; i++)
+        if (x[i] == m) return i;
+    return 0;
+}
+
 /* Fills s->prob with the final distribution (normalised to sum 1 over the
  * kept tokens). Returns the argmax id when greedy, else -1. */
 static cllm_status process(cllm_sampler *s, const float *logits, const int32_t *hist, size_t n_hist,
-                           size_t n_prompt, int32_t *argmax) {
+                           size_t n_prompt, int32_t *argmax, bool want_prob) {
     const int V = s->V;
     const cllm_sample_params *p = &s->p;
     if (n_prompt > n_hist)
@@ -268,18 +285,29 @@ static cllm_status process(cllm_sampler *s, const float *logits, const int32_t *
             return CLLM_FAIL(CLLM_ERR_ARG, "history id %d at position %zu is outside the vocabulary [0, %d)", hist[i],
                              i, V);
     float *w = s->work;
-    memcpy(w, logits, (size_t)V * sizeof *w);
-    apply_processors(s, w, hist, n_hist, n_prompt);
     *argmax = -1;
     if (p->greedy) {
-        int32_t best = 0;
-        for (int i = 1; i < V; i++)
-            if (w[i] > w[best]) best = i;
-        memset(s->prob, 0, (size_t)V * sizeof *s->prob);
-        s->prob[best] = 1.0;
+        /* the argmax of the processed logits: without processors, of the
+         * logits themselves (no copy); the one-hot distribution is written
+         * only when asked for (cllm_sampler_probs) */
+        const bool procs = p->n_bias || p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f ||
+                           p->presence_penalty != 0.0f;
+        const float *x = logits;
+        if (procs) {
+            memcpy(w, logits, (size_t)V * sizeof *w);
+            apply_processors(s, w, hist, n_hist, n_prompt);
+            x = w;
+        }
+        const int32_t best = argmax_first(x, V);
+        if (want_prob) {
+            memset(s->prob, 0, (size_t)V * sizeof *s->prob);
+            s->prob[best] = 1.0;
+        }
         *argmax = best;
         return CLLM_OK;
     }
+    memcpy(w, logits, (size_t)V * sizeof *w);
+    apply_processors(s, w, hist, n_hist, n_prompt);
     if (p->temperature != 1.0f)
         for (int i = 0; i < V; i++) w[i] /= p->temperature;
     float cut = -INFINITY;
@@ -325,7 +353,7 @@ static cllm_status process(cllm_sampler *s, const float *logits, const int32_t *
 cllm_status cllm_sampler_probs_ex(cllm_sampler *s, float *probs, const float *logits, const int32_t *history,
                                   size_t n_history, size_t n_prompt) {
     int32_t am;
-    cllm_status st = process(s, logits, history, n_history, n_prompt, &am);
+    cllm_status st = process(s, logits, history, n_history, n_prompt, &am, true);
     if (st) return st;
     for (int i = 0; i < s->V; i++) probs[i] = (float)s->prob[i];
     return CLLM_OK;
@@ -353,7 +381,7 @@ cllm_status cllm_sampler_sample_ex(cllm_sampler *s, int32_t *token, double *logp
     int32_t am;
     double lp_unused;
     if (!logprob) logprob = &lp_unused;
-    cllm_status st = process(s, logits, history, n_history, n_prompt, &am);
+    cllm_status st = process(s, logits, history, n_history, n_prompt, &am, false);
     if (st) return st;
     if (am >= 0) {
         *token = am;
@@ -390,17 +418,12 @@ cllm_status cllm_sampler_top_logprobs(int32_t *ids, float *logprobs, int n, cons
     if (V < 1 || n < 0 || n > V)
         return CLLM_FAIL(CLLM_ERR_ARG, "top-n: n = %d must be in [0, V = %d]", n, V);
     if (n == 0) return CLLM_OK;
-    float mx = logits[0];
-    for (int i = 0; i < V; i++) {
+    for (int i = 0; i < V; i++)
         if (!isfinite(logits[i])) return CLLM_FAIL(CLLM_ERR_ARG, "top-n: logit %d is not finite", i);
-        if (logits[i] > mx) mx = logits[i];
-    }
-    double sum = 0;
-    for (int i = 0; i < V; i++) sum += exp((double)logits[i] - mx);
-    const double ls = log(sum);
+    const double lse = cllm_logsumexp(logits, V);
     int k = 0;
     for (int i = 0; i < V; i++) {
-        float lp = (float)((double)logits[i] - mx - ls);
+        float lp = cllm_sampler_raw_logprob(logits[i], lse);
         if (k == n && !(lp > logprobs[k - 1])) continue; /* ids ascend: a tie loses to the earlier id */
         int j = k < n ? k++ : n - 1;
         while (j > 0 && lp > logprobs[j - 1]) {
@@ -413,3 +436,5 @@ cllm_status cllm_sampler_top_logprobs(int32_t *ids, float *logprobs, int n, cons
     }
     return CLLM_OK;
 }
+
+float cllm_sampler_raw_logprob(float logit, double lse) { return (float)((double)logit - lse); }

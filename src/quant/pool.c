@@ -160,3 +160,7 @@ void quant_pool_run(quant_task_fn fn, void *ctx, int n) {
         else sched_yield();
     pthread_mutex_unlock(&P.run);
 }
+
+void cllm_quant_parallel(cllm_quant_task_fn fn, void *ctx, int n) { quant_pool_run(fn, ctx, n); }
+
+int cllm_quant_threads(void) { return quant_pool_threads(); }

@@ -24,7 +24,7 @@ void quant_round_x(float *dst, const float *x, int M, int K);
  * [0, n) on the calling thread and up to quant_pool_threads() - 1 helpers,
  * returning when all are done. Each chunk runs exactly once, on whichever
  * thread claims it, so fn must write disjoint outputs per chunk. */
-typedef void (*quant_task_fn)(void *ctx, int chunk);
+typedef cllm_quant_task_fn quant_task_fn; /* cllm/quant.h */
 void quant_pool_run(quant_task_fn fn, void *ctx, int n);
 /* Threads a job would use: omp_get_max_threads() (1 inside an OpenMP region). */
 int quant_pool_threads(void);

@@ -18,6 +18,7 @@
 
 #include "cllm/engine.h"
 #include "cllm/lora.h"
+#include "cllm/quant.h"
 
 typedef struct request {
     uint64_t id;
@@ -221,6 +222,15 @@ static void admit(cllm_engine *e) {
     }
 }
 
+/* The draw of the k-th ready sequence of a step. */
+static void draw_one(void *ctx, int k) {
+    cllm_engine *e = ctx;
+    const int i = e->ready[k];
+    e->ev[k] = (cllm_engine_event){e->slot[i]->id, {0}};
+    e->st[k] = cllm_generate_step_logits(e->slot[i]->g, e->logits + (size_t)i * (size_t)e->V, &e->ev[k].ev);
+    if (e->st[k]) snprintf(e->err[k], sizeof e->err[k], "%s", cllm_last_error());
+}
+
 cllm_status cllm_engine_step(cllm_engine *e, cllm_engine_callback cb, void *user, int *n_events) {
     if (n_events) *n_events = 0;
     admit(e);
@@ -265,15 +275,10 @@ cllm_status cllm_engine_step(cllm_engine *e, cllm_engine_callback cb, void *user
         e->ready[n_ready++] = i;
     }
     /* Sampling, log-probabilities and text of every sequence at once (each
-     * generation is its own object, the tokenizer is safe to share); the
-     * events then go out in slot order on this thread. */
-#pragma omp parallel for schedule(dynamic) if (n_ready > 1)
-    for (int k = 0; k < n_ready; k++) {
-        const int i = e->ready[k];
-        e->ev[k] = (cllm_engine_event){e->slot[i]->id, {0}};
-        e->st[k] = cllm_generate_step_logits(e->slot[i]->g, e->logits + (size_t)i * (size_t)e->V, &e->ev[k].ev);
-        if (e->st[k]) snprintf(e->err[k], sizeof e->err[k], "%s", cllm_last_error());
-    }
+     * generation is its own object, the tokenizer is safe to share), on the
+     * threads of the forward's matmuls (cllm_quant_parallel); the events
+     * then go out in slot order on this thread. */
+    cllm_quant_parallel(draw_one, e, n_ready);
     cllm_status first = CLLM_OK;
     for (int k = 0; k < n_ready; k++) {
         const int i = e->ready[k];
