@@ -65,9 +65,12 @@
  * L1/L2. */
 enum { BQ = 32, BK = 32, HSMAX = CLLM_ATTN_MAX_HS };
 
-/* The backward fuses its two passes from this many (b, g) tasks on: 8
- * keeps up to 8 threads busy (GPT-2 124M at batch 1 has 12 heads). */
-enum { FUSED_MIN_TASKS = 8 };
+/* The backward fuses its two passes from this many (b, g) tasks on: a
+ * LLaMA with 4 key/value heads at batch 1 keeps 4 threads busy (GPT-2
+ * 124M at batch 1 has 12 heads). Fewer tasks than threads leave the rest
+ * idle for the attention backward; the choice cannot look at the thread
+ * count, or results would depend on it. */
+enum { FUSED_MIN_TASKS = 4 };
 
 /* Fused multiply-add where the hardware has it (one rounding, twice the
  * throughput of mul+add, which -std=c11 will not contract on its own). */
