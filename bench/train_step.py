@@ -4,7 +4,7 @@ Training-step benchmark: cllm vs PyTorch (fp32, CPU) on the same model
 folder and the same token data.
 
   /usr/bin/python3 bench/train_step.py --cllm build/cllm [--threads 2]
-      [--configs gpt2-124M:4:64,gpt2-124M:4:256,llama-100M:4:256]
+      [--configs gpt2-124M:4:64,gpt2-124M:4:256,llama-100M:4:256,gpt2-124M:1:1024,llama-100M:1:1024]
       [--steps N] [--reps R] [--torch-only] [--openblas-coretype auto|NAME]
       [--precision fp32|bf16]
 
@@ -90,7 +90,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "ref"))
 sys.path.insert(0, HERE)
 
-DEFAULT_CONFIGS = "gpt2-124M:4:64,gpt2-124M:4:256,llama-100M:4:256"
+DEFAULT_CONFIGS = "gpt2-124M:4:64,gpt2-124M:4:256,llama-100M:4:256,gpt2-124M:1:1024,llama-100M:1:1024"
 PY = "/usr/bin/python3"
 
 

@@ -57,7 +57,7 @@ enum { NAIVE_TMAX = 256 };
 static void naive_attention(double *out, double *lse, double *dq, double *dk, double *dv,
                             const double *q, const double *k, const double *v, const double *dout,
                             const float *alibi, int B, int T, int NH, int NKV, int HS,
-                            double scale) {
+                            double scale, int window) {
     const int group = NH / NKV;
     size_t nq = (size_t)B * T * NH * HS, nkv = (size_t)B * T * NKV * HS;
     memset(dq, 0, nq * sizeof(double));
@@ -72,25 +72,26 @@ static void naive_attention(double *out, double *lse, double *dq, double *dk, do
                 const double *dot = dout + (((size_t)b * T + t) * NH + h) * HS;
                 double *ot = out + (((size_t)b * T + t) * NH + h) * HS;
                 double p[NAIVE_TMAX], mx = -INFINITY, sum = 0;
-                for (int s = 0; s <= t; s++) {
+                const int s_lo = window > 0 && t - window + 1 > 0 ? t - window + 1 : 0; /* first visible key */
+                for (int s = s_lo; s <= t; s++) {
                     const double *ks = k + (((size_t)b * T + s) * NKV + g) * HS;
                     double x = 0;
                     for (int i = 0; i < HS; i++) x += qt[i] * ks[i];
                     p[s] = scale * x + slope * (s - t);
                     if (p[s] > mx) mx = p[s];
                 }
-                for (int s = 0; s <= t; s++) sum += exp(p[s] - mx);
+                for (int s = s_lo; s <= t; s++) sum += exp(p[s] - mx);
                 const double l = mx + log(sum);
                 lse[((size_t)b * NH + h) * T + t] = l;
                 for (int i = 0; i < HS; i++) ot[i] = 0;
-                for (int s = 0; s <= t; s++) {
+                for (int s = s_lo; s <= t; s++) {
                     const double *vs = v + (((size_t)b * T + s) * NKV + g) * HS;
                     p[s] = exp(p[s] - l);
                     for (int i = 0; i < HS; i++) ot[i] += p[s] * vs[i];
                 }
                 double D = 0;
                 for (int i = 0; i < HS; i++) D += dot[i] * ot[i];
-                for (int s = 0; s <= t; s++) {
+                for (int s = s_lo; s <= t; s++) {
                     const size_t ko = (((size_t)b * T + s) * NKV + g) * HS;
                     double dp = 0;
                     for (int i = 0; i < HS; i++) dp += dot[i] * v[ko + i];
@@ -162,10 +163,10 @@ static void expect_gaps(const char *what, const char *name, const padded *p, siz
     free(inside);
 }
 
-static void naive_case(int B, int T, int NH, int NKV, int HS, int use_alibi, uint64_t seed) {
+static void naive_case(int B, int T, int NH, int NKV, int HS, int use_alibi, int window, uint64_t seed) {
     char name[96];
-    snprintf(name, sizeof name, "naive B%d T%d NH%d NKV%d HS%d%s", B, T, NH, NKV, HS,
-             use_alibi ? " alibi" : "");
+    snprintf(name, sizeof name, "naive B%d T%d NH%d NKV%d HS%d%s window %d", B, T, NH, NKV, HS,
+             use_alibi ? " alibi" : "", window);
     const size_t N = (size_t)B * T, nq = N * NH * HS, nkv = N * NKV * HS;
     const float sentinel = 777.0f;
     const double scale = (float)(1.0 / sqrt((double)HS));
@@ -185,7 +186,7 @@ static void naive_case(int B, int T, int NH, int NKV, int HS, int use_alibi, uin
     for (size_t i = 0; i < nkv; i++) v[i] = cllm_rng_normal(&rng);
     for (size_t i = 0; i < nq; i++) dout[i] = cllm_rng_normal(&rng);
     naive_attention(out, lse, dq, dk, dv, q, k, v, dout, use_alibi ? slopes : NULL, B, T, NH, NKV,
-                    HS, scale);
+                    HS, scale, window);
 
     padded pq = padded_make(B, T, NH, HS, 3, 5, 2, NAN), pk = padded_make(B, T, NKV, HS, 1, 2, 1, NAN);
     padded pv = padded_make(B, T, NKV, HS, 2, 0, 3, NAN), pdo = padded_make(B, T, NH, HS, 1, 1, 0, NAN);
@@ -212,11 +213,11 @@ static void naive_case(int B, int T, int NH, int NKV, int HS, int use_alibi, uin
     }
 
     float *flse = malloc((size_t)B * NH * T * sizeof(float));
-    cllm_attention_forward(vw(&po), flse, cvw(&pq), cvw(&pk), cvw(&pv), use_alibi ? slopes : NULL,
-                           B, T, NH, NKV, HS, (float)scale);
-    cllm_attention_backward(vw(&pdq), vw(&pdk), vw(&pdv), cvw(&pdo), cvw(&po), flse, cvw(&pq),
-                            cvw(&pk), cvw(&pv), use_alibi ? slopes : NULL, B, T, NH, NKV, HS,
-                            (float)scale);
+    cllm_attention_forward_window(vw(&po), flse, cvw(&pq), cvw(&pk), cvw(&pv), use_alibi ? slopes : NULL,
+                                  B, T, NH, NKV, HS, (float)scale, window);
+    cllm_attention_backward_window(vw(&pdq), vw(&pdk), vw(&pdv), cvw(&pdo), cvw(&po), flse, cvw(&pq),
+                                   cvw(&pk), cvw(&pv), use_alibi ? slopes : NULL, B, T, NH, NKV, HS,
+                                   (float)scale, window);
 
     float *got = malloc(nq * sizeof(float)), *ref = malloc(nq * sizeof(float));
     padded_get(got, &po, N, NH, HS);
@@ -245,9 +246,10 @@ static void naive_case(int B, int T, int NH, int NKV, int HS, int use_alibi, uin
 }
 
 /* Forward and backward give bit-identical results with 1 thread and with
- * the default count, and across repeated calls. Compact layouts. */
-static void determinism_case(void) {
-    const int B = 2, T = 100, NH = 4, NKV = 2, HS = 32;
+ * the default count, and across repeated calls. Compact layouts. B x NKV
+ * of 2 runs the two-pass backward, 4 the fused one. */
+static void determinism_case(int B, int NKV) {
+    const int T = 100, NH = 4, HS = 32;
     const size_t nq = (size_t)B * T * NH * HS, nkv = (size_t)B * T * NKV * HS;
     const size_t nl = (size_t)B * NH * T;
     cllm_rng rng;
@@ -275,7 +277,7 @@ static void determinism_case(void) {
     }
     omp_set_num_threads(threads[1]);
     CHECK(memcmp(res[0], res[1], (2 * nq + nl + 2 * nkv) * sizeof(float)) == 0,
-          "results differ between 1 and %d threads", threads[1]);
+          "B %d NKV %d: results differ between 1 and %d threads", B, NKV, threads[1]);
     free(res[0]), free(res[1]), free(buf);
 }
 
@@ -421,11 +423,19 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: test_attention [--ref DIR]\n");
         return 2;
     }
-    naive_case(2, 37, 4, 2, 24, 1, 1);
-    naive_case(1, 70, 3, 3, 7, 0, 2);
-    naive_case(1, 65, 6, 1, 33, 1, 3);
-    naive_case(2, 1, 2, 1, 256, 1, 4);
-    naive_case(1, 33, 1, 1, 256, 0, 5);
-    determinism_case();
+    /* B x NKV < 4: the two-pass backward */
+    naive_case(1, 70, 3, 3, 7, 0, 0, 2);
+    naive_case(1, 65, 6, 1, 33, 1, 0, 3);
+    naive_case(2, 1, 2, 1, 256, 1, 0, 4);
+    naive_case(1, 33, 1, 1, 256, 0, 0, 5);
+    naive_case(1, 90, 4, 2, 16, 1, 23, 6);
+    /* B x NKV >= 4: the fused backward (odd lengths, a window inside a block and across blocks) */
+    naive_case(2, 37, 4, 2, 24, 1, 0, 1);
+    naive_case(2, 70, 8, 4, 24, 1, 0, 7);
+    naive_case(1, 97, 8, 8, 64, 0, 0, 8);
+    naive_case(4, 100, 4, 2, 32, 0, 19, 9);
+    naive_case(8, 45, 2, 1, 80, 1, 40, 10);
+    determinism_case(1, 2);
+    determinism_case(2, 2);
     return check_summary();
 }

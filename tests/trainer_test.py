@@ -659,6 +659,51 @@ def case_zero(env):
         check(m[0]["state_bytes_work"] > 0, f"{name}: working buffers not reported")
 
 
+def case_metrics(env):
+    """Per-step throughput fields, checked against their documented formulas
+    (docs/training.md): tokens_per_sec = rows * seq_len / step_time;
+    gflops = flops / step_time with flops = 6 * P_mm * B * T + 6 * L * B * T * (T + 1) * A
+    (P_mm from tests/ref/hf_models.py, not from cllm); mfu = gflops / peak_gflops
+    (here the configured peak). The progress line shows the same tok/s and
+    MFU. CLLM_PROFILE=1 adds each phase's seconds, which add up to at most
+    time_fwdbwd; any other value is refused by name."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
+    import hf_models as hm
+    with open(os.path.join(env.model, "config.json")) as f:
+        mcfg = json.load(f)
+    B, T, peak = 4, 32, 2.5
+    A, L = hm.attention_width(mcfg)
+    flops = 6 * hm.matmul_params(mcfg) * B * T + 6 * L * B * T * (T + 1) * A
+    cfg = env.base("metrics", train_iters=3, steps_per_print=1, peak_gflops=peak)
+    p = env.run("train", "--config", env.config("metrics.json", cfg), env={"CLLM_PROFILE": "1"})
+    check(p.returncode == 0, f"profiled run: {p.stderr}")
+    m = metrics(env.path("metrics", "metrics.jsonl"))
+    check(len(m) == 3, f"three records: {len(m)}")
+    lines = [l for l in p.stderr.splitlines() if l.startswith("step ")]
+    check(len(lines) == 3, f"one progress line per step: {lines}")
+    phases = ["gemm_fwd", "gemm_bwd", "head_gemm", "xent", "attn_fwd", "attn_bwd", "norm", "act", "rope",
+              "residual", "zero", "embed", "other"]
+    for r, line in zip(m, lines):
+        dt = r["step_time"]
+        check(math.isclose(r["tokens_per_sec"], B * T / dt, rel_tol=1e-6), f"tokens_per_sec {r}")
+        check(math.isclose(r["gflops"], flops / dt / 1e9, rel_tol=1e-6), f"gflops {r['gflops']} vs {flops / dt / 1e9}")
+        check(math.isclose(r["mfu"], r["gflops"] / peak, rel_tol=1e-6), f"mfu {r['mfu']} vs gflops / {peak}")
+        check(f"| {B * T / dt:.0f} tok/s" in line and f"| MFU {100 * r['mfu']:.1f}%" in line,
+              f"progress line shows tok/s and MFU of the record: {line!r} vs {r}")
+        for ph in phases:
+            check(isinstance(r.get("prof_" + ph), (int, float)) and r["prof_" + ph] >= 0, f"prof_{ph} in {r}")
+        total = sum(r.get("prof_" + ph) or 0 for ph in phases)
+        check(total <= r["time_fwdbwd"] * (1 + 1e-6) + 1e-6, f"phases {total} within time_fwdbwd {r}")
+        for ph in ("gemm_fwd", "gemm_bwd", "head_gemm", "attn_fwd", "attn_bwd", "norm", "act", "rope"):
+            check(r["prof_" + ph] > 0, f"a llama step runs phase {ph}: {r}")
+    p = env.run("train", "--config", env.config("metrics2.json", env.base("metrics2", train_iters=1)))
+    check(p.returncode == 0 and not any(k.startswith("prof_") for k in metrics(env.path("metrics2", "metrics.jsonl"))[0]),
+          f"no prof_ fields without CLLM_PROFILE: {p.stderr}")
+    p = env.run("train", "--config", env.config("metrics3.json", env.base("metrics3", train_iters=1)),
+                env={"CLLM_PROFILE": "yes"})
+    check(p.returncode != 0 and "CLLM_PROFILE" in p.stderr, f"CLLM_PROFILE=yes refused by name: {p.stderr}")
+
+
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
 
 

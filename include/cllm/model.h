@@ -556,6 +556,37 @@ cllm_status cllm_model_forward_logits(cllm_model *m, const int32_t *tokens, int 
  * matmuls and attention (2 FLOPs per multiply-add, backward = 2x forward). */
 double cllm_model_train_flops(const cllm_model *m, int B, int T);
 
+/* ---- per-phase timing of the training pass ---- */
+
+/* Wall-clock seconds of each phase of cllm_model_forward_backward(_ex),
+ * summed over the calls since the last take: the dense matrix products
+ * (oneDNN; the LM head's apart), the tiled attention, and the element-wise
+ * passes. Off by default; when off the passes read no clock. The trainer
+ * turns it on with the environment variable CLLM_PROFILE=1 and writes each
+ * step's figures into metrics.jsonl as prof_<name> (docs/training.md). */
+typedef enum {
+    CLLM_PROF_GEMM_FWD,  /* block linears, forward (QKV, O, MLP) */
+    CLLM_PROF_GEMM_BWD,  /* block linears, input and weight gradients */
+    CLLM_PROF_HEAD_GEMM, /* LM head, forward and backward */
+    CLLM_PROF_XENT,      /* softmax cross-entropy over the vocabulary (and its gradient) */
+    CLLM_PROF_ATTN_FWD,  /* tiled causal attention, forward */
+    CLLM_PROF_ATTN_BWD,  /* tiled causal attention, backward */
+    CLLM_PROF_NORM,      /* LayerNorm / RMSNorm, forward and backward */
+    CLLM_PROF_ACT,       /* GELU / SwiGLU, forward and backward */
+    CLLM_PROF_ROPE,      /* rotary embeddings, forward and backward */
+    CLLM_PROF_RESIDUAL,  /* residual adds */
+    CLLM_PROF_ZERO,      /* zeroing the gradient scratch before accumulation */
+    CLLM_PROF_EMBED,     /* embedding lookup and its gradient */
+    CLLM_PROF_N
+} cllm_prof_phase;
+
+/* Starts (on) or stops timing the phases; starting clears the sums. */
+cllm_status cllm_model_set_profile(cllm_model *m, bool on);
+/* Copies the sums into seconds[CLLM_PROF_N] (zeros when off) and clears them. */
+void cllm_model_take_profile(cllm_model *m, double seconds[CLLM_PROF_N]);
+/* "gemm_fwd", "gemm_bwd", "head_gemm", "xent", ...: the phase's name. */
+const char *cllm_prof_name(int phase);
+
 /* ---- parameter groups and layer hooks (ZeRO-3, per-layer gradient reduction) ---- */
 
 /* The flat buffer in groups: group 0 holds the tensors before the blocks

@@ -18,11 +18,20 @@
  *   dk_s += scale * sum_t dS[t,s] q_t      (summed over the query heads of g)
  *   dv_s += sum_t P[t,s] dout_t            (likewise)
  *
- * Work split, deterministic without atomics: the forward and the dq pass run
- * one task per (b, h, query block); the dk/dv pass runs one task per (b, g,
- * key block) and loops over the group's query heads itself, so every output
- * row has exactly one writer. A task's arithmetic does not depend on which
- * thread runs it, so results are identical for any thread count.
+ * Work split, deterministic without atomics: the forward runs one task per
+ * (b, h, query block). The backward has two schemes, chosen by the shape
+ * alone (never the thread count):
+ *  - fused, when there are at least FUSED_MIN_TASKS (b, g) pairs: one task
+ *    per (b, g) walks its key blocks in order and, from each block's P and
+ *    dS tiles, adds dk, dv of the block and the block's part of dq of the
+ *    group's query heads. S and dP are computed once (5 tile products).
+ *  - two passes otherwise (few sequences and key/value heads: a (b, g) task
+ *    each would leave threads idle): one task per (b, g, key block) for dk,
+ *    dv, then one per (b, h, query block) for dq, which computes S and dP
+ *    again (7 tile products) but gives every thread work.
+ * Either way every output row has exactly one writer, and a task's
+ * arithmetic does not depend on which thread runs it, so results are
+ * identical for any thread count.
  *
  * Tiles: a query-block task transposes its queries once into Qt [HS,BQ] and
  * computes scores transposed, St[j,i] = k_j . q_i, one key row at a time
@@ -55,6 +64,13 @@
  * and every scratch tile (at most 32 x CLLM_ATTN_MAX_HS floats, 32 KB) in
  * L1/L2. */
 enum { BQ = 32, BK = 32, HSMAX = CLLM_ATTN_MAX_HS };
+
+/* The backward fuses its two passes from this many (b, g) tasks on: a
+ * LLaMA with 4 key/value heads at batch 1 keeps 4 threads busy (GPT-2
+ * 124M at batch 1 has 12 heads). Fewer tasks than threads leave the rest
+ * idle for the attention backward; the choice cannot look at the thread
+ * count, or results would depend on it. */
+enum { FUSED_MIN_TASKS = 4 };
 
 /* Fused multiply-add where the hardware has it (one rounding, twice the
  * throughput of mul+add, which -std=c11 will not contract on its own). */
@@ -336,6 +352,109 @@ static void row_dots(float *restrict D, cllm_cview dout, cllm_cview out, int b, 
     }
 }
 
+/* dk, dv of key block kb of kv head g in sequence b: the sum over every
+ * query row at or after the block, of every query head in the group.
+ * Tiles here are [query, key]: P[i*BK + j]. With dq.p set, the same dS
+ * tiles also add their part of dq (scale * dS @ K_block) into the query
+ * rows: the fused pass, whose task owns those rows. */
+static void kv_block_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cview dout, cllm_cview out,
+                              const float *lse, cllm_cview q, cllm_cview k, cllm_cview v, const float *alibi,
+                              int b, int g, int kb, int T, int NH, int group, int HS, float scale, int window) {
+    const int s0 = kb * BK;
+    const int nk = T - s0 < BK ? T - s0 : BK;
+
+    float Kt[HSMAX * BK], Vt[HSMAX * BK];   /* [HS,BK] keys, values, transposed */
+    float P[BQ * BK], dP[BQ * BK];          /* [BQ,BK] */
+    float dKs[BK * HSMAX], dVs[BK * HSMAX]; /* [nk,HS] sums for this block */
+    float dQs[BQ * HSMAX];                  /* [nq,HS] this block's part of dq (fused pass) */
+    float D[BQ];
+
+    load_transposed(Kt, BK, k, b, T, s0, nk, g, HS);
+    load_transposed(Vt, BK, v, b, T, s0, nk, g, HS);
+    memset(dKs, 0, (size_t)nk * HS * sizeof(float));
+    memset(dVs, 0, (size_t)nk * HS * sizeof(float));
+    const float *ks = k.p + row_off(b, T, s0, k.rs, g, k.hs);
+
+    for (int h = g * group; h < (g + 1) * group; h++) {
+        const float slope = alibi ? alibi[h] : 0.0f;
+        const float *lse_h = lse + ((size_t)b * NH + h) * T;
+        /* queries past s0 + nk - 1 + window see nothing of this block */
+        const int t_end = window > 0 && s0 + nk - 1 + window < T ? s0 + nk - 1 + window : T;
+        for (int t0 = (s0 / BQ) * BQ; t0 < t_end; t0 += BQ) {
+            const int nq = T - t0 < BQ ? T - t0 : BQ;
+            row_dots(D, dout, out, b, T, t0, nq, h, HS);
+            /* S = q Kt, dP = dout Vt, two query rows at a time. */
+            const float *qs = q.p + row_off(b, T, t0, q.rs, h, q.hs);
+            const float *dos = dout.p + row_off(b, T, t0, dout.rs, h, dout.hs);
+            const ptrdiff_t qrs = q.rs, drs = dout.rs;
+            memset(P, 0, (size_t)nq * BK * sizeof(float));
+            memset(dP, 0, (size_t)nq * BK * sizeof(float));
+            int i = 0;
+            for (; i + 1 < nq; i += 2) {
+                rows_axpy2(P + i * BK, P + (i + 1) * BK, BK, qs + i * qrs, qs + (i + 1) * qrs, 1, Kt, BK, HS);
+                rows_axpy2(dP + i * BK, dP + (i + 1) * BK, BK, dos + i * drs, dos + (i + 1) * drs, 1, Vt, BK, HS);
+            }
+            if (i < nq) {
+                rows_axpy(P + i * BK, BK, qs + i * qrs, 1, Kt, BK, HS);
+                rows_axpy(dP + i * BK, BK, dos + i * drs, 1, Vt, BK, HS);
+            }
+            for (i = 0; i < nq; i++) {
+                const int t = t0 + i;
+                float *restrict pi = P + i * BK;
+                float *restrict dpi = dP + i * BK;
+                /* P = exp(S - lse) where visible; dP becomes dS. */
+                const float lt = lse_h[t], Dt = D[i];
+                const int vis = keys_visible(t, s0, nk);
+#pragma omp simd
+                for (int j = 0; j < BK; j++) {
+                    const float x = MADD(scale, pi[j], slope * (float)(s0 + j - t)) - lt;
+                    const float e = exp_tile(x);
+                    const float p = j < vis && in_window(t, s0 + j, window) ? e : 0.0f;
+                    pi[j] = p;
+                    dpi[j] = p * (dpi[j] - Dt);
+                }
+            }
+            /* dv_s += sum_t P[t,s] dout_t ; dk_s += sum_t dS[t,s] q_t
+             * (scale applied once at the end). */
+            int j = 0;
+            for (; j + 1 < nk; j += 2) {
+                rows_axpy2(dVs + (size_t)j * HS, dVs + (size_t)(j + 1) * HS, HS, P + j, P + j + 1, BK, dos, drs, nq);
+                rows_axpy2(dKs + (size_t)j * HS, dKs + (size_t)(j + 1) * HS, HS, dP + j, dP + j + 1, BK, qs, qrs,
+                           nq);
+            }
+            if (j < nk) {
+                rows_axpy(dVs + (size_t)j * HS, HS, P + j, BK, dos, drs, nq);
+                rows_axpy(dKs + (size_t)j * HS, HS, dP + j, BK, qs, qrs, nq);
+            }
+            if (!dq.p) continue;
+            /* dq_t += scale * sum_s dS[t,s] k_s over this block's keys */
+            memset(dQs, 0, (size_t)nq * HS * sizeof(float));
+            for (i = 0; i + 1 < nq; i += 2)
+                rows_axpy2(dQs + (size_t)i * HS, dQs + (size_t)(i + 1) * HS, HS, dP + i * BK, dP + (i + 1) * BK, 1,
+                           ks, k.rs, keys_visible(t0 + i + 1, s0, nk));
+            if (i < nq) rows_axpy(dQs + (size_t)i * HS, HS, dP + i * BK, 1, ks, k.rs, keys_visible(t0 + i, s0, nk));
+            for (i = 0; i < nq; i++) {
+                float *restrict dqr = dq.p + row_off(b, T, t0 + i, dq.rs, h, dq.hs);
+                const float *restrict dqs = dQs + (size_t)i * HS;
+#pragma omp simd
+                for (int d = 0; d < HS; d++) dqr[d] = MADD(scale, dqs[d], dqr[d]);
+            }
+        }
+    }
+
+    for (int j = 0; j < nk; j++) {
+        float *restrict dkr = dk.p + row_off(b, T, s0 + j, dk.rs, g, dk.hs);
+        float *restrict dvr = dv.p + row_off(b, T, s0 + j, dv.rs, g, dv.hs);
+        const float *restrict dks = dKs + (size_t)j * HS;
+        const float *restrict dvs = dVs + (size_t)j * HS;
+#pragma omp simd
+        for (int d = 0; d < HS; d++) {
+            dkr[d] = MADD(scale, dks[d], dkr[d]);
+            dvr[d] += dvs[d];
+        }
+    }
+}
+
 void cllm_attention_backward_window(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cview dout,
                                     cllm_cview out, const float *lse, cllm_cview q, cllm_cview k,
                                     cllm_cview v, const float *alibi, int B, int T, int NH, int NKV,
@@ -344,102 +463,28 @@ void cllm_attention_backward_window(cllm_view dq, cllm_view dk, cllm_view dv, cl
     const int group = NH / NKV;
     const int nqb = (T + BQ - 1) / BQ;
     const int nkb = (T + BK - 1) / BK;
-    const long nkv_task = (long)B * NKV * nkb;
     const long nq_task = (long)B * NH * nqb;
+
+    if ((long)B * NKV >= FUSED_MIN_TASKS) {
+        /* Fused: one task per (b, g) runs its key blocks in order, adding
+         * dq as it goes; every dq, dk and dv row has one writer. */
+#pragma omp parallel for schedule(dynamic, 1)
+        for (long task = 0; task < (long)B * NKV; task++)
+            for (int kb = 0; kb < nkb; kb++)
+                kv_block_backward(dq, dk, dv, dout, out, lse, q, k, v, alibi, (int)(task / NKV), (int)(task % NKV), kb,
+                                  T, NH, group, HS, scale, window);
+        return;
+    }
 
 #pragma omp parallel
     {
-        /* Pass 1: dk, dv of one key block of one kv head, summed over every
-         * query row at or after the block, of every query head in the group.
-         * Tiles here are [query, key]: P[i*BK + j]. Key blocks near the
-         * start see the most queries: they come first. */
+        /* Pass 1: dk, dv of one key block of one kv head. Key blocks near
+         * the start see the most queries: they come first. */
 #pragma omp for schedule(dynamic, 1)
-        for (long task = 0; task < nkv_task; task++) {
-            const int kb = (int)(task % nkb);
-            const int g = (int)((task / nkb) % NKV);
-            const int b = (int)(task / ((long)nkb * NKV));
-            const int s0 = kb * BK;
-            const int nk = T - s0 < BK ? T - s0 : BK;
-
-            float Kt[HSMAX * BK], Vt[HSMAX * BK];   /* [HS,BK] keys, values, transposed */
-            float P[BQ * BK], dP[BQ * BK];          /* [BQ,BK] */
-            float dKs[BK * HSMAX], dVs[BK * HSMAX]; /* [nk,HS] sums for this block */
-            float D[BQ];
-
-            load_transposed(Kt, BK, k, b, T, s0, nk, g, HS);
-            load_transposed(Vt, BK, v, b, T, s0, nk, g, HS);
-            memset(dKs, 0, (size_t)nk * HS * sizeof(float));
-            memset(dVs, 0, (size_t)nk * HS * sizeof(float));
-
-            for (int h = g * group; h < (g + 1) * group; h++) {
-                const float slope = alibi ? alibi[h] : 0.0f;
-                const float *lse_h = lse + ((size_t)b * NH + h) * T;
-                /* queries past s0 + nk - 1 + window see nothing of this block */
-                const int t_end = window > 0 && s0 + nk - 1 + window < T ? s0 + nk - 1 + window : T;
-                for (int t0 = (s0 / BQ) * BQ; t0 < t_end; t0 += BQ) {
-                    const int nq = T - t0 < BQ ? T - t0 : BQ;
-                    row_dots(D, dout, out, b, T, t0, nq, h, HS);
-                    /* S = q Kt, dP = dout Vt, two query rows at a time. */
-                    const float *qs = q.p + row_off(b, T, t0, q.rs, h, q.hs);
-                    const float *dos = dout.p + row_off(b, T, t0, dout.rs, h, dout.hs);
-                    const ptrdiff_t qrs = q.rs, drs = dout.rs;
-                    memset(P, 0, (size_t)nq * BK * sizeof(float));
-                    memset(dP, 0, (size_t)nq * BK * sizeof(float));
-                    int i = 0;
-                    for (; i + 1 < nq; i += 2) {
-                        rows_axpy2(P + i * BK, P + (i + 1) * BK, BK, qs + i * qrs, qs + (i + 1) * qrs, 1,
-                                   Kt, BK, HS);
-                        rows_axpy2(dP + i * BK, dP + (i + 1) * BK, BK, dos + i * drs,
-                                   dos + (i + 1) * drs, 1, Vt, BK, HS);
-                    }
-                    if (i < nq) {
-                        rows_axpy(P + i * BK, BK, qs + i * qrs, 1, Kt, BK, HS);
-                        rows_axpy(dP + i * BK, BK, dos + i * drs, 1, Vt, BK, HS);
-                    }
-                    for (i = 0; i < nq; i++) {
-                        const int t = t0 + i;
-                        float *restrict pi = P + i * BK;
-                        float *restrict dpi = dP + i * BK;
-                        /* P = exp(S - lse) where visible; dP becomes dS. */
-                        const float lt = lse_h[t], Dt = D[i];
-                        const int vis = keys_visible(t, s0, nk);
-#pragma omp simd
-                        for (int j = 0; j < BK; j++) {
-                            const float x = MADD(scale, pi[j], slope * (float)(s0 + j - t)) - lt;
-                            const float e = exp_tile(x);
-                            const float p = j < vis && in_window(t, s0 + j, window) ? e : 0.0f;
-                            pi[j] = p;
-                            dpi[j] = p * (dpi[j] - Dt);
-                        }
-                    }
-                    /* dv_s += sum_t P[t,s] dout_t ; dk_s += sum_t dS[t,s] q_t
-                     * (scale applied once at the end). */
-                    int j = 0;
-                    for (; j + 1 < nk; j += 2) {
-                        rows_axpy2(dVs + (size_t)j * HS, dVs + (size_t)(j + 1) * HS, HS, P + j, P + j + 1,
-                                   BK, dos, drs, nq);
-                        rows_axpy2(dKs + (size_t)j * HS, dKs + (size_t)(j + 1) * HS, HS, dP + j,
-                                   dP + j + 1, BK, qs, qrs, nq);
-                    }
-                    if (j < nk) {
-                        rows_axpy(dVs + (size_t)j * HS, HS, P + j, BK, dos, drs, nq);
-                        rows_axpy(dKs + (size_t)j * HS, HS, dP + j, BK, qs, qrs, nq);
-                    }
-                }
-            }
-
-            for (int j = 0; j < nk; j++) {
-                float *restrict dkr = dk.p + row_off(b, T, s0 + j, dk.rs, g, dk.hs);
-                float *restrict dvr = dv.p + row_off(b, T, s0 + j, dv.rs, g, dv.hs);
-                const float *restrict dks = dKs + (size_t)j * HS;
-                const float *restrict dvs = dVs + (size_t)j * HS;
-#pragma omp simd
-                for (int d = 0; d < HS; d++) {
-                    dkr[d] = MADD(scale, dks[d], dkr[d]);
-                    dvr[d] += dvs[d];
-                }
-            }
-        }
+        for (long task = 0; task < (long)B * NKV * nkb; task++)
+            kv_block_backward((cllm_view){NULL, 0, 0}, dk, dv, dout, out, lse, q, k, v, alibi,
+                              (int)(task / ((long)nkb * NKV)), (int)((task / nkb) % NKV), (int)(task % nkb), T, NH,
+                              group, HS, scale, window);
 
         /* Pass 2: dq of one query block of one query head, with transposed
          * [key, query] tiles as in the forward. The implicit barrier above

@@ -81,7 +81,35 @@ void cllm_model_free(cllm_model *m) {
     free(m->sp_counts);
     free(m->moe_load);
     model_moe_ep_free(m);
+    free(m->prof);
     free(m);
+}
+
+/* ------------------------------------------------------------ profile */
+
+static const char *const prof_names[CLLM_PROF_N] = {
+    "gemm_fwd", "gemm_bwd", "head_gemm", "xent", "attn_fwd", "attn_bwd",
+    "norm", "act", "rope", "residual", "zero", "embed"};
+
+const char *cllm_prof_name(int phase) { return phase >= 0 && phase < CLLM_PROF_N ? prof_names[phase] : "?"; }
+
+cllm_status cllm_model_set_profile(cllm_model *m, bool on) {
+    if (!on) {
+        free(m->prof);
+        m->prof = NULL;
+        return CLLM_OK;
+    }
+    if (!m->prof) {
+        m->prof = calloc(CLLM_PROF_N, sizeof(double));
+        if (!m->prof) return CLLM_FAIL(CLLM_ERR_NOMEM, "profile counters");
+    }
+    memset(m->prof, 0, CLLM_PROF_N * sizeof(double));
+    return CLLM_OK;
+}
+
+void cllm_model_take_profile(cllm_model *m, double seconds[CLLM_PROF_N]) {
+    for (int i = 0; i < CLLM_PROF_N; i++) seconds[i] = m->prof ? m->prof[i] : 0.0;
+    if (m->prof) memset(m->prof, 0, CLLM_PROF_N * sizeof(double));
 }
 
 /* ------------------------------------------------------------ loading */

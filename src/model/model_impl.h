@@ -232,7 +232,19 @@ struct cllm_model {
      * by cllm_model_set_params and are the run's own. NULL: owns its weights. */
     struct cllm_weights *shared;
     bool own_params;
+    /* per-phase seconds (cllm_model_set_profile): [CLLM_PROF_N], NULL when off */
+    double *prof;
 };
+
+/* Runs the statement(s) and adds their wall time to phase ph of m's
+ * profile; without a profile, only the statements run. */
+#define MODEL_PROF(m, ph, ...)                                  \
+    do {                                                        \
+        double *prof_ = (m)->prof;                              \
+        double t_ = prof_ ? cllm_time_sec() : 0.0;              \
+        __VA_ARGS__;                                            \
+        if (prof_) prof_[ph] += cllm_time_sec() - t_;           \
+    } while (0)
 
 /* The rows of a cached forward pass (generate.c builds it, run.c reads
  * it): n_seq sequences, sequence i with new rows rows[i]..rows[i+1]-1 at

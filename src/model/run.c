@@ -71,19 +71,19 @@ static cllm_cview cv(cllm_view v) { return (cllm_cview){v.p, v.rs, v.hs}; }
 void model_norm_forward(const cllm_model *m, float *out, float *mean, float *rstd, const float *inp, const float *w,
                          const float *b, int N) {
     const cllm_model_config *c = &m->cfg;
-    if (c->arch == CLLM_ARCH_LLAMA)
+    MODEL_PROF(m, CLLM_PROF_NORM, if (c->arch == CLLM_ARCH_LLAMA)
         cllm_rmsnorm_forward(out, rstd, inp, w, N, c->n_embd, c->norm_eps);
     else
-        cllm_layernorm_forward(out, mean, rstd, inp, w, b, N, c->n_embd, c->norm_eps);
+        cllm_layernorm_forward(out, mean, rstd, inp, w, b, N, c->n_embd, c->norm_eps));
 }
 
 static void norm_backward(const cllm_model *m, float *dinp, float *dw, float *db, const float *dout, const float *inp,
                           const float *w, const float *mean, const float *rstd, int N) {
     const cllm_model_config *c = &m->cfg;
-    if (c->arch == CLLM_ARCH_LLAMA)
+    MODEL_PROF(m, CLLM_PROF_NORM, if (c->arch == CLLM_ARCH_LLAMA)
         cllm_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, c->n_embd);
     else
-        cllm_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, c->n_embd);
+        cllm_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, c->n_embd));
 }
 
 /* A norm's backward over this rank's rows. Under sequence parallelism they
@@ -164,7 +164,9 @@ cllm_status model_embed_forward(const cllm_model *m, float *x0, float *emb, floa
 }
 
 static cllm_status embed_forward(cllm_model *m, const int32_t *tokens, int B, int T) {
-    return model_embed_forward(m, m->layers[0].x, m->emb, m->emb_mean, m->emb_rstd, tokens, B, T, NULL);
+    MODEL_PROF(m, CLLM_PROF_EMBED,
+               TRY(model_embed_forward(m, m->layers[0].x, m->emb, m->emb_mean, m->emb_rstd, tokens, B, T, NULL)));
+    return CLLM_OK;
 }
 
 /* Rotates the q or k view by each row's position: B x T rows from 0 with
@@ -271,19 +273,21 @@ cllm_status model_block_forward(const cllm_model *m, model_lp_scratch *lp, int l
     TRY(linear_input(m, a->ln1, B, T, sp, &in));
     qkv_views v = make_views(c, a->qkv, (size_t)N);
     if (c->arch == CLLM_ARCH_LLAMA) {
-        TRY(model_linear_forward(m, lp, v.q.p, in, s[L_Q_W], P[L_Q_B], N, C, Q, false));
-        TRY(model_linear_forward(m, lp, v.k.p, in, s[L_K_W], P[L_K_B], N, C, K, false));
-        TRY(model_linear_forward(m, lp, v.v.p, in, s[L_V_W], P[L_V_B], N, C, K, false));
-        rope_rows(m, v.q, c->n_head, B, T, rows, 1);
-        rope_rows(m, v.k, c->n_kv_head, B, T, rows, 1);
+        MODEL_PROF(m, CLLM_PROF_GEMM_FWD, TRY(model_linear_forward(m, lp, v.q.p, in, s[L_Q_W], P[L_Q_B], N, C, Q, false));
+                   TRY(model_linear_forward(m, lp, v.k.p, in, s[L_K_W], P[L_K_B], N, C, K, false));
+                   TRY(model_linear_forward(m, lp, v.v.p, in, s[L_V_W], P[L_V_B], N, C, K, false)));
+        MODEL_PROF(m, CLLM_PROF_ROPE, rope_rows(m, v.q, c->n_head, B, T, rows, 1);
+                   rope_rows(m, v.k, c->n_kv_head, B, T, rows, 1));
     } else {
-        TRY(model_linear_forward(m, lp, a->qkv, in, s[L_QKV_W], P[L_QKV_B], N, C, 3 * Q, in_out));
+        MODEL_PROF(m, CLLM_PROF_GEMM_FWD,
+                   TRY(model_linear_forward(m, lp, a->qkv, in, s[L_QKV_W], P[L_QKV_B], N, C, 3 * Q, in_out)));
     }
     const float scale = 1.0f / sqrtf((float)HS);
     if (!rows) {
         const float *alibi = c->arch == CLLM_ARCH_BLOOM ? m->alibi : NULL;
-        cllm_attention_forward_window((cllm_view){a->atty, Q, HS}, a->lse, cv(v.q), cv(v.k), cv(v.v), alibi, B, T,
-                                      c->n_head, c->n_kv_head, HS, scale, c->sliding_window);
+        MODEL_PROF(m, CLLM_PROF_ATTN_FWD,
+                   cllm_attention_forward_window((cllm_view){a->atty, Q, HS}, a->lse, cv(v.q), cv(v.k), cv(v.v), alibi,
+                                                 B, T, c->n_head, c->n_kv_head, HS, scale, c->sliding_window));
     } else {
         cache_append(rows, l, v.k, v.v, c->n_kv_head, HS);
         const size_t off = (size_t)l * rows->layer_stride;
@@ -301,9 +305,10 @@ cllm_status model_block_forward(const cllm_model *m, model_lp_scratch *lp, int l
     }
     /* row-parallel under tensor parallelism: partial sums, reduced, then the bias once */
     const bool tp = m->tp_size > 1;
-    TRY(model_linear_forward(m, lp, sp ? m->sp_full : a->x1, a->atty, s[L_O_W], tp ? NULL : P[L_O_B], N, Q, C, in_out));
+    MODEL_PROF(m, CLLM_PROF_GEMM_FWD, TRY(model_linear_forward(m, lp, sp ? m->sp_full : a->x1, a->atty, s[L_O_W],
+                                                               tp ? NULL : P[L_O_B], N, Q, C, in_out)));
     TRY(row_parallel_sum(m, a->x1, P[L_O_B], B, T, N, sp));
-    cllm_add(a->x1, a->x1, a->x, (long)Nl * C);
+    MODEL_PROF(m, CLLM_PROF_RESIDUAL, cllm_add(a->x1, a->x1, a->x, (long)Nl * C));
 
     model_norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->x1, P[L_LN2_W], P[L_LN2_B], Nl);
     TRY(linear_input(m, a->ln2, B, T, sp, &in));
@@ -312,17 +317,19 @@ cllm_status model_block_forward(const cllm_model *m, model_lp_scratch *lp, int l
         if (!recompute) cllm_add(y, y, a->x1, (long)N * C);
         return CLLM_OK;
     }
-    TRY(model_linear_forward(m, lp, a->fc, in, s[L_FC_W], P[L_FC_B], N, C, F, in_out));
+    MODEL_PROF(m, CLLM_PROF_GEMM_FWD, TRY(model_linear_forward(m, lp, a->fc, in, s[L_FC_W], P[L_FC_B], N, C, F, in_out)));
     if (c->arch == CLLM_ARCH_LLAMA) {
-        TRY(model_linear_forward(m, lp, a->up, in, s[L_UP_W], P[L_UP_B], N, C, F, false));
-        ffn_act(a->act, a->fc, a->up, N, F);
+        MODEL_PROF(m, CLLM_PROF_GEMM_FWD,
+                   TRY(model_linear_forward(m, lp, a->up, in, s[L_UP_W], P[L_UP_B], N, C, F, false)));
+        MODEL_PROF(m, CLLM_PROF_ACT, ffn_act(a->act, a->fc, a->up, N, F));
     } else {
-        ffn_act(a->act, a->fc, NULL, N, F);
+        MODEL_PROF(m, CLLM_PROF_ACT, ffn_act(a->act, a->fc, NULL, N, F));
     }
     if (recompute) return CLLM_OK;
-    TRY(model_linear_forward(m, lp, sp ? m->sp_full : y, a->act, s[L_DOWN_W], tp ? NULL : P[L_DOWN_B], N, F, C, in_out));
+    MODEL_PROF(m, CLLM_PROF_GEMM_FWD, TRY(model_linear_forward(m, lp, sp ? m->sp_full : y, a->act, s[L_DOWN_W],
+                                                               tp ? NULL : P[L_DOWN_B], N, F, C, in_out)));
     TRY(row_parallel_sum(m, y, P[L_DOWN_B], B, T, N, sp));
-    cllm_add(y, y, a->x1, (long)Nl * C);
+    MODEL_PROF(m, CLLM_PROF_RESIDUAL, cllm_add(y, y, a->x1, (long)Nl * C));
     return CLLM_OK;
 }
 
@@ -364,19 +371,21 @@ static cllm_status block_backward(cllm_model *m, int l, int B, int T, double aux
         memset(m->dln, 0, NC * sizeof(float));
         TRY(model_moe_backward(m, l, a, m->dln, m->dx, N, aux_scale));
     } else {
-        memset(m->dact, 0, NF * sizeof(float));
-        TRY(model_linear_backward(m, lp, m->dact, G[L_DOWN_W], G[L_DOWN_B], dy, a->act, P[L_DOWN_W], N, F, C, in_out));
-        memset(m->dfc, 0, NF * sizeof(float));
-        memset(m->dln, 0, NC * sizeof(float));
+        MODEL_PROF(m, CLLM_PROF_ZERO, memset(m->dact, 0, NF * sizeof(float)));
+        MODEL_PROF(m, CLLM_PROF_GEMM_BWD, TRY(model_linear_backward(m, lp, m->dact, G[L_DOWN_W], G[L_DOWN_B], dy,
+                                                                    a->act, P[L_DOWN_W], N, F, C, in_out)));
+        MODEL_PROF(m, CLLM_PROF_ZERO, memset(m->dfc, 0, NF * sizeof(float)); memset(m->dln, 0, NC * sizeof(float)));
         TRY(linear_input(m, a->ln2, B, T, sp, &in));
         if (c->arch == CLLM_ARCH_LLAMA) {
-            memset(m->dup, 0, NF * sizeof(float));
-            cllm_swiglu_backward(m->dfc, m->dup, m->dact, a->fc, a->up, (long)NF);
-            TRY(model_linear_backward(m, lp, m->dln, G[L_UP_W], G[L_UP_B], m->dup, in, P[L_UP_W], N, C, F, false));
+            MODEL_PROF(m, CLLM_PROF_ZERO, memset(m->dup, 0, NF * sizeof(float)));
+            MODEL_PROF(m, CLLM_PROF_ACT, cllm_swiglu_backward(m->dfc, m->dup, m->dact, a->fc, a->up, (long)NF));
+            MODEL_PROF(m, CLLM_PROF_GEMM_BWD, TRY(model_linear_backward(m, lp, m->dln, G[L_UP_W], G[L_UP_B], m->dup,
+                                                                        in, P[L_UP_W], N, C, F, false)));
         } else {
-            cllm_gelu_backward(m->dfc, m->dact, a->fc, (long)NF);
+            MODEL_PROF(m, CLLM_PROF_ACT, cllm_gelu_backward(m->dfc, m->dact, a->fc, (long)NF));
         }
-        TRY(model_linear_backward(m, lp, m->dln, G[L_FC_W], G[L_FC_B], m->dfc, in, P[L_FC_W], N, C, F, in_out));
+        MODEL_PROF(m, CLLM_PROF_GEMM_BWD, TRY(model_linear_backward(m, lp, m->dln, G[L_FC_W], G[L_FC_B], m->dfc, in,
+                                                                    P[L_FC_W], N, C, F, in_out)));
     }
     /* column-parallel input gradient: summed over the tensor group */
     if (sp) TRY(model_sp_scatter(m, m->sp_loc, m->dln, B, T));
@@ -386,25 +395,30 @@ static cllm_status block_backward(cllm_model *m, int l, int B, int T, double aux
 
     /* attention: h = x + o(attn(qkv(LN1(x)))) */
     if (sp) TRY(model_sp_gather(m, m->dln, m->dx, B, T));
-    memset(m->datty, 0, (size_t)N * Q * sizeof(float));
-    TRY(model_linear_backward(m, lp, m->datty, G[L_O_W], G[L_O_B], dy, a->atty, P[L_O_W], N, Q, C, in_out));
-    memset(m->dqkv, 0, (size_t)N * model_qkv_width(c) * sizeof(float));
+    MODEL_PROF(m, CLLM_PROF_ZERO, memset(m->datty, 0, (size_t)N * Q * sizeof(float)));
+    MODEL_PROF(m, CLLM_PROF_GEMM_BWD, TRY(model_linear_backward(m, lp, m->datty, G[L_O_W], G[L_O_B], dy, a->atty,
+                                                                P[L_O_W], N, Q, C, in_out)));
+    MODEL_PROF(m, CLLM_PROF_ZERO, memset(m->dqkv, 0, (size_t)N * model_qkv_width(c) * sizeof(float)));
     qkv_views v = make_views(c, a->qkv, (size_t)N), dv = make_views(c, m->dqkv, (size_t)N);
     const float *alibi = c->arch == CLLM_ARCH_BLOOM ? m->alibi : NULL;
-    cllm_attention_backward_window(dv.q, dv.k, dv.v, (cllm_cview){m->datty, Q, HS}, (cllm_cview){a->atty, Q, HS},
-                                   a->lse, cv(v.q), cv(v.k), cv(v.v), alibi, B, T, c->n_head, c->n_kv_head, HS,
-                                   1.0f / sqrtf((float)HS), c->sliding_window);
-    memset(m->dln, 0, NC * sizeof(float));
+    MODEL_PROF(m, CLLM_PROF_ATTN_BWD,
+               cllm_attention_backward_window(dv.q, dv.k, dv.v, (cllm_cview){m->datty, Q, HS},
+                                              (cllm_cview){a->atty, Q, HS}, a->lse, cv(v.q), cv(v.k), cv(v.v), alibi,
+                                              B, T, c->n_head, c->n_kv_head, HS, 1.0f / sqrtf((float)HS),
+                                              c->sliding_window));
+    MODEL_PROF(m, CLLM_PROF_ZERO, memset(m->dln, 0, NC * sizeof(float)));
     TRY(linear_input(m, a->ln1, B, T, sp, &in));
     if (c->arch == CLLM_ARCH_LLAMA) {
         /* undo the rotation: the gradient of a rotation is its inverse */
-        cllm_rope_apply(dv.q.p, m->rope_cos, m->rope_sin, B, T, c->n_head, HS, Q, HS, -1);
-        cllm_rope_apply(dv.k.p, m->rope_cos, m->rope_sin, B, T, c->n_kv_head, HS, K, HS, -1);
-        TRY(model_linear_backward(m, lp, m->dln, G[L_Q_W], G[L_Q_B], dv.q.p, in, P[L_Q_W], N, C, Q, false));
-        TRY(model_linear_backward(m, lp, m->dln, G[L_K_W], G[L_K_B], dv.k.p, in, P[L_K_W], N, C, K, false));
-        TRY(model_linear_backward(m, lp, m->dln, G[L_V_W], G[L_V_B], dv.v.p, in, P[L_V_W], N, C, K, false));
+        MODEL_PROF(m, CLLM_PROF_ROPE, cllm_rope_apply(dv.q.p, m->rope_cos, m->rope_sin, B, T, c->n_head, HS, Q, HS, -1);
+                   cllm_rope_apply(dv.k.p, m->rope_cos, m->rope_sin, B, T, c->n_kv_head, HS, K, HS, -1));
+        MODEL_PROF(m, CLLM_PROF_GEMM_BWD,
+                   TRY(model_linear_backward(m, lp, m->dln, G[L_Q_W], G[L_Q_B], dv.q.p, in, P[L_Q_W], N, C, Q, false));
+                   TRY(model_linear_backward(m, lp, m->dln, G[L_K_W], G[L_K_B], dv.k.p, in, P[L_K_W], N, C, K, false));
+                   TRY(model_linear_backward(m, lp, m->dln, G[L_V_W], G[L_V_B], dv.v.p, in, P[L_V_W], N, C, K, false)));
     } else {
-        TRY(model_linear_backward(m, lp, m->dln, G[L_QKV_W], G[L_QKV_B], m->dqkv, in, P[L_QKV_W], N, C, 3 * Q, in_out));
+        MODEL_PROF(m, CLLM_PROF_GEMM_BWD, TRY(model_linear_backward(m, lp, m->dln, G[L_QKV_W], G[L_QKV_B], m->dqkv, in,
+                                                                    P[L_QKV_W], N, C, 3 * Q, in_out)));
     }
     if (sp) TRY(model_sp_scatter(m, m->sp_loc, m->dln, B, T));
     else TRY(model_tp_allreduce(m, m->dln, NC));
@@ -432,10 +446,10 @@ static cllm_status embed_backward(cllm_model *m, const int32_t *tokens, int B, i
         TRY(model_sp_gather(m, m->sp_full, dout, B, T));
         dout = m->sp_full;
     }
-    if (m->tp_size > 1)
+    MODEL_PROF(m, CLLM_PROF_EMBED, if (m->tp_size > 1)
         model_tp_embed_backward(m, dwte, dwpe, dout, tokens, N, T);
     else
-        cllm_embedding_backward(dwte, dwpe, dout, tokens, N, T, C, c->vocab_size);
+        cllm_embedding_backward(dwte, dwpe, dout, tokens, N, T, C, c->vocab_size));
     return CLLM_OK;
 }
 
@@ -543,21 +557,22 @@ static cllm_status head_run(cllm_model *m, const int32_t *targets, int B, int T,
     for (int r0 = 0; r0 < N; r0 += chunk) {
         int rows = N - r0 < chunk ? N - r0 : chunk;
         const float *h = m->lnf + (size_t)r0 * C;
-        TRY(model_linear_forward(m, &m->lp_run, m->logits, h, hs, NULL, rows, C, V, false));
-        long k;
+        MODEL_PROF(m, CLLM_PROF_HEAD_GEMM,
+                   TRY(model_linear_forward(m, &m->lp_run, m->logits, h, hs, NULL, rows, C, V, false)));
+        long k = 0;
         /* per-token scales: the unit gradient of each row's loss, then each
          * row times its own scale */
         float ds = tscale ? 1.0f : grad_scale;
-        if (tp)
+        MODEL_PROF(m, CLLM_PROF_XENT, if (tp)
             TRY(model_tp_xent(m, m->losses + r0, m->logits, targets + r0, rows, backward, ds, &k));
         else if (backward)
             k = cllm_xent_forward_backward(m->losses + r0, m->logits, targets + r0, rows, V, ds);
         else
             k = cllm_xent_forward(m->losses + r0, m->logits, targets + r0, rows, V);
-        if (backward && tscale && k) scale_rows(m->logits, tscale + r0, rows, V);
+        if (backward && tscale && k) scale_rows(m->logits, tscale + r0, rows, V));
         if (backward && k)
-            TRY(model_linear_backward(m, &m->lp_run, m->dlnf + (size_t)r0 * C, dW, NULL, m->logits, h, W, rows, C, V,
-                                      false));
+            MODEL_PROF(m, CLLM_PROF_HEAD_GEMM, TRY(model_linear_backward(m, &m->lp_run, m->dlnf + (size_t)r0 * C, dW,
+                                                                         NULL, m->logits, h, W, rows, C, V, false)));
         count += k;
         for (int i = 0; i < rows; i++) total += m->losses[r0 + i];
     }

@@ -579,6 +579,7 @@ static cllm_status train_step(trainer *tr, double *avg_step) {
     if (st) return cllm_fail_context(st, "step %ld", step);
     if ((st = reduce_count(tr, &count))) return cllm_fail_context(st, "step %ld", step);
     double t1 = cllm_time_sec(), comm0 = comm_seconds(tr), wait0 = wait_seconds(tr);
+    train_profile_begin(tr);
     tr->exec->zero_grads(tr);
     tr->smode->zero_grads(tr);
     double loss_sum = 0;
@@ -962,6 +963,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         goto done;
     tr->flops_per_step = cllm_model_train_flops(tr->m, (int)c->train_micro_batch_size_per_gpu, c->seq_len) *
                          (double)c->gradient_accumulation_steps;
+    if ((st = train_profile_init(tr))) goto done;
     tr->peak_gflops = c->peak_gflops;
     const char *env = getenv("CLLM_PEAK_GFLOPS");
     double envv;

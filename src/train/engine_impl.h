@@ -34,6 +34,7 @@ typedef struct {
     train_metrics metrics;
     cllm_ckpt_state state;
     double flops_per_step, peak_gflops;
+    bool profile;  /* CLLM_PROFILE=1: per-phase seconds of each step in metrics.jsonl */
     bool progress; /* \r line on a terminal */
     bool line_open;
     long last_save_step, last_eval_step;
@@ -161,5 +162,11 @@ typedef struct {
 double train_hidden_fraction(double comm, double wait);
 /* Writes the step's metrics.jsonl record (rank 0's output folder). */
 cllm_status train_record_step(trainer *tr, const train_step_report *s);
+/* CLLM_PROFILE=1 in the environment (1 or 0; anything else is refused by
+ * name): times the model's phases (cllm_model_set_profile) for each
+ * step's record. */
+cllm_status train_profile_init(trainer *tr);
+/* Drops what the phases summed outside a step (an evaluation pass). */
+void train_profile_begin(trainer *tr);
 
 #endif

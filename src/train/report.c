@@ -5,6 +5,8 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "engine_impl.h"
 
@@ -96,6 +98,17 @@ cllm_status train_record_step(trainer *tr, const train_step_report *s) {
         rec_num(&r, "offload_wait_time", wait);
     }
     if (tr->fp16) rec_num(&r, "loss_scale", s->loss_scale);
+    if (tr->profile) { /* the model's phases; prof_other: the rest of time_fwdbwd */
+        double ph[CLLM_PROF_N], sum = 0;
+        char key[32];
+        cllm_model_take_profile(tr->m, ph);
+        for (int i = 0; i < CLLM_PROF_N; i++) {
+            snprintf(key, sizeof key, "prof_%s", cllm_prof_name(i));
+            rec_num(&r, key, ph[i]);
+            sum += ph[i];
+        }
+        rec_num(&r, "prof_other", s->t_fwdbwd > sum ? s->t_fwdbwd - sum : 0.0);
+    }
     /* the objective's own metrics (DPO's rewards/..., logps/...): means over
      * each rank's units, averaged over the data-parallel ranks (every rank
      * runs the same number of them, and the same names) */
@@ -112,4 +125,19 @@ cllm_status train_record_step(trainer *tr, const train_step_report *s) {
     if (!s->finite) rec_bool(&r, "skipped", true);
     tr->time_save_pending = 0;
     return train_metrics_write(&tr->metrics, rec_end(&r));
+}
+
+cllm_status train_profile_init(trainer *tr) {
+    const char *env = getenv("CLLM_PROFILE");
+    if (!env || !*env || strcmp(env, "0") == 0) return CLLM_OK;
+    if (strcmp(env, "1") != 0)
+        return CLLM_FAIL(CLLM_ERR_ARG, "environment variable CLLM_PROFILE=\"%s\": expected 1 (per-phase times in "
+                         "metrics.jsonl) or 0", env);
+    tr->profile = true;
+    return cllm_model_set_profile(tr->m, true);
+}
+
+void train_profile_begin(trainer *tr) {
+    double ph[CLLM_PROF_N];
+    if (tr->profile) cllm_model_take_profile(tr->m, ph);
 }
