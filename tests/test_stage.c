@@ -129,7 +129,27 @@ static void stage_hooks(const int32_t *tok, const int32_t *tgt, const float *ref
     cllm_model_stage_io last = {L + 1, L + 2, tok, tgt, NULL, NULL, NULL, NULL, false, 0};
     float *x = calloc((size_t)B * T * cllm_model_get_config(t)->n_embd, sizeof(float));
     last.x_in = x;
-    CHECK(cllm_model_stage_run(t, &last, B, T, &loss, &count) == CLLM_ERR_UNSUPPORTED, "tied head with hooks refused");
+    /* a tied head's own stage: the hooks hand it the embedding too, and its
+     * loss is the hook-less stage's (same weights, same input) */
+    h.open = 0;
+    memset(h.fetched, 0, sizeof h.fetched);
+    CHECK(cllm_model_stage_run(t, &last, B, T, &loss, &count) == CLLM_OK, "tied head's stage with hooks: %s",
+          cllm_last_error());
+    CHECK(h.open == 0 && h.fetched[0] == 1, "tied head's stage: embedding fetched %d times, %d not released",
+          h.fetched[0], h.open);
+    cllm_model *u = tiny(CLLM_ARCH_GPT2, 1);
+    double plain_loss = -1;
+    long plain_count = -1;
+    CHECK(cllm_model_prepare(u, B, T, true) == CLLM_OK, "prepare tied");
+    CHECK(cllm_model_stage_run(u, &last, B, T, &plain_loss, &plain_count) == CLLM_OK, "tied head's stage: %s",
+          cllm_last_error());
+    CHECK(plain_loss == loss && plain_count == count, "tied head's stage: loss %.9g (%ld) with hooks, %.9g (%ld) without",
+          loss, count, plain_loss, plain_count);
+    cllm_model_free(u);
+    /* one stage holding both ends of a tied model cannot hand group 0 over twice */
+    cllm_model_stage_io all = {0, L + 2, tok, tgt, NULL, NULL, NULL, NULL, false, 0};
+    CHECK(cllm_model_stage_run(t, &all, B, T, &loss, &count) == CLLM_ERR_UNSUPPORTED,
+          "one stage of every unit with a tied head and hooks refused");
     free(x);
     cllm_model_free(t);
 }
