@@ -95,6 +95,11 @@ static void test_runtime_errors(void) {
     expect_error("line 1\n{{ 1 + 'a' }}", CLLM_ERR_ARG, "T:2: unsupported operand types for +: 'int' and 'str'");
     expect_error("\n\n{{ messages.strip() }}", CLLM_ERR_ARG, "T:3: 'list' object has no method 'strip'");
     expect_error("{{ nothing.attr }}", CLLM_ERR_ARG, "T:1: 'nothing' is undefined");
+    /* an undefined value from attr() or an attribute path does not keep a
+     * name that dies with the filter call (found by fuzz_chat_template) */
+    expect_error("{{ (messages | attr('nope')).role }}", CLLM_ERR_ARG, "T:1: attribute 'role' of an undefined value");
+    expect_error("{{ messages | map(attribute='nope.more') | list }}", CLLM_ERR_ARG,
+                 "T:1: attribute 'more' of an undefined value");
     expect_error("{{ 'x' | nosuchfilter }}", CLLM_ERR_ARG, "no filter named 'nosuchfilter'");
     expect_error("{{ 1 is nosuchtest }}", CLLM_ERR_ARG, "no test named 'nosuchtest'");
     expect_error("{{ 1 // 0 }}", CLLM_ERR_ARG, "division or modulo by zero");

@@ -38,6 +38,7 @@ static cllm_status attr_path(jstate *st, jval item, const char *path, jval *out)
             jv_free(&key);
         } else {
             r = jinja_getattr(st, cur, part, &next);
+            if (!r && next.k == V_UNDEF) next.name = NULL; /* part is this frame's buffer */
         }
         jv_free(&cur);
         if (r) return r;
@@ -525,7 +526,9 @@ cllm_status jinja_filter(jstate *st, const char *name, jval v, jval *args, char 
     if (!strcmp(name, "map")) return do_map(st, v, args, kw, n, out);
     if (!strcmp(name, "attr")) {
         if (!a0 || !jv_is_str(*a0)) return jinja_err(st, "attr() needs a name");
-        return jinja_getattr(st, v, json_string_value(a0->j), out);
+        r = jinja_getattr(st, v, json_string_value(a0->j), out);
+        if (!r && out->k == V_UNDEF) out->name = NULL; /* the name is the caller's argument, freed after the call */
+        return r;
     }
     if (!strcmp(name, "wordcount")) {
         if ((r = jv_stringify(st, v, &s))) return r;

@@ -209,7 +209,10 @@ cllm_status jinja_global(jstate *st, const char *name, jval *args, char **kw, si
 cllm_status jinja_scope_root(jstate *st);
 void jinja_scope_end(jstate *st);
 cllm_status jinja_define(jstate *st, const char *name, jval v); /* takes v */
-/* Attribute / item lookup as Jinja's getattr / getitem. */
+/* Attribute / item lookup as Jinja's getattr / getitem. A missing attribute
+ * gives an undefined value that keeps `name` for its messages, so name must
+ * outlive that value (the template's own strings do); a caller passing a
+ * name it builds or borrows clears out->name. */
 cllm_status jinja_getattr(jstate *st, jval obj, const char *name, jval *out);
 cllm_status jinja_getitem(jstate *st, jval obj, jval key, jval *out);
 
