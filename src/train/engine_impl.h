@@ -140,6 +140,18 @@ cllm_status train_moe_step_end(trainer *tr);
 void train_moe_record(const trainer *tr, train_record *r);
 void train_moe_free(trainer *tr);
 
+/* engine_parts.c: checkpoints of tensor-parallel parts (tr->tp) and of
+ * sliced experts (tr->ep_sliced). save gathers every rank's part of the
+ * parameters and optimizer state into the whole model's layout and rank 0
+ * writes a one-process checkpoint (collective over every rank);
+ * read_optim cuts this rank's part of each optimizer state out of a
+ * checkpoint's whole state and keeps its ZeRO slice in s0 / s1 (either may
+ * be NULL). */
+cllm_status train_save_tp(trainer *tr);
+cllm_status train_tp_read_optim(trainer *tr, const char *dir, float *s0, float *s1);
+cllm_status train_save_ep(trainer *tr);
+cllm_status train_ep_read_optim(trainer *tr, const char *dir, float *s0, float *s1);
+
 /* Sets tr->exec and tr->smode from the set-up (tr->pipe, tr->shard). */
 void train_modes_pick(trainer *tr);
 
