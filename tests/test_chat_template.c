@@ -100,6 +100,8 @@ static void test_runtime_errors(void) {
     expect_error("{{ (messages | attr('nope')).role }}", CLLM_ERR_ARG, "T:1: attribute 'role' of an undefined value");
     expect_error("{{ messages | map(attribute='nope.more') | list }}", CLLM_ERR_ARG,
                  "T:1: attribute 'more' of an undefined value");
+    /* a failed attribute path inside join() left its value unset, and join freed it */
+    expect_error("{{ messages | join(attribute='nope.x') }}", CLLM_ERR_ARG, "T:1: attribute 'x' of an undefined value");
     expect_error("{{ 'x' | nosuchfilter }}", CLLM_ERR_ARG, "no filter named 'nosuchfilter'");
     expect_error("{{ 1 is nosuchtest }}", CLLM_ERR_ARG, "no test named 'nosuchtest'");
     expect_error("{{ 1 // 0 }}", CLLM_ERR_ARG, "division or modulo by zero");

@@ -19,8 +19,10 @@ static cllm_status nomem(jval *v) {
 static bool is_none(const jval *a) { return !a || (a->k == V_JSON && json_is_null(a->j)); }
 static int64_t as_int(jval v) { return json_is_integer(v.j) ? json_integer_value(v.j) : json_is_true(v.j); }
 
-/* Dotted attribute path lookup ("a.b" or "0") for selectattr / map / sort. */
+/* Dotted attribute path lookup ("a.b" or "0") for selectattr / map / sort.
+ * *out is a value to free even when the lookup fails (then undefined). */
 static cllm_status attr_path(jstate *st, jval item, const char *path, jval *out) {
+    *out = jv_undef(NULL);
     jval cur = jv_copy(item);
     char part[128];
     const char *p = path;
