@@ -17,6 +17,8 @@
 #include "cllm/kernels.h"
 #include "exp_impl.h"
 
+#include <float.h>
+#include <stdbool.h>
 #include <math.h>
 #include <string.h>
 
@@ -26,6 +28,14 @@ static float row_max(const float *x, int V) {
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
     for (int v = 0; v < V; v++) m = x[v] > m ? x[v] : m;
+    /* OpenMP starts each lane's max at the lowest finite float (clang does;
+     * GCC starts at -inf), so a row of -inf logits reads -FLT_MAX: say -inf
+     * unless that value is really there */
+    if (m == -FLT_MAX) {
+        bool there = false;
+        for (int v = 0; v < V && !there; v++) there = x[v] == -FLT_MAX;
+        if (!there) m = -INFINITY;
+    }
     return m;
 }
 
