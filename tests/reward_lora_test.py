@@ -39,9 +39,7 @@ Run by ctest (label lora) as
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 from collections import OrderedDict
 
 import torch
@@ -367,19 +365,8 @@ def main():
     ap.add_argument("--case", default="all")
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="cllm-reward-lora-")
     cases = {"grads": case_grads, "learn": case_learn, "resume": case_resume, "ppo": case_ppo, "errors": case_errors}
-    try:
-        for name, fn in cases.items():
-            if a.case in (name, "all"):
-                fn(a.cllm, tmp)
-    finally:
-        if a.keep:
-            print("kept", tmp)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    print("%d failed" % len(rt.FAILED))
-    return 1 if rt.FAILED else 0
+    return rt.run_cases(a, "cllm-reward-lora-", cases)
 
 
 if __name__ == "__main__":

@@ -570,12 +570,18 @@ def main():
                                                        "..", "..", "shared", "fixtures", "hf"))
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="cllm-reward-")
     cases = {"losses": case_losses, "learn": case_learn, "resume": case_resume, "errors": case_errors,
              "prepared": lambda c, t: case_prepared(c, t, a.fixtures), "mpi": case_mpi}
+    return run_cases(a, "cllm-reward-", cases, not_in_all=("mpi",))
+
+
+def run_cases(a, prefix, cases, not_in_all=()):
+    """Runs the case a.case names (or every case but not_in_all for "all")
+    in a temporary folder (kept with a.keep); 1 if any check failed."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
     try:
         for name, fn in cases.items():
-            if a.case == name or (a.case == "all" and name != "mpi"):
+            if a.case == name or (a.case == "all" and name not in not_in_all):
                 fn(a.cllm, tmp)
     finally:
         if a.keep:
