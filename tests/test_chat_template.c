@@ -160,6 +160,10 @@ static void test_inputs(void) {
     /* Jinja2's own whitespace handling: one trailing newline dropped, CRLF as LF */
     expect_text("a\r\nb\n", "a\nb");
     expect_text("  {% if true %}\r\n  x\n  {% endif %}\n", "  x\n");
+    /* a key that is not UTF-8 (template strings need not be) in dict.items():
+     * its pair used to fail to build and leak the value (a fuzz finding) */
+    expect_text("{% set d = {'\xc9': [1, 'x'], 'b': 2} %}{% for k, v in d.items() %}{{ v }};{% endfor %}",
+                "[1, 'x'];2;");
 }
 
 typedef struct {

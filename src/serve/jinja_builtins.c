@@ -26,6 +26,17 @@ static cllm_status nomem(jval *v) {
     return CLLM_OK;
 }
 
+/* The [key, value] pair of dict.items(). Built by hand, not with
+ * json_pack("[s%O]"): template strings need not be valid UTF-8, and a key
+ * that json_pack refuses made it fail after taking a reference to the value,
+ * which then leaked. */
+static json_t *item_pair(const char *k, size_t kl, json_t *x) {
+    json_t *p = json_array();
+    if (p && !json_array_append_new(p, json_stringn_nocheck(k, kl)) && !json_array_append(p, x)) return p;
+    json_decref(p);
+    return NULL;
+}
+
 /* The argument at position pos (counting positional ones) or named name. */
 jval *jinja_arg(jval *args, char **kw, size_t n, size_t pos, const char *name) {
     size_t p = 0;
@@ -410,7 +421,7 @@ cllm_status jinja_method(jstate *st, jval v, const char *name, jval *args, char 
             json_object_keylen_foreach(v.j, k, kl, x) {
                 json_t *e = name[0] == 'k'   ? json_stringn_nocheck(k, kl)
                             : name[0] == 'v' ? json_incref(x)
-                                             : json_pack("[s%O]", k, kl, x);
+                                             : item_pair(k, kl, x);
                 if (a && json_array_append_new(a, e)) {
                     json_decref(a);
                     a = NULL;
