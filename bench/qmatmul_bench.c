@@ -12,7 +12,8 @@
  * Run: build/bench/qmatmul_bench [rounds [only]] (threads from OMP_NUM_THREADS);
  * `only` (onednn, fp32, bf16, int8, q4) times that one alone at M = 1, for
  * `perf stat` cycle counts, which a loaded machine does not distort.
- * QMATMUL_BENCH_M="1,64" picks the row counts (at most 4, each 1 .. 512; the
+ * QMATMUL_BENCH_CLOCK=cpu times CPU seconds, not wall-clock ones (1 thread on a
+ * shared machine). QMATMUL_BENCH_M="1,64" picks the row counts (at most 4, each 1 .. 512; the
  * default is 1,4,16); 4 or more rows exercise the tiled prompt kernels of
  * int8 / q4, and the GB/s column then counts the weights once per call.
  * From 16 rows the prompt path cllm_qgemm (panels of widened rows on
@@ -40,9 +41,14 @@ static const shape shapes[] = {
 enum { NS = sizeof shapes / sizeof shapes[0], ONEDNN = CLLM_WFMT_COUNT, NF = CLLM_WFMT_COUNT + 4 };
 static cllm_wfmt fmt_of(int f) { return f < ONEDNN ? (cllm_wfmt)f : f > ONEDNN ? (cllm_wfmt)(f - ONEDNN) : CLLM_WFMT_FP32; }
 
+/* QMATMUL_BENCH_CLOCK=cpu: CPU time of the process instead of wall-clock
+ * time; with one thread on a machine shared with other work it counts only
+ * the time the kernels ran, not the time they waited for a core. */
 static double now(void) {
+    static int cpu = -1;
+    if (cpu < 0) cpu = getenv("QMATMUL_BENCH_CLOCK") && !strcmp(getenv("QMATMUL_BENCH_CLOCK"), "cpu");
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(cpu ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
