@@ -33,7 +33,9 @@
 #   CLLM_FUZZ_GPT2    the GPT-2 tokenizer folder serve_request loads (default:
 #                     the fixtures path compiled in).
 #   CLLM_FUZZ_TMPDIR  where targets write the files of an input (default
-#                     /dev/shm, i.e. memory, where it exists).
+#                     /dev/shm, i.e. memory, where it exists); each target
+#                     gets a folder of its own there, removed when it ends,
+#                     also when a finding aborted it.
 #
 # New inputs found in a fresh run stay in build-fuzz/corpus/TARGET/ (not the
 # checked-in corpus); copy an input there by hand when it should become a
@@ -111,9 +113,25 @@ only_slow_when_busy() {
   mv "$found"/timeout-* "$found/slow-when-busy/"
 }
 
+# Where the targets' input folders go (memory where /dev/shm exists).
+TMP_BASE=${CLLM_FUZZ_TMPDIR:-}
+if [ -z "$TMP_BASE" ]; then
+  if [ -w /dev/shm ] && [ -x /dev/shm ]; then TMP_BASE=/dev/shm; else TMP_BASE=${TMPDIR:-/tmp}; fi
+fi
+
+# Runs one target (run_target_in) with its input files in a folder of its
+# own, removed afterwards: a process aborted by a finding runs no exit
+# handlers and would leave its files behind.
+run_target() {
+  local -x CLLM_FUZZ_TMPDIR
+  CLLM_FUZZ_TMPDIR=$(mktemp -d "$TMP_BASE/cllm-fuzz-$1.XXXXXX")
+  run_target_in "$1"
+  rm -rf "$CLLM_FUZZ_TMPDIR"
+}
+
 # Runs one target; its table row goes to $BUILD/fuzz-TARGET.result
 # (columns: target, executions, exec/s, edges, slowest input in s, result).
-run_target() {
+run_target_in() {
   local t=$1 bin=$BUILD/fuzz/fuzz_$1 seeds=tests/fuzz/corpus/$1 work=$BUILD/corpus/$1
   local found=$BUILD/findings/$1 log=$BUILD/fuzz-$1.log res=$BUILD/fuzz-$1.result
   local dict=() ok execs cov slow t0 t1 secs
