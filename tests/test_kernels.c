@@ -17,6 +17,7 @@
 #include "cllm/cpu.h"
 #include "cllm/kernels.h"
 
+#include <float.h>
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
@@ -877,8 +878,14 @@ static void test_logsumexp(void) {
                   want);
         }
     }
-    for (int i = 0; i < 7; i++) x[i] = -INFINITY;
-    CHECK(cllm_logsumexp(x, 7) == -INFINITY, "logsumexp of -inf logits: %g", cllm_logsumexp(x, 7));
+    /* rows of -inf: shorter than one group of 8 lanes, and over several */
+    for (int n = 7; n <= 37; n += 30) {
+        for (int i = 0; i < n; i++) x[i] = -INFINITY;
+        CHECK(cllm_logsumexp(x, n) == -INFINITY, "logsumexp of %d -inf logits: %g", n, cllm_logsumexp(x, n));
+    }
+    /* -FLT_MAX really there is the maximum, not -inf */
+    x[20] = -FLT_MAX;
+    CHECK(cllm_logsumexp(x, 37) == -FLT_MAX, "logsumexp with one -FLT_MAX: %g", cllm_logsumexp(x, 37));
     free(x);
 }
 

@@ -17,25 +17,23 @@
 #include "cllm/kernels.h"
 #include "exp_impl.h"
 
-#include <float.h>
-#include <stdbool.h>
 #include <math.h>
 #include <string.h>
 
 #define IGNORE_INDEX (-100)
 
+/* The largest logit; -inf for a row of -inf. Eight lanes that start at -inf
+ * (the compiler vectorises the fixed-width loop), not an OpenMP max
+ * reduction: OpenMP leaves its start value to the implementation (clang's is
+ * -FLT_MAX, GCC's -inf), which made a row of -inf read -FLT_MAX. */
 static float row_max(const float *x, int V) {
-    float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-    for (int v = 0; v < V; v++) m = x[v] > m ? x[v] : m;
-    /* OpenMP starts each lane's max at the lowest finite float (clang does;
-     * GCC starts at -inf), so a row of -inf logits reads -FLT_MAX: say -inf
-     * unless that value is really there */
-    if (m == -FLT_MAX) {
-        bool there = false;
-        for (int v = 0; v < V && !there; v++) there = x[v] == -FLT_MAX;
-        if (!there) m = -INFINITY;
-    }
+    float lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int v = 0;
+    for (; v + 8 <= V; v += 8)
+        for (int i = 0; i < 8; i++) lane[i] = x[v + i] > lane[i] ? x[v + i] : lane[i];
+    for (; v < V; v++) lane[0] = x[v] > lane[0] ? x[v] : lane[0];
+    float m = lane[0];
+    for (int i = 1; i < 8; i++) m = lane[i] > m ? lane[i] : m;
     return m;
 }
 
