@@ -209,9 +209,23 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 pass
         return pids
 
+    def settle(self, keep=(), limit=10):
+        """Waits up to `limit` s (times SCALE) for the processes of this
+        cluster other than `keep` to end: a job step's slurmstepd still
+        tears down for a moment after srun or sbatch has returned. Returns
+        those left."""
+        t0 = time.monotonic()
+        while True:
+            left = [p for p in self.ours() if p not in keep]
+            if not left or time.monotonic() - t0 > limit * SCALE:
+                return left
+            time.sleep(0.1)
+
     def __exit__(self, *exc):
         if not self.dir:
             return False
+        # the steps first, then the daemons: a stepd ends with its step
+        self.settle(keep={p.pid for p in self.procs})
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -221,13 +235,20 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-        left = self.ours()
+        left = self.settle()
+        names = {}
+        for pid in left:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    names[pid] = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                names[pid] = "?"
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        check(not left, f"processes left after stopping Slurm: {left}")
+        check(not left, f"processes left {10 * SCALE} s after stopping Slurm: {names}")
         if not FAILS:
             shutil.rmtree(self.dir, ignore_errors=True)
         else:
