@@ -142,8 +142,9 @@ static float frand(void) {
 
 /* A row computed alone equals the same row inside batches of 2, 19 and
  * 70, bit for bit, for every format and variant: the int8 / q4 batches run
- * on 2-row by 4-token tiles in passes of 64 tokens, and 71 rows and these
- * batch sizes leave rows and tokens over for the one-output path. */
+ * on 2-row by 4-token tiles in passes of 64 tokens, q4 rows alone and in a
+ * batch of 2 on groups of 4 rows, and 71 rows and these batch sizes leave
+ * rows and tokens over for the one-output path. */
 static void batch_independence(void) {
     const int R = 71, K = 1000, MMAX = 70; /* 70 x 1000 inputs: quantized on the pool */
     float *W = malloc((size_t)R * K * 4), *x = malloc((size_t)MMAX * K * 4);
