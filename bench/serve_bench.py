@@ -488,6 +488,8 @@ def main():
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--lora-clients", type=int, default=16)
     a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error(f"--rounds must be at least 1 (got {a.rounds})")
     if a.quick:
         a.new_tokens = min(a.new_tokens, 32)
         a.bw_mib = min(a.bw_mib, 64)
