@@ -209,15 +209,17 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 pass
         return pids
 
-    def settle(self, keep=(), limit=10):
-        """Waits up to `limit` s (times SCALE) for the processes of this
+    SETTLE_S = 10
+
+    def settle(self, keep=()):
+        """Waits up to SETTLE_S s (times SCALE) for the processes of this
         cluster other than `keep` to end: a job step's slurmstepd still
         tears down for a moment after srun or sbatch has returned. Returns
         those left."""
         t0 = time.monotonic()
         while True:
             left = [p for p in self.ours() if p not in keep]
-            if not left or time.monotonic() - t0 > limit * SCALE:
+            if not left or time.monotonic() - t0 > self.SETTLE_S * SCALE:
                 return left
             time.sleep(0.1)
 
@@ -248,7 +250,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        check(not left, f"processes left {10 * SCALE} s after stopping Slurm: {names}")
+        check(not left, f"processes left {self.SETTLE_S * SCALE} s after stopping Slurm: {names}")
         if not FAILS:
             shutil.rmtree(self.dir, ignore_errors=True)
         else:

@@ -126,9 +126,10 @@ QD_ATTR QD_INLINE static inline void QD(tile)(cllm_wfmt f, const unsigned char *
  * slower, and 2 rows less fast than 4.) */
 #define QD_RN 4
 _Static_assert(QD_RN == 4, "rowsdot packs 4 fp16 scales in 64 bits");
-QD_ATTR QD_INLINE static inline void QD(rowsdot)(cllm_wfmt f, const unsigned char *row, size_t rb, const xblock *xq,
-                                       const int32_t *xc, int nb, float *out) {
-    const size_t bb = f == CLLM_WFMT_Q4 ? CLLM_Q4_BLOCK_BYTES : CLLM_Q8_BLOCK_BYTES;
+QD_ATTR QD_INLINE static inline void QD(rowsdot)(const unsigned char *row, size_t rb, const xblock *xq, const int32_t *xc,
+                                       int nb, float *out) {
+    const cllm_wfmt f = CLLM_WFMT_Q4;
+    const size_t bb = CLLM_Q4_BLOCK_BYTES;
     __m256 acc[QD_RN][2];
 #pragma GCC unroll 8
     for (int i = 0; i < 2 * QD_RN; i++) acc[i / 2][i % 2] = _mm256_setzero_ps();
@@ -147,7 +148,7 @@ QD_ATTR QD_INLINE static inline void QD(rowsdot)(cllm_wfmt f, const unsigned cha
                 const unsigned char *blk = row + (size_t)r * rb + (size_t)b * bb;
                 h |= (uint64_t)(blk[0] | blk[1] << 8) << (16 * r);
             }
-            float sc[4];
+            float sc[QD_RN];
             _mm_storeu_ps(sc, _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)h)), _mm_set1_ps(xb->d)));
 #pragma GCC unroll 4
             for (int r = 0; r < QD_RN; r++) {
@@ -183,7 +184,7 @@ QD_ATTR QD_INLINE static inline void QD(range)(cllm_wfmt f, const mm_job *j, int
     if (f == CLLM_WFMT_Q4 && t1 - t0 < TT) /* int8 timed slower this way */
         for (; r + QD_RN <= r1; r += QD_RN)
             for (int t = t0; t < t1; t++)
-                QD(rowsdot)(f, W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb, j->out + (size_t)t * R + r);
+                QD(rowsdot)(W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb, j->out + (size_t)t * R + r);
     for (; r < r1; r++)
         for (int t = t0; t < t1; t++)
             j->out[(size_t)t * R + r] = QD(rowdot)(f, W + (size_t)r * rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb);
