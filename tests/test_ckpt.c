@@ -97,6 +97,27 @@ static void test_arch(cllm_arch arch) {
     CHECK(e[2].params == full && e[2].grads == part && e[2].optim == 2 * part, "%s: stage 2", name);
     CHECK(e[3].params == part && e[3].grads == part && e[3].optim == 2 * part, "%s: stage 3", name);
     CHECK(e[0].activations + e[0].logits == plain, "%s: estimate activations", name);
+    /* MPI's reduction temporaries: half the all-reduced buffer at stages 0-1,
+     * 1.5 x the largest group at 2-3, capped by the bucket; none on one rank */
+    size_t g_first, g_last, g_block;
+    CHECK(cllm_model_config_groups(c, &g_first, &g_last, &g_block) == CLLM_OK, "%s: groups", name);
+    size_t g_max = g_first > g_last ? g_first : g_last;
+    if (g_block > g_max) g_max = g_block;
+    const size_t n_buf = cllm_model_buffer_len(m);
+    CHECK(e[0].mpi_buffers == n_buf / 2 * sizeof(float) && e[1].mpi_buffers == e[0].mpi_buffers,
+          "%s: all-reduce temporaries %zu", name, e[0].mpi_buffers);
+    CHECK(e[2].mpi_buffers == 3 * g_max / 2 * sizeof(float) && e[3].mpi_buffers == e[2].mpi_buffers,
+          "%s: reduce-scatter temporaries %zu (largest group %zu floats)", name, e[2].mpi_buffers, g_max);
+    CHECK(e[3].total - e[3].mpi_buffers == e[3].params + e[3].grads + e[3].optim + e[3].work + e[3].activations +
+                                               e[3].logits + e[3].other + e[3].precision + e[3].gemm_work,
+          "%s: the temporaries are part of the total", name);
+    cllm_mem_estimate eb;
+    s.reduce_bucket = 1000;
+    CHECK(cllm_memory_estimate(c, &s, &eb) == CLLM_OK && eb.mpi_buffers == 1500 * sizeof(float),
+          "%s: a 1000-float bucket: %zu bytes", name, eb.mpi_buffers);
+    s.dp = 1;
+    s.reduce_bucket = 0;
+    CHECK(cllm_memory_estimate(c, &s, &eb) == CLLM_OK && eb.mpi_buffers == 0, "%s: one rank: none", name);
     CHECK(e[0].n_params == cllm_model_n_params(m), "%s: estimate parameters", name);
     free(g0);
     free(g1);

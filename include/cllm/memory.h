@@ -8,8 +8,9 @@
  * the model's tensor layout, so an estimate follows the code that allocates.
  * ZeRO sharding follows DeepSpeed's stages with N = dp ranks: stage 1
  * shards the optimizer state, stage 2 also the gradients, stage 3 also the
- * parameters; a shard is ceil(buffer / N) floats. Communication buckets and
- * the data set held by the loader are not counted. With the optimizer state
+ * parameters; a shard is ceil(buffer / N) floats. MPI's temporaries during a
+ * gradient reduction are counted (mpi_buffers); the data set held by the
+ * loader is not. With the optimizer state
  * offloaded to a file only its stream buffer counts (buffer_count x
  * min(buffer_size, shard) floats per state buffer), and checkpoints are
  * written synchronously (no snapshot).
@@ -73,6 +74,8 @@ typedef struct {
                               (stage3_param_persistence_threshold; 0: none). Not counted without a
                               pipeline */
     long offload_buffer_count, offload_buffer_size; /* its stream: slots x floats per state */
+    size_t reduce_bucket;  /* "reduce_bucket_size": floats per gradient reduction (0: DeepSpeed's
+                              default, 5e8); bounds mpi_buffers below */
     cllm_precision precision; /* matmul precision (bf16/fp16 add a parameter copy and scratch) */
     size_t overhead;       /* fixed process memory (code, libraries, threads) */
     int pipe;              /* pipeline stages (0 or 1: none); 1F1B, parts by parameters */
@@ -129,6 +132,10 @@ typedef struct {
     size_t expert_buffers; /* expert parallelism: received rows and expert activations of every block,
                               plus the exchange scratch (at the capacity bound) */
     size_t gemm_work;   /* oneDNN's packed GEMM operands: the largest cllm_matmul_workspace over the step's GEMMs */
+    size_t mpi_buffers; /* with dp > 1: MPI's own temporaries during one gradient reduction of n floats
+                           (n: one bucket, at most the reduced buffer; at ZeRO 2-3 the largest group):
+                           Open MPI 4.1 raises each rank's peak by about 1.5 n floats for a
+                           reduce-scatter (ZeRO 2-3) and 0.5 n for an all-reduce (ZeRO 0-1), measured */
     size_t other;       /* token, label and target arrays of a step */
     size_t overhead;    /* setup.overhead */
     size_t total;

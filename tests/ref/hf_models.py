@@ -35,6 +35,14 @@ from collections import OrderedDict
 import torch
 import torch.nn.functional as F
 
+# The fallback tests cap oneDNN's ISA (ONEDNN_MAX_CPU_ISA=AVX2) for cllm's
+# sake, and torch's own oneDNN reads the same variable. On a CPU with
+# AVX512-BF16, torch still routes bf16 matmuls to oneDNN, which then has no
+# kernel under the cap ("could not create a primitive descriptor
+# iterator"): the reference takes torch's native kernels instead.
+if os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA"):
+    torch.backends.mkldnn.enabled = False
+
 IGNORE_INDEX = -100
 PAD_ID = 0
 

@@ -99,6 +99,8 @@ static void print_table(const cllm_mem_estimate *e) {
     if (e->expert_buffers)
         row("expert-parallel rows", e->expert_buffers, e->total, "rows received for this rank's experts, all blocks");
     row("GEMM workspace", e->gemm_work, e->total, "oneDNN's packed operands, largest GEMM (this CPU's ISA)");
+    if (e->mpi_buffers)
+        row("MPI reduction buffers", e->mpi_buffers, e->total, "MPI's temporaries, one gradient bucket (--dp > 1)");
     if (e->precision) row("low-precision copy", e->precision, e->total, "bf16/fp16 weights and matmul operand scratch");
     row("process overhead", e->overhead, e->total, "libraries, threads (--overhead)");
     row("total", e->total, e->total, "");
@@ -158,7 +160,7 @@ static int side_models(const char *task, const cllm_model_config *cfg, const cha
 }
 
 static json_t *to_json(const cllm_mem_estimate *e) {
-    return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsI}", "precision", (json_int_t)e->precision, "n_params",
+    return json_pack("{sIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsIsI}", "precision", (json_int_t)e->precision, "n_params",
                      (json_int_t)e->n_params, "params", (json_int_t)e->params,
                      "grads", (json_int_t)e->grads, "optim", (json_int_t)e->optim, "work", (json_int_t)e->work,
                      "activations",
@@ -168,7 +170,7 @@ static json_t *to_json(const cllm_mem_estimate *e) {
                      (json_int_t)e->act.block_saved, "block_set", (json_int_t)e->act.block_set, "optim_disk",
                      (json_int_t)e->optim_disk, "offload_buffer", (json_int_t)e->offload_buffer, "pipe_buffers",
                      (json_int_t)e->pipe_buffers, "params_disk", (json_int_t)e->params_disk, "gemm_work",
-                     (json_int_t)e->gemm_work);
+                     (json_int_t)e->gemm_work, "mpi_buffers", (json_int_t)e->mpi_buffers);
 }
 
 /* Mixture of experts: the active parameters and the expert-parallel rows. */
@@ -182,7 +184,7 @@ int cmd_estimate(int argc, char **argv) {
     const char *model, *arch_name, *preset, *opt_name, *precision, *overhead_s, *memory_s, *lora_target, *task,
         *ref_dir, *rm_dir;
     int B, T, accum, stage, dp, off_count, off_size, pipe, tensor, threads, lora_r, ppo_batch, ep;
-    double capacity, persistence;
+    double capacity, persistence, bucket;
     bool grad_ckpt = false, momentum = false, async_save = false, as_json = false, offload = false, offload_p = false;
     bool seq_par = false;
     arg_list sets, freeze = {0}, unfrozen = {0};
@@ -218,6 +220,9 @@ int cmd_estimate(int argc, char **argv) {
         {"persistence-threshold", ARG_F64, &persistence, "100000", false,
          "ZeRO stage 3 with --pipe: tensors with fewer elements stay whole on every rank of their stage "
          "(zero_optimization.stage3_param_persistence_threshold)"},
+        {"reduce-bucket-size", ARG_F64, &bucket, "5e8", false,
+         "with --dp > 1: floats per gradient reduction (zero_optimization.reduce_bucket_size), which bounds MPI's "
+         "temporaries"},
         {"offload-param", ARG_FLAG, &offload_p, NULL, false,
          "ZeRO-3 parameter slice in a file (offload_param device nvme)"},
         {"offload-buffer-count", ARG_INT, &off_count, "4", false, "offload stream buffers (buffer_count, >= 3)"},
@@ -252,6 +257,12 @@ int cmd_estimate(int argc, char **argv) {
                         .offload_param = offload_p, .persistence = persistence, .threads = threads, .expert_parallel = ep,
                         .capacity_factor = capacity};
     size_t budget = 0;
+    if (!(bucket >= 1 && bucket <= 1e15)) {
+        fprintf(stderr, "cllm estimate: --reduce-bucket-size must be a count of at least 1, got %g\n", bucket);
+        rc = 2;
+        goto done;
+    }
+    s.reduce_bucket = (size_t)bucket;
     if (!cllm_precision_from_name(precision, &s.precision)) {
         fprintf(stderr, "cllm estimate: --precision must be fp32, bf16 or fp16, got '%s'\n", precision);
         rc = 2;
