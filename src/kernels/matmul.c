@@ -17,10 +17,11 @@
  * same time. An execution takes a stream of its own (from a pool) and
  * memory objects over the caller's buffers (the entry's own, or fresh ones
  * while another thread runs the same entry), and the primitives are built
- * in oneDNN's user scratchpad mode with a scratchpad per execution (none
- * for the fp32 kernels of AVX2 CPUs): in the default library mode oneDNN
- * shares one scratchpad between primitives, and a primitive may not run
- * from a thread other than the one that created it.
+ * in oneDNN's user scratchpad mode with the scratchpad of the execution's
+ * context (exec_ctx, kept with its stream between calls; none for the fp32
+ * kernels of AVX2 CPUs): in the default library mode oneDNN shares one
+ * scratchpad between primitives, and a primitive may not run from a thread
+ * other than the one that created it.
  *
  * Layouts with B not transposed (NN, TN) go to oneDNN's BLAS-style
  * dnnl_sgemm instead: measured on this machine's AVX-512 CPU, the matmul
@@ -82,7 +83,17 @@ static dnnl_engine_t g_engine;
 static gemm_entry g_cache[CACHE_SLOTS];
 static unsigned long g_clock;
 static int g_running; /* executions outside the lock */
-static dnnl_stream_t g_streams[CACHE_SLOTS]; /* idle streams */
+/* An execution context: a stream and the scratchpad its executions reuse,
+ * grown to the largest a call has needed. Keeping it between calls matters:
+ * cllm sets glibc's mmap threshold low (tools/cllm/main.c), so a scratchpad
+ * allocated per call was mapped, faulted in and zeroed by the kernel every
+ * time (bf16 weight-gradient GEMMs at a quarter to half their rate). */
+typedef struct {
+    dnnl_stream_t stream;
+    void *scratch;
+    size_t scratch_bytes;
+} exec_ctx;
+static exec_ctx g_streams[CACHE_SLOTS]; /* idle contexts */
 static int g_n_streams;
 
 static cllm_status dnnl_check(dnnl_status_t s, const char *what) {
@@ -224,27 +235,36 @@ static cllm_status engine_init(void) {
  * with a scratchpad of its own when the primitive needs one (the size
  * oneDNN's library mode would have kept in its shared scratchpad). oneDNN
  * takes non-const handles; it only reads A and B. */
-static cllm_status exec_with(const gemm_entry *e, dnnl_stream_t stream, dnnl_memory_t mem[3], float *C,
-                             const void *A, const void *B) {
+static cllm_status exec_with(const gemm_entry *e, exec_ctx *x, dnnl_memory_t mem[3], float *C, const void *A,
+                             const void *B) {
     dnnl_memory_t sp = NULL;
-    void *scratch = NULL;
     cllm_status st = dnnl_check(dnnl_memory_set_data_handle(mem[0], (void *)(uintptr_t)A), "set handle (A)");
     if (!st) st = dnnl_check(dnnl_memory_set_data_handle(mem[1], (void *)(uintptr_t)B), "set handle (B)");
     if (!st) st = dnnl_check(dnnl_memory_set_data_handle(mem[2], C), "set handle (C)");
-    if (!st && e->scratch_bytes) {
-        scratch = cllm_alloc(e->scratch_bytes, "oneDNN matmul scratchpad");
-        st = scratch ? dnnl_check(dnnl_memory_create(&sp, &e->md_s, g_engine, scratch), "memory (scratchpad)")
-                     : CLLM_ERR_NOMEM;
+    if (!st && e->scratch_bytes > x->scratch_bytes) {
+        cllm_free(x->scratch);
+        x->scratch_bytes = 0;
+        if (!(x->scratch = cllm_alloc(e->scratch_bytes, "oneDNN matmul scratchpad")))
+            st = CLLM_FAIL(CLLM_ERR_NOMEM, "oneDNN matmul scratchpad of %zu bytes", e->scratch_bytes);
+        else
+            x->scratch_bytes = e->scratch_bytes;
     }
+    if (!st && e->scratch_bytes)
+        st = dnnl_check(dnnl_memory_create(&sp, &e->md_s, g_engine, x->scratch), "memory (scratchpad)");
     if (!st) {
         dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]},
                                    {DNNL_ARG_SCRATCHPAD, sp}};
-        st = dnnl_check(dnnl_primitive_execute(e->prim, stream, sp ? 4 : 3, args), "execute");
-        if (!st) st = dnnl_check(dnnl_stream_wait(stream), "stream_wait");
+        st = dnnl_check(dnnl_primitive_execute(e->prim, x->stream, sp ? 4 : 3, args), "execute");
+        if (!st) st = dnnl_check(dnnl_stream_wait(x->stream), "stream_wait");
     }
     if (sp) dnnl_memory_destroy(sp);
-    cllm_free(scratch);
     return st;
+}
+
+static void ctx_free(exec_ctx *x) {
+    if (x->stream) dnnl_stream_destroy(x->stream);
+    cllm_free(x->scratch);
+    *x = (exec_ctx){0};
 }
 
 /* Memory objects for the key's descriptors (handles set per call); on
@@ -265,14 +285,14 @@ static cllm_status run_primitive(float *C, const void *A, const void *B, int M, 
                                  bool trans_b, float alpha, float beta, bool bf16) {
     pthread_mutex_lock(&g_lock);
     gemm_entry *e = NULL;
-    dnnl_stream_t stream = NULL;
+    exec_ctx x = {0};
     bool own = false;
     cllm_status st = engine_init();
     if (!st) st = cache_get(&e, M, N, K, trans_a, trans_b, alpha, beta == 1.0f, bf16);
     if (!st && g_n_streams > 0)
-        stream = g_streams[--g_n_streams];
+        x = g_streams[--g_n_streams];
     else if (!st)
-        st = dnnl_check(dnnl_stream_create(&stream, g_engine, dnnl_stream_default_flags), "stream_create");
+        st = dnnl_check(dnnl_stream_create(&x.stream, g_engine, dnnl_stream_default_flags), "stream_create");
     if (!st) {
         e->busy++;
         g_running++;
@@ -282,20 +302,20 @@ static cllm_status run_primitive(float *C, const void *A, const void *B, int M, 
     pthread_mutex_unlock(&g_lock);
     if (st) return st;
     if (own) {
-        st = exec_with(e, stream, e->own, C, A, B);
+        st = exec_with(e, &x, e->own, C, A, B);
     } else {
         dnnl_memory_t mem[3] = {NULL, NULL, NULL};
         st = mems_make(e, mem);
-        if (!st) st = exec_with(e, stream, mem, C, A, B);
+        if (!st) st = exec_with(e, &x, mem, C, A, B);
         mems_free(mem);
     }
     pthread_mutex_lock(&g_lock);
     if (own) e->own_busy = false;
     if (--e->busy == 0) pthread_cond_broadcast(&g_idle); /* a slot to evict, or all idle */
     if (g_n_streams < CACHE_SLOTS)
-        g_streams[g_n_streams++] = stream;
+        g_streams[g_n_streams++] = x;
     else
-        dnnl_stream_destroy(stream);
+        ctx_free(&x);
     g_running--;
     pthread_mutex_unlock(&g_lock);
     return st;
@@ -529,7 +549,7 @@ void cllm_matmul_cleanup(void) {
     pthread_mutex_lock(&g_lock);
     while (g_running) pthread_cond_wait(&g_idle, &g_lock);
     for (int i = 0; i < CACHE_SLOTS; i++) entry_free(&g_cache[i]);
-    while (g_n_streams > 0) dnnl_stream_destroy(g_streams[--g_n_streams]);
+    while (g_n_streams > 0) ctx_free(&g_streams[--g_n_streams]);
     if (g_engine) dnnl_engine_destroy(g_engine);
     g_engine = NULL;
     pthread_mutex_unlock(&g_lock);
