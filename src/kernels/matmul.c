@@ -232,8 +232,9 @@ static cllm_status engine_init(void) {
 }
 
 /* Runs e on the caller's buffers through memory objects mem (A, B, C),
- * with a scratchpad of its own when the primitive needs one (the size
- * oneDNN's library mode would have kept in its shared scratchpad). oneDNN
+ * with the context's scratchpad when the primitive needs one (grown to
+ * the size oneDNN's library mode would have kept in its shared
+ * scratchpad, and kept for the context's next call). oneDNN
  * takes non-const handles; it only reads A and B. */
 static cllm_status exec_with(const gemm_entry *e, exec_ctx *x, dnnl_memory_t mem[3], float *C, const void *A,
                              const void *B) {
