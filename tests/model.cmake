@@ -7,6 +7,8 @@ cllm_add_c_test(test_split LABELS model)
 cllm_add_py_test(split_convert split_test.py LABELS model)
 cllm_add_c_test(test_stage LABELS model)
 cllm_add_py_test(test_mixtral_vs_torch test_mixtral_vs_torch.py LABELS model)
+# folders, values and adapters written by transformers 5.17 and PEFT 0.21 themselves
+cllm_add_py_test(transformers_fixtures transformers_test.py LABELS model)
 # transformers 5.x's fused expert tensors: loaded, written and converted bit for bit
 cllm_add_py_test(moe_layout moe_layout_test.py LABELS model)
 # again on the portable kernels (the windowed attention, SwiGLU) and oneDNN capped at AVX2

@@ -187,7 +187,7 @@ static const char *const peft_default_keys[] = {
     "megatron_config", "loftq_config", "eva_config", "corda_config", "use_qalora", "runtime_config", "alora_invocation_tokens",
     "arrow_config", NULL};
 /* Keys that describe the run, not the adapter: accepted with any value. */
-static const char *const peft_info_keys[] = {"revision", "auto_mapping", "megatron_core", "ensure_weight_tying",
+static const char *const peft_info_keys[] = {"revision", "auto_mapping", "megatron_core", "ensure_weight_tying", "peft_version",
                                              NULL};
 
 static bool in_list(const char *const *l, const char *k) {

@@ -97,6 +97,46 @@ static cllm_status expect_str(const json_t *j, const char *key, const char *cons
     return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: %s = \"%s\" is not supported", path, key, s);
 }
 
+/* transformers 5 writes RoPE's settings as "rope_parameters":
+ * {"rope_theta": X, "rope_type": "default"} in place of the top-level
+ * rope_theta of earlier versions; the object wins where both are present.
+ * Any rope_type but "default" changes the frequencies (llama3, linear,
+ * dynamic, yarn, ...), which cllm does not implement: refused by name. */
+static const json_t *rope_parameters(const json_t *j) {
+    const json_t *rp = json_object_get(j, "rope_parameters");
+    return rp && !json_is_null(rp) ? rp : NULL;
+}
+
+static bool has_rope_theta(const json_t *j) {
+    const json_t *rp = rope_parameters(j);
+    return json_object_get(j, "rope_theta") || (rp && json_is_object(rp) && json_object_get(rp, "rope_theta"));
+}
+
+static cllm_status parse_rope_parameters(cllm_model_config *c, const json_t *j, const char *path) {
+    const json_t *rp = rope_parameters(j);
+    if (!rp) return CLLM_OK;
+    if (!json_is_object(rp))
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: key 'rope_parameters' must be an object", path);
+    const json_t *type = json_object_get(rp, "rope_type");
+    if (!type) type = json_object_get(rp, "type");
+    if (type && !json_is_null(type) && !(json_is_string(type) && strcmp(json_string_value(type), "default") == 0))
+        return CLLM_FAIL(CLLM_ERR_UNSUPPORTED,
+                         "%s: rope_parameters.rope_type = %s is not supported (only \"default\" RoPE is)", path,
+                         json_is_string(type) ? json_string_value(type) : "(not a string)");
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)rp, k, v) {
+        if (strcmp(k, "rope_theta") && strcmp(k, "rope_type") && strcmp(k, "type"))
+            return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: rope_parameters.%s is not supported", path, k);
+    }
+    const json_t *theta = json_object_get(rp, "rope_theta");
+    if (!theta) return CLLM_OK;
+    if (!json_is_number(theta) || !(json_number_value(theta) > 0) || !isfinite(json_number_value(theta)))
+        return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: key 'rope_parameters.rope_theta' must be a positive number", path);
+    c->rope_theta = (float)json_number_value(theta);
+    return CLLM_OK;
+}
+
 static cllm_status expect_false(const json_t *j, const char *key, const char *path) {
     bool b = false;
     cllm_status st = cllm_json_get_bool_opt(j, key, &b, path);
@@ -162,6 +202,7 @@ static cllm_status parse_llama(cllm_model_config *c, const json_t *j, const char
     const json_t *rs = json_object_get(j, "rope_scaling");
     if (rs && !json_is_null(rs))
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "%s: rope_scaling is not supported (remove it or set it to null)", path);
+    if ((st = parse_rope_parameters(c, j, path))) return st;
     if (c->n_head % c->n_kv_head)
         return CLLM_FAIL(CLLM_ERR_FORMAT, "%s: num_attention_heads (%d) is not divisible by num_key_value_heads (%d)",
                          path, c->n_head, c->n_kv_head);
@@ -234,7 +275,7 @@ static cllm_status parse_mixtral(cllm_model_config *c, const json_t *j, const ch
     if (st) return st;
     if (!json_object_get(j, "max_position_embeddings")) c->n_ctx = 4096 * 32;
     if (!json_object_get(j, "rms_norm_eps")) c->norm_eps = 1e-5f;
-    if (!json_object_get(j, "rope_theta")) c->rope_theta = 1e6f;
+    if (!has_rope_theta(j)) c->rope_theta = 1e6f;
     c->attn_bias = c->mlp_bias = false;
     c->n_experts = 8;
     c->n_experts_per_tok = 2;

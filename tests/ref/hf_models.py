@@ -563,10 +563,10 @@ def micro_batch(samples, step, batch_size, seq_len):
 # --------------------------------------------------------------------------
 
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-              "F64": torch.float64}
+              "F64": torch.float64, "I64": torch.int64}
 _ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 _ST_RAW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
-           torch.float64: torch.int64}
+           torch.float64: torch.int64, torch.int64: torch.int64}
 
 
 def _tensor_bytes(t):
