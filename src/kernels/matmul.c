@@ -24,11 +24,11 @@
  * other than the one that created it.
  *
  * Layouts with B not transposed (NN, TN) go to oneDNN's BLAS-style
- * dnnl_sgemm instead: measured on this machine's AVX-512 CPU, the matmul
- * primitive's brgemm kernel runs those 1.3-3x slower than sgemm (e.g.
- * 256x3072x768 NN at 58 vs 180 GFLOP/s on 2 threads), while for NT the two
- * are on par. The choice is a fixed rule of the layout, never timed at run
- * time, so a run's results (and a resumed run's) are reproducible.
+ * dnnl_sgemm where its no-copy kernels run them or where the CPU lacks
+ * AVX-512, and to the primitive otherwise (nn_on_primitive: sgemm's
+ * copy-based path allocates inside every call). The choice is a fixed rule
+ * of the layout, the shape and the CPU, never timed at run time, so a run's
+ * results (and a resumed run's) are reproducible.
  *
  * cllm_matmul_bf16 shares the cache (the data type is part of the key).
  * Where oneDNN has no bf16 matmul for the CPU (oneDNN 2.x implements it
@@ -340,6 +340,34 @@ static cllm_status gemm_args(float *C, const void *A, const void *B, int M, int 
     return CLLM_OK;
 }
 
+/* NN and TN layouts run on the matmul primitive where oneDNN has its
+ * AVX-512 brgemm kernel and its sgemm would take the copy-based path (the
+ * shape rule oneDNN follows, sgemm_nocopy below): that path packs its
+ * operands into buffers it mallocs and frees inside every call, which under
+ * the cllm command's fixed mmap threshold (tools/cllm/main.c) are fresh
+ * mappings, faulted in and zeroed each time. Measured on 2 cores of an AMD
+ * Zen 5: 1024 x 3072 x 768 NN at 178-184 GFLOP/s on sgemm, 295-311 on the
+ * primitive; 512 x 2048 x 768 NN 112-115 against 324-353; 768 x 3072 x 1024
+ * TN 167-173 against 280-287. The primitive's scratchpad is kept between
+ * calls (exec_ctx) and counted by cllm estimate. Shapes on sgemm's no-copy
+ * kernels allocate (almost) nothing and stay there (1024 x 768 x 3072 NN:
+ * 362-374 on sgemm, 273-282 on the primitive). On AVX2 CPUs the primitive
+ * would run the same copy-based gemm, so NN and TN stay on dnnl_sgemm. */
+static pthread_once_t g_nn_once = PTHREAD_ONCE_INIT;
+static dnnl_cpu_isa_t g_isa;
+
+static void probe_isa(void) { g_isa = dnnl_get_effective_cpu_isa(); }
+
+static bool sgemm_nocopy(dnnl_cpu_isa_t isa, int nthr, bool ta, bool tb, long m, long n, long k, long lda, long ldb,
+                         long ldc);
+
+static bool nn_on_primitive(int M, int N, int K, bool trans_a, int nthr) {
+    pthread_once(&g_nn_once, probe_isa);
+    if (((unsigned)g_isa & (unsigned)dnnl_cpu_isa_avx512_core) != (unsigned)dnnl_cpu_isa_avx512_core) return false;
+    /* row-major C = op(A) B is column-major C^T = B^T op(A)^T */
+    return !sgemm_nocopy(g_isa, nthr, false, trans_a, N, M, K, N, trans_a ? M : K, N);
+}
+
 /* Shapes: C[M,N]; A[M,K] or [K,M] (trans_a); B[K,N] or [N,K] (trans_b).
  * Returns CLLM_ERR_ARG for negative sizes, NULL operands or beta not in
  * {0,1}; CLLM_ERR_INTERNAL if oneDNN fails. Thread-safe (calls serialise). */
@@ -348,7 +376,7 @@ cllm_status cllm_matmul(float *C, const float *A, const float *B, int M, int N, 
     bool done = false;
     cllm_status st = gemm_args(C, A, B, M, N, K, beta, &done);
     if (st || done) return st;
-    if (!trans_b) {
+    if (!trans_b && !nn_on_primitive(M, N, K, trans_a, omp_get_max_threads())) {
         /* row-major sgemm: lda/ldb are the stored row lengths; thread-safe
          * without the lock (it keeps no state between calls) */
         return dnnl_check(dnnl_sgemm(trans_a ? 'T' : 'N', 'N', M, N, K, alpha, A, trans_a ? M : K, B, N, beta, C, N),
@@ -666,7 +694,7 @@ static size_t sgemm_workspace(dnnl_cpu_isa_t isa, int nthr, bool ta, bool tb, lo
 
 /* The matmul primitive of an fp32 NT GEMM: its scratchpad as oneDNN
  * reports it, and whether its implementation is the copy-based sgemm. */
-static cllm_status primitive_workspace(int M, int N, int K, bool trans_a, size_t *scratch, bool *gemm) {
+static cllm_status primitive_workspace(int M, int N, int K, bool trans_a, bool trans_b, size_t *scratch, bool *gemm) {
     dnnl_memory_desc_t md_a, md_b, md_c;
     dnnl_matmul_desc_t desc;
     dnnl_primitive_desc_t pd = NULL;
@@ -674,7 +702,7 @@ static cllm_status primitive_workspace(int M, int N, int K, bool trans_a, size_t
     dnnl_engine_t engine = NULL; /* its own: nothing is left behind to free */
     cllm_status st = dnnl_check(dnnl_engine_create(&engine, dnnl_cpu, 0), "engine_create");
     if (!st) st = dnnl_check(md_2d(&md_a, M, K, trans_a, dnnl_f32), "memory_desc (A)");
-    if (!st) st = dnnl_check(md_2d(&md_b, K, N, true, dnnl_f32), "memory_desc (B)");
+    if (!st) st = dnnl_check(md_2d(&md_b, K, N, trans_b, dnnl_f32), "memory_desc (B)");
     if (!st) st = dnnl_check(md_2d(&md_c, M, N, false, dnnl_f32), "memory_desc (C)");
     if (!st) st = dnnl_check(dnnl_matmul_desc_init(&desc, &md_a, &md_b, NULL, &md_c), "matmul_desc");
     if (!st) st = dnnl_check(dnnl_primitive_attr_create(&attr), "attr_create");
@@ -700,14 +728,15 @@ size_t cllm_matmul_workspace(int M, int N, int K, bool trans_a, bool trans_b, in
     dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
     /* row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T */
     long m = N, n = M, k = K, lda = trans_b ? K : N, ldb = trans_a ? M : K, ldc = N;
-    if (!trans_b) return sgemm_workspace(isa, nthr, false, trans_a, m, n, k, lda, ldb, ldc);
+    if (!trans_b && !nn_on_primitive(M, N, K, trans_a, nthr))
+        return sgemm_workspace(isa, nthr, false, trans_a, m, n, k, lda, ldb, ldc);
     size_t scratch = 0;
     bool gemm = false;
-    if (primitive_workspace(M, N, K, trans_a, &scratch, &gemm)) {
+    if (primitive_workspace(M, N, K, trans_a, trans_b, &scratch, &gemm)) {
         cllm_error_clear();
         gemm = true; /* no primitive to ask: count the sgemm it would fall back to */
     }
-    return scratch + (gemm ? sgemm_workspace(isa, nthr, true, trans_a, m, n, k, lda, ldb, ldc) : 0);
+    return scratch + (gemm ? sgemm_workspace(isa, nthr, trans_b, trans_a, m, n, k, lda, ldb, ldc) : 0);
 }
 
 /* ---------------------------------------------------------------- linear
