@@ -39,7 +39,8 @@
  * i.e. vectorised across the BQ queries. The dk/dv task does the mirror
  * image with its key block transposed once into Kt [HS,BK]. Every product
  * is a sequence of contiguous multiply-adds (rows_axpy, two output rows at a
- * time), because -O2 without -ffast-math vectorises no float reduction.
+ * time, four with 512-bit vectors), because -O2 without -ffast-math
+ * vectorises no float reduction.
  *
  * A sliding window (key s visible to query t when t - window < s <= t)
  * masks the same way and skips the key blocks wholly before a query
@@ -195,6 +196,59 @@ static inline void rows_axpy2(float *restrict y0, float *restrict y1, int n, con
     }
 }
 
+/* Four rows at a time where the vectors are 512 bits wide: a chunk of 32
+ * floats is then two registers, so two rows keep only four FMA chains in
+ * flight, half of what two FMA pipes with a latency of four cycles need;
+ * four rows keep eight (32 registers hold them and the loads). Each output
+ * element still sums the same products in the same order, so the results
+ * equal those of rows_axpy2 bit for bit. With 256-bit vectors two rows
+ * already give eight chains, and four would not fit 16 registers. */
+#if defined(__AVX512F__)
+#define ATTN_QUAD 1
+static inline void axpy_chunk4(float *restrict y0, float *restrict y1, float *restrict y2, float *restrict y3,
+                               const float *restrict w0, const float *restrict w1, const float *restrict w2,
+                               const float *restrict w3, ptrdiff_t ws, const float *restrict x, ptrdiff_t xs, int m) {
+    float a[CHUNK], c[CHUNK], e[CHUNK], f[CHUNK];
+#pragma GCC unroll 32
+    for (int d = 0; d < CHUNK; d++) {
+        a[d] = y0[d];
+        c[d] = y1[d];
+        e[d] = y2[d];
+        f[d] = y3[d];
+    }
+    for (int k = 0; k < m; k++) {
+        const float wa = w0[k * ws], wc = w1[k * ws], we = w2[k * ws], wf = w3[k * ws];
+        const float *restrict xk = x + k * xs;
+#pragma GCC unroll 32
+        for (int d = 0; d < CHUNK; d++) {
+            a[d] = MADD(wa, xk[d], a[d]);
+            c[d] = MADD(wc, xk[d], c[d]);
+            e[d] = MADD(we, xk[d], e[d]);
+            f[d] = MADD(wf, xk[d], f[d]);
+        }
+    }
+#pragma GCC unroll 32
+    for (int d = 0; d < CHUNK; d++) {
+        y0[d] = a[d];
+        y1[d] = c[d];
+        y2[d] = e[d];
+        y3[d] = f[d];
+    }
+}
+
+/* rows_axpy for rows y + r * ys, weights w + r * wr (r < 4), against x. */
+static inline void rows_axpy4(float *restrict y, ptrdiff_t ys, int n, const float *restrict w, ptrdiff_t wr,
+                              ptrdiff_t ws, const float *restrict x, ptrdiff_t xs, int m) {
+    int d = 0;
+    for (; d + CHUNK <= n; d += CHUNK)
+        axpy_chunk4(y + d, y + ys + d, y + 2 * ys + d, y + 3 * ys + d, w, w + wr, w + 2 * wr, w + 3 * wr, ws, x + d,
+                    xs, m);
+    for (int r = 0; d < n && r < 4; r++) axpy_tail(y + r * ys + d, n - d, w + r * wr, ws, x + d, xs, m);
+}
+#else
+#define ATTN_QUAD 0
+#endif
+
 /* dst[d*W + j] = element d of row t0+j of head h, j < n; columns n..W-1
  * zeroed. W is BQ or BK. */
 static void load_transposed(float *restrict dst, int W, cllm_cview x, int b, int T, int t0, int n,
@@ -213,6 +267,10 @@ static void scores_t(float *restrict St, cllm_cview x, int b, int T, int s0, int
                      const float *restrict Qt, int HS) {
     memset(St, 0, (size_t)nk * BQ * sizeof(float));
     int j = 0;
+#if ATTN_QUAD
+    for (; j + 3 < nk; j += 4)
+        rows_axpy4(St + j * BQ, BQ, BQ, x.p + row_off(b, T, s0 + j, x.rs, g, x.hs), x.rs, 1, Qt, BQ, HS);
+#endif
     for (; j + 1 < nk; j += 2)
         rows_axpy2(St + j * BQ, St + (j + 1) * BQ, BQ, x.p + row_off(b, T, s0 + j, x.rs, g, x.hs),
                    x.p + row_off(b, T, s0 + j + 1, x.rs, g, x.hs), 1, Qt, BQ, HS);
@@ -319,6 +377,10 @@ void cllm_attention_forward_window(cllm_view out, float *lse, cllm_cview q, cllm
              * runs over the keys the later row sees (P is 0 beyond). */
             const float *vs = v.p + row_off(b, T, s0, v.rs, g, v.hs);
             int i = 0;
+#if ATTN_QUAD
+            for (; i + 3 < nq; i += 4)
+                rows_axpy4(acc + (size_t)i * HS, HS, HS, St + i, 1, BQ, vs, v.rs, keys_visible(t0 + i + 3, s0, nk));
+#endif
             for (; i + 1 < nq; i += 2)
                 rows_axpy2(acc + (size_t)i * HS, acc + (size_t)(i + 1) * HS, HS, St + i, St + i + 1,
                            BQ, vs, v.rs, keys_visible(t0 + i + 1, s0, nk));
@@ -390,6 +452,12 @@ static void kv_block_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cvi
             memset(P, 0, (size_t)nq * BK * sizeof(float));
             memset(dP, 0, (size_t)nq * BK * sizeof(float));
             int i = 0;
+#if ATTN_QUAD
+            for (; i + 3 < nq; i += 4) {
+                rows_axpy4(P + i * BK, BK, BK, qs + i * qrs, qrs, 1, Kt, BK, HS);
+                rows_axpy4(dP + i * BK, BK, BK, dos + i * drs, drs, 1, Vt, BK, HS);
+            }
+#endif
             for (; i + 1 < nq; i += 2) {
                 rows_axpy2(P + i * BK, P + (i + 1) * BK, BK, qs + i * qrs, qs + (i + 1) * qrs, 1, Kt, BK, HS);
                 rows_axpy2(dP + i * BK, dP + (i + 1) * BK, BK, dos + i * drs, dos + (i + 1) * drs, 1, Vt, BK, HS);
@@ -417,6 +485,12 @@ static void kv_block_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cvi
             /* dv_s += sum_t P[t,s] dout_t ; dk_s += sum_t dS[t,s] q_t
              * (scale applied once at the end). */
             int j = 0;
+#if ATTN_QUAD
+            for (; j + 3 < nk; j += 4) {
+                rows_axpy4(dVs + (size_t)j * HS, HS, HS, P + j, 1, BK, dos, drs, nq);
+                rows_axpy4(dKs + (size_t)j * HS, HS, HS, dP + j, 1, BK, qs, qrs, nq);
+            }
+#endif
             for (; j + 1 < nk; j += 2) {
                 rows_axpy2(dVs + (size_t)j * HS, dVs + (size_t)(j + 1) * HS, HS, P + j, P + j + 1, BK, dos, drs, nq);
                 rows_axpy2(dKs + (size_t)j * HS, dKs + (size_t)(j + 1) * HS, HS, dP + j, dP + j + 1, BK, qs, qrs,
@@ -429,7 +503,12 @@ static void kv_block_backward(cllm_view dq, cllm_view dk, cllm_view dv, cllm_cvi
             if (!dq.p) continue;
             /* dq_t += scale * sum_s dS[t,s] k_s over this block's keys */
             memset(dQs, 0, (size_t)nq * HS * sizeof(float));
-            for (i = 0; i + 1 < nq; i += 2)
+            i = 0;
+#if ATTN_QUAD
+            for (; i + 3 < nq; i += 4)
+                rows_axpy4(dQs + (size_t)i * HS, HS, HS, dP + i * BK, BK, 1, ks, k.rs, keys_visible(t0 + i + 3, s0, nk));
+#endif
+            for (; i + 1 < nq; i += 2)
                 rows_axpy2(dQs + (size_t)i * HS, dQs + (size_t)(i + 1) * HS, HS, dP + i * BK, dP + (i + 1) * BK, 1,
                            ks, k.rs, keys_visible(t0 + i + 1, s0, nk));
             if (i < nq) rows_axpy(dQs + (size_t)i * HS, HS, dP + i * BK, 1, ks, k.rs, keys_visible(t0 + i, s0, nk));
@@ -533,6 +612,10 @@ void cllm_attention_backward_window(cllm_view dq, cllm_view dk, cllm_view dv, cl
                 /* dq_t += sum_s dS[t,s] k_s (scale applied at the end). */
                 const float *ks = k.p + row_off(b, T, s0, k.rs, g, k.hs);
                 int i = 0;
+#if ATTN_QUAD
+                for (; i + 3 < nq; i += 4)
+                    rows_axpy4(dQs + (size_t)i * HS, HS, HS, dPt + i, 1, BQ, ks, k.rs, keys_visible(t0 + i + 3, s0, nk));
+#endif
                 for (; i + 1 < nq; i += 2)
                     rows_axpy2(dQs + (size_t)i * HS, dQs + (size_t)(i + 1) * HS, HS, dPt + i, dPt + i + 1,
                                BQ, ks, k.rs, keys_visible(t0 + i + 1, s0, nk));
