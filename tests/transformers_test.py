@@ -123,6 +123,9 @@ def test_causal(cllm, tmp, name):
                     worst, wname = e, n
         check("%s: %d gradients within rel-L2 1e-4" % (name, len(ref)), worst <= 1e-4,
               "worst %.1e (%s)" % (worst, wname))
+    gaps = [meta["min_logit_gap"]] + ([meta["min_router_gap"]] if meta.get("min_router_gap") is not None else [])
+    check("%s: the fixture's greedy choices are clear of fp32 rounding (gaps > 1e-3)" % name, min(gaps) > 1e-3,
+          "gaps %s" % gaps)
     prompt = meta["prompt"]
     r = run([cllm, "generate", "--model", d, "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens",
              str(len(meta["greedy"])), "--greedy", "--ignore-eos", "--output", "ids"])

@@ -23,7 +23,7 @@ model.safetensors, float32) and NAME.expect.safetensors + NAME.expect.json:
 Seeds (and weight scales) are tried until those gaps exceed 1e-3 and the
 greedy continuation holds at least 5 distinct tokens; GPT-2 and BLOOM, whose
 output matrix is the embedding, repeat one token for every seed tried, and
-keep the last seed whose gaps are clear.
+keep the last one (its gaps are recorded; the test checks them).
 
   python3 make_fixtures.py --out DIR
 """
