@@ -139,6 +139,11 @@ static void test_matmul_naive(void) {
             for (int b = 0; b < 2; b++)
                 check_matmul_case(&r, shapes[s][0], shapes[s][1], shapes[s][2], t & 1, t >> 1,
                                   (t + b) % 3 == 2 ? 0.5f : 1.0f, (float)b);
+    /* 1040 x 1040 with a short K: oneDNN's sgemm would take its copy-based
+     * path, so on AVX-512 CPUs the NN and TN layouts run on the matmul
+     * primitive instead (matmul.c, nn_on_primitive); alpha and beta too */
+    for (int t = 0; t < 4; t++)
+        for (int b = 0; b < 2; b++) check_matmul_case(&r, 1040, 1040, 40, t & 1, t >> 1, b ? 1.0f : 0.5f, (float)b);
 }
 
 /* bf16 GEMM: the naive double GEMM of the bf16-rounded operands is the

@@ -353,19 +353,13 @@ static cllm_status gemm_args(float *C, const void *A, const void *B, int M, int 
  * kernels allocate (almost) nothing and stay there (1024 x 768 x 3072 NN:
  * 362-374 on sgemm, 273-282 on the primitive). On AVX2 CPUs the primitive
  * would run the same copy-based gemm, so NN and TN stay on dnnl_sgemm. */
-static pthread_once_t g_nn_once = PTHREAD_ONCE_INIT;
-static dnnl_cpu_isa_t g_isa;
-
-static void probe_isa(void) { g_isa = dnnl_get_effective_cpu_isa(); }
-
 static bool sgemm_nocopy(dnnl_cpu_isa_t isa, int nthr, bool ta, bool tb, long m, long n, long k, long lda, long ldb,
                          long ldc);
+static bool isa_has(dnnl_cpu_isa_t isa, dnnl_cpu_isa_t want);
 
-static bool nn_on_primitive(int M, int N, int K, bool trans_a, int nthr) {
-    pthread_once(&g_nn_once, probe_isa);
-    if (((unsigned)g_isa & (unsigned)dnnl_cpu_isa_avx512_core) != (unsigned)dnnl_cpu_isa_avx512_core) return false;
+static bool nn_on_primitive(dnnl_cpu_isa_t isa, int M, int N, int K, bool trans_a, int nthr) {
     /* row-major C = op(A) B is column-major C^T = B^T op(A)^T */
-    return !sgemm_nocopy(g_isa, nthr, false, trans_a, N, M, K, N, trans_a ? M : K, N);
+    return isa_has(isa, dnnl_cpu_isa_avx512_core) && !sgemm_nocopy(isa, nthr, false, trans_a, N, M, K, N, trans_a ? M : K, N);
 }
 
 /* Shapes: C[M,N]; A[M,K] or [K,M] (trans_a); B[K,N] or [N,K] (trans_b).
@@ -376,7 +370,7 @@ cllm_status cllm_matmul(float *C, const float *A, const float *B, int M, int N, 
     bool done = false;
     cllm_status st = gemm_args(C, A, B, M, N, K, beta, &done);
     if (st || done) return st;
-    if (!trans_b && !nn_on_primitive(M, N, K, trans_a, omp_get_max_threads())) {
+    if (!trans_b && !nn_on_primitive(dnnl_get_effective_cpu_isa(), M, N, K, trans_a, omp_get_max_threads())) {
         /* row-major sgemm: lda/ldb are the stored row lengths; thread-safe
          * without the lock (it keeps no state between calls) */
         return dnnl_check(dnnl_sgemm(trans_a ? 'T' : 'N', 'N', M, N, K, alpha, A, trans_a ? M : K, B, N, beta, C, N),
@@ -692,8 +686,9 @@ static size_t sgemm_workspace(dnnl_cpu_isa_t isa, int nthr, bool ta, bool tb, lo
     return (size_t)(tm * tn) * per;
 }
 
-/* The matmul primitive of an fp32 NT GEMM: its scratchpad as oneDNN
- * reports it, and whether its implementation is the copy-based sgemm. */
+/* The matmul primitive of an fp32 GEMM (NT, or NN / TN where
+ * nn_on_primitive sends them): its scratchpad as oneDNN reports it, and
+ * whether its implementation is the copy-based sgemm. */
 static cllm_status primitive_workspace(int M, int N, int K, bool trans_a, bool trans_b, size_t *scratch, bool *gemm) {
     dnnl_memory_desc_t md_a, md_b, md_c;
     dnnl_matmul_desc_t desc;
@@ -728,7 +723,7 @@ size_t cllm_matmul_workspace(int M, int N, int K, bool trans_a, bool trans_b, in
     dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
     /* row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T */
     long m = N, n = M, k = K, lda = trans_b ? K : N, ldb = trans_a ? M : K, ldc = N;
-    if (!trans_b && !nn_on_primitive(M, N, K, trans_a, nthr))
+    if (!trans_b && !nn_on_primitive(isa, M, N, K, trans_a, nthr))
         return sgemm_workspace(isa, nthr, false, trans_a, m, n, k, lda, ldb, ldc);
     size_t scratch = 0;
     bool gemm = false;

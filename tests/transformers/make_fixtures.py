@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """
-Writes the fixtures under tests/fixtures/transformers/: tiny models built and
+Writes the fixtures under tests/data/transformers/: tiny models built and
 run by Hugging Face transformers itself (and PEFT, where installed), so that
 cllm is checked against the library its users come from, not only against
 tests/ref/hf_models.py (our own torch reading of the same semantics).
@@ -70,7 +70,7 @@ def router_gap(out, k):
     return gap
 
 
-def run_model(kind, model, V, g, moe_k=None):
+def run_model(model, V, g, moe_k=None):
     ids = torch.randint(1, V, (B, T), generator=g)
     kw = {"output_router_logits": True} if moe_k else {}
     model.zero_grad()
@@ -154,7 +154,7 @@ def causal(out, name, kind, cfg_kw, moe_k=None):
         model.save_pretrained(d, safe_serialization=True)
         saved_keys = sorted(__import__("safetensors").safe_open(os.path.join(d, "model.safetensors"), "pt").keys())
         m64 = model.double()
-        ids, logits, loss, prompt, cont, lgap, rgap = run_model(kind, m64, V, g, moe_k)
+        ids, logits, loss, prompt, cont, lgap, rgap = run_model(m64, V, g, moe_k)
         # a continuation that varies exercises the KV cache; one repeated
         # token would pass with a broken one
         if lgap > MIN_GAP and (rgap is None or rgap > MIN_GAP) and len(set(cont)) >= 5:
