@@ -174,7 +174,8 @@ def test_rope_refusals(cllm, tmp):
                              "rope_parameters.rope_type = llama3"),
                             ("unknown key", {"rope_type": "default", "rope_theta": 1e4, "factor": 2.0},
                              "rope_parameters.factor"),
-                            ("theta not a number", {"rope_theta": "big"}, "rope_parameters.rope_theta")):
+                            ("theta not a number", {"rope_theta": "big"}, "rope_parameters.rope_theta"),
+                            ("not an object", 10000.0, "'rope_parameters' must be an object")):
         d = os.path.join(tmp, "rope_" + label.replace(" ", "_"))
         os.makedirs(d, exist_ok=True)
         cfg = json.load(open(os.path.join(src, "config.json")))
@@ -184,6 +185,28 @@ def test_rope_refusals(cllm, tmp):
         r = run([cllm, "generate", "--model", d, "--prompt-ids", "1,2", "--max-new-tokens", "1", "--greedy"])
         check("rope_parameters %s refused" % label, r.returncode != 0 and want in r.stderr and "config.json" in r.stderr,
               "rc %d: %s" % (r.returncode, r.stderr.strip()[-200:]))
+
+
+def test_rope_precedence(cllm, tmp):
+    """A config with both spellings: rope_parameters' theta wins, as in
+    transformers 5 (the top-level value here is the wrong one)."""
+    exp, meta = expected("llama_tied_bias")
+    src, d = os.path.join(DATA, "llama_tied_bias"), os.path.join(tmp, "rope_both")
+    os.makedirs(d)
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    cfg["rope_theta"] = 10000.0
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    os.symlink(os.path.join(src, "model.safetensors"), os.path.join(d, "model.safetensors"))
+    ids = exp["ids"]
+    data = os.path.join(tmp, "rope_both.jsonl")
+    hm.write_jsonl(data, [{"input_ids": r.tolist()} for r in ids])
+    r = run([cllm, "grad", "--model", d, "--data", data, "--seq-len", str(ids.shape[1]), "--batch-size",
+             str(ids.shape[0]), "--out", os.path.join(tmp, "rope_both.st")])
+    if check("rope_parameters and rope_theta both set: exit 0", r.returncode == 0, r.stderr[-400:]):
+        loss = json.loads(r.stdout.strip().splitlines()[-1])["loss"]
+        rel = abs(loss - meta["loss"]) / abs(meta["loss"])
+        check("rope_parameters and rope_theta both set: rope_parameters' theta wins", rel <= 1e-5,
+              "cllm %.9g transformers %.9g rel %.1e" % (loss, meta["loss"], rel))
 
 
 def main():
@@ -198,6 +221,7 @@ def main():
         test_reward(cllm, tmp)
         test_lora(cllm, tmp)
         test_rope_refusals(cllm, tmp)
+        test_rope_precedence(cllm, tmp)
     print("%d failed" % FAILED)
     return 1 if FAILED else 0
 
