@@ -18,7 +18,9 @@
  * int8 / q4, and the GB/s column then counts the weights once per call.
  * From 16 rows the prompt path cllm_qgemm (panels of widened rows on
  * oneDNN, what a model runs from CLLM_QGEMM_MIN_ROWS rows) is timed too, for
- * bf16, int8 and q4 ("int8-panels" ...), in the same rounds.
+ * bf16, int8 and q4 ("int8-panels" ...), in the same rounds, and on a CPU
+ * with AVX512-VNNI its integer tiles for int8 and q4 ("int8-vnni", what
+ * cllm_qgemm runs there), from 4 rows.
  */
 #include <omp.h>
 #include <stdio.h>
@@ -37,9 +39,18 @@ typedef struct {
 
 static const shape shapes[] = {
     {2304, 768, true, 12}, {768, 768, true, 12}, {3072, 768, true, 12}, {768, 3072, true, 12}, {50257, 768, false, 1}};
-/* the formats on cllm_qmatmul, oneDNN, then bf16 / int8 / q4 on cllm_qgemm */
-enum { NS = sizeof shapes / sizeof shapes[0], ONEDNN = CLLM_WFMT_COUNT, NF = CLLM_WFMT_COUNT + 4 };
-static cllm_wfmt fmt_of(int f) { return f < ONEDNN ? (cllm_wfmt)f : f > ONEDNN ? (cllm_wfmt)(f - ONEDNN) : CLLM_WFMT_FP32; }
+/* the formats on cllm_qmatmul, oneDNN, then bf16 / int8 / q4 on cllm_qgemm's
+ * panels, then int8 / q4 on its VNNI tiles (where the CPU has VNNI) */
+enum { NS = sizeof shapes / sizeof shapes[0], ONEDNN = CLLM_WFMT_COUNT, VNNI0 = CLLM_WFMT_COUNT + 4, NF = CLLM_WFMT_COUNT + 6 };
+static cllm_wfmt fmt_of(int f) {
+    if (f < ONEDNN) return (cllm_wfmt)f;
+    if (f >= VNNI0) return f == VNNI0 ? CLLM_WFMT_INT8 : CLLM_WFMT_Q4;
+    return f > ONEDNN ? (cllm_wfmt)(f - ONEDNN) : CLLM_WFMT_FP32;
+}
+static bool skip(int f, int M) {
+    if (f >= VNNI0) return M < 4 || strcmp(cllm_qgemm_variant(CLLM_WFMT_INT8), "avx512-vnni") != 0;
+    return f > ONEDNN && M < 16;
+}
 
 /* QMATMUL_BENCH_CLOCK=cpu: CPU time of the process instead of wall-clock
  * time; with one thread on a machine shared with other work it counts only
@@ -115,7 +126,7 @@ int main(int argc, char **argv) {
         double *t = calloc((size_t)rounds * NF, sizeof *t);
         for (int r = 0; r < rounds; r++)
             for (int f = 0; f < NF; f++) {
-                if (f > ONEDNN && M < 16) continue;
+                if (skip(f, M)) continue;
                 double t0 = now();
                 for (int s = 0; s < NS; s++)
                     for (int c = 0; c < shapes[s].count && (!only_shape || only_shape[0] - '0' == s); c++) {
@@ -123,7 +134,7 @@ int main(int argc, char **argv) {
                         if (f == ONEDNN)
                             cllm_linear_forward(out, x, W[s], NULL, M, shapes[s].cols, shapes[s].rows, shapes[s].in_out);
                         else if (f > ONEDNN)
-                            cllm_qgemm(out, x, &w, NULL, M, scratch);
+                            cllm_qgemm_isa(out, x, &w, NULL, M, scratch, f >= VNNI0 ? CLLM_ISA_COUNT : CLLM_ISA_AVX2);
                         else
                             cllm_qmatmul(out, x, &w, NULL, M, scratch);
                     }
@@ -131,7 +142,7 @@ int main(int argc, char **argv) {
             }
         double base = 0;
         for (int f = ONEDNN; f >= 0; f = f == ONEDNN ? NF - 1 : f == ONEDNN + 1 ? ONEDNN - 1 : f - 1) {
-            if (f > ONEDNN && M < 16) continue;
+            if (skip(f, M)) continue;
             qsort(t + f * rounds, (size_t)rounds, sizeof *t, cmp);
             double med = t[f * rounds + rounds / 2], bytes = 0;
             for (int s = 0; s < NS; s++)
@@ -140,7 +151,7 @@ int main(int argc, char **argv) {
             if (f == ONEDNN) base = med;
             char label[32];
             snprintf(label, sizeof label, "%s%s", f == ONEDNN ? "onednn-fp32" : cllm_wfmt_name(fmt_of(f)),
-                     f > ONEDNN ? "-panels" : "");
+                     f >= VNNI0 ? "-vnni" : f > ONEDNN ? "-panels" : "");
             printf("  M=%-3d %-12s %8.2f ms  %6.1f GB/s  %5.2fx oneDNN fp32\n", M, label, med * 1e3, bytes / med * 1e-9,
                    base / med);
         }

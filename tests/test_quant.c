@@ -99,14 +99,19 @@ static void run_case(const char *dir, const char *name, cllm_wfmt fmt, int R, in
         free(scratch);
         check_out(name, out, y, x, q, fmt, R, K, M, in_out, cllm_isa_name(variants[v]));
     }
-    /* the prompt path: panels of widened rows on oneDNN (int8 / q4: of the
-     * rounded activations), against the same float64 reference */
-    memset(out, 0xff, (size_t)M * R * 4);
-    void *scratch = malloc(cllm_qgemm_scratch_bytes(fmt, K, M) + 1);
-    CHECK(scratch && cllm_qgemm(out, x, &w, has_bias ? bias : NULL, M, scratch) == CLLM_OK, "%s: qgemm: %s", name,
-          cllm_last_error());
-    free(scratch);
-    check_out(name, out, y, x, q, fmt, R, K, M, in_out, "qgemm");
+    /* the prompt path, against the same float64 reference: panels of
+     * widened rows on oneDNN (int8 / q4: of the rounded activations), and
+     * where the CPU has VNNI the integer tiles cllm_qgemm takes there */
+    for (int path = 0; path < 2; path++) {
+        const cllm_isa isa = path == 0 ? CLLM_ISA_AVX2 : CLLM_ISA_COUNT;
+        if (path == 1 && strcmp(cllm_qgemm_variant(fmt), "avx512-vnni") != 0) break;
+        memset(out, 0xff, (size_t)M * R * 4);
+        void *scratch = malloc(cllm_qgemm_scratch_bytes(fmt, K, M) + 1);
+        CHECK(scratch && cllm_qgemm_isa(out, x, &w, has_bias ? bias : NULL, M, scratch, isa) == CLLM_OK,
+              "%s: qgemm: %s", name, cllm_last_error());
+        free(scratch);
+        check_out(name, out, y, x, q, fmt, R, K, M, in_out, path == 0 ? "qgemm panels" : "qgemm avx512-vnni");
+    }
 done:
     free(W), free(x), free(bias), free(y), free(want_q), free(q), free(qt), free(Wt), free(out);
 }
@@ -130,7 +135,8 @@ static int run_dir(const char *dir) {
     }
     fclose(f);
     CHECK(cases > 0, "no cases in %s", path);
-    printf("%d reference cases, kernel variant %s\n", cases, cllm_qmatmul_variant());
+    printf("%d reference cases, kernel variant %s, int8 / q4 prompts on %s\n", cases, cllm_qmatmul_variant(),
+           cllm_qgemm_variant(CLLM_WFMT_INT8));
     return check_summary();
 }
 

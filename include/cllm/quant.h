@@ -132,12 +132,18 @@ const char *cllm_qmatmul_variant(void);
  * fp32 rounding only (not bit for bit). On AVX2 without VNNI this runs long
  * prompts faster than cllm_qmatmul's integer tiles (docs/inference.md); for
  * few rows widening dominates and cllm_qmatmul is the faster one
- * (CLLM_QGEMM_MIN_ROWS: the row count from which a model uses this). */
+ * (CLLM_QGEMM_MIN_ROWS: the row count from which a model uses this).
+ *
+ * On a CPU with AVX512-VNNI, int8 / q4 take integer tiles instead
+ * (src/quant/qgemm_vnni.c): the activations quantized exactly as
+ * cllm_qmatmul quantizes them, 32 weight rows at a time repacked for
+ * vpdpbusd, every output the sum of cllm_qmatmul's block terms d_w * d_x *
+ * (exact integer dot) in another fp32 order; no widening, no oneDNN. */
 enum { CLLM_QGEMM_PANEL_FLOATS = 1 << 21, CLLM_QGEMM_PANEL_ROWS = 2048, CLLM_QGEMM_MIN_ROWS = 64 };
 /* Bytes of scratch cllm_qgemm needs for M rows of `cols` inputs: a panel
  * (CLLM_QGEMM_PANEL_FLOATS + 8 * cols floats), its [M, CLLM_QGEMM_PANEL_ROWS]
- * output, and for int8 / q4 the [M, cols] rounded activations; 0 for
- * fp32. */
+ * output, and for int8 / q4 the [M, cols] rounded activations (more than
+ * the VNNI tiles' 40 bytes per 32 inputs per row); 0 for fp32. */
 size_t cllm_qgemm_scratch_bytes(cllm_wfmt f, int cols, int M);
 /* out[M, w.rows] = x[M, w.cols] . W^T + bias, as cllm_qmatmul (same
  * arguments; fp32 weights, in_out too, go to oneDNN directly). The
@@ -145,6 +151,13 @@ size_t cllm_qgemm_scratch_bytes(cllm_wfmt f, int cols, int M);
  * oneDNN's OpenMP threads; allocates nothing of its own. Fails only where
  * oneDNN does (its message left). */
 cllm_status cllm_qgemm(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch);
+/* The same through a given level: below CLLM_ISA_AVX512 int8 / q4 take
+ * the panels even where the CPU has VNNI (for tests comparing the two). */
+cllm_status cllm_qgemm_isa(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch,
+                           cllm_isa isa);
+/* The path cllm_qgemm takes for format f: "avx512-vnni", "onednn-panels"
+ * (bf16, and int8 / q4 without VNNI) or "onednn" (fp32). */
+const char *cllm_qgemm_variant(cllm_wfmt f);
 
 /* The decode step's threads: runs fn(ctx, c) once for every c in [0, n) on
  * the pool that runs cllm_qmatmul's chunks (the calling thread and up to

@@ -53,6 +53,7 @@
 #define KV_CAT(a, b) KV_CAT_(a, b)
 #define QMATMUL KV_CAT(cllm_qmatmul, CLLM_KV)
 #define QROUND KV_CAT(cllm_qmatmul_round, CLLM_KV)
+#define QQUANTX KV_CAT(cllm_qmatmul_quantx, CLLM_KV)
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define QV_SIMD 1
@@ -196,12 +197,7 @@ static inline const float *x_block(const float *x, int cols, int b, float pad[QB
     return pad;
 }
 
-/* A block of 32 activations quantized as Q8_0 is, with an fp32 scale:
- * value = d * q, d = max|x| / 127, q = round(x / d) half away from zero. */
-typedef struct {
-    float d;
-    int8_t q[QB];
-} xblock;
+typedef quant_xblock xblock; /* quant_impl.h */
 _Static_assert(sizeof(xblock) == QUANT_XBLOCK_BYTES, "xblock layout");
 
 #ifdef QV_SIMD
@@ -416,18 +412,26 @@ static void quant_chunk(void *ctx, int c) {
     }
 }
 
-static void quant_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch) {
-    const int nb = (w->cols + QB - 1) / QB;
-    xblock *xq = scratch;
-    int32_t *xc = w->fmt == CLLM_WFMT_Q4 ? (int32_t *)(void *)((unsigned char *)scratch + (size_t)M * nb * sizeof *xq)
-                                         : NULL;
-    qx_job q = {.xq = xq, .xc = xc, .x = x, .M = M, .K = w->cols, .per = M};
-    if ((long)M * w->cols >= 65536 && quant_pool_threads() > 1) {
+/* x[M, K] quantized into xq (and xc: NULL or q4's lanes), on the pool when
+ * it is large enough to share. */
+static void quantize_x(xblock *xq, int32_t *xc, const float *x, int M, int K) {
+    qx_job q = {.xq = xq, .xc = xc, .x = x, .M = M, .K = K, .per = M};
+    if ((long)M * K >= 65536 && quant_pool_threads() > 1) {
         q.per = (M + 4 * quant_pool_threads() - 1) / (4 * quant_pool_threads());
         quant_pool_run(quantize_chunk, &q, (M + q.per - 1) / q.per);
     } else {
         quantize_chunk(&q, 0);
     }
+}
+
+void QQUANTX(xblock *xq, const float *x, int M, int K) { quantize_x(xq, NULL, x, M, K); }
+
+static void quant_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch) {
+    const int nb = (w->cols + QB - 1) / QB;
+    xblock *xq = scratch;
+    int32_t *xc = w->fmt == CLLM_WFMT_Q4 ? (int32_t *)(void *)((unsigned char *)scratch + (size_t)M * nb * sizeof *xq)
+                                         : NULL;
+    quantize_x(xq, xc, x, M, w->cols);
     mm_job j = {.out = out, .x = x, .w = w, .bias = bias, .xq = xq, .xc = xc, .M = M};
 #ifdef QV_VNNI
     j.vnni = cllm_cpu()->avx512_vnni;

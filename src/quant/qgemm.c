@@ -30,6 +30,7 @@
  */
 #include <string.h>
 
+#include "cllm/cpu.h"
 #include "cllm/kernels.h"
 #include "quant_impl.h"
 
@@ -47,12 +48,6 @@ static int panel_rows(int R, int K) {
     return p < R ? (int)p : R;
 }
 
-size_t cllm_qgemm_scratch_bytes(cllm_wfmt f, int cols, int M) {
-    if (f == CLLM_WFMT_FP32) return 0;
-    size_t n = (size_t)PANEL_FLOATS + 8 * (size_t)cols + (size_t)M * PANEL_ROWS;
-    if (f == CLLM_WFMT_INT8 || f == CLLM_WFMT_Q4) n += (size_t)M * (size_t)cols;
-    return n * sizeof(float);
-}
 
 /* One pass over rows [c * CHUNK, (c + 1) * CHUNK) of n, on the pool. */
 typedef struct {
@@ -85,9 +80,48 @@ static void copy_chunk(void *ctx, int c) {
 
 static int chunks(int n) { return (n + CHUNK - 1) / CHUNK; }
 
-cllm_status cllm_qgemm(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch) {
+/* int8 / q4 on qgemm_vnni.c's integer tiles: the avx512 build allowed and
+ * VNNI on the CPU. */
+static bool on_vnni(cllm_wfmt f, cllm_isa isa) {
+#ifdef CLLM_KV_X86
+    const cllm_cpu_info *c = cllm_cpu();
+    return (f == CLLM_WFMT_INT8 || f == CLLM_WFMT_Q4) && isa >= CLLM_ISA_AVX512 && c->isa >= CLLM_ISA_AVX512 &&
+           c->avx512_vnni;
+#else
+    (void)f, (void)isa;
+    return false;
+#endif
+}
+
+const char *cllm_qgemm_variant(cllm_wfmt f) {
+    if (on_vnni(f, CLLM_ISA_COUNT)) return "avx512-vnni";
+    return f == CLLM_WFMT_FP32 ? "onednn" : "onednn-panels";
+}
+
+size_t cllm_qgemm_scratch_bytes(cllm_wfmt f, int cols, int M) {
+    if (f == CLLM_WFMT_FP32) return 0;
+    size_t n = (size_t)PANEL_FLOATS + 8 * (size_t)cols + (size_t)M * PANEL_ROWS;
+    if (f == CLLM_WFMT_INT8 || f == CLLM_WFMT_Q4) n += (size_t)M * (size_t)cols;
+    size_t b = n * sizeof(float);
+#ifdef CLLM_KV_X86
+    if (f == CLLM_WFMT_INT8 || f == CLLM_WFMT_Q4) { /* the VNNI path's needs, should a caller force it */
+        size_t v = cllm_qgemm_vnni_scratch_bytes(cols, M);
+        if (v > b) b = v;
+    }
+#endif
+    return b;
+}
+
+cllm_status cllm_qgemm_isa(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch,
+                           cllm_isa isa) {
     const int R = w->rows, K = w->cols;
     if (w->fmt == CLLM_WFMT_FP32) return cllm_linear_forward(out, x, w->data, bias, M, K, R, w->in_out);
+#ifdef CLLM_KV_X86
+    if (on_vnni(w->fmt, isa)) {
+        cllm_qgemm_vnni_avx512(out, x, w, bias, M, scratch);
+        return CLLM_OK;
+    }
+#endif
     float *pan = scratch, *ot = pan + PANEL_FLOATS + 8 * (size_t)K;
     const float *a = x;
     if (w->fmt == CLLM_WFMT_INT8 || w->fmt == CLLM_WFMT_Q4) {
@@ -109,4 +143,8 @@ cllm_status cllm_qgemm(float *out, const float *x, const cllm_qweight *w, const 
         }
     }
     return CLLM_OK;
+}
+
+cllm_status cllm_qgemm(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch) {
+    return cllm_qgemm_isa(out, x, w, bias, M, scratch, CLLM_ISA_COUNT);
 }

@@ -34,4 +34,23 @@ int quant_pool_threads(void);
  * also need (src/quant/qdot.h). */
 enum { QUANT_XBLOCK_BYTES = 36, QUANT_XCORR_BYTES = 32 };
 
+/* A block of 32 activations quantized as Q8_0 is, with an fp32 scale:
+ * value = d * q, d = max|x| / 127, q = round(x / d) half away from zero. */
+typedef struct {
+    float d;
+    int8_t q[CLLM_QBLOCK];
+} quant_xblock;
+
+/* xq[M][ceil(K / 32)] = x[M, K] quantized as cllm_qmatmul quantizes it
+ * (the same codes; a partial last block zero-padded), on the pool. */
+void cllm_qmatmul_quantx_portable(quant_xblock *xq, const float *x, int M, int K);
+void cllm_qmatmul_quantx_avx2(quant_xblock *xq, const float *x, int M, int K);
+void cllm_qmatmul_quantx_avx512(quant_xblock *xq, const float *x, int M, int K);
+
+/* cllm_qgemm for int8 / q4 weights on AVX512-VNNI (qgemm_vnni.c; only the
+ * avx512 build has it, and only a CPU with VNNI may call it). scratch:
+ * cllm_qgemm_vnni_scratch_bytes. */
+void cllm_qgemm_vnni_avx512(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch);
+size_t cllm_qgemm_vnni_scratch_bytes(int cols, int M);
+
 #endif
