@@ -275,35 +275,43 @@ static void test_cache_errors(void) {
  * different numbers of rows (ragged), their positions scattered over a
  * pool of blocks in shuffled order, with block sizes that do and do not
  * divide the lengths, including one block holding a whole sequence (the
- * contiguous layout). */
-static void test_attention_kernel(void) {
-    enum { NSEQ = 3, NH = 6, NKV = 2, HS = 12, SMAX = 16, NBLK = 16 };
-    const int past[NSEQ] = {5, 0, 9}, n_new[NSEQ] = {3, 1, 2};
+ * contiguous layout); with and without ALiBi and a sliding window. Two
+ * shapes: head size 12 (the plain loops) and 64 with prompts of up to 40
+ * rows (on AVX-512 the tiles of 8 rows and 16-key groups, crossing block
+ * and group edges). */
+static void attention_case(int NH, int NKV, int HS, const int past[3], const int n_new[3]) {
+    enum { NSEQ = 3 };
     int32_t rows[NSEQ + 1] = {0}, pastv[NSEQ];
-    for (int i = 0; i < NSEQ; i++) rows[i + 1] = rows[i] + n_new[i], pastv[i] = past[i];
-    const int N = rows[NSEQ];
-    static float q[6 * NH * HS], out[6 * NH * HS], keys[NSEQ][NKV][SMAX][HS], vals[NSEQ][NKV][SMAX][HS];
-    static float kpool[NBLK * NKV * SMAX * HS], vpool[NBLK * NKV * SMAX * HS];
-    static uint16_t kpool16[NBLK * NKV * SMAX * HS], vpool16[NBLK * NKV * SMAX * HS];
-    float slopes[NH];
+    int SMAX = 0;
+    for (int i = 0; i < NSEQ; i++) {
+        rows[i + 1] = rows[i] + n_new[i], pastv[i] = past[i];
+        if (past[i] + n_new[i] > SMAX) SMAX = past[i] + n_new[i];
+    }
+    const int N = rows[NSEQ], NBLK = NSEQ * SMAX;
+    const size_t kvn = (size_t)NSEQ * NKV * SMAX * HS, pooln = (size_t)NBLK * NKV * SMAX * HS;
+    float *q = malloc((size_t)N * NH * HS * 4), *out = malloc((size_t)N * NH * HS * 4), *keys = malloc(kvn * 4),
+          *vals = malloc(kvn * 4), *kpool = malloc(pooln * 4), *vpool = malloc(pooln * 4), *slopes = malloc((size_t)NH * 4);
+    uint16_t *kpool16 = malloc(pooln * 2), *vpool16 = malloc(pooln * 2);
+    int32_t *table = malloc((size_t)NSEQ * SMAX * 4);
+    int *perm = malloc((size_t)NBLK * sizeof *perm);
+    double *sc = malloc((size_t)SMAX * sizeof *sc);
+    CHECK(q && out && keys && vals && kpool && vpool && slopes && kpool16 && vpool16 && table && perm && sc, "alloc");
+    if (!(q && out && keys && vals && kpool && vpool && slopes && kpool16 && vpool16 && table && perm && sc)) goto done;
+#define KEY(i, g, t) (keys + ((((size_t)(i) * NKV + (g)) * SMAX + (t)) * HS))
+#define VAL(i, g, t) (vals + ((((size_t)(i) * NKV + (g)) * SMAX + (t)) * HS))
     cllm_rng r;
     cllm_rng_seed(&r, 5);
     for (int i = 0; i < N * NH * HS; i++) q[i] = cllm_rng_normal(&r);
-    for (int i = 0; i < NSEQ; i++)
-        for (int g = 0; g < NKV; g++)
-            for (int t = 0; t < SMAX; t++)
-                for (int d = 0; d < HS; d++) { /* values bf16 holds exactly, so both pools hold the same */
-                    keys[i][g][t][d] = cllm_bf16_to_f32(cllm_f32_to_bf16(cllm_rng_normal(&r)));
-                    vals[i][g][t][d] = cllm_bf16_to_f32(cllm_f32_to_bf16(cllm_rng_normal(&r)));
-                }
+    for (size_t i = 0; i < kvn; i++) { /* values bf16 holds exactly, so both pools hold the same */
+        keys[i] = cllm_bf16_to_f32(cllm_f32_to_bf16(cllm_rng_normal(&r)));
+        vals[i] = cllm_bf16_to_f32(cllm_f32_to_bf16(cllm_rng_normal(&r)));
+    }
     cllm_alibi_slopes(slopes, NH);
     const float scale = 1.0f / sqrtf((float)HS);
-    const int block_sizes[] = {4, 3, 16};
+    const int block_sizes[] = {4, 3, SMAX};
     for (size_t bsi = 0; bsi < sizeof block_sizes / sizeof *block_sizes; bsi++) {
         const int BS = block_sizes[bsi], MB = (SMAX + BS - 1) / BS;
-        int32_t table[NSEQ * SMAX];
         /* block ids handed out in a shuffled order */
-        int perm[NBLK];
         for (int i = 0; i < NBLK; i++) perm[i] = i;
         for (int i = NBLK - 1; i > 0; i--) {
             int j = (int)(cllm_rng_u64(&r) % (uint64_t)(i + 1)), t = perm[i];
@@ -317,47 +325,84 @@ static void test_attention_kernel(void) {
             for (int pos = 0; pos < past[i] + n_new[i]; pos++)
                 for (int g = 0; g < NKV; g++) {
                     size_t at = (((size_t)table[i * MB + pos / BS] * NKV + g) * BS + (size_t)(pos % BS)) * HS;
-                    memcpy(kpool + at, keys[i][g][pos], sizeof(float) * HS);
-                    memcpy(vpool + at, vals[i][g][pos], sizeof(float) * HS);
+                    memcpy(kpool + at, KEY(i, g, pos), sizeof(float) * HS);
+                    memcpy(vpool + at, VAL(i, g, pos), sizeof(float) * HS);
                     for (int d = 0; d < HS; d++)
-                        kpool16[at + d] = cllm_f32_to_bf16(keys[i][g][pos][d]),
-                        vpool16[at + d] = cllm_f32_to_bf16(vals[i][g][pos][d]);
+                        kpool16[at + d] = cllm_f32_to_bf16(KEY(i, g, pos)[d]),
+                        vpool16[at + d] = cllm_f32_to_bf16(VAL(i, g, pos)[d]);
                 }
-        for (int run = 0; run < 4; run++) {
-            const int use_alibi = run & 1, bf16 = run >> 1;
-            memset(out, 0, sizeof out);
+        for (int run = 0; run < 8; run++) {
+            const int use_alibi = run & 1, bf16 = (run >> 1) & 1, window = run & 4 ? 7 : 0;
+            memset(out, 0, (size_t)N * NH * HS * 4);
             if (bf16)
                 cllm_attention_forward_paged_bf16((cllm_view){out, NH * HS, HS}, (cllm_cview){q, NH * HS, HS}, kpool16,
                                                   vpool16, table, MB, BS, rows, pastv, use_alibi ? slopes : NULL, NSEQ,
-                                                  NH, NKV, HS, scale, 0);
+                                                  NH, NKV, HS, scale, window);
             else
-                cllm_attention_forward_paged((cllm_view){out, NH * HS, HS}, (cllm_cview){q, NH * HS, HS}, kpool, vpool,
-                                             table, MB, BS, rows, pastv, use_alibi ? slopes : NULL, NSEQ, NH, NKV, HS,
-                                             scale);
+                cllm_attention_forward_paged_window((cllm_view){out, NH * HS, HS}, (cllm_cview){q, NH * HS, HS}, kpool,
+                                                    vpool, table, MB, BS, rows, pastv, use_alibi ? slopes : NULL, NSEQ,
+                                                    NH, NKV, HS, scale, window);
             double worst = 0;
             for (int i = 0; i < NSEQ; i++)
                 for (int t = 0; t < n_new[i]; t++)
                     for (int h = 0; h < NH; h++) {
                         int g = h / (NH / NKV), p = past[i] + t, row = rows[i] + t;
+                        int first = window && p - window + 1 > 0 ? p - window + 1 : 0;
                         const float *qr = q + ((size_t)row * NH + h) * HS;
-                        double sc[SMAX], mx = -INFINITY, sum = 0;
-                        for (int s2 = 0; s2 <= p; s2++) {
+                        double mx = -INFINITY, sum = 0;
+                        for (int s2 = first; s2 <= p; s2++) {
                             double d = 0;
-                            for (int k = 0; k < HS; k++) d += (double)qr[k] * keys[i][g][s2][k];
+                            for (int k = 0; k < HS; k++) d += (double)qr[k] * KEY(i, g, s2)[k];
                             sc[s2] = d * scale + (use_alibi ? (double)slopes[h] * (s2 - p) : 0);
                             mx = fmax(mx, sc[s2]);
                         }
-                        for (int s2 = 0; s2 <= p; s2++) sum += sc[s2] = exp(sc[s2] - mx);
+                        for (int s2 = first; s2 <= p; s2++) sum += sc[s2] = exp(sc[s2] - mx);
                         for (int k = 0; k < HS; k++) {
                             double o = 0;
-                            for (int s2 = 0; s2 <= p; s2++) o += sc[s2] / sum * vals[i][g][s2][k];
+                            for (int s2 = first; s2 <= p; s2++) o += sc[s2] / sum * VAL(i, g, s2)[k];
                             worst = fmax(worst, fabs(o - out[((size_t)row * NH + h) * HS + k]));
                         }
                     }
-            CHECK(worst < 1e-5, "paged attention (%s cache, block %d, alibi %d) differs from the float64 reference "
-                  "by %g", bf16 ? "bf16" : "fp32", BS, use_alibi, worst);
+            CHECK(worst < 1e-5, "paged attention (head size %d, %s cache, block %d, alibi %d, window %d) differs "
+                  "from the float64 reference by %g", HS, bf16 ? "bf16" : "fp32", BS, use_alibi, window, worst);
         }
     }
+#undef KEY
+#undef VAL
+done:
+    free(q), free(out), free(keys), free(vals), free(kpool), free(vpool), free(slopes), free(kpool16), free(vpool16);
+    free(table), free(perm), free(sc);
+}
+
+/* A row's output does not depend on the rows beside it: each row of a
+ * 40-row prompt equals the same row computed alone (one row of one
+ * sequence, its keys already cached), bit for bit. */
+static void attention_rows_alone(void) {
+    enum { NH = 4, NKV = 2, HS = 64, T = 40, BS = 16, MB = (T + BS - 1) / BS };
+    static float q[T * NH * HS], out[T * NH * HS], one[NH * HS], kpool[MB * NKV * BS * HS], vpool[MB * NKV * BS * HS];
+    int32_t table[MB];
+    cllm_rng r;
+    cllm_rng_seed(&r, 9);
+    for (size_t i = 0; i < sizeof q / sizeof *q; i++) q[i] = cllm_rng_normal(&r);
+    for (size_t i = 0; i < sizeof kpool / sizeof *kpool; i++) kpool[i] = cllm_rng_normal(&r), vpool[i] = cllm_rng_normal(&r);
+    for (int b = 0; b < MB; b++) table[b] = MB - 1 - b;
+    const int32_t rows[2] = {0, T}, past[1] = {0};
+    cllm_attention_forward_paged_window((cllm_view){out, NH * HS, HS}, (cllm_cview){q, NH * HS, HS}, kpool, vpool, table,
+                                        MB, BS, rows, past, NULL, 1, NH, NKV, HS, 0.125f, 0);
+    int bad = -1;
+    for (int t = 0; t < T && bad < 0; t++) {
+        const int32_t rows1[2] = {0, 1}, past1[1] = {t};
+        cllm_attention_forward_paged_window((cllm_view){one, NH * HS, HS}, (cllm_cview){q + (size_t)t * NH * HS, NH * HS, HS},
+                                            kpool, vpool, table, MB, BS, rows1, past1, NULL, 1, NH, NKV, HS, 0.125f, 0);
+        if (memcmp(one, out + (size_t)t * NH * HS, sizeof one)) bad = t;
+    }
+    CHECK(bad < 0, "paged attention: row %d of a prompt differs from the same row alone", bad);
+}
+
+static void test_attention_kernel(void) {
+    attention_case(6, 2, 12, (const int[3]){5, 0, 9}, (const int[3]){3, 1, 2});
+    attention_case(4, 2, 64, (const int[3]){20, 0, 3}, (const int[3]){11, 40, 1});
+    attention_rows_alone();
 }
 
 /* ---------------------------------------------------------------- sampling */

@@ -27,6 +27,13 @@
  * HS. A row's arithmetic does not depend on the thread that runs it, so the
  * output is identical for any thread count.
  *
+ * The avx512 build, for head sizes that are a multiple of 16, runs tiles
+ * of up to 8 rows of a sequence against groups of 16 keys instead
+ * (attend_tile below: each key widened once per tile, 16 scores per
+ * transposing reduction, exp on 16 lanes): a 512-token prompt's attention
+ * (llama-100M, bf16 cache) in a third of the time. A row there too gets
+ * the same bits whatever its tile, batch or thread.
+ *
  * A sliding window starts each row's keys at position p - window + 1.
  *
  * Keys and values are fp32, or bf16 (cllm_attention_forward_paged_bf16:
@@ -107,6 +114,137 @@ static inline float ld_bf16(const uint16_t *p, int i) {
 DEFINE_ATTEND_ROW(attend_row, float, ld_f32)
 DEFINE_ATTEND_ROW(attend_row_bf16, uint16_t, ld_bf16)
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+#include "exp_impl.h"
+
+/* ------------------------------------------------ AVX-512: tiles of rows
+ * For head sizes that are a multiple of 16 (64, 128, ...). Keys go by in
+ * groups of KG = 16 at absolute positions 16n .. 16n + 15, each group
+ * widened once into fp32 buffers and used by every row of a tile: up to QT
+ * consecutive rows of one sequence (a prompt's rows share their keys; a
+ * decode step's row is a tile of one). For each row and group:
+ *   - the 16 dot products: per key, HS / 16 lane-wise FMAs, then one
+ *     transposing reduction of the 16 partial vectors into a vector of 16
+ *     scores (no per-key horizontal sum);
+ *   - scale, ALiBi and the causal / window mask on the vector, then the
+ *     online softmax with exp_simd on 16 lanes and a lane-wise running sum;
+ *   - the value update: per key, HS / 16 FMAs with its probability
+ *     broadcast.
+ * A row's operations depend only on its own position and keys (groups are
+ * aligned to absolute positions, masked lanes never mix with others), so it
+ * gets the same bits in any tile, batch or thread. */
+enum { KG = 16, QT = 8 };
+
+/* out[j] = sum of the 16 lanes of p[j], j < 16 (a fixed order). */
+static inline __m512 reduce16(const __m512 p[KG]) {
+    __m512 t[8], u[4];
+    for (int k = 0; k < 8; k++) /* lanes 0, 2 of each 128-bit part: key 2k; 1, 3: key 2k + 1 */
+        t[k] = _mm512_add_ps(_mm512_unpacklo_ps(p[2 * k], p[2 * k + 1]), _mm512_unpackhi_ps(p[2 * k], p[2 * k + 1]));
+    for (int k = 0; k < 4; k++) { /* each 128-bit part: keys 4k .. 4k + 3, that part's sums */
+        const __m512d a = _mm512_castps_pd(t[2 * k]), b = _mm512_castps_pd(t[2 * k + 1]);
+        u[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    /* the four 128-bit parts of u[k] summed into part k */
+    const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+    const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
+}
+
+/* Position s's key or value row (T: fp32, or bf16 when bf16). */
+static inline const void *kv_row(const void *base, bool bf16, const int32_t *table, int BS, size_t bstride, int HS,
+                                 int s) {
+    const size_t at = (size_t)table[s / BS] * bstride + (size_t)(s % BS) * HS;
+    return bf16 ? (const void *)((const uint16_t *)base + at) : (const void *)((const float *)base + at);
+}
+
+static inline void widen_row(float *dst, const void *src, bool bf16, int HS) {
+    if (!bf16) {
+        memcpy(dst, src, (size_t)HS * sizeof *dst);
+        return;
+    }
+    const uint16_t *h = src;
+    for (int d = 0; d < HS; d += 16)
+        _mm512_store_ps(dst + d, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                     _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(h + d))), 16)));
+}
+
+/* Rows pos0 .. pos0 + nrows - 1 (nrows <= QT) of one sequence and head:
+ * q row i at q + i * q_rs, its output at out + i * out_rs. */
+static void attend_tile(float *out, ptrdiff_t out_rs, const float *q, ptrdiff_t q_rs, int nrows, int pos0, const void *k,
+                        const void *v, bool bf16, const int32_t *table, int BS, size_t bstride, int window, int HS,
+                        float scale, float slope) {
+    _Alignas(64) float kf[KG][HSMAX], vf[KG][HSMAX], acc[QT][HSMAX];
+    float m[QT];
+    __m512 l[QT];
+    const int nv = HS / 16, last = pos0 + nrows - 1;
+    int first[QT] = {0};
+    for (int i = 0; i < nrows; i++) {
+        const int p = pos0 + i;
+        first[i] = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+        m[i] = -INFINITY;
+        l[i] = _mm512_setzero_ps();
+        memset(acc[i], 0, (size_t)HS * sizeof(float));
+    }
+    const __m512 lane = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int s0 = first[0] / KG * KG; s0 <= last; s0 += KG) {
+        const int nk = last + 1 - s0 < KG ? last + 1 - s0 : KG;
+        const int lo = s0 > first[0] ? s0 : first[0]; /* no row reads keys before its window */
+        for (int j = 0; j < KG; j++) {
+            if (s0 + j < lo || j >= nk) {
+                memset(kf[j], 0, (size_t)HS * sizeof(float));
+                continue;
+            }
+            widen_row(kf[j], kv_row(k, bf16, table, BS, bstride, HS, s0 + j), bf16, HS);
+            widen_row(vf[j], kv_row(v, bf16, table, BS, bstride, HS, s0 + j), bf16, HS);
+        }
+        for (int i = 0; i < nrows; i++) {
+            const int p = pos0 + i, f = first[i];
+            if (s0 + KG <= f) continue; /* this group is before the row's window */
+            const float *qr = q + (ptrdiff_t)i * q_rs;
+            __m512 part[KG];
+            for (int j = 0; j < KG; j++) {
+                __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qr), _mm512_load_ps(kf[j]));
+                for (int c = 1; c < nv; c++) a = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * c), _mm512_load_ps(kf[j] + 16 * c), a);
+                part[j] = a;
+            }
+            const __m512 rel = _mm512_add_ps(lane, _mm512_set1_ps((float)(s0 - p))); /* s - p */
+            __m512 sc = _mm512_fmadd_ps(_mm512_set1_ps(slope), rel, _mm512_mul_ps(_mm512_set1_ps(scale), reduce16(part)));
+            const __mmask16 ok = _mm512_cmp_ps_mask(rel, _mm512_setzero_ps(), _CMP_LE_OQ) &
+                                 _mm512_cmp_ps_mask(rel, _mm512_set1_ps((float)(f - p)), _CMP_GE_OQ);
+            sc = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), ok, sc);
+            const float gm = _mm512_reduce_max_ps(sc), mx = gm > m[i] ? gm : m[i];
+            if (mx != m[i]) {
+                const float corr = exp_simd(m[i] - mx); /* m is -inf only before the first group: acc, l zero */
+                l[i] = _mm512_mul_ps(l[i], _mm512_set1_ps(corr));
+                for (int c = 0; c < nv; c++)
+                    _mm512_store_ps(acc[i] + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc[i] + 16 * c), _mm512_set1_ps(corr)));
+                m[i] = mx;
+            }
+            _Alignas(64) float pr[KG];
+            _mm512_store_ps(pr, _mm512_sub_ps(sc, _mm512_set1_ps(mx)));
+#pragma omp simd
+            for (int j = 0; j < KG; j++) pr[j] = exp_simd(pr[j]);
+            const __m512 pv = _mm512_maskz_mov_ps(ok, _mm512_load_ps(pr));
+            _mm512_store_ps(pr, pv);
+            l[i] = _mm512_add_ps(l[i], pv);
+            const int j0 = f > s0 ? f - s0 : 0, j1 = p - s0 < KG - 1 ? p - s0 : KG - 1;
+            for (int c = 0; c < nv; c++) {
+                __m512 o = _mm512_load_ps(acc[i] + 16 * c);
+                for (int j = j0; j <= j1; j++) o = _mm512_fmadd_ps(_mm512_set1_ps(pr[j]), _mm512_load_ps(vf[j] + 16 * c), o);
+                _mm512_store_ps(acc[i] + 16 * c, o);
+            }
+        }
+    }
+    for (int i = 0; i < nrows; i++) {
+        const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(l[i]));
+        for (int c = 0; c < nv; c++)
+            _mm512_storeu_ps(out + (ptrdiff_t)i * out_rs + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc[i] + 16 * c), inv));
+    }
+}
+#endif
+
 /* One call's operands, shared by its tasks: task t is row N - 1 - t / NH
  * (later rows of a sequence have more keys: they go first), head t % NH. */
 typedef struct {
@@ -139,6 +277,19 @@ static void paged_task(const paged_job *j, long task) {
     const int first = j->window > 0 && pos - j->window + 1 > 0 ? pos - j->window + 1 : 0;
     const int32_t *tab = j->table + (size_t)i * j->max_blocks;
     const float slope = j->alibi ? j->alibi[h] : 0.0f;
+#if defined(__AVX512F__)
+    if (HS % 16 == 0) {
+        /* the row that starts a tile of its sequence runs the whole tile;
+         * the tile's other rows' tasks have nothing to do */
+        const int t = r - j->rows[i];
+        if (t % QT) return;
+        const int n = j->rows[i + 1] - r < QT ? j->rows[i + 1] - r : QT;
+        const void *kb = j->bf16 ? (const void *)((const uint16_t *)j->kpool + goff) : (const void *)((const float *)j->kpool + goff);
+        const void *vb = j->bf16 ? (const void *)((const uint16_t *)j->vpool + goff) : (const void *)((const float *)j->vpool + goff);
+        attend_tile(o, j->out.rs, qr, j->q.rs, n, pos, kb, vb, j->bf16, tab, BS, bstride, j->window, HS, j->scale, slope);
+        return;
+    }
+#endif
     if (j->bf16)
         attend_row_bf16(o, qr, (const uint16_t *)j->kpool + goff, (const uint16_t *)j->vpool + goff, tab, BS, bstride,
                         first, pos + 1, pos, HS, j->scale, slope);

@@ -28,8 +28,14 @@
  * into 16 fp32 outputs. A segment's sums are added to the outputs of the
  * ones before it.
  *
- * Threads: chunks on cllm_qmatmul's pool (pool.c); nothing is allocated.
+ * Threads: an OpenMP team, chunks handed out dynamically. A prompt's other
+ * steps (attention, norms, activations) run on OpenMP teams too; with
+ * these chunks on cllm_qmatmul's pool instead, the team's threads spun
+ * (their wait after a region) against the pool's for the same two cores:
+ * a 512-token q4 prompt of llama-100M took 0.39-0.42 s that way, 0.32 s
+ * this way (2 threads, Zen 5). Nothing is allocated.
  */
+#include <omp.h>
 #include <string.h>
 
 #include "quant_impl.h"
@@ -202,9 +208,19 @@ void cllm_qgemm_vnni_avx512(float *out, const float *x, const cllm_qweight *w, c
               .M = M,
               .nb = nb,
               .o = w->fmt == CLLM_WFMT_Q4 ? 8 : 128};
-    cllm_qmatmul_quantx_avx512(xq, x, M, w->cols);
-    quant_pool_run(corr_chunk, &j, (M + TOKENS_PER_CHUNK - 1) / TOKENS_PER_CHUNK);
-    quant_pool_run(rows_chunk, &j, (w->rows + NR - 1) / NR);
+    const int tchunks = (M + TOKENS_PER_CHUNK - 1) / TOKENS_PER_CHUNK, rchunks = (w->rows + NR - 1) / NR;
+#pragma omp parallel if ((long)M * w->rows * w->cols >= 1L << 20)
+    {
+        /* inside the region quantx runs on the calling thread */
+#pragma omp for schedule(static)
+        for (int c = 0; c < tchunks; c++) {
+            const int m0 = c * TOKENS_PER_CHUNK, mc = M - m0 < TOKENS_PER_CHUNK ? M - m0 : TOKENS_PER_CHUNK;
+            cllm_qmatmul_quantx_avx512(xq + (size_t)m0 * nb, x + (size_t)m0 * w->cols, mc, w->cols);
+            corr_chunk(&j, c);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int c = 0; c < rchunks; c++) rows_chunk(&j, c);
+    }
 }
 
 #else
