@@ -16,21 +16,28 @@
 
 /* out[N,C] = wte[tokens[n], :] + wpe[n % T, :] (wpe may be NULL).
  * tokens[N], wte[V,C], wpe[T,C]. */
+static inline void embed_row(float *out, const int32_t *tokens, const float *wte, const float *wpe, int T, int C,
+                             int n) {
+    float *o = out + (size_t)n * C;
+    const float *w = wte + (size_t)tokens[n] * C;
+    if (wpe) {
+        const float *p = wpe + (size_t)(n % T) * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) o[c] = w[c] + p[c];
+    } else {
+#pragma omp simd
+        for (int c = 0; c < C; c++) o[c] = w[c];
+    }
+}
+
 void cllm_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                             int N, int T, int C) {
-#pragma omp parallel for schedule(static) if ((long)N * C >= CLLM_PAR_MIN)
-    for (int n = 0; n < N; n++) {
-        float *o = out + (size_t)n * C;
-        const float *w = wte + (size_t)tokens[n] * C;
-        if (wpe) {
-            const float *p = wpe + (size_t)(n % T) * C;
-#pragma omp simd
-            for (int c = 0; c < C; c++) o[c] = w[c] + p[c];
-        } else {
-#pragma omp simd
-            for (int c = 0; c < C; c++) o[c] = w[c];
-        }
+    if ((long)N * C < CLLM_PAR_MIN) { /* no OpenMP region for a decode step: see cllm_add */
+        for (int n = 0; n < N; n++) embed_row(out, tokens, wte, wpe, T, C, n);
+        return;
     }
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) embed_row(out, tokens, wte, wpe, T, C, n);
 }
 
 /* dwte[V,C] += sum over n with tokens[n]==v of dout[n,:]

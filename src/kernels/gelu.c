@@ -17,13 +17,15 @@
 #define GELU_A 0.044715f
 
 /* out[N] = 0.5 * x * (1 + tanh(k * (x + 0.044715 * x^3))), k = sqrt(2/pi) */
+static inline float gelu_one(float x) { return 0.5f * x * (1.0f + tanh_simd(GELU_K * (x + GELU_A * x * x * x))); }
 void cllm_gelu_forward(float *out, const float *inp, long N) {
-#pragma omp parallel for simd schedule(static) if (N >= CLLM_PAR_MIN)
-    for (long i = 0; i < N; i++) {
-        float x = inp[i];
-        float u = GELU_K * (x + GELU_A * x * x * x);
-        out[i] = 0.5f * x * (1.0f + tanh_simd(u));
+    if (N < CLLM_PAR_MIN) { /* no OpenMP region for a decode step's few values: see cllm_add */
+#pragma omp simd
+        for (long i = 0; i < N; i++) out[i] = gelu_one(inp[i]);
+        return;
     }
+#pragma omp parallel for simd schedule(static)
+    for (long i = 0; i < N; i++) out[i] = gelu_one(inp[i]);
 }
 
 /* dinp[N] += dout * gelu'(x), with th = tanh(u) as in the forward:

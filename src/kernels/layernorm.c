@@ -19,27 +19,34 @@ enum { COL_BLOCK = 64 };
 
 /* out[N,C] = (inp - mean) * rstd * weight + bias;  mean[N], rstd[N] saved.
  * mean = sum(x)/C, var = sum((x-mean)^2)/C, rstd = 1/sqrt(var + eps). */
+static inline void layernorm_row(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                                 const float *bias, int C, float eps, int n) {
+    const float *x = inp + (size_t)n * C;
+    float *o = out + (size_t)n * C;
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (int c = 0; c < C; c++) s += x[c];
+    double m = s / C, v = 0.0;
+#pragma omp simd reduction(+ : v)
+    for (int c = 0; c < C; c++) {
+        double d = x[c] - m;
+        v += d * d;
+    }
+    float mf = (float)m, rf = (float)(1.0 / sqrt(v / C + (double)eps));
+    mean[n] = mf;
+    rstd[n] = rf;
+#pragma omp simd
+    for (int c = 0; c < C; c++) o[c] = (x[c] - mf) * rf * weight[c] + bias[c];
+}
+
 void cllm_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                             const float *weight, const float *bias, int N, int C, float eps) {
-#pragma omp parallel for schedule(static) if ((long)N * C >= CLLM_PAR_MIN)
-    for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;
-        float *o = out + (size_t)n * C;
-        double s = 0.0;
-#pragma omp simd reduction(+ : s)
-        for (int c = 0; c < C; c++) s += x[c];
-        double m = s / C, v = 0.0;
-#pragma omp simd reduction(+ : v)
-        for (int c = 0; c < C; c++) {
-            double d = x[c] - m;
-            v += d * d;
-        }
-        float mf = (float)m, rf = (float)(1.0 / sqrt(v / C + (double)eps));
-        mean[n] = mf;
-        rstd[n] = rf;
-#pragma omp simd
-        for (int c = 0; c < C; c++) o[c] = (x[c] - mf) * rf * weight[c] + bias[c];
+    if ((long)N * C < CLLM_PAR_MIN) { /* no OpenMP region for a decode step: see cllm_add */
+        for (int n = 0; n < N; n++) layernorm_row(out, mean, rstd, inp, weight, bias, C, eps, n);
+        return;
     }
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) layernorm_row(out, mean, rstd, inp, weight, bias, C, eps, n);
 }
 
 /* With xhat = (x - mean) * rstd and g = dout * weight (per row, length C):

@@ -16,20 +16,27 @@
 enum { COL_BLOCK = 64 };
 
 /* out[N,C] = weight * (inp * rstd);  rstd[N] saved for backward. */
+static inline void rmsnorm_row(float *out, float *rstd, const float *inp, const float *weight, int n, int C,
+                               float eps) {
+    const float *x = inp + (size_t)n * C;
+    float *o = out + (size_t)n * C;
+    double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
+    for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
+    float r = (float)(1.0 / sqrt(ss / C + (double)eps));
+    rstd[n] = r;
+#pragma omp simd
+    for (int c = 0; c < C; c++) o[c] = weight[c] * (x[c] * r);
+}
+
 void cllm_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N,
                           int C, float eps) {
-#pragma omp parallel for schedule(static) if ((long)N * C >= CLLM_PAR_MIN)
-    for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;
-        float *o = out + (size_t)n * C;
-        double ss = 0.0;
-#pragma omp simd reduction(+ : ss)
-        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
-        float r = (float)(1.0 / sqrt(ss / C + (double)eps));
-        rstd[n] = r;
-#pragma omp simd
-        for (int c = 0; c < C; c++) o[c] = weight[c] * (x[c] * r);
+    if ((long)N * C < CLLM_PAR_MIN) { /* no OpenMP region for a few rows: see cllm_add */
+        for (int n = 0; n < N; n++) rmsnorm_row(out, rstd, inp, weight, n, C, eps);
+        return;
     }
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) rmsnorm_row(out, rstd, inp, weight, n, C, eps);
 }
 
 /* With xhat = x * rstd and g = dout * weight (per row):

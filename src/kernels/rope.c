@@ -37,23 +37,30 @@ void cllm_rope_tables(float *cos_t, float *sin_t, int T, int HS, float theta) {
  *   p[i+HS/2]   = p[i+HS/2] * c + p[i] * s
  * sign=+1 is the forward rotation; sign=-1 its inverse (= transpose), which
  * maps dy to dx in the backward. */
-void cllm_rope_apply(float *x, const float *cos_t, const float *sin_t, int B, int T, int nh, int HS,
-                     int row_stride, int head_stride, int sign) {
-    int half = HS / 2;
-    float sg = sign < 0 ? -1.0f : 1.0f;
-#pragma omp parallel for schedule(static) if ((long)B * T * nh * HS >= CLLM_PAR_MIN)
-    for (int bt = 0; bt < B * T; bt++) {
-        int t = bt % T;
-        const float *c = cos_t + (size_t)t * half, *s = sin_t + (size_t)t * half;
-        for (int h = 0; h < nh; h++) {
-            float *p1 = x + (size_t)bt * row_stride + (size_t)h * head_stride;
-            float *p2 = p1 + half;
+static inline void rope_row(float *x, const float *cos_t, const float *sin_t, int T, int nh, int half,
+                            int row_stride, int head_stride, float sg, int bt) {
+    const int t = bt % T;
+    const float *c = cos_t + (size_t)t * half, *s = sin_t + (size_t)t * half;
+    for (int h = 0; h < nh; h++) {
+        float *p1 = x + (size_t)bt * row_stride + (size_t)h * head_stride;
+        float *p2 = p1 + half;
 #pragma omp simd
-            for (int i = 0; i < half; i++) {
-                float x1 = p1[i], x2 = p2[i], si = sg * s[i];
-                p1[i] = x1 * c[i] - x2 * si;
-                p2[i] = x2 * c[i] + x1 * si;
-            }
+        for (int i = 0; i < half; i++) {
+            float x1 = p1[i], x2 = p2[i], si = sg * s[i];
+            p1[i] = x1 * c[i] - x2 * si;
+            p2[i] = x2 * c[i] + x1 * si;
         }
     }
+}
+
+void cllm_rope_apply(float *x, const float *cos_t, const float *sin_t, int B, int T, int nh, int HS,
+                     int row_stride, int head_stride, int sign) {
+    const int half = HS / 2;
+    const float sg = sign < 0 ? -1.0f : 1.0f;
+    if ((long)B * T * nh * HS < CLLM_PAR_MIN) { /* no OpenMP region for a decode step: see cllm_add */
+        for (int bt = 0; bt < B * T; bt++) rope_row(x, cos_t, sin_t, T, nh, half, row_stride, head_stride, sg, bt);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < B * T; bt++) rope_row(x, cos_t, sin_t, T, nh, half, row_stride, head_stride, sg, bt);
 }

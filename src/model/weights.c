@@ -279,19 +279,25 @@ const float *model_conv_file_layout(const cllm_model *m, int idx, float **tmp) {
 
 /* ------------------------------------------------------------ forwards */
 
+static void embed_row(const cllm_qweight *q, float *out, const int32_t *tokens, const float *wpe, int T, int n) {
+    const int C = q->cols;
+    float *o = out + (size_t)n * C;
+    cllm_quant_dequant_row(o, (const unsigned char *)q->data + (size_t)tokens[n] * cllm_wfmt_row_bytes(q->fmt, C), q->fmt,
+                           C);
+    if (wpe) {
+        const float *p = wpe + (size_t)(n % T) * C;
+        for (int c = 0; c < C; c++) o[c] += p[c];
+    }
+}
+
 void model_weights_embed(const cllm_model *m, float *out, const int32_t *tokens, const float *wpe, int N, int T) {
     const cllm_qweight *q = model_weights_get(m, m->gslot[G_WTE]);
-    const int C = q->cols;
-    const size_t rb = cllm_wfmt_row_bytes(q->fmt, C);
-#pragma omp parallel for schedule(static) if (N > 4)
-    for (int n = 0; n < N; n++) {
-        float *o = out + (size_t)n * C;
-        cllm_quant_dequant_row(o, (const unsigned char *)q->data + (size_t)tokens[n] * rb, q->fmt, C);
-        if (wpe) {
-            const float *p = wpe + (size_t)(n % T) * C;
-            for (int c = 0; c < C; c++) o[c] += p[c];
-        }
+    if (N <= 4) { /* a decode step: no OpenMP region (cllm_add in src/kernels/elementwise.c says why) */
+        for (int n = 0; n < N; n++) embed_row(q, out, tokens, wpe, T, n);
+        return;
     }
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) embed_row(q, out, tokens, wpe, T, n);
 }
 
 /* Whether a forward of `rows` rows through matrices of format f runs on
