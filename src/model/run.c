@@ -188,27 +188,41 @@ static void rope_rows(const cllm_model *m, cllm_view x, int nh, int B, int T, co
     }
 }
 
-/* Writes the new rows' keys and values of layer l into the cache blocks
- * at their positions (a bf16 cache: rounded to nearest even). */
-static void cache_append(const model_rows *rows, int l, cllm_view k, cllm_view v, int NKV, int HS) {
-    const int BS = rows->block_size;
-    const size_t off = (size_t)l * rows->layer_stride;
-    for (int i = 0; i < rows->n_seq; i++)
-        for (int r = rows->rows[i]; r < rows->rows[i + 1]; r++) {
-            int pos = rows->past[i] + (r - rows->rows[i]);
-            size_t blk = (size_t)rows->table[(size_t)i * rows->max_blocks + pos / BS];
-            for (int g = 0; g < NKV; g++) {
-                size_t dst = off + ((blk * NKV + g) * BS + (size_t)(pos % BS)) * HS;
-                const float *ks = k.p + (size_t)r * k.rs + (size_t)g * k.hs, *vs = v.p + (size_t)r * v.rs + (size_t)g * v.hs;
-                if (rows->kv_bf16) {
-                    cllm_to_bf16((uint16_t *)rows->k + dst, ks, HS);
-                    cllm_to_bf16((uint16_t *)rows->v + dst, vs, HS);
-                } else {
-                    memcpy((float *)rows->k + dst, ks, (size_t)HS * sizeof(float));
-                    memcpy((float *)rows->v + dst, vs, (size_t)HS * sizeof(float));
-                }
-            }
+/* Row r (of sequence i) of append_rows. */
+static void cache_append_row(const model_rows *rows, size_t off, int i, int r, cllm_view k, cllm_view v, int NKV,
+                             int HS) {
+    const int BS = rows->block_size, pos = rows->past[i] + (r - rows->rows[i]);
+    const size_t blk = (size_t)rows->table[(size_t)i * rows->max_blocks + pos / BS];
+    for (int g = 0; g < NKV; g++) {
+        size_t dst = off + ((blk * NKV + g) * BS + (size_t)(pos % BS)) * HS;
+        const float *ks = k.p + (size_t)r * k.rs + (size_t)g * k.hs, *vs = v.p + (size_t)r * v.rs + (size_t)g * v.hs;
+        if (rows->kv_bf16) {
+            cllm_to_bf16((uint16_t *)rows->k + dst, ks, HS);
+            cllm_to_bf16((uint16_t *)rows->v + dst, vs, HS);
+        } else {
+            memcpy((float *)rows->k + dst, ks, (size_t)HS * sizeof(float));
+            memcpy((float *)rows->v + dst, vs, (size_t)HS * sizeof(float));
         }
+    }
+}
+
+/* Writes the new rows' keys and values of layer l into the cache blocks
+ * at their positions (a bf16 cache: rounded to nearest even); a prompt's
+ * rows on OpenMP threads, a decode step's on the caller. */
+static void cache_append(const model_rows *rows, int l, cllm_view k, cllm_view v, int NKV, int HS) {
+    const size_t off = (size_t)l * rows->layer_stride;
+    const int N = rows->n_seq > 0 ? rows->rows[rows->n_seq] : 0;
+    if ((long)N * NKV * HS < 32768L) { /* CLLM_PAR_MIN of the kernels */
+        for (int i = 0; i < rows->n_seq; i++)
+            for (int r = rows->rows[i]; r < rows->rows[i + 1]; r++) cache_append_row(rows, off, i, r, k, v, NKV, HS);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < N; r++) {
+        int i = 0; /* the sequence of row r */
+        while (rows->rows[i + 1] <= r) i++;
+        cache_append_row(rows, off, i, r, k, v, NKV, HS);
+    }
 }
 
 /* The FFN activation of N rows of F values: GELU of fc, or LLaMA's SwiGLU
