@@ -63,6 +63,12 @@ static double now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* 64-byte aligned, as a model's buffers are (cllm_alloc) */
+static void *amalloc(size_t n) {
+    void *p = NULL;
+    return posix_memalign(&p, 64, n ? n : 1) ? NULL : p;
+}
+
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -79,16 +85,16 @@ int main(int argc, char **argv) {
         W[s] = malloc(n * 4);
         for (size_t i = 0; i < n; i++) W[s][i] = (float)((i * 2654435761u) % 1000) * 1e-4f - 0.05f;
         for (int f = 0; f < CLLM_WFMT_COUNT; f++) {
-            store[s][f] = malloc(cllm_qweight_bytes((cllm_wfmt)f, shapes[s].rows, shapes[s].cols));
+            store[s][f] = amalloc(cllm_qweight_bytes((cllm_wfmt)f, shapes[s].rows, shapes[s].cols));
             cllm_quant_matrix(store[s][f], (cllm_wfmt)f, W[s], shapes[s].rows, shapes[s].cols, shapes[s].in_out);
         }
         if ((size_t)shapes[s].rows > max_out) max_out = (size_t)shapes[s].rows;
     }
     enum { MAXM = 512 };
-    x = malloc(MAXM * 3072 * 4);
+    x = amalloc(MAXM * 3072 * 4);
     size_t sb = cllm_qmatmul_scratch_bytes(CLLM_WFMT_Q4, 3072, MAXM), gb = cllm_qgemm_scratch_bytes(CLLM_WFMT_INT8, 3072, MAXM);
     void *scratch = malloc(sb > gb ? sb : gb);
-    out = malloc(MAXM * max_out * 4);
+    out = amalloc(MAXM * max_out * 4);
     for (int i = 0; i < MAXM * 3072; i++) x[i] = (float)(i % 7) * 0.1f;
     printf("qmatmul_bench: gpt2-124M decode-step matrices, %d threads, kernel variant %s, %d rounds\n",
            omp_get_max_threads(), cllm_qmatmul_variant(), rounds);

@@ -5,9 +5,9 @@
  * Compiled once per ISA level (CLLM_KV = portable, avx2, avx512; see
  * CMakeLists.txt); dispatch.c calls the one the CPU allows. The avx2 and
  * avx512 builds share the AVX2 + FMA + F16C intrinsics below (the avx512
- * build lets the compiler use the wider registers elsewhere, and runs the
- * int8 / q4 dots on AVX512-VNNI's vpdpbusd when cllm_cpu() reports it); the
- * portable build is plain C.
+ * build runs the fp32 / bf16 tiles on 512-bit registers, and the int8 / q4
+ * dots on AVX512-VNNI's vpdpbusd when cllm_cpu() reports it); the portable
+ * build is plain C.
  *
  * Every output is the dot product of one weight row with one input row,
  * computed by the same sequence of operations whatever M is (M only decides
@@ -15,8 +15,8 @@
  * batch it runs in.
  *
  * fp32 / bf16: each output accumulates in 8 fp32 lanes (value i to lane
- * i % 8), summed in a fixed order at the end; bf16 is widened by a 16-bit
- * shift. Tiles of up to 4 weight rows by 3 input rows share their loads
+ * i % 8; 16 lanes in the avx512 build), summed in a fixed order at the end;
+ * bf16 is widened by a 16-bit shift. Tiles of up to 4 weight rows by 3 input rows share their loads
  * (a small GEMM micro-kernel for the rows of a batched decode step) with
  * the same operations per output whatever the tile.
  *
@@ -73,99 +73,121 @@ static inline float scale_of(const unsigned char *b) {
 #endif
 }
 
-/* ------------------------------------------- fp32 / bf16: 8-lane tiles */
-/* One output accumulates in 8 fp32 lanes (value i of the row to lane i % 8,
- * in ascending order), summed in a fixed order at the end. A tile computes
+/* ------------------------------------- fp32 / bf16: 8- or 16-lane tiles */
+/* One output accumulates in VL fp32 lanes (value i of the row to lane
+ * i % VL, in ascending order; VL = 16 in the avx512 build, 8 in the others),
+ * summed in a fixed order at the end. A tile computes
  * RT weight rows times MT input rows at once (up to 4 x 3: twelve
- * accumulators, the MT inputs of the next 8 values, one widened weight
+ * accumulators, the MT inputs of the next VL values, one widened weight
  * vector) so each load feeds several multiply-adds; every output still runs
  * the same operations in the same order, whatever the tile, so the result
  * of a row never depends on M. */
-#ifdef QV_SIMD
-typedef __m256 v8;
-static inline v8 v8_zero(void) { return _mm256_setzero_ps(); }
-static inline v8 v8_load(const float *p) { return _mm256_loadu_ps(p); }
-static inline v8 v8_fma(v8 a, v8 b, v8 c) { return _mm256_fmadd_ps(a, b, c); }
-static inline float v8_sum(v8 s) {
+#if defined(QV_SIMD) && defined(__AVX512F__)
+/* 512-bit registers: half the instructions per weight of the 8-lane tiles
+ * (a 16-row batched decode step of gpt2-124M is compute-bound) */
+enum { VL = 16 };
+typedef __m512 vf;
+static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
+static inline vf vf_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline float vf_sum(vf s) { /* the two halves added, then the 8-lane order */
+    const __m256 t = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+static inline vf vf_bf16(const uint16_t *src) {
+    __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)src));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+#elif defined(QV_SIMD)
+enum { VL = 8 };
+typedef __m256 vf;
+static inline vf vf_zero(void) { return _mm256_setzero_ps(); }
+static inline vf vf_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline float vf_sum(vf s) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     h = _mm_add_ss(h, _mm_movehdup_ps(h));
     return _mm_cvtss_f32(h);
 }
-static inline v8 v8_bf16(const uint16_t *src) {
+static inline vf vf_bf16(const uint16_t *src) {
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)src));
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 #else
+enum { VL = 8 };
 typedef struct {
     float a[8];
-} v8;
-static inline v8 v8_zero(void) { return (v8){{0}}; }
-static inline v8 v8_load(const float *p) {
-    v8 r;
+} vf;
+static inline vf vf_zero(void) { return (vf){{0}}; }
+static inline vf vf_load(const float *p) {
+    vf r;
     memcpy(r.a, p, sizeof r.a);
     return r;
 }
-static inline v8 v8_fma(v8 a, v8 b, v8 c) {
+static inline vf vf_fma(vf a, vf b, vf c) {
     for (int i = 0; i < 8; i++) c.a[i] += a.a[i] * b.a[i];
     return c;
 }
-static inline float v8_sum(v8 s) { /* the SIMD build's order */
+static inline float vf_sum(vf s) { /* the SIMD build's order */
     const float h0 = s.a[0] + s.a[4], h1 = s.a[1] + s.a[5], h2 = s.a[2] + s.a[6], h3 = s.a[3] + s.a[7];
     return (h0 + h2) + (h1 + h3);
 }
-static inline v8 v8_bf16(const uint16_t *src) {
-    v8 r;
+static inline vf vf_bf16(const uint16_t *src) {
+    vf r;
     for (int i = 0; i < 8; i++) r.a[i] = cllm_bf16_to_f32(src[i]);
     return r;
 }
 #endif
 
-/* The 8 weights of row w from value k (bf16 widened). */
-static inline __attribute__((always_inline)) v8 w8(const unsigned char *w, int k, bool bf16) {
-    return bf16 ? v8_bf16((const uint16_t *)(const void *)w + k) : v8_load((const float *)(const void *)w + k);
+/* The VL weights of row w from value k (bf16 widened). */
+static inline __attribute__((always_inline)) vf wvec(const unsigned char *w, int k, bool bf16) {
+    return bf16 ? vf_bf16((const uint16_t *)(const void *)w + k) : vf_load((const float *)(const void *)w + k);
 }
 
 /* out[m + j, r + i] for i < RT, j < MT: rows of w rb bytes apart, inputs K
- * floats apart; a partial last group of 8 values is read through
+ * floats apart; a partial last group of VL values is read through
  * zero-padded copies. */
 static inline __attribute__((always_inline)) void tile_impl(float *out, int R, const unsigned char *w, size_t rb,
                                                             const float *x, int K, const float *bias, const int RT,
                                                             const int MT, const bool bf16) {
-    v8 acc[4][3];
-    const int full = K & ~7;
+    vf acc[4][3];
+    const int full = K & ~(VL - 1);
 #pragma GCC unroll 4
     for (int i = 0; i < RT; i++)
 #pragma GCC unroll 3
-        for (int j = 0; j < MT; j++) acc[i][j] = v8_zero();
-    for (int k = 0; k < full; k += 8) {
-        v8 xv[3];
+        for (int j = 0; j < MT; j++) acc[i][j] = vf_zero();
+    for (int k = 0; k < full; k += VL) {
+        vf xv[3];
 #pragma GCC unroll 3
-        for (int j = 0; j < MT; j++) xv[j] = v8_load(x + (size_t)j * K + k);
+        for (int j = 0; j < MT; j++) xv[j] = vf_load(x + (size_t)j * K + k);
 #pragma GCC unroll 4
         for (int i = 0; i < RT; i++) {
-            const v8 wv = w8(w + (size_t)i * rb, k, bf16);
+            const vf wv = wvec(w + (size_t)i * rb, k, bf16);
 #pragma GCC unroll 3
-            for (int j = 0; j < MT; j++) acc[i][j] = v8_fma(wv, xv[j], acc[i][j]);
+            for (int j = 0; j < MT; j++) acc[i][j] = vf_fma(wv, xv[j], acc[i][j]);
         }
     }
     if (full < K) {
-        float xp[3][8] = {{0}}, wp[8];
+        float xp[3][VL] = {{0}}, wp[VL];
         for (int j = 0; j < MT; j++) memcpy(xp[j], x + (size_t)j * K + full, (size_t)(K - full) * sizeof(float));
         for (int i = 0; i < RT; i++) {
             const unsigned char *wi = w + (size_t)i * rb;
-            for (int c = 0; c < 8; c++)
+            for (int c = 0; c < VL; c++)
                 wp[c] = full + c >= K ? 0.0f
                         : bf16       ? cllm_bf16_to_f32(((const uint16_t *)(const void *)wi)[full + c])
                                      : ((const float *)(const void *)wi)[full + c];
-            const v8 wv = v8_load(wp);
-            for (int j = 0; j < MT; j++) acc[i][j] = v8_fma(wv, v8_load(xp[j]), acc[i][j]);
+            const vf wv = vf_load(wp);
+            for (int j = 0; j < MT; j++) acc[i][j] = vf_fma(wv, vf_load(xp[j]), acc[i][j]);
         }
     }
 #pragma GCC unroll 4
     for (int i = 0; i < RT; i++)
 #pragma GCC unroll 3
-        for (int j = 0; j < MT; j++) out[(size_t)j * R + i] = v8_sum(acc[i][j]) + (bias ? bias[i] : 0.0f);
+        for (int j = 0; j < MT; j++) out[(size_t)j * R + i] = vf_sum(acc[i][j]) + (bias ? bias[i] : 0.0f);
 }
 
 typedef void (*tile_fn)(float *out, int R, const unsigned char *w, size_t rb, const float *x, int K, const float *bias);
