@@ -80,8 +80,19 @@ def steps(stderr):
 def same_greedy(cllm, tag, model, prompt, n, flags):
     """`cllm generate` of n greedy tokens with their top-5 log-probabilities,
     one process against `mpirun -np 2 ... --tensor 2`: the same tokens and
-    top ids, log-probabilities within 1e-4, the start-up line. Returns the
-    2-rank run's stderr (None when a run failed)."""
+    top ids, log-probabilities within 1e-4 (bf16 weights: 1e-3), the start-up
+    line. Returns the 2-rank run's stderr (None when a run failed).
+
+    Why bf16 is held to less: the two ranks add their halves of a row-parallel
+    product (o_proj, down_proj) in another fp32 order than one process does,
+    and with bf16 weights those differences are not confined to exact
+    integer block sums as with int8 / q4. The next layer's keys and values
+    then differ in their last fp32 bits, and the bf16 KV cache rounds an
+    occasional one of them to the neighbouring bf16 value, 2^-8 apart.
+    Measured on the llama case: 2.6e-5 (GCC build) and 1.4e-4 (clang build)
+    with the bf16 cache, 3.1e-6 with the cache forced to fp32 in a test
+    build, 5.2e-6 with 8-lane instead of 16-lane dot products. A wrong cut
+    moves them by far more than 1e-3 and changes the tokens."""
     args = ["generate", "--model", model, "--prompt-ids", prompt, "--max-new-tokens", str(n), "--greedy",
             "--ignore-eos", "--output", "ids", "--top-n", "5"] + flags
     one = run([cllm] + args)
@@ -97,7 +108,8 @@ def same_greedy(cllm, tag, model, prompt, n, flags):
     for (ta, la, topa), (tb, lb, topb) in zip(a, b):
         check(ta == tb and [i for i, _ in topa] == [i for i, _ in topb], f"{tag}: top ids {topa} vs {topb}")
         worst = max([worst, abs(la - lb)] + [abs(x[1] - y[1]) for x, y in zip(topa, topb)])
-    check(worst <= 1e-4, f"{tag}: log-probabilities differ by {worst:.2e}")
+    bound = 1e-3 if "bf16" in flags else 1e-4
+    check(worst <= bound, f"{tag}: log-probabilities differ by {worst:.2e} (bound {bound:.0e})")
     check("tensor parallel over 2 ranks" in two.stderr, f"{tag}: no start-up line:\n{two.stderr[-800:]}")
     print(f"{tag}: {n} greedy tokens equal, worst log-prob difference {worst:.1e}", flush=True)
     return two.stderr
