@@ -156,7 +156,7 @@ static inline __m512 reduce16(const __m512 p[KG]) {
 static inline const void *kv_row(const void *base, bool bf16, const int32_t *table, int BS, size_t bstride, int HS,
                                  int s) {
     const size_t at = (size_t)table[s / BS] * bstride + (size_t)(s % BS) * HS;
-    return bf16 ? (const void *)((const uint16_t *)base + at) : (const void *)((const float *)base + at);
+    return (const char *)base + at * (bf16 ? sizeof(uint16_t) : sizeof(float));
 }
 
 static inline void widen_row(float *dst, const void *src, bool bf16, int HS) {
@@ -165,16 +165,17 @@ static inline void widen_row(float *dst, const void *src, bool bf16, int HS) {
         return;
     }
     const uint16_t *h = src;
-    for (int d = 0; d < HS; d += 16)
-        _mm512_store_ps(dst + d, _mm512_castsi512_ps(_mm512_slli_epi32(
-                                     _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(h + d))), 16)));
+    for (int d = 0; d < HS; d += 16) {
+        const __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(h + d));
+        _mm512_store_ps(dst + d, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
+    }
 }
 
 /* Rows pos0 .. pos0 + nrows - 1 (nrows <= QT) of one sequence and head:
  * q row i at q + i * q_rs, its output at out + i * out_rs. */
-static void attend_tile(float *out, ptrdiff_t out_rs, const float *q, ptrdiff_t q_rs, int nrows, int pos0, const void *k,
-                        const void *v, bool bf16, const int32_t *table, int BS, size_t bstride, int window, int HS,
-                        float scale, float slope) {
+static void attend_tile(float *out, ptrdiff_t out_rs, const float *q, ptrdiff_t q_rs, int nrows, int pos0,
+                        const void *k, const void *v, bool bf16, const int32_t *table, int BS, size_t bstride,
+                        int window, int HS, float scale, float slope) {
     _Alignas(64) float kf[KG][HSMAX], vf[KG][HSMAX], acc[QT][HSMAX];
     float m[QT];
     __m512 l[QT];
@@ -206,11 +207,13 @@ static void attend_tile(float *out, ptrdiff_t out_rs, const float *q, ptrdiff_t 
             __m512 part[KG];
             for (int j = 0; j < KG; j++) {
                 __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qr), _mm512_load_ps(kf[j]));
-                for (int c = 1; c < nv; c++) a = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * c), _mm512_load_ps(kf[j] + 16 * c), a);
+                for (int c = 1; c < nv; c++)
+                    a = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * c), _mm512_load_ps(kf[j] + 16 * c), a);
                 part[j] = a;
             }
             const __m512 rel = _mm512_add_ps(lane, _mm512_set1_ps((float)(s0 - p))); /* s - p */
-            __m512 sc = _mm512_fmadd_ps(_mm512_set1_ps(slope), rel, _mm512_mul_ps(_mm512_set1_ps(scale), reduce16(part)));
+            __m512 sc = _mm512_mul_ps(_mm512_set1_ps(scale), reduce16(part));
+            sc = _mm512_fmadd_ps(_mm512_set1_ps(slope), rel, sc);
             const __mmask16 ok = _mm512_cmp_ps_mask(rel, _mm512_setzero_ps(), _CMP_LE_OQ) &
                                  _mm512_cmp_ps_mask(rel, _mm512_set1_ps((float)(f - p)), _CMP_GE_OQ);
             sc = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), ok, sc);
@@ -218,8 +221,9 @@ static void attend_tile(float *out, ptrdiff_t out_rs, const float *q, ptrdiff_t 
             if (mx != m[i]) {
                 const float corr = exp_simd(m[i] - mx); /* m is -inf only before the first group: acc, l zero */
                 l[i] = _mm512_mul_ps(l[i], _mm512_set1_ps(corr));
+                const __m512 cv = _mm512_set1_ps(corr);
                 for (int c = 0; c < nv; c++)
-                    _mm512_store_ps(acc[i] + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc[i] + 16 * c), _mm512_set1_ps(corr)));
+                    _mm512_store_ps(acc[i] + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc[i] + 16 * c), cv));
                 m[i] = mx;
             }
             _Alignas(64) float pr[KG];
@@ -232,7 +236,8 @@ static void attend_tile(float *out, ptrdiff_t out_rs, const float *q, ptrdiff_t 
             const int j0 = f > s0 ? f - s0 : 0, j1 = p - s0 < KG - 1 ? p - s0 : KG - 1;
             for (int c = 0; c < nv; c++) {
                 __m512 o = _mm512_load_ps(acc[i] + 16 * c);
-                for (int j = j0; j <= j1; j++) o = _mm512_fmadd_ps(_mm512_set1_ps(pr[j]), _mm512_load_ps(vf[j] + 16 * c), o);
+                for (int j = j0; j <= j1; j++)
+                    o = _mm512_fmadd_ps(_mm512_set1_ps(pr[j]), _mm512_load_ps(vf[j] + 16 * c), o);
                 _mm512_store_ps(acc[i] + 16 * c, o);
             }
         }
@@ -284,9 +289,9 @@ static void paged_task(const paged_job *j, long task) {
         const int t = r - j->rows[i];
         if (t % QT) return;
         const int n = j->rows[i + 1] - r < QT ? j->rows[i + 1] - r : QT;
-        const void *kb = j->bf16 ? (const void *)((const uint16_t *)j->kpool + goff) : (const void *)((const float *)j->kpool + goff);
-        const void *vb = j->bf16 ? (const void *)((const uint16_t *)j->vpool + goff) : (const void *)((const float *)j->vpool + goff);
-        attend_tile(o, j->out.rs, qr, j->q.rs, n, pos, kb, vb, j->bf16, tab, BS, bstride, j->window, HS, j->scale, slope);
+        const size_t esz = j->bf16 ? sizeof(uint16_t) : sizeof(float);
+        attend_tile(o, j->out.rs, qr, j->q.rs, n, pos, (const char *)j->kpool + goff * esz,
+                    (const char *)j->vpool + goff * esz, j->bf16, tab, BS, bstride, j->window, HS, j->scale, slope);
         return;
     }
 #endif

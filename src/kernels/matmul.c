@@ -359,7 +359,8 @@ static bool isa_has(dnnl_cpu_isa_t isa, dnnl_cpu_isa_t want);
 
 static bool nn_on_primitive(dnnl_cpu_isa_t isa, int M, int N, int K, bool trans_a, int nthr) {
     /* row-major C = op(A) B is column-major C^T = B^T op(A)^T */
-    return isa_has(isa, dnnl_cpu_isa_avx512_core) && !sgemm_nocopy(isa, nthr, false, trans_a, N, M, K, N, trans_a ? M : K, N);
+    return isa_has(isa, dnnl_cpu_isa_avx512_core) &&
+           !sgemm_nocopy(isa, nthr, false, trans_a, N, M, K, N, trans_a ? M : K, N);
 }
 
 /* Shapes: C[M,N]; A[M,K] or [K,M] (trans_a); B[K,N] or [N,K] (trans_b).

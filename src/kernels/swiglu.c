@@ -14,17 +14,15 @@
 #include "exp_impl.h"
 
 /* out[N] = silu(gate) * up,  silu(g) = g * sigmoid(g) = g / (1 + exp(-g)) */
+static inline float swiglu_one(float g, float u) { return g / (1.0f + exp_simd(-g)) * u; }
 void cllm_swiglu_forward(float *out, const float *gate, const float *up, long N) {
     if (N < CLLM_PAR_MIN) { /* no OpenMP region for a decode step's few values: see cllm_add */
 #pragma omp simd
-        for (long i = 0; i < N; i++) out[i] = gate[i] / (1.0f + exp_simd(-gate[i])) * up[i];
+        for (long i = 0; i < N; i++) out[i] = swiglu_one(gate[i], up[i]);
         return;
     }
 #pragma omp parallel for simd schedule(static)
-    for (long i = 0; i < N; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + exp_simd(-g)) * up[i];
-    }
+    for (long i = 0; i < N; i++) out[i] = swiglu_one(gate[i], up[i]);
 }
 
 /* With sig = sigmoid(g):

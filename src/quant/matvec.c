@@ -16,8 +16,8 @@
  *
  * fp32 / bf16: each output accumulates in 8 fp32 lanes (value i to lane
  * i % 8; 16 lanes in the avx512 build), summed in a fixed order at the end;
- * bf16 is widened by a 16-bit shift. Tiles of up to 4 weight rows by 3 input rows share their loads
- * (a small GEMM micro-kernel for the rows of a batched decode step) with
+ * bf16 is widened by a 16-bit shift. Tiles of up to 4 weight rows by 3
+ * input rows share their loads (a small GEMM micro-kernel for the rows of a batched decode step) with
  * the same operations per output whatever the tile.
  *
  * int8 / q4: the activations are quantized per block of 32 as Q8_0 is (an
@@ -82,6 +82,17 @@ static inline float scale_of(const unsigned char *b) {
  * vector) so each load feeds several multiply-adds; every output still runs
  * the same operations in the same order, whatever the tile, so the result
  * of a row never depends on M. */
+#ifdef QV_SIMD
+/* The 8 lanes of s summed in a fixed order (every 8- and 16-lane sum of
+ * this file ends here). */
+static inline float hsum8(__m256 s) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+#endif
+
 #if defined(QV_SIMD) && defined(__AVX512F__)
 /* 512-bit registers: half the instructions per weight of the 8-lane tiles
  * (a 16-row batched decode step of gpt2-124M is compute-bound) */
@@ -91,11 +102,7 @@ static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
 static inline vf vf_load(const float *p) { return _mm512_loadu_ps(p); }
 static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline float vf_sum(vf s) { /* the two halves added, then the 8-lane order */
-    const __m256 t = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
+    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1)));
 }
 static inline vf vf_bf16(const uint16_t *src) {
     __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)src));
@@ -107,12 +114,7 @@ typedef __m256 vf;
 static inline vf vf_zero(void) { return _mm256_setzero_ps(); }
 static inline vf vf_load(const float *p) { return _mm256_loadu_ps(p); }
 static inline vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
-static inline float vf_sum(vf s) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
-}
+static inline float vf_sum(vf s) { return hsum8(s); }
 static inline vf vf_bf16(const uint16_t *src) {
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)src));
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
@@ -223,13 +225,6 @@ typedef quant_xblock xblock; /* quant_impl.h */
 _Static_assert(sizeof(xblock) == QUANT_XBLOCK_BYTES, "xblock layout");
 
 #ifdef QV_SIMD
-static inline float hsum8(__m256 s) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
-}
-
 /* The int8 codes of 8 values m = x / d as cllm_quant_code8 gives them:
  * round half away from zero (trunc, then a step away from zero where the
  * exact remainder is at least 1/2), NaN to 0, clamped to +-127. */
@@ -446,7 +441,9 @@ static void quantize_x(xblock *xq, int32_t *xc, const float *x, int M, int K) {
     }
 }
 
+#if defined(__AVX512F__) /* for qgemm_vnni.c, which only the avx512 build has */
 void QQUANTX(xblock *xq, const float *x, int M, int K) { quantize_x(xq, NULL, x, M, K); }
+#endif
 
 static void quant_kernel(float *out, const float *x, const cllm_qweight *w, const float *bias, int M, void *scratch) {
     const int nb = (w->cols + QB - 1) / QB;

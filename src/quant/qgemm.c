@@ -48,7 +48,6 @@ static int panel_rows(int R, int K) {
     return p < R ? (int)p : R;
 }
 
-
 /* One pass over rows [c * CHUNK, (c + 1) * CHUNK) of n, on the pool. */
 typedef struct {
     float *dst;

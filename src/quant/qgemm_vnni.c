@@ -54,7 +54,7 @@ enum {
     KC = 32,              /* blocks per segment */
     MT = 4,               /* tokens per tile */
     PB = 8 * 64 + 64,     /* packed bytes per block and group: codes, scales */
-    TOKENS_PER_CHUNK = 8, /* quantization: tokens per pool chunk */
+    TOKENS_PER_CHUNK = 8, /* quantization: tokens per loop step */
 };
 
 typedef struct {
@@ -70,8 +70,8 @@ size_t cllm_qgemm_vnni_scratch_bytes(int cols, int M) {
     return (size_t)M * (size_t)((cols + QB - 1) / QB) * (sizeof(quant_xblock) + sizeof(int32_t));
 }
 
-static void corr_chunk(void *ctx, int c) {
-    const vjob *j = ctx;
+/* corr of tokens [c * TOKENS_PER_CHUNK, (c + 1) * TOKENS_PER_CHUNK) */
+static void corr_chunk(const vjob *j, int c) {
     const int m1 = (c + 1) * TOKENS_PER_CHUNK < j->M ? (c + 1) * TOKENS_PER_CHUNK : j->M;
     for (size_t i = (size_t)c * TOKENS_PER_CHUNK * j->nb; i < (size_t)m1 * j->nb; i++) {
         int s = 0;
@@ -173,8 +173,8 @@ VNNI static INLINE void tokens(const vjob *j, const unsigned char *pan, int r0, 
     }
 }
 
-VNNI static void rows_chunk(void *ctx, int c) {
-    const vjob *j = ctx;
+/* The outputs of weight rows [c * NR, (c + 1) * NR) for every token. */
+VNNI static void rows_chunk(const vjob *j, int c) {
     const cllm_qweight *w = j->w;
     const int R = w->rows, r0 = c * NR;
     const size_t rb = cllm_wfmt_row_bytes(w->fmt, w->cols);

@@ -42,9 +42,8 @@ typedef struct {
 } quant_xblock;
 
 /* xq[M][ceil(K / 32)] = x[M, K] quantized as cllm_qmatmul quantizes it
- * (the same codes; a partial last block zero-padded), on the pool. */
-void cllm_qmatmul_quantx_portable(quant_xblock *xq, const float *x, int M, int K);
-void cllm_qmatmul_quantx_avx2(quant_xblock *xq, const float *x, int M, int K);
+ * (the same codes; a partial last block zero-padded), on the pool (on the
+ * calling thread inside an OpenMP region). The avx512 build's only. */
 void cllm_qmatmul_quantx_avx512(quant_xblock *xq, const float *x, int M, int K);
 
 /* cllm_qgemm for int8 / q4 weights on AVX512-VNNI (qgemm_vnni.c; only the
