@@ -28,11 +28,13 @@
  * output is identical for any thread count.
  *
  * The avx512 build, for head sizes that are a multiple of 16, runs tiles
- * of up to 8 rows of a sequence against groups of 16 keys instead
- * (attend_tile below: each key widened once per tile, 16 scores per
- * transposing reduction, exp on 16 lanes): a 512-token prompt's attention
- * (llama-100M, bf16 cache) in a third of the time. A row there too gets
- * the same bits whatever its tile, batch or thread.
+ * of up to 8 rows against groups of 16 keys instead (attend_tile below:
+ * the query heads that share a key/value head and consecutive positions of
+ * a sequence; each key read, or widened from bf16, once per tile, 16
+ * scores per transposing reduction, exp on 16 lanes): a 512-token prompt's
+ * attention (llama-100M, bf16 cache) in a third of the time, and a decode
+ * step reads each cached key once for its whole head group. A row there
+ * too gets the same bits whatever its tile, batch or thread.
  *
  * A sliding window starts each row's keys at position p - window + 1.
  *
@@ -122,9 +124,12 @@ DEFINE_ATTEND_ROW(attend_row_bf16, uint16_t, ld_bf16)
 /* ------------------------------------------------ AVX-512: tiles of rows
  * For head sizes that are a multiple of 16 (64, 128, ...). Keys go by in
  * groups of KG = 16 at absolute positions 16n .. 16n + 15, each group
- * widened once into fp32 buffers and used by every row of a tile: up to QT
- * consecutive rows of one sequence (a prompt's rows share their keys; a
- * decode step's row is a tile of one). For each row and group:
+ * read in place (fp32) or widened once into fp32 buffers (bf16) and used
+ * by every row of a tile: up to QT rows that read one key/value head, the
+ * query heads of a group (GQA) at consecutive positions of one sequence (a
+ * prompt's rows share their keys; a decode step's tile is its row's head
+ * group). The next group's keys and values are prefetched. For each row
+ * and group:
  *   - the 16 dot products: per key, HS / 16 lane-wise FMAs, then one
  *     transposing reduction of the 16 partial vectors into a vector of 16
  *     scores (no per-key horizontal sum);
@@ -152,100 +157,157 @@ static inline __m512 reduce16(const __m512 p[KG]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
 }
 
-/* Position s's key or value row (T: fp32, or bf16 when bf16). */
+/* Position s's key or value row (fp32, or bf16 when bf16). */
 static inline const void *kv_row(const void *base, bool bf16, const int32_t *table, int BS, size_t bstride, int HS,
                                  int s) {
     const size_t at = (size_t)table[s / BS] * bstride + (size_t)(s % BS) * HS;
     return (const char *)base + at * (bf16 ? sizeof(uint16_t) : sizeof(float));
 }
 
-static inline void widen_row(float *dst, const void *src, bool bf16, int HS) {
-    if (!bf16) {
-        memcpy(dst, src, (size_t)HS * sizeof *dst);
-        return;
-    }
-    const uint16_t *h = src;
+static inline void widen_row(float *dst, const uint16_t *h, int HS) {
     for (int d = 0; d < HS; d += 16) {
         const __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(h + d));
         _mm512_store_ps(dst + d, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
     }
 }
 
-/* Rows pos0 .. pos0 + nrows - 1 (nrows <= QT) of one sequence and head:
- * q row i at q + i * q_rs, its output at out + i * out_rs. */
-static void attend_tile(float *out, ptrdiff_t out_rs, const float *q, ptrdiff_t q_rs, int nrows, int pos0,
-                        const void *k, const void *v, bool bf16, const int32_t *table, int BS, size_t bstride,
-                        int window, int HS, float scale, float slope) {
+/* What a key group's lanes read past the keys a tile needs. */
+static _Alignas(64) const float zero_row[HSMAX];
+
+/* One row of a tile: its query, output, absolute position and ALiBi slope. */
+typedef struct {
+    const float *q;
+    float *out;
+    int pos;
+    float slope;
+} tile_row;
+
+/* One row against one group of KG keys from s0 (kp / vp: the keys' and
+ * values' fp32 rows): the online softmax state m, l and acc updated. NV =
+ * HS / 16, a constant where the caller can give one, so the dot products
+ * of the 16 keys and the 16-lane slices of the value update are unrolled
+ * into independent chains instead of one chain of dependent FMAs. */
+static inline __attribute__((always_inline)) void row_group(float *acc, float *m, __m512 *l, const tile_row *rw, int f,
+                                                            int s0, const float *const *kp, const float *const *vp,
+                                                            float scale, const int NV) {
+    const int p = rw->pos;
+    const float *qr = rw->q;
+    const __m512 lane = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 part[KG];
+#pragma GCC unroll 16
+    for (int j = 0; j < KG; j++) {
+        __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qr), _mm512_loadu_ps(kp[j]));
+#pragma GCC unroll 8
+        for (int c = 1; c < NV; c++)
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * c), _mm512_loadu_ps(kp[j] + 16 * c), a);
+        part[j] = a;
+    }
+    const __m512 rel = _mm512_add_ps(lane, _mm512_set1_ps((float)(s0 - p))); /* s - p */
+    __m512 sc = _mm512_mul_ps(_mm512_set1_ps(scale), reduce16(part));
+    sc = _mm512_fmadd_ps(_mm512_set1_ps(rw->slope), rel, sc);
+    const __mmask16 ok = _mm512_cmp_ps_mask(rel, _mm512_setzero_ps(), _CMP_LE_OQ) &
+                         _mm512_cmp_ps_mask(rel, _mm512_set1_ps((float)(f - p)), _CMP_GE_OQ);
+    sc = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), ok, sc);
+    const float gm = _mm512_reduce_max_ps(sc), mx = gm > *m ? gm : *m;
+    if (mx != *m) {
+        const float corr = exp_simd(*m - mx); /* m is -inf only before the first group: acc, l zero */
+        *l = _mm512_mul_ps(*l, _mm512_set1_ps(corr));
+        const __m512 cv = _mm512_set1_ps(corr);
+        for (int c = 0; c < NV; c++) _mm512_store_ps(acc + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc + 16 * c), cv));
+        *m = mx;
+    }
+    _Alignas(64) float pr[KG];
+    _mm512_store_ps(pr, _mm512_sub_ps(sc, _mm512_set1_ps(mx)));
+#pragma omp simd
+    for (int j = 0; j < KG; j++) pr[j] = exp_simd(pr[j]);
+    const __m512 pv = _mm512_maskz_mov_ps(ok, _mm512_load_ps(pr));
+    _mm512_store_ps(pr, pv);
+    *l = _mm512_add_ps(*l, pv);
+    const int j0 = f > s0 ? f - s0 : 0, j1 = p - s0 < KG - 1 ? p - s0 : KG - 1;
+    /* up to 8 slices of 16 lanes in registers at a time; each lane adds
+     * the keys in ascending order */
+    for (int c0 = 0; c0 < NV; c0 += 8) {
+        const int cn = NV - c0 < 8 ? NV - c0 : 8;
+        __m512 o[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) o[c] = c < cn ? _mm512_load_ps(acc + 16 * (c0 + c)) : _mm512_setzero_ps();
+        for (int j = j0; j <= j1; j++) {
+            const __m512 pj = _mm512_set1_ps(pr[j]);
+#pragma GCC unroll 8
+            for (int c = 0; c < cn; c++) o[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vp[j] + 16 * (c0 + c)), o[c]);
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < cn; c++) _mm512_store_ps(acc + 16 * (c0 + c), o[c]);
+    }
+}
+
+/* The rows of one tile (nr <= QT, positions ascending), all reading the
+ * same key/value head: consecutive positions of one sequence, the query
+ * heads that share a key/value head (grouped-query attention), or both.
+ * fp32 keys are read where they lie in the cache; bf16 ones are widened
+ * once per group into kf / vf. */
+static void attend_tile(const tile_row *rw, int nr, const void *k, const void *v, bool bf16, const int32_t *table,
+                        int BS, size_t bstride, int window, int HS, float scale) {
     _Alignas(64) float kf[KG][HSMAX], vf[KG][HSMAX], acc[QT][HSMAX];
+    const float *kp[KG], *vp[KG];
     float m[QT];
     __m512 l[QT];
-    const int nv = HS / 16, last = pos0 + nrows - 1;
+    const int nv = HS / 16, last = rw[nr - 1].pos;
     int first[QT] = {0};
-    for (int i = 0; i < nrows; i++) {
-        const int p = pos0 + i;
+    for (int i = 0; i < nr; i++) {
+        const int p = rw[i].pos;
         first[i] = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
         m[i] = -INFINITY;
         l[i] = _mm512_setzero_ps();
         memset(acc[i], 0, (size_t)HS * sizeof(float));
     }
-    const __m512 lane = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int s0 = first[0] / KG * KG; s0 <= last; s0 += KG) {
         const int nk = last + 1 - s0 < KG ? last + 1 - s0 : KG;
         const int lo = s0 > first[0] ? s0 : first[0]; /* no row reads keys before its window */
         for (int j = 0; j < KG; j++) {
             if (s0 + j < lo || j >= nk) {
-                memset(kf[j], 0, (size_t)HS * sizeof(float));
+                kp[j] = vp[j] = zero_row;
                 continue;
             }
-            widen_row(kf[j], kv_row(k, bf16, table, BS, bstride, HS, s0 + j), bf16, HS);
-            widen_row(vf[j], kv_row(v, bf16, table, BS, bstride, HS, s0 + j), bf16, HS);
+            const void *ks = kv_row(k, bf16, table, BS, bstride, HS, s0 + j);
+            const void *vs = kv_row(v, bf16, table, BS, bstride, HS, s0 + j);
+            if (bf16) {
+                widen_row(kf[j], ks, HS);
+                widen_row(vf[j], vs, HS);
+                kp[j] = kf[j];
+                vp[j] = vf[j];
+            } else {
+                kp[j] = ks;
+                vp[j] = vs;
+            }
         }
-        for (int i = 0; i < nrows; i++) {
-            const int p = pos0 + i, f = first[i];
-            if (s0 + KG <= f) continue; /* this group is before the row's window */
-            const float *qr = q + (ptrdiff_t)i * q_rs;
-            __m512 part[KG];
-            for (int j = 0; j < KG; j++) {
-                __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qr), _mm512_load_ps(kf[j]));
-                for (int c = 1; c < nv; c++)
-                    a = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * c), _mm512_load_ps(kf[j] + 16 * c), a);
-                part[j] = a;
+        /* the next group's keys and values start on another 4 KiB page
+         * (fp32, head size 64), where the hardware prefetcher stops: asked
+         * for here, they arrive while this group computes */
+        for (int s = s0 + KG; s < s0 + 2 * KG && s <= last; s++) {
+            const char *ks = kv_row(k, bf16, table, BS, bstride, HS, s), *vs = kv_row(v, bf16, table, BS, bstride, HS, s);
+            for (size_t b = 0; b < (size_t)HS * (bf16 ? 2 : 4); b += 64) {
+                __builtin_prefetch(ks + b, 0, 3);
+                __builtin_prefetch(vs + b, 0, 3);
             }
-            const __m512 rel = _mm512_add_ps(lane, _mm512_set1_ps((float)(s0 - p))); /* s - p */
-            __m512 sc = _mm512_mul_ps(_mm512_set1_ps(scale), reduce16(part));
-            sc = _mm512_fmadd_ps(_mm512_set1_ps(slope), rel, sc);
-            const __mmask16 ok = _mm512_cmp_ps_mask(rel, _mm512_setzero_ps(), _CMP_LE_OQ) &
-                                 _mm512_cmp_ps_mask(rel, _mm512_set1_ps((float)(f - p)), _CMP_GE_OQ);
-            sc = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), ok, sc);
-            const float gm = _mm512_reduce_max_ps(sc), mx = gm > m[i] ? gm : m[i];
-            if (mx != m[i]) {
-                const float corr = exp_simd(m[i] - mx); /* m is -inf only before the first group: acc, l zero */
-                l[i] = _mm512_mul_ps(l[i], _mm512_set1_ps(corr));
-                const __m512 cv = _mm512_set1_ps(corr);
-                for (int c = 0; c < nv; c++)
-                    _mm512_store_ps(acc[i] + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc[i] + 16 * c), cv));
-                m[i] = mx;
-            }
-            _Alignas(64) float pr[KG];
-            _mm512_store_ps(pr, _mm512_sub_ps(sc, _mm512_set1_ps(mx)));
-#pragma omp simd
-            for (int j = 0; j < KG; j++) pr[j] = exp_simd(pr[j]);
-            const __m512 pv = _mm512_maskz_mov_ps(ok, _mm512_load_ps(pr));
-            _mm512_store_ps(pr, pv);
-            l[i] = _mm512_add_ps(l[i], pv);
-            const int j0 = f > s0 ? f - s0 : 0, j1 = p - s0 < KG - 1 ? p - s0 : KG - 1;
-            for (int c = 0; c < nv; c++) {
-                __m512 o = _mm512_load_ps(acc[i] + 16 * c);
-                for (int j = j0; j <= j1; j++)
-                    o = _mm512_fmadd_ps(_mm512_set1_ps(pr[j]), _mm512_load_ps(vf[j] + 16 * c), o);
-                _mm512_store_ps(acc[i] + 16 * c, o);
+        }
+        for (int i = 0; i < nr; i++) {
+            const int p = rw[i].pos, f = first[i];
+            /* a group wholly before the row's window or after its position
+             * adds nothing: skipped, the row runs the operations it runs
+             * alone */
+            if (s0 + KG <= f || s0 > p) continue;
+            switch (nv) { /* head sizes 64 and 128 with their loops unrolled */
+            case 4: row_group(acc[i], &m[i], &l[i], &rw[i], f, s0, kp, vp, scale, 4); break;
+            case 8: row_group(acc[i], &m[i], &l[i], &rw[i], f, s0, kp, vp, scale, 8); break;
+            default: row_group(acc[i], &m[i], &l[i], &rw[i], f, s0, kp, vp, scale, nv); break;
             }
         }
     }
-    for (int i = 0; i < nrows; i++) {
+    for (int i = 0; i < nr; i++) {
         const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(l[i]));
         for (int c = 0; c < nv; c++)
-            _mm512_storeu_ps(out + (ptrdiff_t)i * out_rs + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc[i] + 16 * c), inv));
+            _mm512_storeu_ps(rw[i].out + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc[i] + 16 * c), inv));
     }
 }
 #endif
@@ -284,14 +346,24 @@ static void paged_task(const paged_job *j, long task) {
     const float slope = j->alibi ? j->alibi[h] : 0.0f;
 #if defined(__AVX512F__)
     if (HS % 16 == 0) {
-        /* the row that starts a tile of its sequence runs the whole tile;
-         * the tile's other rows' tasks have nothing to do */
-        const int t = r - j->rows[i];
-        if (t % QT) return;
-        const int n = j->rows[i + 1] - r < QT ? j->rows[i + 1] - r : QT;
+        /* a tile: up to QT rows, hc query heads of one key/value head
+         * (all of them when they fit) at pt consecutive positions; the
+         * task of its first row and head runs it, the others return */
+        const int hc = group < QT ? group : QT, pt = QT / hc;
+        const int t = r - j->rows[i], hg = h % group;
+        if (t % pt || hg % hc) return;
+        const int np = j->rows[i + 1] - r < pt ? j->rows[i + 1] - r : pt, nh = group - hg < hc ? group - hg : hc;
         const size_t esz = j->bf16 ? sizeof(uint16_t) : sizeof(float);
-        attend_tile(o, j->out.rs, qr, j->q.rs, n, pos, (const char *)j->kpool + goff * esz,
-                    (const char *)j->vpool + goff * esz, j->bf16, tab, BS, bstride, j->window, HS, j->scale, slope);
+        tile_row rw[QT];
+        int nr = 0;
+        for (int a = 0; a < np; a++)
+            for (int b = 0; b < nh; b++, nr++)
+                rw[nr] = (tile_row){.q = qr + (ptrdiff_t)a * j->q.rs + (ptrdiff_t)b * j->q.hs,
+                                    .out = o + (ptrdiff_t)a * j->out.rs + (ptrdiff_t)b * j->out.hs,
+                                    .pos = pos + a,
+                                    .slope = j->alibi ? j->alibi[h + b] : 0.0f};
+        attend_tile(rw, nr, (const char *)j->kpool + goff * esz, (const char *)j->vpool + goff * esz, j->bf16, tab,
+                    BS, bstride, j->window, HS, j->scale);
         return;
     }
 #endif
