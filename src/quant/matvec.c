@@ -62,6 +62,32 @@
 
 enum { QB = CLLM_QBLOCK, MCHUNK = 16 };
 
+/* A software prefetcher for one chunk's weights, read front to back by a
+ * decode step: ahead() asks for every line up to `dist` bytes past the
+ * point reached, each line once. The hardware prefetchers leave these
+ * streams waiting on memory (rows of 0.4 to 6 KB in groups, the next
+ * chunk elsewhere): on a Zen 5 VM, llama-100M's q4 decode went from 236 to
+ * about 400 tok/s and bf16 from 133 to about 170 with this (2 threads). */
+typedef struct {
+    const unsigned char *next, *end;
+} pf_stream;
+/* distances: 8 KiB for the integer dots, 16 KiB for the fp32 / bf16 tiles,
+ * which go through their bytes faster (the best of 0, 2, 4, 8, 16 and 32
+ * KiB there) */
+enum { PF_INT = 8192, PF_FLOAT = 16384 };
+
+
+static inline pf_stream pf_open(const void *begin, const void *end) {
+    const uintptr_t b = (uintptr_t)begin & ~(uintptr_t)63;
+    return (pf_stream){(const unsigned char *)b, end};
+}
+
+static inline void pf_ahead(pf_stream *s, const void *at, size_t dist) {
+    const unsigned char *to = (const unsigned char *)at + dist;
+    if (to > s->end) to = s->end;
+    for (; s->next < to; s->next += 64) __builtin_prefetch(s->next, 0, 3);
+}
+
 /* Below this many weights a matrix runs on the calling thread alone. */
 #define QV_PARALLEL_MIN 32768L
 
@@ -470,13 +496,15 @@ static void rows_chunk(void *ctx, int c) {
     const size_t rb = cllm_wfmt_row_bytes(w->fmt, K);
     const int bf = w->fmt == CLLM_WFMT_BF16;
     const int passes = M <= 3 ? 1 : (M + 2) / 3; /* tile passes over the inputs */
+    pf_stream pf = pf_open((const unsigned char *)w->data + (size_t)r0 * rb, (const unsigned char *)w->data + (size_t)r1 * rb);
     for (int r = r0; r < r1;) {
         const int rt = r1 - r >= 4 ? 4 : 1;
         const unsigned char *row = (const unsigned char *)w->data + (size_t)r * rb;
         /* several passes: each also prefetches its share of the next tile's
          * rows, so they come from memory while this tile computes (11% less
-         * CPU time for a 16-row step's matrices on Zen 3); a lone pass
-         * streams, which the hardware prefetcher follows anyway */
+         * CPU time for a 16-row step's matrices on Zen 3); a lone pass (a
+         * decode step) streams through pf */
+        if (passes == 1) pf_ahead(&pf, row, PF_FLOAT);
         const size_t next = r + rt < r1 ? (size_t)(r1 - r - rt < 4 ? r1 - r - rt : 4) * rb : 0;
         const size_t share = passes > 1 ? (next / passes + 63) / 64 * 64 : 0;
         for (int m = 0, mt, p = 0; m < M; m += mt, p++) {

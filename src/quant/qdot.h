@@ -172,6 +172,9 @@ QD_ATTR QD_INLINE static inline void QD(range)(cllm_wfmt f, const mm_job *j, int
     const unsigned char *W = j->w->data;
     const int32_t *xc = j->xc;
     int r = r0;
+    /* a decode step (fewer tokens than a tile) streams its rows through pf */
+    pf_stream pf = pf_open(W + (size_t)r0 * rb, W + (size_t)r1 * rb);
+    const bool stream = t1 - t0 < TT;
     for (; r + TR <= r1 && t1 - t0 >= TT; r += TR) {
         int t = t0;
         for (; t + TT <= t1; t += TT)
@@ -182,12 +185,16 @@ QD_ATTR QD_INLINE static inline void QD(range)(cllm_wfmt f, const mm_job *j, int
                 j->out[(size_t)t * R + i] = QD(rowdot)(f, W + (size_t)i * rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb);
     }
     if (f == CLLM_WFMT_Q4 && t1 - t0 < TT) /* int8 timed slower this way */
-        for (; r + QD_RN <= r1; r += QD_RN)
+        for (; r + QD_RN <= r1; r += QD_RN) {
+            pf_ahead(&pf, W + (size_t)r * rb, PF_INT);
             for (int t = t0; t < t1; t++)
                 QD(rowsdot)(W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb, j->out + (size_t)t * R + r);
-    for (; r < r1; r++)
+        }
+    for (; r < r1; r++) {
+        if (stream) pf_ahead(&pf, W + (size_t)r * rb, PF_INT);
         for (int t = t0; t < t1; t++)
             j->out[(size_t)t * R + r] = QD(rowdot)(f, W + (size_t)r * rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb);
+    }
 }
 
 QD_ATTR static void QD(rows)(const mm_job *j, int r0, int r1, int t0, int t1) {
