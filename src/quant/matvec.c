@@ -557,8 +557,13 @@ static void in_out_kernel(float *out, const float *x, const cllm_qweight *w, con
             for (int js = j0; js < j1; js += cw) {
                 const int n = j1 - js < cw ? j1 - js : cw;
                 memset(acc, 0, (size_t)mc * (size_t)n * sizeof *acc);
+                /* the strip of row i + ahead, about PF_FLOAT bytes on:
+                 * the hardware prefetcher does not follow a strip per row */
+                const int ahead = (int)(PF_FLOAT / ((size_t)n * sizeof(float))) + 1;
                 for (int i = 0; i < K; i++) {
                     const float *wi = W + (size_t)i * R + js;
+                    if (mc <= 3 && i + ahead < K)
+                        for (int b = 0; b < n; b += 16) __builtin_prefetch(wi + (size_t)ahead * R + b, 0, 3);
                     for (int m = 0; m < mc; m++) axpy(acc + (size_t)m * n, x[(size_t)(m0 + m) * K + i], wi, n);
                 }
                 for (int m = 0; m < mc; m++) {
