@@ -194,7 +194,14 @@ static inline __attribute__((always_inline)) void tile_impl(float *out, int R, c
         for (int j = 0; j < MT; j++) xv[j] = vf_load(x + (size_t)j * K + k);
 #pragma GCC unroll 4
         for (int i = 0; i < RT; i++) {
-            const vf wv = wvec(w + (size_t)i * rb, k, bf16);
+            vf wv = wvec(w + (size_t)i * rb, k, bf16);
+#ifdef QV_SIMD
+            /* one load per weight vector: left to itself GCC folds the fp32
+             * load into each of the MT multiply-adds (MT loads of it instead
+             * of one; gpt2-124M's 16-row step matrices, 2 threads, 31-34 ->
+             * 27 ms) */
+            if (MT > 1) __asm__("" : "+v"(wv));
+#endif
 #pragma GCC unroll 3
             for (int j = 0; j < MT; j++) acc[i][j] = vf_fma(wv, xv[j], acc[i][j]);
         }
