@@ -261,16 +261,23 @@ static void attend_tile(const tile_row *rw, int nr, const void *k, const void *v
         l[i] = _mm512_setzero_ps();
         memset(acc[i], 0, (size_t)HS * sizeof(float));
     }
+    const bool whole = BS % KG == 0;
     for (int s0 = first[0] / KG * KG; s0 <= last; s0 += KG) {
         const int nk = last + 1 - s0 < KG ? last + 1 - s0 : KG;
         const int lo = s0 > first[0] ? s0 : first[0]; /* no row reads keys before its window */
+        /* when blocks hold whole groups (BS a multiple of 16, as every
+         * cache cllm makes), a group's keys are consecutive rows of one
+         * block: one table lookup for the group, not a division per key */
+        const size_t esz = bf16 ? sizeof(uint16_t) : sizeof(float), rowb = (size_t)HS * esz;
+        const char *kb = whole ? kv_row(k, bf16, table, BS, bstride, HS, s0) : NULL;
+        const char *vb = whole ? kv_row(v, bf16, table, BS, bstride, HS, s0) : NULL;
         for (int j = 0; j < KG; j++) {
             if (s0 + j < lo || j >= nk) {
                 kp[j] = vp[j] = zero_row;
                 continue;
             }
-            const void *ks = kv_row(k, bf16, table, BS, bstride, HS, s0 + j);
-            const void *vs = kv_row(v, bf16, table, BS, bstride, HS, s0 + j);
+            const void *ks = whole ? kb + j * rowb : kv_row(k, bf16, table, BS, bstride, HS, s0 + j);
+            const void *vs = whole ? vb + j * rowb : kv_row(v, bf16, table, BS, bstride, HS, s0 + j);
             if (bf16) {
                 widen_row(kf[j], ks, HS);
                 widen_row(vf[j], vs, HS);
@@ -284,11 +291,13 @@ static void attend_tile(const tile_row *rw, int nr, const void *k, const void *v
         /* the next group's keys and values start on another 4 KiB page
          * (fp32, head size 64), where the hardware prefetcher stops: asked
          * for here, they arrive while this group computes */
-        for (int s = s0 + KG; s < s0 + 2 * KG && s <= last; s++) {
-            const char *ks = kv_row(k, bf16, table, BS, bstride, HS, s), *vs = kv_row(v, bf16, table, BS, bstride, HS, s);
-            for (size_t b = 0; b < (size_t)HS * (bf16 ? 2 : 4); b += 64) {
-                __builtin_prefetch(ks + b, 0, 3);
-                __builtin_prefetch(vs + b, 0, 3);
+        if (whole && s0 + KG <= last) {
+            const int n = last + 1 - (s0 + KG) < KG ? last + 1 - (s0 + KG) : KG;
+            const char *nk0 = kv_row(k, bf16, table, BS, bstride, HS, s0 + KG);
+            const char *nv0 = kv_row(v, bf16, table, BS, bstride, HS, s0 + KG);
+            for (size_t b = 0; b < (size_t)n * rowb; b += 64) {
+                __builtin_prefetch(nk0 + b, 0, 3);
+                __builtin_prefetch(nv0 + b, 0, 3);
             }
         }
         for (int i = 0; i < nr; i++) {
