@@ -63,7 +63,7 @@
 enum { QB = CLLM_QBLOCK, MCHUNK = 16 };
 
 /* A software prefetcher for one chunk's weights, read front to back by a
- * decode step: ahead() asks for every line up to `dist` bytes past the
+ * decode step: pf_ahead() asks for every line up to `dist` bytes past the
  * point reached, each line once. The hardware prefetchers leave these
  * streams waiting on memory (rows of 0.4 to 6 KB in groups, the next
  * chunk elsewhere): on a Zen 5 VM, llama-100M's q4 decode went from 236 to
@@ -75,7 +75,6 @@ typedef struct {
  * which go through their bytes faster (the best of 0, 2, 4, 8, 16 and 32
  * KiB there) */
 enum { PF_INT = 8192, PF_FLOAT = 16384 };
-
 
 static inline pf_stream pf_open(const void *begin, const void *end) {
     const uintptr_t b = (uintptr_t)begin & ~(uintptr_t)63;
