@@ -287,8 +287,9 @@ static void attention_case(int NH, int NKV, int HS, const int past[3], const int
         rows[i + 1] = rows[i] + n_new[i], pastv[i] = past[i];
         if (past[i] + n_new[i] > SMAX) SMAX = past[i] + n_new[i];
     }
-    const int N = rows[NSEQ], NBLK = NSEQ * SMAX;
-    const size_t kvn = (size_t)NSEQ * NKV * SMAX * HS, pooln = (size_t)NBLK * NKV * SMAX * HS;
+    /* blocks of up to BMAX positions (the largest of block_sizes below) */
+    const int N = rows[NSEQ], NBLK = NSEQ * SMAX, BMAX = SMAX > 16 ? SMAX : 16;
+    const size_t kvn = (size_t)NSEQ * NKV * SMAX * HS, pooln = (size_t)NBLK * NKV * BMAX * HS;
     float *q = malloc((size_t)N * NH * HS * 4), *out = malloc((size_t)N * NH * HS * 4), *keys = malloc(kvn * 4),
           *vals = malloc(kvn * 4), *kpool = malloc(pooln * 4), *vpool = malloc(pooln * 4), *slopes = malloc((size_t)NH * 4);
     uint16_t *kpool16 = malloc(pooln * 2), *vpool16 = malloc(pooln * 2);
@@ -308,7 +309,7 @@ static void attention_case(int NH, int NKV, int HS, const int past[3], const int
     }
     cllm_alibi_slopes(slopes, NH);
     const float scale = 1.0f / sqrtf((float)HS);
-    const int block_sizes[] = {4, 3, SMAX};
+    const int block_sizes[] = {4, 3, 16, SMAX}; /* 16: whole 16-key groups per block, as every cllm cache */
     for (size_t bsi = 0; bsi < sizeof block_sizes / sizeof *block_sizes; bsi++) {
         const int BS = block_sizes[bsi], MB = (SMAX + BS - 1) / BS;
         /* block ids handed out in a shuffled order */
@@ -378,7 +379,7 @@ done:
  * 40-row prompt equals the same row computed alone (one row of one
  * sequence, its keys already cached), bit for bit. */
 static void attention_rows_alone(void) {
-    enum { NH = 4, NKV = 2, HS = 64, T = 40, BS = 16, MB = (T + BS - 1) / BS };
+    enum { NH = 6, NKV = 2, HS = 64, T = 40, BS = 16, MB = (T + BS - 1) / BS };
     static float q[T * NH * HS], out[T * NH * HS], one[NH * HS], kpool[MB * NKV * BS * HS], vpool[MB * NKV * BS * HS];
     int32_t table[MB];
     cllm_rng r;
@@ -402,6 +403,9 @@ static void attention_rows_alone(void) {
 static void test_attention_kernel(void) {
     attention_case(6, 2, 12, (const int[3]){5, 0, 9}, (const int[3]){3, 1, 2});
     attention_case(4, 2, 64, (const int[3]){20, 0, 3}, (const int[3]){11, 40, 1});
+    /* head groups of 3 (llama-100M's) and of 9, more than one AVX-512 tile holds */
+    attention_case(6, 2, 64, (const int[3]){37, 0, 5}, (const int[3]){1, 21, 1});
+    attention_case(9, 1, 16, (const int[3]){16, 2, 0}, (const int[3]){1, 3, 17});
     attention_rows_alone();
 }
 

@@ -262,13 +262,13 @@ static void attend_tile(const tile_row *rw, int nr, const void *k, const void *v
         memset(acc[i], 0, (size_t)HS * sizeof(float));
     }
     const bool whole = BS % KG == 0;
+    const size_t rowb = (size_t)HS * (bf16 ? sizeof(uint16_t) : sizeof(float));
     for (int s0 = first[0] / KG * KG; s0 <= last; s0 += KG) {
         const int nk = last + 1 - s0 < KG ? last + 1 - s0 : KG;
         const int lo = s0 > first[0] ? s0 : first[0]; /* no row reads keys before its window */
         /* when blocks hold whole groups (BS a multiple of 16, as every
          * cache cllm makes), a group's keys are consecutive rows of one
          * block: one table lookup for the group, not a division per key */
-        const size_t esz = bf16 ? sizeof(uint16_t) : sizeof(float), rowb = (size_t)HS * esz;
         const char *kb = whole ? kv_row(k, bf16, table, BS, bstride, HS, s0) : NULL;
         const char *vb = whole ? kv_row(v, bf16, table, BS, bstride, HS, s0) : NULL;
         for (int j = 0; j < KG; j++) {

@@ -66,8 +66,8 @@ enum { QB = CLLM_QBLOCK, MCHUNK = 16 };
  * decode step: pf_ahead() asks for every line up to `dist` bytes past the
  * point reached, each line once. The hardware prefetchers leave these
  * streams waiting on memory (rows of 0.4 to 6 KB in groups, the next
- * chunk elsewhere): on a Zen 5 VM, llama-100M's q4 decode went from 236 to
- * about 400 tok/s and bf16 from 133 to about 170 with this (2 threads). */
+ * chunk elsewhere): on a Zen 5 VM, llama-100M's q4 decode went from 243-246
+ * to 397-422 tok/s and bf16 from 127-136 to 191-201 with this (2 threads). */
 typedef struct {
     const unsigned char *next, *end;
 } pf_stream;
