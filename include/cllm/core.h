@@ -69,6 +69,16 @@ void cllm_log(cllm_log_level level, const char *fmt, ...)
  * `what` on failure. cllm_free(NULL) is a no-op. calloc variant zeroes. */
 void *cllm_alloc(size_t bytes, const char *what);
 void *cllm_calloc(size_t n, size_t size, const char *what);
+/* cllm_alloc for a large buffer that is read over and over once written
+ * (inference weights, the key/value pool): from CLLM_HUGE_MIN bytes it is
+ * 2 MiB aligned and asks the kernel for transparent huge pages
+ * (madvise MADV_HUGEPAGE; only an advice, where the kernel has THP in
+ * `madvise` or `always` mode). A decode step reads every weight once: with
+ * 4 KiB pages each page of a stream costs a TLB miss, a nested page walk
+ * in a virtual machine. Memory is taken in 2 MiB steps as it is touched.
+ * Freed with free() / cllm_free() as any other. */
+enum { CLLM_HUGE_MIN = 8 << 20 };
+void *cllm_alloc_huge(size_t bytes, const char *what);
 void cllm_free(void *p);
 /* Gives the whole pages inside [p, p + bytes) of a cllm_alloc'd buffer back
  * to the system: they read as zero afterwards and take no memory until they

@@ -30,6 +30,26 @@ void *cllm_alloc(size_t bytes, const char *what) {
     return p;
 }
 
+void *cllm_alloc_huge(size_t bytes, const char *what) {
+    if (bytes < CLLM_HUGE_MIN) return cllm_alloc(bytes, what);
+    const size_t huge = (size_t)2 << 20;
+    size_t rounded;
+    if (!cllm_size_add(bytes, huge - 1, &rounded)) {
+        CLLM_FAIL(CLLM_ERR_NOMEM, "size overflow allocating %s", what ? what : "buffer");
+        return NULL;
+    }
+    rounded &= ~(huge - 1);
+    void *p = aligned_alloc(huge, rounded);
+    if (!p) {
+        CLLM_FAIL(CLLM_ERR_NOMEM, "cannot allocate %zu bytes for %s", bytes, what ? what : "buffer");
+        return NULL;
+    }
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, rounded, MADV_HUGEPAGE); /* an advice: a kernel without THP keeps 4 KiB pages */
+#endif
+    return p;
+}
+
 void cllm_mem_release(void *p, size_t bytes) {
     if (!p || !bytes) return;
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);

@@ -274,9 +274,20 @@ static cllm_status put_weights(void *ctx, int idx, const cllm_st_tensor *t) {
     return put_whole(m, idx, t);
 }
 
-cllm_status cllm_model_load(cllm_model **out, const char *dir) { return cllm_model_load_weights(out, dir, "fp32"); }
+/* huge: an fp32 flat buffer on transparent huge pages (cllm_alloc_huge),
+ * for the runs that only read it (generate, eval, serve); a training run's
+ * buffer stays on 4 KiB pages, whose parts ZeRO and pipeline stages give
+ * back (cllm_mem_release) and the kernel must not fold into huge pages
+ * again. */
+static cllm_status load_weights(cllm_model **out, const char *dir, const char *weights, bool huge);
+
+cllm_status cllm_model_load(cllm_model **out, const char *dir) { return load_weights(out, dir, "fp32", false); }
 
 cllm_status cllm_model_load_weights(cllm_model **out, const char *dir, const char *weights) {
+    return load_weights(out, dir, weights, true);
+}
+
+static cllm_status load_weights(cllm_model **out, const char *dir, const char *weights, bool huge) {
     *out = NULL;
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -304,6 +315,12 @@ cllm_status cllm_model_load_weights(cllm_model **out, const char *dir, const cha
     }
     if (fmt != CLLM_WFMT_FP32) {
         if ((st = model_weights_init(m, fmt)) || (st = lazy_params(m))) goto done;
+    } else if (huge && m->n_params * sizeof(float) >= CLLM_HUGE_MIN) {
+        if (!(m->params = cllm_alloc_huge(m->n_params * sizeof(float), "model parameters"))) {
+            st = CLLM_ERR_NOMEM;
+            goto done;
+        }
+        memset(m->params, 0, m->n_params * sizeof(float));
     } else if (!(m->params = cllm_calloc(m->n_params, sizeof(float), "model parameters"))) {
         st = CLLM_ERR_NOMEM;
         goto done;

@@ -94,7 +94,7 @@ cllm_status model_weights_init(cllm_model *m, cllm_wfmt f) {
             if (pass) ws->w[i] = (cllm_qweight){.fmt = f, .data = ws->buf + total, .rows = rows, .cols = cols};
             total += (cllm_qweight_bytes(f, rows, cols) + 63) / 64 * 64;
         }
-        if (!pass && !(ws->buf = cllm_alloc(total, "weight store"))) {
+        if (!pass && !(ws->buf = cllm_alloc_huge(total, "weight store"))) {
             free(ws->w);
             free(ws);
             return CLLM_ERR_NOMEM;
