@@ -42,7 +42,7 @@
  * cut shapes of full's tensors (full may hold no parameters). lazy: the
  * buffer of a part whose matrices live in a weight store, zero pages from
  * calloc that are mapped only where written (norms, biases). */
-static cllm_status part_layout(cllm_model **out, const cllm_model *full, int tp, int r, bool lazy) {
+static cllm_status part_layout(cllm_model **out, const cllm_model *full, int tp, int r, bool lazy, bool huge) {
     *out = NULL;
     if (tp < 1 || r < 0 || r >= tp) return CLLM_FAIL(CLLM_ERR_ARG, "tensor rank %d of %d", r, tp);
     cllm_status st = cllm_topo_check_tensor(&full->cfg, tp, "config.json");
@@ -64,8 +64,13 @@ static cllm_status part_layout(cllm_model **out, const cllm_model *full, int tp,
         st = CLLM_FAIL(CLLM_ERR_INTERNAL, "tensor part has %d tensors, the model %d", m->n_tensors, full->n_tensors);
         goto fail;
     }
-    m->params = lazy ? calloc(m->n_params ? m->n_params : 1, sizeof(float))
-                     : cllm_calloc(m->n_params, sizeof(float), "model parameters");
+    /* huge: a part that only runs forwards reads its buffer every step
+     * (cllm_model_load_weights says why it asks for huge pages) */
+    const size_t bytes = m->n_params * sizeof(float);
+    m->params = lazy                            ? calloc(m->n_params ? m->n_params : 1, sizeof(float))
+                : huge && bytes >= CLLM_HUGE_MIN ? cllm_alloc_huge(bytes, "model parameters")
+                                                 : cllm_calloc(m->n_params, sizeof(float), "model parameters");
+    if (m->params && !lazy && huge && bytes >= CLLM_HUGE_MIN) memset(m->params, 0, bytes);
     m->params_lazy = lazy;
     if (!m->params) {
         if (lazy) CLLM_FAIL(CLLM_ERR_NOMEM, "cannot allocate %zu parameters", m->n_params);
@@ -97,7 +102,7 @@ cllm_status cllm_tp_model_part(cllm_model **out, const cllm_model *full, int tp,
     if (full->conv_rows)
         return CLLM_FAIL(CLLM_ERR_UNSUPPORTED, "a tensor-parallel part of a model laid out for forwards "
                          "(cllm_model_set_inference): cut the model as loaded");
-    cllm_status st = part_layout(out, full, tp, r, false);
+    cllm_status st = part_layout(out, full, tp, r, false, false);
     if (st) return st;
     cllm_model *m = *out;
     for (int i = 0; i < m->n_tensors; i++)
@@ -151,11 +156,17 @@ static cllm_status put_slice(void *ctx, int idx, const cllm_st_tensor *t) {
     return CLLM_OK;
 }
 
+static cllm_status load_part(cllm_model **out, const char *dir, int tp, int r, const char *weights, bool huge);
+
 cllm_status cllm_tp_model_load(cllm_model **out, const char *dir, int tp, int r) {
-    return cllm_tp_model_load_weights(out, dir, tp, r, "fp32");
+    return load_part(out, dir, tp, r, "fp32", false);
 }
 
 cllm_status cllm_tp_model_load_weights(cllm_model **out, const char *dir, int tp, int r, const char *weights) {
+    return load_part(out, dir, tp, r, weights, true);
+}
+
+static cllm_status load_part(cllm_model **out, const char *dir, int tp, int r, const char *weights, bool huge) {
     *out = NULL;
     char path[4096];
     int n = snprintf(path, sizeof path, "%s/config.json", dir);
@@ -175,7 +186,7 @@ cllm_status cllm_tp_model_load_weights(cllm_model **out, const char *dir, int tp
         st = CLLM_FAIL(CLLM_ERR_ARG, "unknown weight format '%s' (expected fp32, bf16, int8 or q4)", weights);
         goto done;
     }
-    if ((st = part_layout(&pl.part, whole, tp, r, fmt != CLLM_WFMT_FP32))) goto done;
+    if ((st = part_layout(&pl.part, whole, tp, r, fmt != CLLM_WFMT_FP32, huge))) goto done;
     if (fmt != CLLM_WFMT_FP32 &&
         ((st = model_weights_init(pl.part, fmt)) || (st = model_tp_check_blocks(whole, pl.part, fmt))))
         goto done;
