@@ -172,10 +172,11 @@ cllm_status cllm_model_set_weights(cllm_model *m, cllm_wfmt f);
  * first: cllm_model_prepare with train, cllm_model_set_trainable (and so
  * cllm_lora_attach / cllm_lora_load), cllm_lora_merge,
  * cllm_model_set_weights; cllm_model_save writes the file layout; a
- * tensor-parallel part cannot be cut from it. A no-op for other
- * architectures, other weight formats, quantized bases, tensor-parallel
- * parts, models prepared for training and models that carry adapters or
- * trainable copies. Not thread-safe with forwards. */
+ * tensor-parallel part cannot be cut from it, but a part loaded as one
+ * (cllm_tp_model_load_weights) is laid out like a whole model: its slices
+ * are matrices of their own. A no-op for other architectures, other weight
+ * formats, quantized bases, models prepared for training and models that
+ * carry adapters or trainable copies. Not thread-safe with forwards. */
 cllm_status cllm_model_set_inference(cllm_model *m);
 /* The format the matrices are read in (CLLM_WFMT_FP32 without a store). */
 cllm_wfmt cllm_model_weights(const cllm_model *m);

@@ -257,7 +257,7 @@ static cllm_status conv_transpose(cllm_model *m, bool to_rows) {
 
 cllm_status cllm_model_set_inference(cllm_model *m) {
     if (m->conv_rows || m->cfg.arch != CLLM_ARCH_GPT2 || !m->params || m->ws || m->qb || m->params_lazy ||
-        m->tp_size > 1 || m->has_backward || m->lora || m->tcopies || m->shared)
+        m->has_backward || m->lora || m->tcopies || m->shared)
         return CLLM_OK; /* a run over shared weights leaves their layout alone */
     return conv_transpose(m, true);
 }
