@@ -85,7 +85,7 @@ int main(int argc, char **argv) {
         W[s] = malloc(n * 4);
         for (size_t i = 0; i < n; i++) W[s][i] = (float)((i * 2654435761u) % 1000) * 1e-4f - 0.05f;
         for (int f = 0; f < CLLM_WFMT_COUNT; f++) {
-            store[s][f] = amalloc(cllm_qweight_bytes((cllm_wfmt)f, shapes[s].rows, shapes[s].cols));
+            store[s][f] = cllm_alloc_huge(cllm_qweight_bytes((cllm_wfmt)f, shapes[s].rows, shapes[s].cols), "weights");
             cllm_quant_matrix(store[s][f], (cllm_wfmt)f, W[s], shapes[s].rows, shapes[s].cols, shapes[s].in_out);
         }
         if ((size_t)shapes[s].rows > max_out) max_out = (size_t)shapes[s].rows;
