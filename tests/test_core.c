@@ -1,7 +1,8 @@
-/* Core: status messages, size checks, strict parsing, dtype rounding, rng. */
+/* Core: status messages, size checks, allocation, strict parsing, dtype rounding, rng. */
 #include "check.h"
 #include "cllm/core.h"
 
+#include <stdint.h>
 #include <string.h>
 
 static void test_errors(void) {
@@ -23,6 +24,28 @@ static void test_sizes(void) {
     void *p = cllm_calloc(SIZE_MAX / 4, 8, "huge");
     CHECK(p == NULL && strstr(cllm_last_error(), "huge") != NULL, "huge calloc: %s", cllm_last_error());
     cllm_free(NULL);
+}
+
+/* cllm_alloc_huge: 64-byte aligned below CLLM_HUGE_MIN, 2 MiB aligned from
+ * it (what THP needs), the whole size writable, freed by cllm_free, and a
+ * size that overflows the rounding refused naming the buffer. */
+static void test_alloc_huge(void) {
+    unsigned char *s = cllm_alloc_huge(1000, "small");
+    CHECK(s && (uintptr_t)s % 64 == 0, "small: %p", (void *)s);
+    if (s) memset(s, 1, 1000);
+    cllm_free(s);
+    const size_t n = (size_t)CLLM_HUGE_MIN + 12345;
+    unsigned char *p = cllm_alloc_huge(n, "big");
+    CHECK(p && (uintptr_t)p % ((size_t)2 << 20) == 0, "big: %p not 2 MiB aligned", (void *)p);
+    if (p) {
+        p[0] = 7;
+        p[n - 1] = 9;
+        CHECK(p[0] == 7 && p[n - 1] == 9, "big: first and last byte");
+    }
+    cllm_free(p);
+    cllm_error_clear();
+    void *q = cllm_alloc_huge(SIZE_MAX - 10, "the weights");
+    CHECK(q == NULL && strstr(cllm_last_error(), "the weights") != NULL, "overflow: %s", cllm_last_error());
 }
 
 static void test_parse(void) {
@@ -84,6 +107,7 @@ static void test_rng(void) {
 int main(void) {
     test_errors();
     test_sizes();
+    test_alloc_huge();
     test_parse();
     test_dtype();
     test_rng();
