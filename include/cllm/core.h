@@ -70,7 +70,7 @@ void cllm_log(cllm_log_level level, const char *fmt, ...)
 void *cllm_alloc(size_t bytes, const char *what);
 void *cllm_calloc(size_t n, size_t size, const char *what);
 /* cllm_alloc for a large buffer that is read over and over once written
- * (inference weights, the key/value pool): from CLLM_HUGE_MIN bytes it is
+ * (a model's weights when it only runs forwards): from CLLM_HUGE_MIN bytes it is
  * 2 MiB aligned and asks the kernel for transparent huge pages
  * (madvise MADV_HUGEPAGE; only an advice, where the kernel has THP in
  * `madvise` or `always` mode). A decode step reads every weight once: with
