@@ -46,6 +46,25 @@ static void test_alloc_huge(void) {
     cllm_error_clear();
     void *q = cllm_alloc_huge(SIZE_MAX - 10, "the weights");
     CHECK(q == NULL && strstr(cllm_last_error(), "the weights") != NULL, "overflow: %s", cllm_last_error());
+    /* the zeroing variant: every byte zero on the huge path (memory the
+     * allocator hands out again need not be; under ASan, whose allocator
+     * fills fresh blocks, a missing memset fails here), n x size overflow
+     * refused */
+    const size_t nf = (size_t)CLLM_HUGE_MIN / sizeof(float) + 999;
+    for (int k = 0; k < 2; k++) { /* dirty memory the allocator may hand out again */
+        float *d = cllm_alloc_huge(nf * sizeof(float), "dirty");
+        if (d) memset(d, 0x5a, nf * sizeof(float));
+        cllm_free(d);
+    }
+    float *z = cllm_calloc_huge(nf, sizeof(float), "zeros");
+    CHECK(z && (uintptr_t)z % ((size_t)2 << 20) == 0, "calloc_huge: %p not 2 MiB aligned", (void *)z);
+    size_t nonzero = 0;
+    for (size_t i = 0; z && i < nf; i++) nonzero += z[i] != 0.0f;
+    CHECK(nonzero == 0, "calloc_huge: %zu values not zero", nonzero);
+    cllm_free(z);
+    cllm_error_clear();
+    void *o = cllm_calloc_huge(SIZE_MAX / 2, 4, "the parts");
+    CHECK(o == NULL && strstr(cllm_last_error(), "the parts") != NULL, "calloc_huge overflow: %s", cllm_last_error());
 }
 
 static void test_parse(void) {

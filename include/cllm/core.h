@@ -79,6 +79,8 @@ void *cllm_calloc(size_t n, size_t size, const char *what);
  * Freed with free() / cllm_free() as any other. */
 enum { CLLM_HUGE_MIN = 8 << 20 };
 void *cllm_alloc_huge(size_t bytes, const char *what);
+/* cllm_calloc on cllm_alloc_huge's pages: n x size zeroed bytes. */
+void *cllm_calloc_huge(size_t n, size_t size, const char *what);
 void cllm_free(void *p);
 /* Gives the whole pages inside [p, p + bytes) of a cllm_alloc'd buffer back
  * to the system: they read as zero afterwards and take no memory until they

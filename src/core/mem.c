@@ -57,17 +57,21 @@ void cllm_mem_release(void *p, size_t bytes) {
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
-void *cllm_calloc(size_t n, size_t size, const char *what) {
+static void *zeroed(size_t n, size_t size, const char *what, bool huge) {
     size_t bytes;
     if (!cllm_size_mul(n, size, &bytes)) {
         CLLM_FAIL(CLLM_ERR_NOMEM, "size overflow allocating %zu x %zu bytes for %s", n, size,
                   what ? what : "buffer");
         return NULL;
     }
-    void *p = cllm_alloc(bytes, what);
+    void *p = huge ? cllm_alloc_huge(bytes, what) : cllm_alloc(bytes, what);
     if (p) memset(p, 0, bytes);
     return p;
 }
+
+void *cllm_calloc(size_t n, size_t size, const char *what) { return zeroed(n, size, what, false); }
+
+void *cllm_calloc_huge(size_t n, size_t size, const char *what) { return zeroed(n, size, what, true); }
 
 void cllm_free(void *p) { free(p); }
 

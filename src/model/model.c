@@ -315,13 +315,8 @@ static cllm_status load_weights(cllm_model **out, const char *dir, const char *w
     }
     if (fmt != CLLM_WFMT_FP32) {
         if ((st = model_weights_init(m, fmt)) || (st = lazy_params(m))) goto done;
-    } else if (huge && m->n_params * sizeof(float) >= CLLM_HUGE_MIN) {
-        if (!(m->params = cllm_alloc_huge(m->n_params * sizeof(float), "model parameters"))) {
-            st = CLLM_ERR_NOMEM;
-            goto done;
-        }
-        memset(m->params, 0, m->n_params * sizeof(float));
-    } else if (!(m->params = cllm_calloc(m->n_params, sizeof(float), "model parameters"))) {
+    } else if (!(m->params = huge ? cllm_calloc_huge(m->n_params, sizeof(float), "model parameters")
+                                  : cllm_calloc(m->n_params, sizeof(float), "model parameters"))) {
         st = CLLM_ERR_NOMEM;
         goto done;
     }

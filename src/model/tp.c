@@ -66,11 +66,9 @@ static cllm_status part_layout(cllm_model **out, const cllm_model *full, int tp,
     }
     /* huge: a part that only runs forwards reads its buffer every step
      * (cllm_model_load_weights says why it asks for huge pages) */
-    const size_t bytes = m->n_params * sizeof(float);
-    m->params = lazy                            ? calloc(m->n_params ? m->n_params : 1, sizeof(float))
-                : huge && bytes >= CLLM_HUGE_MIN ? cllm_alloc_huge(bytes, "model parameters")
-                                                 : cllm_calloc(m->n_params, sizeof(float), "model parameters");
-    if (m->params && !lazy && huge && bytes >= CLLM_HUGE_MIN) memset(m->params, 0, bytes);
+    m->params = lazy   ? calloc(m->n_params ? m->n_params : 1, sizeof(float))
+                : huge ? cllm_calloc_huge(m->n_params, sizeof(float), "model parameters")
+                       : cllm_calloc(m->n_params, sizeof(float), "model parameters");
     m->params_lazy = lazy;
     if (!m->params) {
         if (lazy) CLLM_FAIL(CLLM_ERR_NOMEM, "cannot allocate %zu parameters", m->n_params);
