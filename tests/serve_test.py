@@ -25,6 +25,8 @@ template is served on a free port; the test then speaks raw HTTP to it:
   - a bounded load test (--load N requests, 32 at a time, mixed streaming,
     cancellations and bad requests): every good request complete and correct,
     and the server's resident memory back near its baseline
+  - start-up: bad flags and a --kv-cache-tokens pool larger than the free
+    memory exit non-zero naming the flag; the pool is resident from start-up
   - the real clients (npm, pinned in tests/npm): `openai` and
     `@huggingface/inference` against the same server (tests/serve_clients.mjs)
 """
@@ -33,6 +35,7 @@ import http.client
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -643,6 +646,39 @@ def auth_and_overload(cllm, model):
     check(s.stop() == 0, "exit 0")
 
 
+def startup_errors(cllm, model):
+    """Bad flags and pools that cannot fit: a message naming the flag, a non-zero exit, never a listening server."""
+    cases = [(["--port", "70000"], "--port must be in [0, 65535]"),
+             (["--max-total-tokens", "100000"], "exceeds the model's 256 positions"),
+             (["--kv-cache-tokens", "64", "--max-total-tokens", "128"], "exceeds --kv-cache-tokens 64"),
+             (["--max-input-tokens", "200", "--max-total-tokens", "100"], "--max-input-tokens 200 must be below"),
+             (["--kv-cache-tokens", "1000000000"], "lower --kv-cache-tokens"),  # terabytes of pool
+             (["--kv-cache-tokens", "2000000000"], "--kv-cache-tokens 2000000000 is above the limit"),
+             (["--kv-cache-tokens", "-5"], "must be >= 0"),
+             (["--host", "not-an-ip"], "--host 'not-an-ip'"),
+             (["--no-such-flag"], "--no-such-flag")]
+    for extra, want in cases:
+        port = [] if "--port" in extra else ["--port", "0"]
+        r = subprocess.run([cllm, "serve", "--model", model, *port, *extra], capture_output=True, timeout=120)
+        err = r.stderr.decode(errors="replace")
+        check(r.returncode != 0 and want in err and "listening on" not in err,
+              f"serve {extra}: rc {r.returncode}, expected '{want}' in: {err[-400:]}")
+    r = subprocess.run([cllm, "serve", "--model", model + "-missing", "--port", "0"], capture_output=True, timeout=60)
+    err = r.stderr.decode(errors="replace")
+    check(r.returncode != 0 and model + "-missing" in err, f"missing model folder: {r.returncode} {err[-400:]}")
+    # the pool is resident from start-up: no step later waits for its pages
+    s = Server(cllm, model, "--kv-cache-tokens", "65536")
+    try:
+        line = "".join(s.log)
+        m = re.search(r"KV cache pool (\d+) tokens \(([0-9.]+) MiB\)", line)
+        check(m is not None and int(m.group(1)) == 65536, f"pool line: {line[-300:]}")
+        if m:
+            rss = s.status_kib("VmRSS") / 1024.0
+            check(rss >= float(m.group(2)), f"resident {rss:.1f} MiB < the {m.group(2)} MiB pool at start-up")
+    finally:
+        check(s.stop() == 0, "exit 0")
+
+
 def client_tests(build, port):
     d = npm_clients.install(build)
     if d is None:
@@ -687,6 +723,7 @@ def main():
         sigterm_test(a.cllm, model)
         trained_folders(a.cllm, tmp)
         auth_and_overload(a.cllm, model)
+        startup_errors(a.cllm, model)
     print("serve test:", "FAILED" if failures else "ok", flush=True)
     return 1 if failures else 0
 

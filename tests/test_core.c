@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 static void test_errors(void) {
     cllm_error_clear();
@@ -67,6 +68,15 @@ static void test_alloc_huge(void) {
     CHECK(o == NULL && strstr(cllm_last_error(), "the parts") != NULL, "calloc_huge overflow: %s", cllm_last_error());
 }
 
+/* the system's free memory: a reading between nothing and all of it */
+static void test_mem_available(void) {
+    const size_t a = cllm_mem_available();
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    CHECK(a > 0, "mem_available: 0 on a system with /proc/meminfo");
+    CHECK(pages <= 0 || a <= (size_t)pages * (size_t)page, "mem_available %zu above the %ld x %ld bytes of RAM", a,
+          pages, page);
+}
+
 static void test_parse(void) {
     int v;
     double d;
@@ -127,6 +137,7 @@ int main(void) {
     test_errors();
     test_sizes();
     test_alloc_huge();
+    test_mem_available();
     test_parse();
     test_dtype();
     test_rng();

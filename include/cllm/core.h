@@ -70,7 +70,8 @@ void cllm_log(cllm_log_level level, const char *fmt, ...)
 void *cllm_alloc(size_t bytes, const char *what);
 void *cllm_calloc(size_t n, size_t size, const char *what);
 /* cllm_alloc for a large buffer that is read over and over once written
- * (a model's weights when it only runs forwards): from CLLM_HUGE_MIN bytes it is
+ * (a model's weights when it only runs forwards, the key/value pool of
+ * cllm_kv_cache_init_paged): from CLLM_HUGE_MIN bytes it is
  * 2 MiB aligned and asks the kernel for transparent huge pages
  * (madvise MADV_HUGEPAGE; only an advice, where the kernel has THP in
  * `madvise` or `always` mode). A decode step reads every weight once: with
@@ -87,6 +88,11 @@ void cllm_free(void *p);
  * are written again. For parts of a buffer whose contents are not needed
  * (another pipeline stage's parameters). */
 void cllm_mem_release(void *p, size_t bytes);
+/* Bytes of memory the system can give without swapping (Linux:
+ * MemAvailable of /proc/meminfo; elsewhere the free physical pages), or 0
+ * when it cannot tell. A reading, not a reservation: for refusing, at
+ * start-up, a buffer that cannot fit. */
+size_t cllm_mem_available(void);
 
 /* Overflow-checked size arithmetic: return false on overflow. */
 bool cllm_size_mul(size_t a, size_t b, size_t *out);

@@ -86,11 +86,20 @@ typedef struct cllm_kv_cache cllm_kv_cache;
  *               other than fp32 (cllm_model_weights) and fp32 otherwise;
  *               CLLM_KV_FP32 / CLLM_KV_BF16 force one. A bf16 cache rounds
  *               each key and value to bf16 (nearest even) as it is written;
- *               attention widens them and computes in fp32. */
+ *               attention widens them and computes in fp32.
+ *   prefault    write the whole pool once at init, so its pages are
+ *               resident from the start and no later step takes a page
+ *               fault (the server: its memory is known at start-up, and a
+ *               step never waits on the kernel for a fresh page). Without
+ *               it pages arrive as sequences first reach them.
+ * The pool asks for transparent huge pages (cllm_alloc_huge): a decode
+ * step streams the keys and values of every running sequence, and on
+ * 4 KiB pages each page of them costs a TLB miss. */
 typedef enum { CLLM_KV_AUTO = 0, CLLM_KV_FP32, CLLM_KV_BF16 } cllm_kv_dtype;
 typedef struct {
     int max_seqs, max_pos, max_rows, block_size, n_blocks;
     cllm_kv_dtype kv_dtype;
+    bool prefault;
 } cllm_kv_cache_params;
 
 /* max_seqs 1, everything else the defaults above. */

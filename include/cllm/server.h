@@ -50,7 +50,10 @@ typedef struct {
     int max_batch_prefill_tokens;/* [512] prompt tokens read per step, all sequences together */
     int max_input_tokens;        /* [max_total_tokens - 1] */
     int max_total_tokens;        /* [the model's position limit, at most kv_cache_tokens] prompt + new tokens */
-    int kv_cache_tokens;         /* [max_batch_size x max_total_tokens, at most 65536] positions in the pool */
+    int kv_cache_tokens;         /* [max_batch_size x max_total_tokens, at most 65536 and at most half the
+                                  * memory available] positions in the pool, which is written whole at
+                                  * start-up (resident from then on): a pool asked for that is larger
+                                  * than the available memory is refused (CLLM_ERR_NOMEM) */
     int block_size;              /* [16] positions per cache block */
     int max_stop_sequences;      /* [4] */
     int max_top_n_tokens;        /* [5] TGI top_n_tokens; OpenAI top_logprobs allows 20 */

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <limits.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -55,6 +56,25 @@ void cllm_mem_release(void *p, size_t bytes) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t lo = ((uintptr_t)p + page - 1) / page * page, hi = ((uintptr_t)p + bytes) / page * page;
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+size_t cllm_mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        unsigned long long kib;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+                fclose(f);
+                return kib > SIZE_MAX / 1024 ? SIZE_MAX : (size_t)kib * 1024;
+            }
+        fclose(f);
+    }
+#ifdef _SC_AVPHYS_PAGES
+    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) return (size_t)pages > SIZE_MAX / (size_t)page ? SIZE_MAX : (size_t)pages * (size_t)page;
+#endif
+    return 0;
 }
 
 static void *zeroed(size_t n, size_t size, const char *what, bool huge) {

@@ -162,7 +162,8 @@ cllm_status cllm_kv_cache_init_paged(cllm_kv_cache **out, const cllm_model *m, c
     size_t rows = p->max_rows ? (size_t)p->max_rows : (size_t)p->max_seqs * (size_t)S;
     size_t kv_floats, row = (size_t)c->n_kv_head * c->head_dim, table_len;
     if (!cllm_size_mul(row, (size_t)p->block_size, &kv_floats) || !cllm_size_mul(kv_floats, n_blocks, &kv_floats) ||
-        !cllm_size_mul(kv_floats, (size_t)c->n_layer, &kv_floats) || n_blocks > INT32_MAX ||
+        !cllm_size_mul(kv_floats, (size_t)c->n_layer, &kv_floats) || kv_floats > SIZE_MAX / sizeof(float) ||
+        n_blocks > INT32_MAX ||
         !cllm_size_mul((size_t)p->max_seqs, (size_t)max_blocks, &table_len) || rows > ((size_t)1 << 28))
         return CLLM_FAIL(CLLM_ERR_NOMEM, "cache of %zu blocks of %d positions (%d sequences) is too large", n_blocks,
                          p->block_size, p->max_seqs);
@@ -188,8 +189,13 @@ cllm_status cllm_kv_cache_init_paged(cllm_kv_cache **out, const cllm_model *m, c
     kv->free_list = malloc(n_blocks * sizeof *kv->free_list);
     kv->kv_bf16 = p->kv_dtype == CLLM_KV_BF16 || (p->kv_dtype == CLLM_KV_AUTO && cllm_model_weights(m) != CLLM_WFMT_FP32);
     const size_t vb = kv->kv_bf16 ? sizeof(uint16_t) : sizeof(float);
-    kv->kc = cllm_alloc(kv_floats * vb, "key cache");
-    kv->vc = kv->kc ? cllm_alloc(kv_floats * vb, "value cache") : NULL;
+    if (p->prefault) { /* every page written now: resident before the first step */
+        kv->kc = cllm_calloc_huge(kv_floats, vb, "key cache");
+        kv->vc = kv->kc ? cllm_calloc_huge(kv_floats, vb, "value cache") : NULL;
+    } else {
+        kv->kc = cllm_alloc_huge(kv_floats * vb, "key cache");
+        kv->vc = kv->kc ? cllm_alloc_huge(kv_floats * vb, "value cache") : NULL;
+    }
     kv->buf = kv->vc ? cllm_alloc(scratch * sizeof(float), "generation scratch") : NULL;
     if (kv->buf && m->tp_size > 1) {
         size_t part = (size_t)kv->n_seq * (size_t)c->vocab_size;
@@ -225,7 +231,7 @@ cllm_status cllm_kv_cache_init_paged(cllm_kv_cache **out, const cllm_model *m, c
     if (m->tp_size > 1 && m->tp_rank == 0) {
         kv->tp_id = model_tp_next_id();
         int32_t cmd[TP_CMD_LEN] = {TP_OP_INIT, kv->tp_id, kv->n_seq, kv->S, kv->max_rows, kv->block_size,
-                                   kv->n_blocks};
+                                   kv->n_blocks, (int32_t)p->kv_dtype | (p->prefault ? 256 : 0)};
         cllm_status st = model_tp_announce(m, cmd, NULL, 0);
         if (st) {
             cllm_kv_cache_free(kv);

@@ -69,7 +69,8 @@ static cllm_status follow_loop(const cllm_model *m, followed **list, int *n_list
         switch (op) {
         case TP_OP_INIT: {
             cllm_kv_cache_params p = {.max_seqs = h[2], .max_pos = h[3], .max_rows = h[4], .block_size = h[5],
-                                      .n_blocks = h[6]};
+                                      .n_blocks = h[6], .kv_dtype = (cllm_kv_dtype)(h[7] & 255),
+                                      .prefault = (h[7] & 256) != 0};
             followed *nl = realloc(*list, (size_t)(*n_list + 1) * sizeof *nl);
             if (!nl) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
             *list = nl;

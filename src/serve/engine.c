@@ -76,6 +76,7 @@ cllm_status cllm_engine_init(cllm_engine **out, const cllm_model *m, const cllm_
     kp.max_rows = e->max_rows;
     if (p->block_size) kp.block_size = p->block_size;
     kp.n_blocks = p->n_blocks;
+    kp.prefault = true; /* the pool resident at start-up: no page faults in a step */
     cllm_status st = e->max_rows < e->max_seqs
                          ? CLLM_FAIL(CLLM_ERR_ARG, "max_batch_tokens %d is below max_seqs %d: every running "
                                      "sequence needs a row per step", e->max_rows, e->max_seqs)

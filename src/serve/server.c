@@ -405,6 +405,43 @@ static void on_log(void *cls, const char *fmt, va_list ap) {
 
 /* ------------------------------------------------------------ lifecycle */
 
+/* Bytes of pool one cached position takes: keys and values of every layer
+ * (over a tensor part, of its own heads). */
+static size_t pool_token_bytes(const cllm_model *m) {
+    const cllm_model_config *c = cllm_model_get_config(m);
+    const int kvh = c->n_kv_head > 0 ? c->n_kv_head : c->n_head;
+    return 2 * (size_t)c->n_layer * (size_t)kvh * (size_t)c->head_dim * cllm_kv_cache_value_bytes(m);
+}
+
+/* The pool is written whole at start-up (the engine prefaults it), so it
+ * must fit in the memory the system has free (`avail` bytes; 0 = unknown,
+ * no check). A pool sized by default takes at most half of it, and no less
+ * than one request's max_total_tokens; one asked for with --kv-cache-tokens
+ * that does not fit is refused here, rather than the process being killed
+ * for memory later. */
+static cllm_status fit_pool(cllm_server_params *q, size_t per_token, size_t avail, bool by_default) {
+    if (!avail || !per_token) return CLLM_OK;
+    const double mib = 1024.0 * 1024.0;
+    const size_t want = (size_t)q->kv_cache_tokens * per_token;
+    if (!by_default) {
+        if (want <= avail) return CLLM_OK;
+        return CLLM_FAIL(CLLM_ERR_NOMEM, "--kv-cache-tokens %d needs %.0f MiB of key/value pool (%zu bytes a position) "
+                         "and %.0f MiB are available: lower --kv-cache-tokens", q->kv_cache_tokens, want / mib,
+                         per_token, avail / mib);
+    }
+    size_t fit = avail / 2 / per_token;
+    if (fit >= (size_t)q->kv_cache_tokens) return CLLM_OK;
+    fit = fit / (size_t)q->block_size * (size_t)q->block_size;
+    if (fit < (size_t)q->max_total_tokens)
+        return CLLM_FAIL(CLLM_ERR_NOMEM, "one request of --max-total-tokens %d needs %.0f MiB of key/value pool "
+                         "and %.0f MiB are available: lower --max-total-tokens", q->max_total_tokens,
+                         (double)q->max_total_tokens * (double)per_token / mib, avail / mib);
+    cllm_log(CLLM_LOG_WARN, "key/value pool: %zu positions (half of the %.0f MiB available) instead of %d; "
+             "--kv-cache-tokens sets it", fit, avail / mib, q->kv_cache_tokens);
+    q->kv_cache_tokens = (int)fit;
+    return CLLM_OK;
+}
+
 cllm_status cllm_server_init(cllm_server **out, cllm_model *m, const cllm_tokenizer *tok,
                              const cllm_chat_template *tmpl, const char *bos, const char *eos,
                              const cllm_server_params *p) {
@@ -465,12 +502,17 @@ cllm_status cllm_server_init(cllm_server **out, cllm_model *m, const cllm_tokeni
                        q->max_total_tokens);
         goto fail;
     }
+    if (q->kv_cache_tokens > (1 << 30)) {
+        st = CLLM_FAIL(CLLM_ERR_ARG, "--kv-cache-tokens %d is above the limit of %d", q->kv_cache_tokens, 1 << 30);
+        goto fail;
+    }
     if (!q->kv_cache_tokens) {
         long long t = (long long)q->max_batch_size * q->max_total_tokens;
         if (t > 65536) t = 65536;
         if (t < q->max_total_tokens) t = q->max_total_tokens;
         q->kv_cache_tokens = (int)t;
     }
+    if ((st = fit_pool(q, pool_token_bytes(m), cllm_mem_available(), p->kv_cache_tokens == 0))) goto fail;
     if (!q->max_batch_prefill_tokens) q->max_batch_prefill_tokens = 512;
     if (q->max_batch_prefill_tokens < q->max_batch_size) q->max_batch_prefill_tokens = q->max_batch_size;
     s->host = strdup(q->host ? q->host : "127.0.0.1");
@@ -513,12 +555,9 @@ fail:
 }
 
 void cllm_server_pool(const cllm_server *s, int *tokens, size_t *bytes) {
-    const cllm_model_config *c = cllm_model_get_config(s->m);
     int blocks = (s->p.kv_cache_tokens + s->p.block_size - 1) / s->p.block_size;
     if (tokens) *tokens = blocks * s->p.block_size;
-    int kvh = c->n_kv_head > 0 ? c->n_kv_head : c->n_head;
-    if (bytes) *bytes = 2ull * (size_t)c->n_layer * (size_t)blocks * (size_t)s->p.block_size * (size_t)kvh *
-                        (size_t)c->head_dim * cllm_kv_cache_value_bytes(s->m); /* a tensor part: its own heads */
+    if (bytes) *bytes = (size_t)blocks * (size_t)s->p.block_size * pool_token_bytes(s->m);
 }
 
 cllm_status cllm_server_start(cllm_server *s) {

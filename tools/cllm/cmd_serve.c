@@ -106,7 +106,7 @@ int cmd_serve(int argc, char **argv) {
         {"max-total-tokens", ARG_INT, &max_total, "0", false,
          "prompt + generated tokens per request (0: the model's position limit)"},
         {"kv-cache-tokens", ARG_INT, &kv_tokens, "0", false,
-         "positions in the shared KV cache pool (0: max-batch-size x max-total-tokens, at most 65536)"},
+         "positions in the shared KV cache pool, resident from start-up (0: max-batch-size x max-total-tokens, at most 65536 and half the available memory)"},
         {"api-key", ARG_STR, &api_key, NULL, false, "require 'Authorization: Bearer KEY' on every route but /health"},
         {"threads", ARG_INT, &threads, "0", false, "compute threads (0: OpenMP's default)"},
         {"max-body-bytes", ARG_I64, &max_body, "1048576", false, "larger request bodies get 413"},
