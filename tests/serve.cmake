@@ -20,3 +20,6 @@ set_tests_properties(serve_test PROPERTIES TIMEOUT 600)
 #                   `openai` npm client (tests/serve_lora_clients.mjs).
 cllm_add_py_test(serve_lora_test serve_lora_test.py LABELS serve lora ARGS --fixtures ${CLLM_FIXTURES}/hf)
 set_tests_properties(serve_lora_test PROPERTIES TIMEOUT 600)
+# test_serve_pool   the pool-size rule against the free memory
+#                   (cllm_server_fit_pool), on synthetic sizes.
+cllm_add_c_test(test_serve_pool LABELS serve quick)

@@ -84,6 +84,18 @@ cllm_status cllm_server_start(cllm_server *s);
 /* The bound port (after start). */
 int cllm_server_port(const cllm_server *s);
 
+/* The pool-size rule cllm_server_init applies (exposed for tests): the
+ * pool is written whole at start-up, so it must fit in the `avail` bytes
+ * the system has free (cllm_mem_available; 0 = unknown, nothing checked),
+ * at `per_token` bytes a position. q->kv_cache_tokens, max_total_tokens and
+ * block_size must be resolved. A pool sized by default (by_default) is cut
+ * to at most half of avail, in whole blocks, with a warning, and is refused
+ * (CLLM_ERR_NOMEM naming --max-total-tokens) when that leaves less than one
+ * request's max_total_tokens; one asked for (--kv-cache-tokens) that does
+ * not fit in avail is refused (CLLM_ERR_NOMEM naming --kv-cache-tokens)
+ * rather than the process being killed for memory later. */
+cllm_status cllm_server_fit_pool(cllm_server_params *q, size_t per_token, size_t avail, bool by_default);
+
 /* Positions in the cache pool and the bytes it takes (after init). */
 void cllm_server_pool(const cllm_server *s, int *tokens, size_t *bytes);
 

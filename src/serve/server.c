@@ -413,13 +413,7 @@ static size_t pool_token_bytes(const cllm_model *m) {
     return 2 * (size_t)c->n_layer * (size_t)kvh * (size_t)c->head_dim * cllm_kv_cache_value_bytes(m);
 }
 
-/* The pool is written whole at start-up (the engine prefaults it), so it
- * must fit in the memory the system has free (`avail` bytes; 0 = unknown,
- * no check). A pool sized by default takes at most half of it, and no less
- * than one request's max_total_tokens; one asked for with --kv-cache-tokens
- * that does not fit is refused here, rather than the process being killed
- * for memory later. */
-static cllm_status fit_pool(cllm_server_params *q, size_t per_token, size_t avail, bool by_default) {
+cllm_status cllm_server_fit_pool(cllm_server_params *q, size_t per_token, size_t avail, bool by_default) {
     if (!avail || !per_token) return CLLM_OK;
     const double mib = 1024.0 * 1024.0;
     const size_t want = (size_t)q->kv_cache_tokens * per_token;
@@ -512,7 +506,8 @@ cllm_status cllm_server_init(cllm_server **out, cllm_model *m, const cllm_tokeni
         if (t < q->max_total_tokens) t = q->max_total_tokens;
         q->kv_cache_tokens = (int)t;
     }
-    if ((st = fit_pool(q, pool_token_bytes(m), cllm_mem_available(), p->kv_cache_tokens == 0))) goto fail;
+    if ((st = cllm_server_fit_pool(q, pool_token_bytes(m), cllm_mem_available(), p->kv_cache_tokens == 0)))
+        goto fail;
     if (!q->max_batch_prefill_tokens) q->max_batch_prefill_tokens = 512;
     if (q->max_batch_prefill_tokens < q->max_batch_size) q->max_batch_prefill_tokens = q->max_batch_size;
     s->host = strdup(q->host ? q->host : "127.0.0.1");
