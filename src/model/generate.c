@@ -227,11 +227,12 @@ cllm_status cllm_kv_cache_init_paged(cllm_kv_cache **out, const cllm_model *m, c
         return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     }
     /* tensor parallelism: the other ranks open the same cache (rank 0 sends
-     * the resolved sizes, so every rank's cache has the same pool) */
+     * the resolved sizes and element type, so every rank's cache has the
+     * same pool) */
     if (m->tp_size > 1 && m->tp_rank == 0) {
         kv->tp_id = model_tp_next_id();
         int32_t cmd[TP_CMD_LEN] = {TP_OP_INIT, kv->tp_id, kv->n_seq, kv->S, kv->max_rows, kv->block_size,
-                                   kv->n_blocks, (int32_t)p->kv_dtype | (p->prefault ? 256 : 0)};
+                                   kv->n_blocks, (kv->kv_bf16 ? CLLM_KV_BF16 : CLLM_KV_FP32) | (p->prefault ? 256 : 0)};
         cllm_status st = model_tp_announce(m, cmd, NULL, 0);
         if (st) {
             cllm_kv_cache_free(kv);

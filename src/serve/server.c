@@ -416,9 +416,9 @@ static size_t pool_token_bytes(const cllm_model *m) {
 cllm_status cllm_server_fit_pool(cllm_server_params *q, size_t per_token, size_t avail, bool by_default) {
     if (!avail || !per_token) return CLLM_OK;
     const double mib = 1024.0 * 1024.0;
-    const size_t want = (size_t)q->kv_cache_tokens * per_token;
+    const double want = (double)q->kv_cache_tokens * (double)per_token;
     if (!by_default) {
-        if (want <= avail) return CLLM_OK;
+        if (want <= (double)avail) return CLLM_OK;
         return CLLM_FAIL(CLLM_ERR_NOMEM, "--kv-cache-tokens %d needs %.0f MiB of key/value pool (%zu bytes a position) "
                          "and %.0f MiB are available: lower --kv-cache-tokens", q->kv_cache_tokens, want / mib,
                          per_token, avail / mib);
