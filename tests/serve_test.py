@@ -26,7 +26,8 @@ template is served on a free port; the test then speaks raw HTTP to it:
     cancellations and bad requests): every good request complete and correct,
     and the server's resident memory back near its baseline
   - start-up: bad flags and a --kv-cache-tokens pool larger than the free
-    memory exit non-zero naming the flag; the pool is resident from start-up
+    memory exit non-zero naming the flag; the pool is resident from start-up;
+    SIGTERM right after the ready line still drains and exits 0
   - the real clients (npm, pinned in tests/npm): `openai` and
     `@huggingface/inference` against the same server (tests/serve_clients.mjs)
 """
@@ -602,7 +603,8 @@ def trained_folders(cllm, tmp):
                   f"{folder}: the chat prompt is not the trained format: {chat} vs {comp}")
             answers.append(comp["choices"][0]["text"])
         finally:
-            check(s.stop() == 0, "exit 0")
+            rc = s.stop()
+            check(rc == 0, f"trained folder (checkpoint): exit {rc}, log: {''.join(s.log)[-600:]}")
     # the run folder's final model is the step-2 checkpoint's
     check(len(answers) == 2 and answers[0] == answers[1], f"run folder vs checkpoint-2: {answers}")
     # a folder without a config but with a `latest` pointer: the newest checkpoint
@@ -613,7 +615,8 @@ def trained_folders(cllm, tmp):
                                                        "temperature": 0})[1]
         check(comp["choices"][0]["text"] == answers[0], "run folder through `latest`")
     finally:
-        check(s.stop() == 0, "exit 0")
+        rc = s.stop()
+        check(rc == 0, f"trained folder (latest): exit {rc}, log: {''.join(s.log)[-600:]}")
 
 
 def auth_and_overload(cllm, model):
@@ -643,7 +646,8 @@ def auth_and_overload(cllm, model):
     check(codes.count(429) >= 1 and codes.count(200) >= 2 and set(codes) <= {200, 429}, f"overload codes {codes}")
     st, js, _, _ = req(p, "POST", "/generate", {"inputs": "x"}, headers=h)
     check(st == 200, f"served again after the burst: {st} {js}")
-    check(s.stop() == 0, "exit 0")
+    rc = s.stop()
+    check(rc == 0, f"auth and overload: exit {rc}, log: {''.join(s.log)[-600:]}")
 
 
 def startup_errors(cllm, model):
@@ -676,7 +680,13 @@ def startup_errors(cllm, model):
             rss = s.status_kib("VmRSS") / 1024.0
             check(rss >= float(m.group(2)), f"resident {rss:.1f} MiB < the {m.group(2)} MiB pool at start-up")
     finally:
-        check(s.stop() == 0, "exit 0")
+        rc = s.stop()
+        check(rc == 0, f"pool-resident server: exit {rc}, log: {''.join(s.log)[-600:]}")
+    # SIGTERM the moment the server says it is ready: a drain and exit 0, whichever thread takes the signal
+    for i in range(4):
+        s = Server(cllm, model)
+        rc = s.stop()
+        check(rc == 0, f"SIGTERM right after ready (try {i}): exit {rc}, log: {''.join(s.log)[-600:]}")
 
 
 def client_tests(build, port):

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "args.h"
@@ -34,6 +35,16 @@
 #ifndef CLLM_VERSION_STRING
 #define CLLM_VERSION_STRING "dev"
 #endif
+
+/* SIGTERM / SIGINT once the server runs. The main thread waits for them
+ * with the signals blocked (sigtimedwait), but threads started before the
+ * mask was set (OpenMP's team, while the model loaded) still accept them:
+ * without a handler, a signal delivered to one of those while the main
+ * thread is not inside its wait (just after "listening", say) would end
+ * the process with the default action instead of a drain. The handler only
+ * records the signal; the main thread's wait loop picks it up. */
+static volatile sig_atomic_t g_stop_sig;
+static void on_stop_signal(int sig) { g_stop_sig = sig; }
 
 static bool has_file(const char *dir, const char *name) {
     char p[4096];
@@ -201,12 +212,20 @@ int cmd_serve(int argc, char **argv) {
                              .adapters = adapters};
     if (cllm_server_init(&srv, m, tok, tmpl, bos, eos, &sp)) goto fail;
 
-    /* Signals are taken by this thread only (sigwait); every thread the
-     * server starts inherits the blocked mask. */
+    /* Signals are taken by this thread (sigtimedwait below); every thread
+     * the server starts inherits the blocked mask, and the handler covers
+     * the threads that were started before it (see on_stop_signal). */
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     if (cllm_server_start(srv)) goto fail;
@@ -229,7 +248,11 @@ int cmd_serve(int argc, char **argv) {
                 cllm_server_port(srv));
     fflush(stderr);
     int sig = 0;
-    sigwait(&set, &sig);
+    while (!sig) {
+        const struct timespec tick = {0, 100 * 1000 * 1000};
+        const int got = sigtimedwait(&set, NULL, &tick); /* -1: timeout, or EINTR (the handler ran) */
+        sig = got > 0 ? got : g_stop_sig;
+    }
     fprintf(stderr, "cllm serve: %s: finishing the requests in flight\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     cllm_server_drain(srv);
     fprintf(stderr, "cllm serve: stopped\n");
