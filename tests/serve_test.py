@@ -685,6 +685,10 @@ def startup_errors(cllm, model):
     # SIGTERM the moment the server says it is ready: a drain and exit 0, whichever thread takes the signal
     for i in range(4):
         s = Server(cllm, model)
+        if i == 0:
+            takers = serve_util.stop_signal_takers(s.p.pid)
+            check([t[1] for t in takers] == ["cllm-signals"],
+                  f"only the signal thread takes SIGINT/SIGTERM (pid {s.p.pid}): {takers}")
         rc = s.stop()
         check(rc == 0, f"SIGTERM right after ready (try {i}): exit {rc}, log: {''.join(s.log)[-600:]}")
 

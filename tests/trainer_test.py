@@ -13,6 +13,8 @@ import argparse, json, math, os, random, shutil, signal, struct, subprocess, sys
 
 import numpy as np
 
+import serve_util  # tests/: stop_signal_takers
+
 FAILS = []
 
 
@@ -562,6 +564,10 @@ def case_sigterm(env):
         if os.path.exists(mpath) and len(open(mpath).read().splitlines()) >= 3:
             break
         time.sleep(0.05)
+    # no thread that computes may run a handler (oneDNN's sgemm kernels keep the stack pointer in a heap buffer)
+    takers = serve_util.stop_signal_takers(proc.pid)
+    check([t[1] for t in takers] == ["cllm-signals"],
+          f"only the signal thread takes SIGINT/SIGTERM (pid {proc.pid}): {takers}")
     proc.send_signal(signal.SIGTERM)
     try:
         _, err = proc.communicate(timeout=60)

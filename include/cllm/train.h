@@ -321,7 +321,12 @@ typedef struct {
 cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks, cllm_train_result *res);
 
 /* Asks a running cllm_train_run to save a checkpoint and return at the end
- * of the current step. Async-signal-safe (sets a sig_atomic_t). */
+ * of the current step. Callable from any thread, and async-signal-safe (a
+ * lock-free atomic store). A program that calls it from a signal handler
+ * must keep the handler off the threads that compute: oneDNN's sgemm
+ * kernels run with the stack pointer inside a heap buffer, where the
+ * handler's frame would be written. `cllm train` blocks SIGINT/SIGTERM in
+ * every thread and takes them on a thread of its own. */
 void cllm_train_request_stop(void);
 
 /* Writes an SVG plot (training loss with eval loss points, and the learning

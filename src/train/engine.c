@@ -16,7 +16,7 @@
  */
 #include <jansson.h>
 #include <math.h>
-#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,9 +33,9 @@
 #include "cllm/split.h"
 #include "engine_impl.h"
 
-static volatile sig_atomic_t stop_requested;
+static atomic_int stop_requested; /* lock-free on every target: safe from a handler too */
 
-void cllm_train_request_stop(void) { stop_requested = 1; }
+void cllm_train_request_stop(void) { atomic_store(&stop_requested, 1); }
 
 
 /* ------------------------------------------------------------ set-up */
@@ -885,7 +885,7 @@ static cllm_status run(trainer *tr, cllm_train_result *res) {
         if ((st = train_step(tr, &avg_step))) goto done;
         long step = tr->state.global_step;
         if (c->eval_interval > 0 && step % c->eval_interval == 0 && (st = eval_at(tr, step))) goto done;
-        bool stop = stop_requested; /* every rank stops at the same step */
+        bool stop = atomic_load(&stop_requested) != 0; /* every rank stops at the same step */
         if ((st = train_zero_agree(&tr->zero, &stop))) goto done;
         if (stop) {
             train_end_line(tr);
@@ -979,7 +979,7 @@ cllm_status cllm_train_run(cllm_train_config *cfg, const cllm_train_hooks *hooks
     tr.cfg = cfg;
     tr.hooks = hooks;
     tr.output_dir = cfg->output_dir;
-    stop_requested = 0;
+    atomic_store(&stop_requested, 0);
     cllm_status st = cllm_objective_lm_init(&tr.obj);
     if (!st) st = run(&tr, res);
     cfg->output_dir = tr.output_dir;

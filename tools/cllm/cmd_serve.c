@@ -15,12 +15,12 @@
  * Exit codes: 0 ok, 1 failure, 2 usage.
  */
 #include <omp.h>
-#include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "args.h"
@@ -36,15 +36,16 @@
 #define CLLM_VERSION_STRING "dev"
 #endif
 
-/* SIGTERM / SIGINT once the server runs. The main thread waits for them
- * with the signals blocked (sigtimedwait), but threads started before the
- * mask was set (OpenMP's team, while the model loaded) still accept them:
- * without a handler, a signal delivered to one of those while the main
- * thread is not inside its wait (just after "listening", say) would end
- * the process with the default action instead of a drain. The handler only
- * records the signal; the main thread's wait loop picks it up. */
-static volatile sig_atomic_t g_stop_sig;
-static void on_stop_signal(int sig) { g_stop_sig = sig; }
+/* SIGTERM / SIGINT once the server runs: the signal thread
+ * (tool_signals_arm) records which one came and wakes the main thread. A
+ * signal before the server is ready ends the process (default action); a
+ * second one during the drain ends it too. */
+static atomic_int g_stop_sig;
+static sem_t g_stop_sem;
+static void on_stop_signal(int sig) {
+    atomic_store(&g_stop_sig, sig);
+    sem_post(&g_stop_sem);
+}
 
 static bool has_file(const char *dir, const char *name) {
     char p[4096];
@@ -98,6 +99,7 @@ static int load_adapters(cllm_lora_set *set, const arg_list *l) {
 }
 
 int cmd_serve(int argc, char **argv) {
+    if (tool_signals_start()) return 1; /* before any thread exists */
     const char *model_dir, *tok_dir, *host, *model_id, *api_key, *wfmt;
     int port, max_conc, max_batch, max_prefill, max_in, max_total, kv_tokens, threads, drain, timeout, tensor;
     long long max_body;
@@ -212,21 +214,6 @@ int cmd_serve(int argc, char **argv) {
                              .adapters = adapters};
     if (cllm_server_init(&srv, m, tok, tmpl, bos, eos, &sp)) goto fail;
 
-    /* Signals are taken by this thread (sigtimedwait below); every thread
-     * the server starts inherits the blocked mask, and the handler covers
-     * the threads that were started before it (see on_stop_signal). */
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     if (cllm_server_start(srv)) goto fail;
     int pool_tokens;
@@ -247,12 +234,14 @@ int cmd_serve(int argc, char **argv) {
                 sp.model_id, pool_tokens, (double)pool_bytes / (1 << 20), tmpl ? ", chat template" : "", host,
                 cllm_server_port(srv));
     fflush(stderr);
-    int sig = 0;
-    while (!sig) {
-        const struct timespec tick = {0, 100 * 1000 * 1000};
-        const int got = sigtimedwait(&set, NULL, &tick); /* -1: timeout, or EINTR (the handler ran) */
-        sig = got > 0 ? got : g_stop_sig;
+    if (sem_init(&g_stop_sem, 0, 0) != 0) {
+        CLLM_FAIL(CLLM_ERR_IO, "cannot create the stop semaphore");
+        goto fail;
     }
+    tool_signals_arm(on_stop_signal);
+    while (sem_wait(&g_stop_sem) != 0) {
+    }
+    const int sig = atomic_load(&g_stop_sig);
     fprintf(stderr, "cllm serve: %s: finishing the requests in flight\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     cllm_server_drain(srv);
     fprintf(stderr, "cllm serve: stopped\n");

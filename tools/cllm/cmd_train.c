@@ -12,7 +12,6 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,19 +84,11 @@ static bool hooks_from_env(test_hooks *h) {
     return true;
 }
 
+/* On the signal thread (tool_signals_arm): the engine stops at the end of
+ * the step in progress. */
 static void on_signal(int sig) {
     (void)sig;
     cllm_train_request_stop();
-}
-
-static void install_handlers(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESETHAND; /* a second signal takes the default action */
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
 }
 
 /* The object at j[key], created if absent or not an object (a "data" string
@@ -323,6 +314,7 @@ static int apply_flags(json_t *j, const train_flags *f) {
 }
 
 int cmd_train(int argc, char **argv) {
+    if (tool_signals_start()) return 1; /* before any thread exists */
     train_flags f;
     memset(&f, 0, sizeof f);
     arg_spec specs[] = {
@@ -461,7 +453,7 @@ int cmd_train(int argc, char **argv) {
         goto done;
     }
     if (cllm_dist_rank() > 0) cfg.log = CLLM_LOG_MODE_QUIET;
-    install_handlers();
+    tool_signals_arm(on_signal);
     cllm_train_result res;
     test_hooks th;
     if (!hooks_from_env(&th)) {

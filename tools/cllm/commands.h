@@ -57,4 +57,18 @@ bool tool_tp_follower(const cllm_model *m);
 int tool_tp_follow(cllm_model *m, const char *cmd);
 void tool_tp_end(const cllm_model *m);
 
+/* SIGINT and SIGTERM (signals.c). Threads that compute never accept them
+ * (oneDNN's sgemm kernels run with the stack pointer inside a heap buffer,
+ * where a handler's frame would land), so a command that acts on them calls
+ * tool_signals_start first, before any other thread exists: both signals
+ * are blocked in every thread and one waiter thread takes them. Until
+ * tool_signals_arm a signal takes its default action (ends the process);
+ * once armed, the first calls fn(sig) on the waiter thread and a second
+ * takes the default action. tool_signals_ignore discards them from then on
+ * (with no waiter started: SIG_IGN). tool_signals_start returns 0, or 1
+ * after printing why the thread could not start. */
+int tool_signals_start(void);
+void tool_signals_arm(void (*fn)(int sig));
+void tool_signals_ignore(void);
+
 #endif

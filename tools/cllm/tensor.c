@@ -4,7 +4,6 @@
  * held), rank 0 runs the command and the other ranks follow its cache calls
  * (cllm_kv_cache_follow) until rank 0 is done.
  */
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -59,8 +58,7 @@ bool tool_tp_follower(const cllm_model *m) { return m && cllm_model_tensor_size(
 int tool_tp_follow(cllm_model *m, const char *cmd) {
     /* rank 0 decides when to stop: a SIGTERM or SIGINT that mpirun forwards
      * here waits for rank 0's stop */
-    signal(SIGTERM, SIG_IGN);
-    signal(SIGINT, SIG_IGN);
+    tool_signals_ignore();
     cllm_status st = cllm_kv_cache_follow(m);
     if (st) {
         fprintf(stderr, "cllm %s: rank %d: %s\n", cmd, cllm_model_tensor_rank(m), cllm_last_error());
