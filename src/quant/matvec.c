@@ -16,8 +16,8 @@
  *
  * fp32 / bf16: each output accumulates in 8 fp32 lanes (value i to lane
  * i % 8; 16 lanes in the avx512 build), summed in a fixed order at the end;
- * bf16 is widened by a 16-bit shift. Tiles of up to 4 weight rows by 3
- * input rows share their loads (a small GEMM micro-kernel for the rows of a batched decode step) with
+ * bf16 is widened by a 16-bit shift. Tiles of up to 4 weight rows by 6
+ * input rows (3 in the 16-register builds) share their loads (a small GEMM micro-kernel for the rows of a batched decode step) with
  * the same operations per output whatever the tile.
  *
  * int8 / q4: the activations are quantized per block of 32 as Q8_0 is (an
@@ -102,7 +102,7 @@ static inline float scale_of(const unsigned char *b) {
 /* One output accumulates in VL fp32 lanes (value i of the row to lane
  * i % VL, in ascending order; VL = 16 in the avx512 build, 8 in the others),
  * summed in a fixed order at the end. A tile computes
- * RT weight rows times MT input rows at once (up to 4 x 3: twelve
+ * RT weight rows times MT input rows at once (up to 4 x MT_MAX: 24 or 12
  * accumulators, the MT inputs of the next VL values, one widened weight
  * vector) so each load feeds several multiply-adds; every output still runs
  * the same operations in the same order, whatever the tile, so the result
@@ -170,6 +170,14 @@ static inline vf vf_bf16(const uint16_t *src) {
 }
 #endif
 
+/* Inputs per tile: 6 where 32 vector registers hold 4 x 6 accumulators,
+ * the 6 inputs and a weight vector (avx512), 3 with 16 registers. */
+#if defined(QV_SIMD) && defined(__AVX512F__)
+#define MT_MAX 6
+#else
+#define MT_MAX 3
+#endif
+
 /* The VL weights of row w from value k (bf16 widened). */
 static inline __attribute__((always_inline)) vf wvec(const unsigned char *w, int k, bool bf16) {
     return bf16 ? vf_bf16((const uint16_t *)(const void *)w + k) : vf_load((const float *)(const void *)w + k);
@@ -181,15 +189,15 @@ static inline __attribute__((always_inline)) vf wvec(const unsigned char *w, int
 static inline __attribute__((always_inline)) void tile_impl(float *out, int R, const unsigned char *w, size_t rb,
                                                             const float *x, int K, const float *bias, const int RT,
                                                             const int MT, const bool bf16) {
-    vf acc[4][3];
+    vf acc[4][MT_MAX];
     const int full = K & ~(VL - 1);
 #pragma GCC unroll 4
     for (int i = 0; i < RT; i++)
-#pragma GCC unroll 3
+#pragma GCC unroll 6
         for (int j = 0; j < MT; j++) acc[i][j] = vf_zero();
     for (int k = 0; k < full; k += VL) {
-        vf xv[3];
-#pragma GCC unroll 3
+        vf xv[MT_MAX];
+#pragma GCC unroll 6
         for (int j = 0; j < MT; j++) xv[j] = vf_load(x + (size_t)j * K + k);
 #pragma GCC unroll 4
         for (int i = 0; i < RT; i++) {
@@ -201,12 +209,12 @@ static inline __attribute__((always_inline)) void tile_impl(float *out, int R, c
              * 27 ms) */
             if (MT > 1) __asm__("" : "+v"(wv));
 #endif
-#pragma GCC unroll 3
+#pragma GCC unroll 6
             for (int j = 0; j < MT; j++) acc[i][j] = vf_fma(wv, xv[j], acc[i][j]);
         }
     }
     if (full < K) {
-        float xp[3][VL] = {{0}}, wp[VL];
+        float xp[MT_MAX][VL] = {{0}}, wp[VL];
         for (int j = 0; j < MT; j++) memcpy(xp[j], x + (size_t)j * K + full, (size_t)(K - full) * sizeof(float));
         for (int i = 0; i < RT; i++) {
             const unsigned char *wi = w + (size_t)i * rb;
@@ -220,7 +228,7 @@ static inline __attribute__((always_inline)) void tile_impl(float *out, int R, c
     }
 #pragma GCC unroll 4
     for (int i = 0; i < RT; i++)
-#pragma GCC unroll 3
+#pragma GCC unroll 6
         for (int j = 0; j < MT; j++) out[(size_t)j * R + i] = vf_sum(acc[i][j]) + (bias ? bias[i] : 0.0f);
 }
 
@@ -238,9 +246,24 @@ typedef void (*tile_fn)(float *out, int R, const unsigned char *w, size_t rb, co
     DEFINE_TILE(1, 3, BF, P##1_3)
 DEFINE_TILES(false, tile_f)
 DEFINE_TILES(true, tile_b)
-/* [bf16][RT == 4][MT - 1] */
-static const tile_fn tiles[2][2][3] = {{{tile_f1_1, tile_f1_2, tile_f1_3}, {tile_f4_1, tile_f4_2, tile_f4_3}},
-                                       {{tile_b1_1, tile_b1_2, tile_b1_3}, {tile_b4_1, tile_b4_2, tile_b4_3}}};
+#if MT_MAX == 6
+#define DEFINE_TILES6(BF, P)                                                                                   \
+    DEFINE_TILE(4, 4, BF, P##4_4)                                                                              \
+    DEFINE_TILE(4, 5, BF, P##4_5)                                                                              \
+    DEFINE_TILE(4, 6, BF, P##4_6)                                                                              \
+    DEFINE_TILE(1, 4, BF, P##1_4)                                                                              \
+    DEFINE_TILE(1, 5, BF, P##1_5)                                                                              \
+    DEFINE_TILE(1, 6, BF, P##1_6)
+DEFINE_TILES6(false, tile_f)
+DEFINE_TILES6(true, tile_b)
+#define TILES_456(P, R) , P##R##_4, P##R##_5, P##R##_6
+#else
+#define TILES_456(P, R)
+#endif
+/* [bf16][RT == 4][MT - 1], MT up to MT_MAX */
+static const tile_fn tiles[2][2][MT_MAX] = {
+    {{tile_f1_1, tile_f1_2, tile_f1_3 TILES_456(tile_f, 1)}, {tile_f4_1, tile_f4_2, tile_f4_3 TILES_456(tile_f, 4)}},
+    {{tile_b1_1, tile_b1_2, tile_b1_3 TILES_456(tile_b, 1)}, {tile_b4_1, tile_b4_2, tile_b4_3 TILES_456(tile_b, 4)}}};
 
 /* ------------------------------------- int8 / q4 weights: integer dots */
 
@@ -491,9 +514,10 @@ static void quant_kernel(float *out, const float *x, const cllm_qweight *w, cons
 }
 
 /* Row-major formats: tiles of 4 weight rows (one row at the chunk's end)
- * by 3 inputs; a tile's rows stay in cache while the inputs go by. When M
- * leaves one input over (M = 3k + 1, k >= 1), the last four go as 2 + 2:
- * a 4 x 1 tile does 4 multiply-adds per 5 loads, a 4 x 2 one 8 per 6. */
+ * by up to MT_MAX inputs; a tile's rows stay in cache while the inputs go
+ * by, in as few passes as MT_MAX allows, the inputs spread evenly over them
+ * (16 rows: 6 + 5 + 5, or 3 + 3 + 3 + 3 + 2 + 2; never a 4 x 1 tile beside
+ * larger ones, which does 4 multiply-adds per 5 loads). */
 static void rows_chunk(void *ctx, int c) {
     const mm_job *j = ctx;
     const cllm_qweight *w = j->w;
@@ -501,7 +525,7 @@ static void rows_chunk(void *ctx, int c) {
     const int r0 = c * j->rows_per, r1 = r0 + j->rows_per < R ? r0 + j->rows_per : R;
     const size_t rb = cllm_wfmt_row_bytes(w->fmt, K);
     const int bf = w->fmt == CLLM_WFMT_BF16;
-    const int passes = M <= 3 ? 1 : (M + 2) / 3; /* tile passes over the inputs */
+    const int passes = (M + MT_MAX - 1) / MT_MAX; /* tile passes over the inputs */
     pf_stream pf = pf_open((const unsigned char *)w->data + (size_t)r0 * rb, (const unsigned char *)w->data + (size_t)r1 * rb);
     for (int r = r0; r < r1;) {
         const int rt = r1 - r >= 4 ? 4 : 1;
@@ -514,7 +538,7 @@ static void rows_chunk(void *ctx, int c) {
         const size_t next = r + rt < r1 ? (size_t)(r1 - r - rt < 4 ? r1 - r - rt : 4) * rb : 0;
         const size_t share = passes > 1 ? (next / passes + 63) / 64 * 64 : 0;
         for (int m = 0, mt, p = 0; m < M; m += mt, p++) {
-            mt = M - m == 4 ? 2 : M - m < 3 ? M - m : 3;
+            mt = (M - m + (passes - p) - 1) / (passes - p); /* the inputs spread evenly over the passes */
             for (size_t b = (size_t)p * share; b < (size_t)(p + 1) * share && b < next; b += 64)
                 __builtin_prefetch(row + (size_t)rt * rb + b, 0, 3);
             tiles[bf][rt == 4][mt - 1](j->out + (size_t)m * R + r, R, row, rb, j->x + (size_t)m * K, K,
