@@ -37,9 +37,9 @@
 #endif
 
 /* SIGTERM / SIGINT once the server runs: the signal thread
- * (tool_signals_arm) records which one came and wakes the main thread. A
- * signal before the server is ready ends the process (default action); a
- * second one during the drain ends it too. */
+ * (tool_signals_arm, once the server has started) records which one came
+ * and wakes the main thread. A signal while the model loads ends the
+ * process (default action); a second one during the drain ends it too. */
 static atomic_int g_stop_sig;
 static sem_t g_stop_sem;
 static void on_stop_signal(int sig) {
@@ -215,7 +215,14 @@ int cmd_serve(int argc, char **argv) {
     if (cllm_server_init(&srv, m, tok, tmpl, bos, eos, &sp)) goto fail;
 
     signal(SIGPIPE, SIG_IGN);
+    if (sem_init(&g_stop_sem, 0, 0) != 0) {
+        CLLM_FAIL(CLLM_ERR_IO, "cannot create the stop semaphore");
+        goto fail;
+    }
     if (cllm_server_start(srv)) goto fail;
+    /* armed before the ready line: a client that signals the moment it reads
+     * it gets a drain, not the default action */
+    tool_signals_arm(on_stop_signal);
     int pool_tokens;
     size_t pool_bytes;
     cllm_server_pool(srv, &pool_tokens, &pool_bytes);
@@ -234,11 +241,6 @@ int cmd_serve(int argc, char **argv) {
                 sp.model_id, pool_tokens, (double)pool_bytes / (1 << 20), tmpl ? ", chat template" : "", host,
                 cllm_server_port(srv));
     fflush(stderr);
-    if (sem_init(&g_stop_sem, 0, 0) != 0) {
-        CLLM_FAIL(CLLM_ERR_IO, "cannot create the stop semaphore");
-        goto fail;
-    }
-    tool_signals_arm(on_stop_signal);
     while (sem_wait(&g_stop_sem) != 0) {
     }
     const int sig = atomic_load(&g_stop_sig);
