@@ -428,7 +428,9 @@ static inline __m256i dotu_avx2(__m256i acc, __m256i u, __m256i s) {
 #define QD_SUF vnni
 #define QD_ATTR __attribute__((target("avx512vnni")))
 #define QD_DOTU _mm256_dpbusd_epi32
+#define QD_512 1
 #include "qdot.h"
+#undef QD_512
 #undef QD_SUF
 #undef QD_ATTR
 #undef QD_DOTU
