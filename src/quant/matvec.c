@@ -237,25 +237,19 @@ typedef void (*tile_fn)(float *out, int R, const unsigned char *w, size_t rb, co
     static void NAME(float *out, int R, const unsigned char *w, size_t rb, const float *x, int K, const float *bias) { \
         tile_impl(out, R, w, rb, x, K, bias, RT, MT, BF);                                                      \
     }
-#define DEFINE_TILES(BF, P)                                                                                    \
-    DEFINE_TILE(4, 1, BF, P##4_1)                                                                              \
-    DEFINE_TILE(4, 2, BF, P##4_2)                                                                              \
-    DEFINE_TILE(4, 3, BF, P##4_3)                                                                              \
-    DEFINE_TILE(1, 1, BF, P##1_1)                                                                              \
-    DEFINE_TILE(1, 2, BF, P##1_2)                                                                              \
-    DEFINE_TILE(1, 3, BF, P##1_3)
-DEFINE_TILES(false, tile_f)
-DEFINE_TILES(true, tile_b)
+/* the four tiles of MT inputs: fp32 / bf16 weights, 4 rows / 1 row */
+#define DEFINE_TILES(MT)                                                                                       \
+    DEFINE_TILE(4, MT, false, tile_f4_##MT)                                                                    \
+    DEFINE_TILE(1, MT, false, tile_f1_##MT)                                                                    \
+    DEFINE_TILE(4, MT, true, tile_b4_##MT)                                                                     \
+    DEFINE_TILE(1, MT, true, tile_b1_##MT)
+DEFINE_TILES(1)
+DEFINE_TILES(2)
+DEFINE_TILES(3)
 #if MT_MAX == 6
-#define DEFINE_TILES6(BF, P)                                                                                   \
-    DEFINE_TILE(4, 4, BF, P##4_4)                                                                              \
-    DEFINE_TILE(4, 5, BF, P##4_5)                                                                              \
-    DEFINE_TILE(4, 6, BF, P##4_6)                                                                              \
-    DEFINE_TILE(1, 4, BF, P##1_4)                                                                              \
-    DEFINE_TILE(1, 5, BF, P##1_5)                                                                              \
-    DEFINE_TILE(1, 6, BF, P##1_6)
-DEFINE_TILES6(false, tile_f)
-DEFINE_TILES6(true, tile_b)
+DEFINE_TILES(4)
+DEFINE_TILES(5)
+DEFINE_TILES(6)
 #define TILES_456(P, R) , P##R##_4, P##R##_5, P##R##_6
 #else
 #define TILES_456(P, R)
