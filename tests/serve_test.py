@@ -4,7 +4,8 @@ A tiny GPT-2 with the real 50257-token GPT-2 tokenizer and a ChatML chat
 template is served on a free port; the test then speaks raw HTTP to it:
 
   - lifecycle: "listening on http://HOST:PORT" on stderr; SIGTERM with a
-    request in flight lets it finish (200) and exits 0
+    request in flight lets it finish (200) and exits 0; a second SIGTERM
+    during that drain ends the process at once (the default action)
   - TGI: /generate greedy tokens equal `cllm generate --greedy` on the same
     prompt; /generate_stream events (index from 1, pieces that add up to
     generated_text, details last); the compat route / (a list, or a stream);
@@ -135,10 +136,10 @@ def wait_idle(port, timeout=20):
     return False
 
 
-def make_model(cllm, fixtures, tmp):
-    d = os.path.join(tmp, "model")
+def make_model(cllm, fixtures, tmp, positions=256, name="model"):
+    d = os.path.join(tmp, name)
     r = subprocess.run([cllm, "init", "--arch", "gpt2", "--out", d, "--seed", "3", "--set", "vocab_size=50257",
-                        "n_positions=256", "bos_token_id=50256", "eos_token_id=50256"], capture_output=True)
+                        f"n_positions={positions}", "bos_token_id=50256", "eos_token_id=50256"], capture_output=True)
     if r.returncode:
         raise SystemExit("init failed: " + r.stderr.decode())
     shutil.copy(os.path.join(fixtures, "gpt2", "tokenizer.json"), d)
@@ -574,6 +575,27 @@ def sigterm_test(cllm, model):
           f"in-flight request at SIGTERM: {res.get('r', [None])[0]}")
 
 
+def second_signal_test(cllm, long_model):
+    """A second SIGTERM during the drain takes the default action: the process ends at once, killed by the
+    signal, while a long streamed request is still being generated."""
+    s = Server(cllm, long_model, "--model-id", "tiny", "--max-total-tokens", "4096")
+    c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+    c.request("POST", "/generate_stream", body=json.dumps({"inputs": "x", "parameters": {"max_new_tokens": 4000}}),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    first = r.readline()  # the first token's event: generation is under way
+    s.p.send_signal(signal.SIGTERM)
+    deadline = time.time() + 30
+    while time.time() < deadline and not any("finishing the requests in flight" in line for line in s.log):
+        time.sleep(0.005)
+    draining = s.p.poll() is None and any("finishing the requests in flight" in line for line in s.log)
+    check(first.startswith(b"data:") and draining,
+          f"first SIGTERM: a drain under way ({first[:80]!r}, exit {s.p.poll()}, log {''.join(s.log)[-300:]})")
+    rc = s.stop(signal.SIGTERM, timeout=30)
+    check(rc == -signal.SIGTERM, f"second SIGTERM during the drain: exit {rc} (expected {-signal.SIGTERM})")
+    c.close()
+
+
 def trained_folders(cllm, tmp):
     """A model trained here on conversation records is served from its output folder, its checkpoint folder
     and its run folder (the `latest` checkpoint), and answers chat requests in the format it was trained on."""
@@ -735,6 +757,7 @@ def main():
         finally:
             check(srv.stop() == 0, "exit code after SIGTERM")
         sigterm_test(a.cllm, model)
+        second_signal_test(a.cllm, make_model(a.cllm, a.fixtures, tmp, positions=4096, name="model4k"))
         trained_folders(a.cllm, tmp)
         auth_and_overload(a.cllm, model)
         startup_errors(a.cllm, model)
