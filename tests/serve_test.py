@@ -50,6 +50,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import npm_clients  # noqa: E402
 import serve_util  # noqa: E402
+import signal_util  # noqa: E402
 from serve_util import req  # noqa: E402
 
 failures = 0
@@ -708,7 +709,7 @@ def startup_errors(cllm, model):
     for i in range(4):
         s = Server(cllm, model)
         if i == 0:
-            takers = serve_util.stop_signal_takers(s.p.pid)
+            takers = signal_util.stop_signal_takers(s.p.pid)
             check([t[1] for t in takers] == ["cllm-signals"],
                   f"only the signal thread takes SIGINT/SIGTERM (pid {s.p.pid}): {takers}")
         rc = s.stop()

@@ -7,9 +7,6 @@ mpirun line around it) and returns once the server prints
 stderr keeps being collected in `.log`. A server that exits or stays silent
 for `start_timeout` seconds raises SystemExit with what it printed.
 
-stop_signal_takers(pid): the threads of a process that accept SIGINT or
-SIGTERM (in a `cllm train` or `cllm serve` only its thread "cllm-signals":
-a handler run on a thread inside a oneDNN kernel corrupts the heap).
 """
 import http.client
 import json
@@ -84,21 +81,6 @@ class Server:
         if self.p.poll() is None:
             self.p.send_signal(sig)
         return self.wait(timeout)
-
-
-def stop_signal_takers(pid):
-    """[(tid, thread name)] of pid's threads whose SigBlk lets SIGINT or SIGTERM through."""
-    bits = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1))
-    out = []
-    for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                st = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
-        except OSError:
-            continue  # the thread ended
-        if int(st["SigBlk"], 16) & bits != bits:
-            out.append((int(tid), st.get("Name", "?")))
-    return out
 
 
 def req(port, method, path, body=None, headers=None, timeout=120, raw=None):

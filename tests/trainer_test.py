@@ -13,7 +13,7 @@ import argparse, json, math, os, random, shutil, signal, struct, subprocess, sys
 
 import numpy as np
 
-import serve_util  # tests/: stop_signal_takers
+import signal_util  # tests/
 
 FAILS = []
 
@@ -565,7 +565,7 @@ def case_sigterm(env):
             break
         time.sleep(0.05)
     # no thread that computes may run a handler (oneDNN's sgemm kernels keep the stack pointer in a heap buffer)
-    takers = serve_util.stop_signal_takers(proc.pid)
+    takers = signal_util.stop_signal_takers(proc.pid)
     check([t[1] for t in takers] == ["cllm-signals"],
           f"only the signal thread takes SIGINT/SIGTERM (pid {proc.pid}): {takers}")
     proc.send_signal(signal.SIGTERM)
