@@ -169,13 +169,22 @@ QD_ATTR QD_INLINE static inline void QD(rowsdot)(const unsigned char *row, size_
  * (even) in the low 8 lanes and block b + 1 (odd) in the high 8, so the
  * halves of one accumulator are rowsdot's even and odd accumulators and
  * every lane gets the same operations in the same order: the same bits as
- * rowsdot and rowdot, in about half the instructions (the 8 fp16 scales of
- * a step converted together, each row's pair spread by one permute). */
+ * rowsdot and rowdot, in about half the instructions. A row's two blocks
+ * come in one masked load (their 36 bytes; nothing past them is touched),
+ * its nibbles are spread by one word permute, the 8 fp16 scales of the 4
+ * rows gathered by unpacks of those same registers and converted together,
+ * and each row's pair of scales spread by one float permute. */
 QD_ATTR QD_INLINE static inline void QD(rowsdot512)(const unsigned char *row, size_t rb, const xblock *xq,
                                           const int32_t *xc, int nb, float *out) {
     const size_t bb = CLLM_Q4_BLOCK_BYTES;
     const __m512i shift = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4);
     const __m512i nib = _mm512_set1_epi8(15);
+    const __mmask64 pair_mask = (1ULL << (2 * CLLM_Q4_BLOCK_BYTES)) - 1;
+    /* words 1-8 (block b's nibbles) into 128-bit lanes 0 and 1, words
+     * 10-17 (block b + 1's) into lanes 2 and 3 */
+    static const uint16_t spread_idx[32] = {1,  2,  3,  4,  5,  6,  7,  8,  1,  2,  3,  4,  5,  6,  7,  8,
+                                            10, 11, 12, 13, 14, 15, 16, 17, 10, 11, 12, 13, 14, 15, 16, 17};
+    const __m512i spread = _mm512_loadu_si512((const void *)spread_idx);
     __m512 acc[QD_RN];
 #pragma GCC unroll 4
     for (int r = 0; r < QD_RN; r++) acc[r] = _mm512_setzero_ps();
@@ -185,26 +194,26 @@ QD_ATTR QD_INLINE static inline void QD(rowsdot512)(const unsigned char *row, si
         const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)x0->q)),
                                              _mm256_loadu_si256((const __m256i *)(const void *)x1->q), 1);
         const __m512i c = _mm512_loadu_si512((const void *)(xc + 8 * (size_t)b));
-        /* scales: row r of block b in lane r, of block b + 1 in lane 4 + r */
-        uint64_t h0 = 0, h1 = 0;
+        /* each row's two blocks (36 bytes) in one masked load: word 0 the
+         * scale of block b, words 1-8 its nibbles, word 9 the scale of
+         * block b + 1, words 10-17 its nibbles */
+        __m512i z[QD_RN];
+#pragma GCC unroll 4
+        for (int r = 0; r < QD_RN; r++)
+            z[r] = _mm512_maskz_loadu_epi8(pair_mask, (const void *)(row + (size_t)r * rb + (size_t)b * bb));
+        /* the 8 scales: unpacking rows 0/1 and 2/3, then the pairs, puts
+         * block b's in words 0-3 and block b + 1's in words 12-15 (rows in
+         * order); converted and times d_x, lanes 0-3 and 12-15 */
+        const __m512i u = _mm512_unpacklo_epi32(_mm512_unpacklo_epi16(z[0], z[1]), _mm512_unpacklo_epi16(z[2], z[3]));
+        const __m512 dx = _mm512_insertf32x8(_mm512_set1_ps(x0->d), _mm256_set1_ps(x1->d), 1);
+        const __m512 sc = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(u)), dx);
 #pragma GCC unroll 4
         for (int r = 0; r < QD_RN; r++) {
-            const unsigned char *blk = row + (size_t)r * rb + (size_t)b * bb;
-            h0 |= (uint64_t)(blk[0] | blk[1] << 8) << (16 * r);
-            h1 |= (uint64_t)(blk[bb] | blk[bb + 1] << 8) << (16 * r);
-        }
-        const __m256 dx = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(x0->d)), _mm_set1_ps(x1->d), 1);
-        const __m512 sc = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi64x((long long)h1, (long long)h0)), dx));
-#pragma GCC unroll 4
-        for (int r = 0; r < QD_RN; r++) {
-            const unsigned char *blk = row + (size_t)r * rb + (size_t)b * bb;
-            const __m256i q2 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(blk + 2))),
-                                                       _mm_loadu_si128((const __m128i *)(const void *)(blk + bb + 2)), 1);
-            const __m512i q = _mm512_shuffle_i64x2(_mm512_castsi256_si512(q2), _mm512_castsi256_si512(q2), 0x50);
+            const __m512i q = _mm512_permutexvar_epi16(spread, z[r]);
             const __m512i wu = _mm512_and_si512(_mm512_srlv_epi32(q, shift), nib);
             const __m512i p = _mm512_dpbusd_epi32(c, wu, x);
-            const __m512 s = _mm512_permutexvar_ps(_mm512_setr_epi32(r, r, r, r, r, r, r, r, 4 + r, 4 + r, 4 + r, 4 + r,
-                                                                     4 + r, 4 + r, 4 + r, 4 + r), sc);
+            const __m512 s = _mm512_permutexvar_ps(_mm512_setr_epi32(r, r, r, r, r, r, r, r, 12 + r, 12 + r, 12 + r,
+                                                                     12 + r, 12 + r, 12 + r, 12 + r, 12 + r), sc);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r]);
         }
     }
