@@ -6,7 +6,6 @@ mpirun line around it) and returns once the server prints
 `listening on http://HOST:PORT` on stderr (the port is then `.port`); its
 stderr keeps being collected in `.log`. A server that exits or stays silent
 for `start_timeout` seconds raises SystemExit with what it printed.
-
 """
 import http.client
 import json
