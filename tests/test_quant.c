@@ -150,9 +150,11 @@ static float frand(void) {
  * 70, bit for bit, for every format and variant: the int8 / q4 batches run
  * on 2-row by 4-token tiles in passes of 64 tokens, q4 rows alone and in a
  * batch of 2 on groups of 4 rows, and 71 rows and these batch sizes leave
- * rows and tokens over for the one-output path. */
-static void batch_independence(void) {
-    const int R = 71, K = 1000, MMAX = 70; /* 70 x 1000 inputs: quantized on the pool */
+ * rows and tokens over for the one-output path. K: 1000 (32 blocks of 32,
+ * the last partial) and 976 (31 blocks: the odd last block that the
+ * two-blocks-a-step q4 kernel adds on its own). */
+static void batch_independence(int K) {
+    const int R = 71, MMAX = 70; /* 70 x K inputs: quantized on the pool */
     float *W = malloc((size_t)R * K * 4), *x = malloc((size_t)MMAX * K * 4);
     float *out = malloc((size_t)MMAX * R * 4), *one = malloc((size_t)R * 4);
     void *scratch = malloc(cllm_qmatmul_scratch_bytes(CLLM_WFMT_Q4, K, MMAX));
@@ -336,7 +338,8 @@ int main(int argc, char **argv) {
     if (argc > 1) return run_dir(argv[1]);
     formats();
     activation_codes();
-    batch_independence();
+    batch_independence(1000);
+    batch_independence(976);
     pool_threads();
     printf("kernel variant %s\n", cllm_qmatmul_variant());
     return check_summary();

@@ -217,21 +217,19 @@ QD_ATTR QD_INLINE static inline void QD(rowsdot512)(const unsigned char *row, si
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r]);
         }
     }
-    const cllm_wfmt f = CLLM_WFMT_Q4;
+    const cllm_wfmt f = CLLM_WFMT_Q4; /* for QD_XC */
 #pragma GCC unroll 4
     for (int r = 0; r < QD_RN; r++) {
         __m256 even = _mm512_castps512_ps256(acc[r]);
         const __m256 odd = _mm512_extractf32x8_ps(acc[r], 1);
-        if (b < nb) {
-            const unsigned char *blk = row + (size_t)r * rb + (size_t)b * bb;
-            __m256i wu, ws;
-            QD(wload)(f, blk, &wu, &ws);
-            const __m256i p = QD(pair)(f, wu, ws, _mm256_loadu_si256((const __m256i *)(const void *)xq[b].q), QD_XC(b));
-            even = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(scale_of(blk) * xq[b].d), even);
-        }
+        if (b < nb) /* an odd block count: the last block, even, as rowdot adds it */
+            even = QD(step)(f, row + (size_t)r * rb + (size_t)b * bb, xq + b, QD_XC(b), even);
         out[r] = hsum8(_mm256_add_ps(even, odd));
     }
 }
+#define QD_ROWS4 QD(rowsdot512)
+#else
+#define QD_ROWS4 QD(rowsdot)
 #endif
 
 /* The outputs of rows [r0, r1) for tokens [t0, t1): TR x TT tiles, the
@@ -258,12 +256,7 @@ QD_ATTR QD_INLINE static inline void QD(range)(cllm_wfmt f, const mm_job *j, int
         for (; r + QD_RN <= r1; r += QD_RN) {
             pf_ahead(&pf, W + (size_t)r * rb, PF_INT);
             for (int t = t0; t < t1; t++)
-#ifdef QD_512
-                QD(rowsdot512)
-#else
-                QD(rowsdot)
-#endif
-                    (W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb, j->out + (size_t)t * R + r);
+                QD_ROWS4(W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb, j->out + (size_t)t * R + r);
         }
     for (; r < r1; r++) {
         if (stream) pf_ahead(&pf, W + (size_t)r * rb, PF_INT);
@@ -283,5 +276,6 @@ QD_ATTR static void QD(rows)(const mm_job *j, int r0, int r1, int t0, int t1) {
 #undef QD_XC
 #undef QD_INLINE
 #undef QD_RN
+#undef QD_ROWS4
 #undef QD_CAT
 #undef QD_CAT_
