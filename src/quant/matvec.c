@@ -17,8 +17,10 @@
  * fp32 / bf16: each output accumulates in 8 fp32 lanes (value i to lane
  * i % 8; 16 lanes in the avx512 build), summed in a fixed order at the end;
  * bf16 is widened by a 16-bit shift. Tiles of up to 4 weight rows by 6
- * input rows (3 in the 16-register builds) share their loads (a small GEMM micro-kernel for the rows of a batched decode step) with
- * the same operations per output whatever the tile.
+ * input rows (3 in the 16-register builds) share their loads (a small GEMM
+ * micro-kernel for the rows of a batched decode step) with the same
+ * operations per output whatever the tile; with more inputs than one tile
+ * takes, the weights of the next rows are prefetched inside the tiles.
  *
  * int8 / q4: the activations are quantized per block of 32 as Q8_0 is (an
  * fp32 scale d_x = max|x| / 127 and int8 codes), and each block contributes
@@ -185,10 +187,12 @@ static inline __attribute__((always_inline)) vf wvec(const unsigned char *w, int
 
 /* out[m + j, r + i] for i < RT, j < MT: rows of w rb bytes apart, inputs K
  * floats apart; a partial last group of VL values is read through
- * zero-padded copies. */
+ * zero-padded copies. PF: each step of VL values also prefetches the line
+ * at pf (and the next one for fp32), pf moving on by pf_step bytes (at most
+ * 128, 64 for bf16), a stream of later rows (rows_chunk). */
 static inline __attribute__((always_inline)) void tile_impl(float *out, int R, const unsigned char *w, size_t rb,
-                                                            const float *x, int K, const float *bias, const int RT,
-                                                            const int MT, const bool bf16) {
+                                                            const float *x, int K, const float *bias, uintptr_t pf, size_t pf_step,
+                                                            const int RT, const int MT, const bool bf16, const bool PF) {
     vf acc[4][MT_MAX];
     const int full = K & ~(VL - 1);
 #pragma GCC unroll 4
@@ -197,6 +201,11 @@ static inline __attribute__((always_inline)) void tile_impl(float *out, int R, c
         for (int j = 0; j < MT; j++) acc[i][j] = vf_zero();
     for (int k = 0; k < full; k += VL) {
         vf xv[MT_MAX];
+        if (PF) { /* pf_step is at most 128 bytes (64 for bf16) */
+            __builtin_prefetch((const void *)pf, 0, 3);
+            if (!bf16) __builtin_prefetch((const void *)(pf + 64), 0, 3);
+            pf += pf_step;
+        }
 #pragma GCC unroll 6
         for (int j = 0; j < MT; j++) xv[j] = vf_load(x + (size_t)j * K + k);
 #pragma GCC unroll 4
@@ -232,10 +241,16 @@ static inline __attribute__((always_inline)) void tile_impl(float *out, int R, c
         for (int j = 0; j < MT; j++) out[(size_t)j * R + i] = vf_sum(acc[i][j]) + (bias ? bias[i] : 0.0f);
 }
 
-typedef void (*tile_fn)(float *out, int R, const unsigned char *w, size_t rb, const float *x, int K, const float *bias);
+typedef void (*tile_fn)(float *out, int R, const unsigned char *w, size_t rb, const float *x, int K, const float *bias,
+                        uintptr_t pf, size_t pf_step);
 #define DEFINE_TILE(RT, MT, BF, NAME)                                                                          \
-    static void NAME(float *out, int R, const unsigned char *w, size_t rb, const float *x, int K, const float *bias) { \
-        tile_impl(out, R, w, rb, x, K, bias, RT, MT, BF);                                                      \
+    static void NAME(float *out, int R, const unsigned char *w, size_t rb, const float *x, int K, const float *bias, \
+                     uintptr_t pf, size_t pf_step) {                                                           \
+        tile_impl(out, R, w, rb, x, K, bias, pf, pf_step, RT, MT, BF, false);                                  \
+    }                                                                                                          \
+    static void NAME##p(float *out, int R, const unsigned char *w, size_t rb, const float *x, int K, const float *bias, \
+                        uintptr_t pf, size_t pf_step) {                                                        \
+        tile_impl(out, R, w, rb, x, K, bias, pf, pf_step, RT, MT, BF, true);                                   \
     }
 /* the four tiles of MT inputs: fp32 / bf16 weights, 4 rows / 1 row */
 #define DEFINE_TILES(MT)                                                                                       \
@@ -250,14 +265,18 @@ DEFINE_TILES(3)
 DEFINE_TILES(4)
 DEFINE_TILES(5)
 DEFINE_TILES(6)
-#define TILES_456(P, R) , P##R##_4, P##R##_5, P##R##_6
+#define TILES_456(P, R, S) , P##R##_4##S, P##R##_5##S, P##R##_6##S
 #else
-#define TILES_456(P, R)
+#define TILES_456(P, R, S)
 #endif
-/* [bf16][RT == 4][MT - 1], MT up to MT_MAX */
-static const tile_fn tiles[2][2][MT_MAX] = {
-    {{tile_f1_1, tile_f1_2, tile_f1_3 TILES_456(tile_f, 1)}, {tile_f4_1, tile_f4_2, tile_f4_3 TILES_456(tile_f, 4)}},
-    {{tile_b1_1, tile_b1_2, tile_b1_3 TILES_456(tile_b, 1)}, {tile_b4_1, tile_b4_2, tile_b4_3 TILES_456(tile_b, 4)}}};
+/* [prefetching][bf16][RT == 4][MT - 1], MT up to MT_MAX */
+static const tile_fn tiles[2][2][2][MT_MAX] = {
+    {{{tile_f1_1, tile_f1_2, tile_f1_3 TILES_456(tile_f, 1, )}, {tile_f4_1, tile_f4_2, tile_f4_3 TILES_456(tile_f, 4, )}},
+     {{tile_b1_1, tile_b1_2, tile_b1_3 TILES_456(tile_b, 1, )}, {tile_b4_1, tile_b4_2, tile_b4_3 TILES_456(tile_b, 4, )}}},
+    {{{tile_f1_1p, tile_f1_2p, tile_f1_3p TILES_456(tile_f, 1, p)},
+      {tile_f4_1p, tile_f4_2p, tile_f4_3p TILES_456(tile_f, 4, p)}},
+     {{tile_b1_1p, tile_b1_2p, tile_b1_3p TILES_456(tile_b, 1, p)},
+      {tile_b4_1p, tile_b4_2p, tile_b4_3p TILES_456(tile_b, 4, p)}}}};
 
 /* ------------------------------------- int8 / q4 weights: integer dots */
 
@@ -526,19 +545,22 @@ static void rows_chunk(void *ctx, int c) {
     for (int r = r0; r < r1;) {
         const int rt = r1 - r >= 4 ? 4 : 1;
         const unsigned char *row = (const unsigned char *)w->data + (size_t)r * rb;
-        /* several passes: each also prefetches its share of the next tile's
-         * rows, so they come from memory while this tile computes (11% less
-         * CPU time for a 16-row step's matrices on Zen 3); a lone pass (a
-         * decode step) streams through pf */
+        /* a lone pass (a decode step) streams through pf; with several,
+         * pass p prefetches its share of the next 4 rows, a line or two
+         * per step of its tile (tiles[1]), so they come from memory at an
+         * even pace while this tile computes. Without it the first pass
+         * waited on memory (gpt2-124M's 16-row step matrices, Zen 5, 2
+         * threads: 25.7 -> 18.9 ms); the whole share asked for at once
+         * before each pass, the scheme before, filled the miss queue and
+         * stalled the tile (slower on Zen 5 than no prefetch at all). */
         if (passes == 1) pf_ahead(&pf, row, PF_FLOAT);
-        const size_t next = r + rt < r1 ? (size_t)(r1 - r - rt < 4 ? r1 - r - rt : 4) * rb : 0;
-        const size_t share = passes > 1 ? (next / passes + 63) / 64 * 64 : 0;
+        const int steps = K / VL > 0 ? K / VL : 1;
+        const size_t share = (4 * rb + passes - 1) / passes, pf_step = (share + steps - 1) / steps;
         for (int m = 0, mt, p = 0; m < M; m += mt, p++) {
             mt = (M - m + (passes - p) - 1) / (passes - p); /* the inputs spread evenly over the passes */
-            for (size_t b = (size_t)p * share; b < (size_t)(p + 1) * share && b < next; b += 64)
-                __builtin_prefetch(row + (size_t)rt * rb + b, 0, 3);
-            tiles[bf][rt == 4][mt - 1](j->out + (size_t)m * R + r, R, row, rb, j->x + (size_t)m * K, K,
-                                       j->bias ? j->bias + r : NULL);
+            tiles[passes > 1][bf][rt == 4][mt - 1](j->out + (size_t)m * R + r, R, row, rb, j->x + (size_t)m * K, K,
+                                                   j->bias ? j->bias + r : NULL,
+                                                   (uintptr_t)(row + (size_t)rt * rb) + (uintptr_t)p * share, pf_step);
         }
         r += rt;
     }
