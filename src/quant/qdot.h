@@ -228,6 +228,64 @@ QD_ATTR QD_INLINE static inline void QD(rowsdot512)(const unsigned char *row, si
     }
 }
 #define QD_ROWS4 QD(rowsdot512)
+
+/* QD(tile) for q4 on 512-bit registers, as rowsdot512 runs rowsdot: two
+ * blocks a step, block b in the low 8 lanes and b + 1 in the high 8, so the
+ * low half of an accumulator is tile's even accumulator and the high half
+ * its odd one, every lane the same operations in the same order (the
+ * weight and token scales multiplied as two vectors, as tile does); an odd
+ * last block goes to the low half through QD(step), which gives rowdot's
+ * and tile's operations. About half tile's instructions per output: for
+ * the rows of a batched decode step (4 to 63 tokens). */
+QD_ATTR QD_INLINE static inline void QD(tile512)(const unsigned char *row, size_t rb, const xblock *xq, const int32_t *xc,
+                                       int nb, float *out, size_t ostride) {
+    const cllm_wfmt f = CLLM_WFMT_Q4; /* for QD_XC */
+    const size_t bb = CLLM_Q4_BLOCK_BYTES;
+    const __m512i shift = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4);
+    const __m512i nib = _mm512_set1_epi8(15);
+    const __mmask64 pair_mask = (1ULL << (2 * CLLM_Q4_BLOCK_BYTES)) - 1;
+    static const uint16_t spread_idx[32] = {1,  2,  3,  4,  5,  6,  7,  8,  1,  2,  3,  4,  5,  6,  7,  8,
+                                            10, 11, 12, 13, 14, 15, 16, 17, 10, 11, 12, 13, 14, 15, 16, 17};
+    const __m512i spread = _mm512_loadu_si512((const void *)spread_idx);
+    __m512 acc[TR][TT];
+#pragma GCC unroll 8
+    for (int i = 0; i < TR * TT; i++) acc[i / TT][i % TT] = _mm512_setzero_ps();
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        __m512i wu[TR];
+        __m512 dw[TR];
+#pragma GCC unroll 4
+        for (int r = 0; r < TR; r++) {
+            const unsigned char *blk = row + (size_t)r * rb + (size_t)b * bb;
+            const __m512i q = _mm512_permutexvar_epi16(spread, _mm512_maskz_loadu_epi8(pair_mask, (const void *)blk));
+            wu[r] = _mm512_and_si512(_mm512_srlv_epi32(q, shift), nib);
+            dw[r] = _mm512_insertf32x8(_mm512_set1_ps(scale_of(blk)), _mm256_set1_ps(scale_of(blk + bb)), 1);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; t++) {
+            const xblock *x0 = xq + (size_t)t * nb + b;
+            const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)x0->q)),
+                                                 _mm256_loadu_si256((const __m256i *)(const void *)x0[1].q), 1);
+            const __m512i c = _mm512_loadu_si512((const void *)QD_XC((size_t)t * nb + b));
+            const __m512 dx = _mm512_insertf32x8(_mm512_set1_ps(x0->d), _mm256_set1_ps(x0[1].d), 1);
+#pragma GCC unroll 4
+            for (int r = 0; r < TR; r++) {
+                const __m512i p = _mm512_dpbusd_epi32(c, wu[r], x);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), acc[r][t]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < TR * TT; i++) {
+        const int r = i / TT, t = i % TT;
+        __m256 even = _mm512_castps512_ps256(acc[r][t]);
+        const __m256 odd = _mm512_extractf32x8_ps(acc[r][t], 1);
+        if (b < nb)
+            even = QD(step)(f, row + (size_t)r * rb + (size_t)b * bb, xq + (size_t)t * nb + b, QD_XC((size_t)t * nb + b),
+                            even);
+        out[(size_t)t * ostride + r] = hsum8(_mm256_add_ps(even, odd));
+    }
+}
 #else
 #define QD_ROWS4 QD(rowsdot)
 #endif
@@ -246,8 +304,14 @@ QD_ATTR QD_INLINE static inline void QD(range)(cllm_wfmt f, const mm_job *j, int
     for (; r + TR <= r1 && t1 - t0 >= TT; r += TR) {
         int t = t0;
         for (; t + TT <= t1; t += TT)
-            QD(tile)(f, W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb,
-                     j->out + (size_t)t * R + r, (size_t)R);
+#ifdef QD_512
+            if (f == CLLM_WFMT_Q4)
+                QD(tile512)(W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb,
+                            j->out + (size_t)t * R + r, (size_t)R);
+            else
+#endif
+                QD(tile)(f, W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb,
+                         j->out + (size_t)t * R + r, (size_t)R);
         for (; t < t1; t++)
             for (int i = r; i < r + TR; i++)
                 j->out[(size_t)t * R + i] = QD(rowdot)(f, W + (size_t)i * rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb);
