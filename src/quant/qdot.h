@@ -237,6 +237,7 @@ QD_ATTR QD_INLINE static inline void QD(rowsdot512)(const unsigned char *row, si
  * last block goes to the low half through QD(step), which gives rowdot's
  * and tile's operations. About half tile's instructions per output: for
  * the rows of a batched decode step (4 to 63 tokens). */
+enum { QD_T5R = 4 }; /* weight rows per tile512 */
 QD_ATTR QD_INLINE static inline void QD(tile512)(const unsigned char *row, size_t rb, const xblock *xq, const int32_t *xc,
                                        int nb, float *out, size_t ostride) {
     const cllm_wfmt f = CLLM_WFMT_Q4; /* for QD_XC */
@@ -247,15 +248,15 @@ QD_ATTR QD_INLINE static inline void QD(tile512)(const unsigned char *row, size_
     static const uint16_t spread_idx[32] = {1,  2,  3,  4,  5,  6,  7,  8,  1,  2,  3,  4,  5,  6,  7,  8,
                                             10, 11, 12, 13, 14, 15, 16, 17, 10, 11, 12, 13, 14, 15, 16, 17};
     const __m512i spread = _mm512_loadu_si512((const void *)spread_idx);
-    __m512 acc[TR][TT];
-#pragma GCC unroll 8
-    for (int i = 0; i < TR * TT; i++) acc[i / TT][i % TT] = _mm512_setzero_ps();
+    __m512 acc[QD_T5R][TT];
+#pragma GCC unroll 16
+    for (int i = 0; i < QD_T5R * TT; i++) acc[i / TT][i % TT] = _mm512_setzero_ps();
     int b = 0;
     for (; b + 2 <= nb; b += 2) {
-        __m512i wu[TR];
-        __m512 dw[TR];
+        __m512i wu[QD_T5R];
+        __m512 dw[QD_T5R];
 #pragma GCC unroll 4
-        for (int r = 0; r < TR; r++) {
+        for (int r = 0; r < QD_T5R; r++) {
             const unsigned char *blk = row + (size_t)r * rb + (size_t)b * bb;
             const __m512i q = _mm512_permutexvar_epi16(spread, _mm512_maskz_loadu_epi8(pair_mask, (const void *)blk));
             wu[r] = _mm512_and_si512(_mm512_srlv_epi32(q, shift), nib);
@@ -269,14 +270,14 @@ QD_ATTR QD_INLINE static inline void QD(tile512)(const unsigned char *row, size_
             const __m512i c = _mm512_loadu_si512((const void *)QD_XC((size_t)t * nb + b));
             const __m512 dx = _mm512_insertf32x8(_mm512_set1_ps(x0->d), _mm256_set1_ps(x0[1].d), 1);
 #pragma GCC unroll 4
-            for (int r = 0; r < TR; r++) {
+            for (int r = 0; r < QD_T5R; r++) {
                 const __m512i p = _mm512_dpbusd_epi32(c, wu[r], x);
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), acc[r][t]);
             }
         }
     }
-#pragma GCC unroll 8
-    for (int i = 0; i < TR * TT; i++) {
+#pragma GCC unroll 16
+    for (int i = 0; i < QD_T5R * TT; i++) {
         const int r = i / TT, t = i % TT;
         __m256 even = _mm512_castps512_ps256(acc[r][t]);
         const __m256 odd = _mm512_extractf32x8_ps(acc[r][t], 1);
@@ -301,17 +302,23 @@ QD_ATTR QD_INLINE static inline void QD(range)(cllm_wfmt f, const mm_job *j, int
     /* a decode step (fewer tokens than a tile) streams its rows through pf */
     pf_stream pf = pf_open(W + (size_t)r0 * rb, W + (size_t)r1 * rb);
     const bool stream = t1 - t0 < TT;
+#ifdef QD_512
+    if (f == CLLM_WFMT_Q4)
+        for (; r + QD_T5R <= r1 && t1 - t0 >= TT; r += QD_T5R) {
+            int t = t0;
+            for (; t + TT <= t1; t += TT)
+                QD(tile512)(W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb,
+                            j->out + (size_t)t * R + r, (size_t)R);
+            for (; t < t1; t++)
+                for (int i = r; i < r + QD_T5R; i++)
+                    j->out[(size_t)t * R + i] = QD(rowdot)(f, W + (size_t)i * rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb);
+        }
+#endif
     for (; r + TR <= r1 && t1 - t0 >= TT; r += TR) {
         int t = t0;
         for (; t + TT <= t1; t += TT)
-#ifdef QD_512
-            if (f == CLLM_WFMT_Q4)
-                QD(tile512)(W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb,
-                            j->out + (size_t)t * R + r, (size_t)R);
-            else
-#endif
-                QD(tile)(f, W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb,
-                         j->out + (size_t)t * R + r, (size_t)R);
+            QD(tile)(f, W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb,
+                     j->out + (size_t)t * R + r, (size_t)R);
         for (; t < t1; t++)
             for (int i = r; i < r + TR; i++)
                 j->out[(size_t)t * R + i] = QD(rowdot)(f, W + (size_t)i * rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb);
