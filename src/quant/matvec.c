@@ -28,9 +28,10 @@
  * codes at once, the way llama.cpp multiplies Q4_0 / Q8_0 by Q8_0. That is
  * several times less arithmetic than widening every weight to fp32, which
  * would leave these formats bound by compute rather than memory. A prompt
- * (4 or more rows) runs on tiles of 2 weight rows by 4 tokens (qdot.h), and
- * a q4 decode step on groups of 4 weight rows, each output still the same
- * operations in the same order as alone.
+ * (4 or more rows) runs on tiles of 2 weight rows by 4 tokens (qdot.h; 4
+ * rows by 4 tokens on 512-bit registers with VNNI), and a q4 decode step on
+ * groups of 4 weight rows, each output still the same operations in the
+ * same order as alone.
  *
  * fp32 weights in GPT-2's [cols, rows] layout are read in place, row by
  * row of the stored matrix (axpy form): each thread owns a strip of 64

@@ -229,19 +229,23 @@ QD_ATTR QD_INLINE static inline void QD(rowsdot512)(const unsigned char *row, si
 }
 #define QD_ROWS4 QD(rowsdot512)
 
-/* QD(tile) for q4 on 512-bit registers, as rowsdot512 runs rowsdot: two
- * blocks a step, block b in the low 8 lanes and b + 1 in the high 8, so the
- * low half of an accumulator is tile's even accumulator and the high half
- * its odd one, every lane the same operations in the same order (the
- * weight and token scales multiplied as two vectors, as tile does); an odd
- * last block goes to the low half through QD(step), which gives rowdot's
- * and tile's operations. About half tile's instructions per output: for
- * the rows of a batched decode step (4 to 63 tokens). */
+/* QD(tile) on 512-bit registers (the VNNI build), int8 and q4, as
+ * rowsdot512 runs rowsdot: two blocks a step, block b in the low 8 lanes
+ * and b + 1 in the high 8, so the low half of an accumulator is tile's even
+ * accumulator and the high half its odd one, every lane the same operations
+ * in the same order (the weight and token scales multiplied as two vectors,
+ * as tile does); an odd last block goes to the low half through QD(step),
+ * which gives rowdot's and tile's operations. 4 weight rows by TT tokens (16
+ * accumulators), for the rows of a batched decode step and short prompts
+ * (4 to 63 tokens): gpt2-124M's 16-row step matrices at one thread, q4
+ * 39-45 -> 25 ms and int8 45-50 -> 28-30 against tile (2 rows, 256 bits);
+ * 2 rows by 4 tokens here gave q4 30-35 ms. int8 has no 512-bit sign step:
+ * |w| by abs, and x negated under the mask of w's negative codes (where w is
+ * 0 tile zeroes x, here |w| is 0: the same integer dot). */
 enum { QD_T5R = 4 }; /* weight rows per tile512 */
-QD_ATTR QD_INLINE static inline void QD(tile512)(const unsigned char *row, size_t rb, const xblock *xq, const int32_t *xc,
-                                       int nb, float *out, size_t ostride) {
-    const cllm_wfmt f = CLLM_WFMT_Q4; /* for QD_XC */
-    const size_t bb = CLLM_Q4_BLOCK_BYTES;
+QD_ATTR QD_INLINE static inline void QD(tile512)(cllm_wfmt f, const unsigned char *row, size_t rb, const xblock *xq,
+                                       const int32_t *xc, int nb, float *out, size_t ostride) {
+    const size_t bb = f == CLLM_WFMT_Q4 ? CLLM_Q4_BLOCK_BYTES : CLLM_Q8_BLOCK_BYTES;
     const __m512i shift = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4);
     const __m512i nib = _mm512_set1_epi8(15);
     const __mmask64 pair_mask = (1ULL << (2 * CLLM_Q4_BLOCK_BYTES)) - 1;
@@ -255,11 +259,22 @@ QD_ATTR QD_INLINE static inline void QD(tile512)(const unsigned char *row, size_
     for (; b + 2 <= nb; b += 2) {
         __m512i wu[QD_T5R];
         __m512 dw[QD_T5R];
+        __mmask64 neg[QD_T5R]; /* int8: the codes below zero */
 #pragma GCC unroll 4
         for (int r = 0; r < QD_T5R; r++) {
             const unsigned char *blk = row + (size_t)r * rb + (size_t)b * bb;
-            const __m512i q = _mm512_permutexvar_epi16(spread, _mm512_maskz_loadu_epi8(pair_mask, (const void *)blk));
-            wu[r] = _mm512_and_si512(_mm512_srlv_epi32(q, shift), nib);
+            if (f == CLLM_WFMT_Q4) {
+                const __m512i q = _mm512_permutexvar_epi16(spread, _mm512_maskz_loadu_epi8(pair_mask, (const void *)blk));
+                wu[r] = _mm512_and_si512(_mm512_srlv_epi32(q, shift), nib);
+            } else {
+                /* |w| times x with w's sign, as tile's sign steps give it
+                 * (where w is 0 the product is 0 either way) */
+                const __m512i ws = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 2))),
+                    _mm256_loadu_si256((const __m256i *)(const void *)(blk + bb + 2)), 1);
+                wu[r] = _mm512_abs_epi8(ws);
+                neg[r] = _mm512_movepi8_mask(ws);
+            }
             dw[r] = _mm512_insertf32x8(_mm512_set1_ps(scale_of(blk)), _mm256_set1_ps(scale_of(blk + bb)), 1);
         }
 #pragma GCC unroll 4
@@ -267,11 +282,13 @@ QD_ATTR QD_INLINE static inline void QD(tile512)(const unsigned char *row, size_
             const xblock *x0 = xq + (size_t)t * nb + b;
             const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)x0->q)),
                                                  _mm256_loadu_si256((const __m256i *)(const void *)x0[1].q), 1);
-            const __m512i c = _mm512_loadu_si512((const void *)QD_XC((size_t)t * nb + b));
+            const __m512i c = f == CLLM_WFMT_Q4 ? _mm512_loadu_si512((const void *)QD_XC((size_t)t * nb + b))
+                                                : _mm512_setzero_si512();
             const __m512 dx = _mm512_insertf32x8(_mm512_set1_ps(x0->d), _mm256_set1_ps(x0[1].d), 1);
 #pragma GCC unroll 4
             for (int r = 0; r < QD_T5R; r++) {
-                const __m512i p = _mm512_dpbusd_epi32(c, wu[r], x);
+                const __m512i xs = f == CLLM_WFMT_Q4 ? x : _mm512_mask_sub_epi8(x, neg[r], _mm512_setzero_si512(), x);
+                const __m512i p = _mm512_dpbusd_epi32(c, wu[r], xs);
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), acc[r][t]);
             }
         }
@@ -303,16 +320,15 @@ QD_ATTR QD_INLINE static inline void QD(range)(cllm_wfmt f, const mm_job *j, int
     pf_stream pf = pf_open(W + (size_t)r0 * rb, W + (size_t)r1 * rb);
     const bool stream = t1 - t0 < TT;
 #ifdef QD_512
-    if (f == CLLM_WFMT_Q4)
-        for (; r + QD_T5R <= r1 && t1 - t0 >= TT; r += QD_T5R) {
-            int t = t0;
-            for (; t + TT <= t1; t += TT)
-                QD(tile512)(W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb,
-                            j->out + (size_t)t * R + r, (size_t)R);
-            for (; t < t1; t++)
-                for (int i = r; i < r + QD_T5R; i++)
-                    j->out[(size_t)t * R + i] = QD(rowdot)(f, W + (size_t)i * rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb);
-        }
+    for (; r + QD_T5R <= r1 && t1 - t0 >= TT; r += QD_T5R) {
+        int t = t0;
+        for (; t + TT <= t1; t += TT)
+            QD(tile512)(f, W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb,
+                        j->out + (size_t)t * R + r, (size_t)R);
+        for (; t < t1; t++)
+            for (int i = r; i < r + QD_T5R; i++)
+                j->out[(size_t)t * R + i] = QD(rowdot)(f, W + (size_t)i * rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb);
+    }
 #endif
     for (; r + TR <= r1 && t1 - t0 >= TT; r += TR) {
         int t = t0;
