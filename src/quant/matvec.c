@@ -495,8 +495,14 @@ static void quant_chunk(void *ctx, int c) {
         rows_portable(j, r0, r1, t0, t1);
 #endif
         if (j->bias)
-            for (int t = t0; t < t1; t++)
-                for (int r = r0; r < r1; r++) j->out[(size_t)t * R + r] += j->bias[r];
+            for (int t = t0; t < t1; t++) {
+                float *o = j->out + (size_t)t * R;
+                const float *bias = j->bias;
+                /* vectorised (the scalar loop -O2 left was 3% of a 16-client
+                 * q4 server's samples) */
+#pragma omp simd
+                for (int r = r0; r < r1; r++) o[r] += bias[r];
+            }
     }
 }
 
