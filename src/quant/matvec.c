@@ -189,8 +189,8 @@ static inline __attribute__((always_inline)) vf wvec(const unsigned char *w, int
 /* out[m + j, r + i] for i < RT, j < MT: rows of w rb bytes apart, inputs K
  * floats apart; a partial last group of VL values is read through
  * zero-padded copies. PF: each step of VL values also prefetches the line
- * at pf (and the next one for fp32), pf moving on by pf_step bytes (at most
- * 128, 64 for bf16), a stream of later rows (rows_chunk). */
+ * at pf (and the next one for fp32), pf moving on by pf_step bytes (about
+ * 256 / passes, 128 / passes for bf16), a stream of later rows (rows_chunk). */
 static inline __attribute__((always_inline)) void tile_impl(float *out, int R, const unsigned char *w, size_t rb,
                                                             const float *x, int K, const float *bias, uintptr_t pf, size_t pf_step,
                                                             const int RT, const int MT, const bool bf16, const bool PF) {
@@ -202,7 +202,7 @@ static inline __attribute__((always_inline)) void tile_impl(float *out, int R, c
         for (int j = 0; j < MT; j++) acc[i][j] = vf_zero();
     for (int k = 0; k < full; k += VL) {
         vf xv[MT_MAX];
-        if (PF) { /* pf_step is at most 128 bytes (64 for bf16) */
+        if (PF) {
             __builtin_prefetch((const void *)pf, 0, 3);
             if (!bf16) __builtin_prefetch((const void *)(pf + 64), 0, 3);
             pf += pf_step;
@@ -549,6 +549,9 @@ static void rows_chunk(void *ctx, int c) {
     const int bf = w->fmt == CLLM_WFMT_BF16;
     const int passes = (M + MT_MAX - 1) / MT_MAX; /* tile passes over the inputs */
     pf_stream pf = pf_open((const unsigned char *)w->data + (size_t)r0 * rb, (const unsigned char *)w->data + (size_t)r1 * rb);
+    /* several passes: pass p prefetches share bytes of the next 4 rows, pf_step a step */
+    const int steps = K / VL > 0 ? K / VL : 1;
+    const size_t share = (4 * rb + passes - 1) / passes, pf_step = (share + steps - 1) / steps;
     for (int r = r0; r < r1;) {
         const int rt = r1 - r >= 4 ? 4 : 1;
         const unsigned char *row = (const unsigned char *)w->data + (size_t)r * rb;
@@ -561,8 +564,6 @@ static void rows_chunk(void *ctx, int c) {
          * before each pass, the scheme before, filled the miss queue and
          * stalled the tile (slower on Zen 5 than no prefetch at all). */
         if (passes == 1) pf_ahead(&pf, row, PF_FLOAT);
-        const int steps = K / VL > 0 ? K / VL : 1;
-        const size_t share = (4 * rb + passes - 1) / passes, pf_step = (share + steps - 1) / steps;
         for (int m = 0, mt, p = 0; m < M; m += mt, p++) {
             mt = (M - m + (passes - p) - 1) / (passes - p); /* the inputs spread evenly over the passes */
             tiles[passes > 1][bf][rt == 4][mt - 1](j->out + (size_t)m * R + r, R, row, rb, j->x + (size_t)m * K, K,

@@ -308,8 +308,35 @@ QD_ATTR QD_INLINE static inline void QD(tile512)(cllm_wfmt f, const unsigned cha
 #define QD_ROWS4 QD(rowsdot)
 #endif
 
-/* The outputs of rows [r0, r1) for tokens [t0, t1): TR x TT tiles, the
- * rows and tokens left over one output at a time. */
+/* Rows [r, r + NR) for tokens [t0, t1): tiles of TT tokens (tile512 where
+ * wide), the tokens left over one output at a time. */
+QD_ATTR QD_INLINE static inline void QD(tiles)(cllm_wfmt f, const mm_job *j, int r, int t0, int t1, const int NR,
+                                     const bool wide) {
+    const int R = j->w->rows, nb = (j->w->cols + QB - 1) / QB;
+    const size_t rb = cllm_wfmt_row_bytes(f, j->w->cols);
+    const unsigned char *W = j->w->data;
+    const int32_t *xc = j->xc;
+    (void)wide; /* no tile512 without QD_512 */
+    int t = t0;
+    for (; t + TT <= t1; t += TT) {
+#ifdef QD_512
+        if (wide) {
+            QD(tile512)(f, W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb,
+                        j->out + (size_t)t * R + r, (size_t)R);
+            continue;
+        }
+#endif
+        QD(tile)(f, W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb, j->out + (size_t)t * R + r,
+                 (size_t)R);
+    }
+    for (; t < t1; t++)
+        for (int i = r; i < r + NR; i++)
+            j->out[(size_t)t * R + i] = QD(rowdot)(f, W + (size_t)i * rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb);
+}
+
+/* The outputs of rows [r0, r1) for tokens [t0, t1): QD(tiles) of QD_T5R
+ * rows on 512-bit registers (the VNNI build), then of TR rows, the rows
+ * left over one output at a time. */
 QD_ATTR QD_INLINE static inline void QD(range)(cllm_wfmt f, const mm_job *j, int r0, int r1, int t0, int t1) {
     const int R = j->w->rows, nb = (j->w->cols + QB - 1) / QB;
     const size_t rb = cllm_wfmt_row_bytes(f, j->w->cols);
@@ -320,25 +347,9 @@ QD_ATTR QD_INLINE static inline void QD(range)(cllm_wfmt f, const mm_job *j, int
     pf_stream pf = pf_open(W + (size_t)r0 * rb, W + (size_t)r1 * rb);
     const bool stream = t1 - t0 < TT;
 #ifdef QD_512
-    for (; r + QD_T5R <= r1 && t1 - t0 >= TT; r += QD_T5R) {
-        int t = t0;
-        for (; t + TT <= t1; t += TT)
-            QD(tile512)(f, W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb,
-                        j->out + (size_t)t * R + r, (size_t)R);
-        for (; t < t1; t++)
-            for (int i = r; i < r + QD_T5R; i++)
-                j->out[(size_t)t * R + i] = QD(rowdot)(f, W + (size_t)i * rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb);
-    }
+    for (; r + QD_T5R <= r1 && !stream; r += QD_T5R) QD(tiles)(f, j, r, t0, t1, QD_T5R, true);
 #endif
-    for (; r + TR <= r1 && t1 - t0 >= TT; r += TR) {
-        int t = t0;
-        for (; t + TT <= t1; t += TT)
-            QD(tile)(f, W + (size_t)r * rb, rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb,
-                     j->out + (size_t)t * R + r, (size_t)R);
-        for (; t < t1; t++)
-            for (int i = r; i < r + TR; i++)
-                j->out[(size_t)t * R + i] = QD(rowdot)(f, W + (size_t)i * rb, j->xq + (size_t)t * nb, QD_XC((size_t)t * nb), nb);
-    }
+    for (; r + TR <= r1 && !stream; r += TR) QD(tiles)(f, j, r, t0, t1, TR, false);
     if (f == CLLM_WFMT_Q4 && t1 - t0 < TT) /* int8 timed slower this way */
         for (; r + QD_RN <= r1; r += QD_RN) {
             pf_ahead(&pf, W + (size_t)r * rb, PF_INT);
