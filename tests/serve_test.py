@@ -16,7 +16,9 @@ template is served on a free port; the test then speaks raw HTTP to it:
   - OpenAI: completions (n, echo, logprobs), chat completions rendered with
     the template, streaming with include_usage and [DONE]
   - continuous batching: 16 concurrent greedy requests return exactly what each
-    returns alone
+    returns alone; the same over a bf16 key/value pool (--kv-cache-dtype bf16,
+    half the pool's bytes), whose answers equal `cllm generate --greedy
+    --kv-cache-dtype bf16`
   - bad input: every validation rule -> 422 (TGI) / 400 (OpenAI) naming the
     field, malformed JSON, invalid UTF-8, 404, 405, 413 (declared and chunked
     bodies), 401 with --api-key, 429 past --max-concurrent-requests
@@ -150,9 +152,9 @@ def make_model(cllm, fixtures, tmp, positions=256, name="model"):
     return d
 
 
-def cli_greedy(cllm, model, prompt, n):
+def cli_greedy(cllm, model, prompt, n, *extra):
     r = subprocess.run([cllm, "generate", "--model", model, "--prompt", prompt, "--max-new-tokens", str(n),
-                        "--greedy", "--output", "ids"], capture_output=True)
+                        "--greedy", "--output", "ids", *extra], capture_output=True)
     check(r.returncode == 0, f"cllm generate: {r.stderr}")
     return [int(t) for t in r.stdout.split()]
 
@@ -493,6 +495,29 @@ def batching_test(port):
               f"request {i} ({p!r}) differs among 16 concurrent ones")
 
 
+def kv_dtype_test(cllm, model):
+    """--kv-cache-dtype bf16 over fp32 weights: the pool line names bf16 at half the bytes of an fp32 pool;
+    greedy requests equal `cllm generate --greedy --kv-cache-dtype bf16`, alone and among 16 concurrent ones."""
+    cfg = json.load(open(os.path.join(model, "config.json")))
+    want_mib = 4096 * 2 * cfg["n_layer"] * cfg["n_embd"] * 2 / 2**20
+    s = Server(cllm, model, "--kv-cache-dtype", "bf16", "--kv-cache-tokens", "4096", "--max-batch-size", "16")
+    try:
+        line = "".join(s.log)
+        m = re.search(r"KV cache pool (\d+) tokens \(([0-9.]+) MiB, (\w+)\)", line)
+        check(m is not None and m.group(3) == "bf16" and abs(float(m.group(2)) - want_mib) < 0.06,
+              f"bf16 pool line (expected {want_mib:.1f} MiB, bf16): {line[-300:]}")
+        for p in PROMPTS[:3]:
+            want = cli_greedy(cllm, model, p, 12, "--kv-cache-dtype", "bf16")
+            st, js, _, _ = req(s.port, "POST", "/generate",
+                               {"inputs": p, "parameters": {"max_new_tokens": 12, "details": True}})
+            got = [t["id"] for t in js["details"]["tokens"]] if st == 200 else js
+            check(st == 200 and got[:len(want)] == want, f"bf16 cache: /generate {got} != cllm generate {want}")
+        batching_test(s.port)
+    finally:
+        rc = s.stop()
+        check(rc == 0, f"bf16-cache server: exit {rc}, log: {''.join(s.log)[-600:]}")
+
+
 def load_test(port, server, n_total):
     """n_total mixed requests, 32 at a time."""
     expect = {p: req(port, "POST", "/generate", {"inputs": p, "parameters": {"max_new_tokens": 12}})[1]["generated_text"]
@@ -683,6 +708,7 @@ def startup_errors(cllm, model):
              (["--kv-cache-tokens", "2000000000"], "--kv-cache-tokens 2000000000 is above the limit"),
              (["--kv-cache-tokens", "-5"], "must be >= 0"),
              (["--host", "not-an-ip"], "--host 'not-an-ip'"),
+             (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype must be auto, fp32 or bf16"),
              (["--no-such-flag"], "--no-such-flag")]
     for extra, want in cases:
         port = [] if "--port" in extra else ["--port", "0"]
@@ -697,8 +723,8 @@ def startup_errors(cllm, model):
     s = Server(cllm, model, "--kv-cache-tokens", "65536")
     try:
         line = "".join(s.log)
-        m = re.search(r"KV cache pool (\d+) tokens \(([0-9.]+) MiB\)", line)
-        check(m is not None and int(m.group(1)) == 65536, f"pool line: {line[-300:]}")
+        m = re.search(r"KV cache pool (\d+) tokens \(([0-9.]+) MiB, (\w+)\)", line)
+        check(m is not None and int(m.group(1)) == 65536 and m.group(3) == "fp32", f"pool line: {line[-300:]}")
         if m:
             rss = s.status_kib("VmRSS") / 1024.0
             check(rss >= float(m.group(2)), f"resident {rss:.1f} MiB < the {m.group(2)} MiB pool at start-up")
@@ -757,6 +783,7 @@ def main():
             check(end <= base * 1.10 + 8192, f"resident memory grew from {base} KiB to {end} KiB over the load test")
         finally:
             check(srv.stop() == 0, "exit code after SIGTERM")
+        kv_dtype_test(a.cllm, model)
         sigterm_test(a.cllm, model)
         second_signal_test(a.cllm, make_model(a.cllm, a.fixtures, tmp, positions=4096, name="model4k"))
         trained_folders(a.cllm, tmp)

@@ -9,7 +9,9 @@
  * from the callback stops where it was cancelled; every block returns to
  * the pool; bad requests are refused with a message. One request asks for
  * top-n alternatives with OpenAI penalties and a logit bias: its events
- * carry the same alternatives as when it runs alone.
+ * carry the same alternatives as when it runs alone. The same again for
+ * fp32 models over a bf16 pool, and a request naming a cache dtype other
+ * than the pool's is refused.
  */
 #include <jansson.h>
 #include <math.h>
@@ -60,7 +62,36 @@ static int on_event(const cllm_engine_event *ev, void *user) {
     return 0;
 }
 
-static void check_engine(const char *name, cllm_arch arch, const char *extra) {
+/* The tokens and log-probabilities of request `gp` on `prompt` run alone. */
+static void run_alone(const char *name, cllm_model *m, const int32_t *prompt, int plen, const cllm_generate_params *gp,
+                      result *want) {
+    cllm_generation *g = NULL;
+    CHECK(cllm_generate_init(&g, m, NULL, gp) == CLLM_OK, "%s: init", name);
+    CHECK(g && cllm_generate_prefill(g, prompt, (size_t)plen) == CLLM_OK, "%s: prefill: %s", name, cllm_last_error());
+    for (;;) {
+        cllm_generate_event ev;
+        if (!g) break;
+        if (cllm_generate_step(g, &ev) != CLLM_OK) {
+            CHECK(0, "%s: step: %s", name, cllm_last_error());
+            break;
+        }
+        if (ev.token >= 0) {
+            want->ntop[want->n] = ev.n_top;
+            for (int k = 0; k < ev.n_top && k < 4; k++) want->top[want->n][k] = ev.top_ids[k];
+            want->tok[want->n] = ev.token;
+            want->lp[want->n++] = ev.logprob;
+        }
+        if (ev.finish) {
+            want->finish = ev.finish;
+            break;
+        }
+    }
+    cllm_generate_free(g);
+}
+
+/* kvd: the engine's pool and every request alone keep keys and values in
+ * this dtype (CLLM_KV_BF16: an fp32 model over a bf16 cache). */
+static void check_engine(const char *name, cllm_arch arch, const char *extra, cllm_kv_dtype kvd) {
     cllm_model *m = tiny_model(arch, extra, 31);
     CHECK(m != NULL, "%s: model", name);
     if (!m) return;
@@ -80,6 +111,7 @@ static void check_engine(const char *name, cllm_arch arch, const char *extra) {
         gp[i].max_new_tokens = max_new[i];
         gp[i].ignore_eos = true;
         gp[i].seed = 100 + (uint64_t)i;
+        gp[i].kv_dtype = kvd;
         if (i % 2) { /* sampled: each request draws from its own seeded sampler */
             gp[i].sample.temperature = 0.8f;
             gp[i].sample.top_k = 20;
@@ -98,29 +130,10 @@ static void check_engine(const char *name, cllm_arch arch, const char *extra) {
     /* each request alone */
     result want[NREQ];
     memset(want, 0, sizeof want);
-    for (int i = 0; i < NREQ; i++) {
-        cllm_generation *g = NULL;
-        CHECK(cllm_generate_init(&g, m, NULL, &gp[i]) == CLLM_OK, "%s: init %d", name, i);
-        CHECK(g && cllm_generate_prefill(g, prompt[i], (size_t)plen[i]) == CLLM_OK, "%s: prefill %d: %s", name, i,
-              cllm_last_error());
-        for (;;) {
-            cllm_generate_event ev;
-            if (!g || cllm_generate_step(g, &ev) != CLLM_OK) break;
-            if (ev.token >= 0) {
-                want[i].ntop[want[i].n] = ev.n_top;
-                for (int k = 0; k < ev.n_top && k < 4; k++) want[i].top[want[i].n][k] = ev.top_ids[k];
-                want[i].tok[want[i].n] = ev.token;
-                want[i].lp[want[i].n++] = ev.logprob;
-            }
-            if (ev.finish) {
-                want[i].finish = ev.finish;
-                break;
-            }
-        }
-        cllm_generate_free(g);
-    }
+    for (int i = 0; i < NREQ; i++) run_alone(name, m, prompt[i], plen[i], &gp[i], &want[i]);
     /* batched: 3 slots, a pool of 6 blocks of 8 positions, 10 tokens per step */
-    cllm_engine_params ep = {.max_seqs = 3, .max_pos = 32, .block_size = 8, .n_blocks = 6, .max_batch_tokens = 10};
+    cllm_engine_params ep = {.max_seqs = 3, .max_pos = 32, .block_size = 8, .n_blocks = 6, .max_batch_tokens = 10,
+                             .kv_dtype = kvd};
     cllm_engine *e = NULL;
     CHECK(cllm_engine_init(&e, m, NULL, &ep) == CLLM_OK, "%s: engine: %s", name, cllm_last_error());
     result got[NREQ];
@@ -172,6 +185,21 @@ static void check_engine(const char *name, cllm_arch arch, const char *extra) {
                   strstr(cllm_last_error(), "32 positions"),
               "%s: prompt over max_pos: %s", name, cllm_last_error());
         CHECK(cllm_engine_submit(e, prompt[0], 0, &gp[0], &id) == CLLM_ERR_ARG, "%s: empty prompt", name);
+        /* a request that names the other cache dtype than the pool's */
+        cllm_generate_params other = gp[1]; /* sampled: its log-probabilities are not all 0 */
+        other.kv_dtype = kvd == CLLM_KV_BF16 ? CLLM_KV_FP32 : CLLM_KV_BF16;
+        CHECK(cllm_engine_submit(e, prompt[0], 3, &other, &id) == CLLM_ERR_ARG && id == 0 &&
+                  strstr(cllm_last_error(), kvd == CLLM_KV_BF16 ? "pool is bf16" : "pool is fp32"),
+              "%s: request for a %s cache: %s", name, cllm_kv_dtype_name(other.kv_dtype), cllm_last_error());
+        if (kvd == CLLM_KV_BF16) {
+            /* the bf16 cache took effect: the fp32 cache gives other log-probabilities */
+            result f32;
+            memset(&f32, 0, sizeof f32);
+            run_alone(name, m, prompt[1], plen[1], &other, &f32);
+            bool differ = false;
+            for (int t = 0; t < f32.n && t < want[1].n; t++) differ |= f32.lp[t] != want[1].lp[t];
+            CHECK(f32.n == want[1].n && differ, "%s: the bf16 cache gives the fp32 cache's log-probabilities", name);
+        }
         /* cancelling a queued request: no event, nothing left */
         CHECK(cllm_engine_submit(e, prompt[1], 4, &gp[1], &id) == CLLM_OK && cllm_engine_cancel(e, id) &&
                   !cllm_engine_cancel(e, id),
@@ -183,7 +211,8 @@ static void check_engine(const char *name, cllm_arch arch, const char *extra) {
      * below the slot count, are refused with messages */
     if (e) {
         cllm_engine *small = NULL;
-        cllm_engine_params sp = {.max_seqs = 2, .max_pos = 32, .block_size = 8, .n_blocks = 2, .max_batch_tokens = 8};
+        cllm_engine_params sp = {.max_seqs = 2, .max_pos = 32, .block_size = 8, .n_blocks = 2, .max_batch_tokens = 8,
+                                 .kv_dtype = kvd};
         CHECK(cllm_engine_init(&small, m, NULL, &sp) == CLLM_OK, "%s: small engine: %s", name, cllm_last_error());
         uint64_t id = 7;
         int32_t p20[20] = {0};
@@ -197,7 +226,7 @@ static void check_engine(const char *name, cllm_arch arch, const char *extra) {
                   strstr(cllm_last_error(), "max_batch_tokens 1 is below max_seqs 2"),
               "%s: token budget below the slots: %s", name, cllm_last_error());
     }
-    printf("%-6s %d requests in %d steps, %llu rows\n", name, NREQ, steps, (unsigned long long)s.forward_rows);
+    printf("%-6s %s cache: %d requests in %d steps, %llu rows\n", name, cllm_kv_dtype_name(kvd), NREQ, steps, (unsigned long long)s.forward_rows);
     cllm_engine_free(e);
     cllm_engine_free(NULL);
     cllm_model_free(m);
@@ -205,12 +234,15 @@ static void check_engine(const char *name, cllm_arch arch, const char *extra) {
 
 int main(void) {
     const char *plain = "{\"initializer_range\": 0.2}";
-    check_engine("gpt2", CLLM_ARCH_GPT2, plain);
-    check_engine("llama", CLLM_ARCH_LLAMA, plain);
-    check_engine("bloom", CLLM_ARCH_BLOOM, plain);
+    check_engine("gpt2", CLLM_ARCH_GPT2, plain, CLLM_KV_AUTO);
+    check_engine("llama", CLLM_ARCH_LLAMA, plain, CLLM_KV_AUTO);
+    check_engine("bloom", CLLM_ARCH_BLOOM, plain, CLLM_KV_AUTO);
+    /* fp32 models over a bf16 pool (cllm serve --kv-cache-dtype bf16) */
+    check_engine("gpt2", CLLM_ARCH_GPT2, plain, CLLM_KV_BF16);
+    check_engine("llama", CLLM_ARCH_LLAMA, plain, CLLM_KV_BF16);
     /* Mixtral: routed rows of several requests in one forward, and a window */
     check_engine("mixtral", CLLM_ARCH_LLAMA,
                  "{\"initializer_range\": 0.2, \"model_type\": \"mixtral\", \"num_local_experts\": 4, "
-                 "\"num_experts_per_tok\": 2, \"sliding_window\": 7}");
+                 "\"num_experts_per_tok\": 2, \"sliding_window\": 7}", CLLM_KV_AUTO);
     return check_summary();
 }

@@ -101,12 +101,20 @@ static void check_bf16_cache(const char *name, cllm_arch arch, const char *extra
     cllm_kv_cache_params p = cllm_kv_cache_params_default();
     p.max_pos = L;
     CHECK(cllm_kv_cache_init_paged(&auto32, m, &p) == CLLM_OK && !cllm_kv_cache_is_bf16(auto32) &&
-              cllm_kv_cache_value_bytes(m) == 4,
+              cllm_kv_cache_value_bytes(m, CLLM_KV_AUTO) == 4,
           "%s: an fp32 model's cache is fp32", name);
     cllm_kv_cache_free(auto32);
+    cllm_kv_dtype d = CLLM_KV_AUTO;
+    CHECK(cllm_kv_cache_value_bytes(m, CLLM_KV_BF16) == 2 && cllm_kv_cache_value_bytes(m, CLLM_KV_FP32) == 4 &&
+              cllm_kv_dtype_parse("bf16", &d) == CLLM_OK && d == CLLM_KV_BF16 &&
+              cllm_kv_dtype_parse("fp32", &d) == CLLM_OK && d == CLLM_KV_FP32 &&
+              cllm_kv_dtype_parse("auto", &d) == CLLM_OK && d == CLLM_KV_AUTO &&
+              cllm_kv_dtype_parse("fp8", &d) == CLLM_ERR_ARG && strstr(cllm_last_error(), "'fp8'") &&
+              !cllm_kv_dtype_name((cllm_kv_dtype)3) && !strcmp(cllm_kv_dtype_name(CLLM_KV_BF16), "bf16"),
+          "%s: dtype bytes, names and parsing", name);
     CHECK(cllm_model_set_weights(m, CLLM_WFMT_BF16) == CLLM_OK, "%s: bf16 weights: %s", name, cllm_last_error());
     CHECK(cllm_kv_cache_init_paged(&kv16, m, &p) == CLLM_OK && cllm_kv_cache_is_bf16(kv16) &&
-              cllm_kv_cache_value_bytes(m) == 2,
+              cllm_kv_cache_value_bytes(m, CLLM_KV_AUTO) == 2,
           "%s: a bf16 model's cache is bf16 by default", name);
     p.kv_dtype = CLLM_KV_FP32;
     CHECK(cllm_kv_cache_init_paged(&kv32, m, &p) == CLLM_OK && !cllm_kv_cache_is_bf16(kv32), "%s: forced fp32", name);

@@ -50,6 +50,8 @@ typedef struct {
     int n_blocks;         /* blocks in the pool (enough for max_seqs sequences of max_pos) */
     int max_batch_tokens; /* new tokens per forward, all sequences together (max(512, max_seqs)) */
     const struct cllm_lora_set *adapters; /* LoRA adapters requests may choose (cllm/lora.h; borrowed), or NULL */
+    cllm_kv_dtype kv_dtype; /* how the pool stores keys and values (CLLM_KV_AUTO: bf16 for weights other than
+                             * fp32, else fp32; cllm_kv_cache_params) */
 } cllm_engine_params;
 
 /* One step's news about one request: the event of its sequence

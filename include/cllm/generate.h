@@ -105,9 +105,17 @@ typedef struct {
 /* max_seqs 1, everything else the defaults above. */
 cllm_kv_cache_params cllm_kv_cache_params_default(void);
 
-/* Bytes of one cached key or value element that CLLM_KV_AUTO gives for m:
- * 2 (bf16) when its weights are not fp32, else 4. */
-size_t cllm_kv_cache_value_bytes(const cllm_model *m);
+/* Bytes of one cached key or value element that a cache of kv_dtype d
+ * stores for m: 2 for CLLM_KV_BF16, 4 for CLLM_KV_FP32; CLLM_KV_AUTO gives
+ * 2 (bf16) when m's weights are not fp32, else 4. */
+size_t cllm_kv_cache_value_bytes(const cllm_model *m, cllm_kv_dtype d);
+
+/* "auto", "fp32", "bf16": the names command lines use (--kv-cache-dtype);
+ * NULL for any other value. */
+const char *cllm_kv_dtype_name(cllm_kv_dtype d);
+/* The dtype named by s (one of the names above); CLLM_ERR_ARG with a
+ * message naming s otherwise. */
+cllm_status cllm_kv_dtype_parse(const char *s, cllm_kv_dtype *out);
 /* Whether the cache stores bf16 keys and values. */
 bool cllm_kv_cache_is_bf16(const cllm_kv_cache *kv);
 
@@ -436,6 +444,12 @@ typedef struct {
                                 * top_n most likely tokens of the raw
                                 * distribution (at most V); TGI top_n_tokens,
                                 * OpenAI top_logprobs */
+    cllm_kv_dtype kv_dtype;    /* [CLLM_KV_AUTO] how the cache that
+                                * cllm_generate_prefill allocates stores
+                                * keys and values (cllm_kv_cache_params).
+                                * A request of an engine runs in the
+                                * engine's pool (cllm_engine_params.kv_dtype):
+                                * there it must be AUTO or the pool's own */
 } cllm_generate_params;
 
 cllm_generate_params cllm_generate_params_default(void);

@@ -29,6 +29,7 @@
 
 #include "cllm/chat_template.h"
 #include "cllm/core.h"
+#include "cllm/generate.h"
 #include "cllm/lora.h"
 #include "cllm/model.h"
 #include "cllm/tokenizer.h"
@@ -55,6 +56,9 @@ typedef struct {
                                   * start-up (resident from then on): a pool asked for that is larger
                                   * than the available memory is refused (CLLM_ERR_NOMEM) */
     int block_size;              /* [16] positions per cache block */
+    cllm_kv_dtype kv_dtype;      /* [CLLM_KV_AUTO: bf16 for bf16 / int8 / q4 weights, fp32 for fp32] how the pool
+                                  * stores keys and values (cllm/generate.h); bf16 halves the pool's bytes and the
+                                  * bytes each decode step reads from it */
     int max_stop_sequences;      /* [4] */
     int max_top_n_tokens;        /* [5] TGI top_n_tokens; OpenAI top_logprobs allows 20 */
     int max_n;                   /* [8] OpenAI n */

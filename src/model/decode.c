@@ -52,6 +52,7 @@ struct cllm_generation {
     size_t n_eos;
     cllm_sampler *smp;
     cllm_kv_cache *kv;  /* from prefill on */
+    cllm_kv_dtype kv_dtype; /* of kv */
     cllm_text_stream *ts;
     float *logits;      /* [V] logits for the next token (NULL: the caller's, external) */
     int32_t *hist;      /* [hist_cap] prompt, then generated ids */
@@ -147,6 +148,9 @@ cllm_status cllm_generate_init(cllm_generation **out, const cllm_model *m, const
     if (p->n_eos && !p->eos_ids) return CLLM_FAIL(CLLM_ERR_ARG, "n_eos is %zu but eos_ids is NULL", p->n_eos);
     if (p->top_n < 0 || p->top_n > CLLM_MAX_TOP_N)
         return CLLM_FAIL(CLLM_ERR_ARG, "top_n is %d; it must be in [0, %d]", p->top_n, CLLM_MAX_TOP_N);
+    if (!cllm_kv_dtype_name(p->kv_dtype))
+        return CLLM_FAIL(CLLM_ERR_ARG, "kv_dtype %d: expected CLLM_KV_AUTO, CLLM_KV_FP32 or CLLM_KV_BF16",
+                         (int)p->kv_dtype);
     cllm_generation *g = calloc(1, sizeof *g);
     if (!g) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     g->m = m;
@@ -155,6 +159,7 @@ cllm_status cllm_generate_init(cllm_generation **out, const cllm_model *m, const
     g->max_new = p->max_new_tokens;
     g->n_top = p->top_n < g->V ? p->top_n : g->V;
     g->ignore_eos = p->ignore_eos;
+    g->kv_dtype = p->kv_dtype;
     g->include_prompt = p->include_prompt && tok;
     g->text = malloc(1);
     cllm_status st = g->text ? CLLM_OK : CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
@@ -290,7 +295,12 @@ cllm_status cllm_generate_prefill(cllm_generation *g, const int32_t *ids, size_t
     int cap = want > (1 << 30) ? 1 << 30 : (int)want;
     if (c->n_ctx > 0 && cap > c->n_ctx) cap = c->n_ctx;
 
-    st = cllm_kv_cache_init(&g->kv, g->m, 1, cap, (int)n);
+    if (n > ((size_t)1 << 28)) return CLLM_FAIL(CLLM_ERR_NOMEM, "cache of 1 x %d positions is too large", cap);
+    cllm_kv_cache_params kp = cllm_kv_cache_params_default();
+    kp.max_pos = cap;
+    kp.max_rows = (int)n;
+    kp.kv_dtype = g->kv_dtype;
+    st = cllm_kv_cache_init_paged(&g->kv, g->m, &kp);
     if (!st) st = prompt_setup(g, ids, n, cap, true);
     if (!st) {
         double t0 = cllm_time_sec();

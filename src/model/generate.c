@@ -291,8 +291,24 @@ void cllm_kv_cache_free(cllm_kv_cache *kv) {
 int cllm_kv_cache_pos(const cllm_kv_cache *kv) { return kv->past[0]; }
 bool cllm_kv_cache_is_bf16(const cllm_kv_cache *kv) { return kv->kv_bf16; }
 
-size_t cllm_kv_cache_value_bytes(const cllm_model *m) {
-    return cllm_model_weights(m) != CLLM_WFMT_FP32 ? sizeof(uint16_t) : sizeof(float);
+size_t cllm_kv_cache_value_bytes(const cllm_model *m, cllm_kv_dtype d) {
+    if (d == CLLM_KV_AUTO) d = cllm_model_weights(m) != CLLM_WFMT_FP32 ? CLLM_KV_BF16 : CLLM_KV_FP32;
+    return d == CLLM_KV_BF16 ? sizeof(uint16_t) : sizeof(float);
+}
+
+static const char *const kv_dtype_names[] = {"auto", "fp32", "bf16"};
+
+const char *cllm_kv_dtype_name(cllm_kv_dtype d) {
+    return (unsigned)d <= CLLM_KV_BF16 ? kv_dtype_names[d] : NULL;
+}
+
+cllm_status cllm_kv_dtype_parse(const char *s, cllm_kv_dtype *out) {
+    for (int d = CLLM_KV_AUTO; d <= CLLM_KV_BF16; d++)
+        if (s && !strcmp(s, kv_dtype_names[d])) {
+            *out = (cllm_kv_dtype)d;
+            return CLLM_OK;
+        }
+    return CLLM_FAIL(CLLM_ERR_ARG, "key/value cache dtype '%s': expected auto, fp32 or bf16", s ? s : "(null)");
 }
 int cllm_kv_cache_capacity(const cllm_kv_cache *kv) { return kv->S; }
 int cllm_kv_cache_max_seqs(const cllm_kv_cache *kv) { return kv->n_seq; }

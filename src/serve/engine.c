@@ -76,6 +76,7 @@ cllm_status cllm_engine_init(cllm_engine **out, const cllm_model *m, const cllm_
     kp.max_rows = e->max_rows;
     if (p->block_size) kp.block_size = p->block_size;
     kp.n_blocks = p->n_blocks;
+    kp.kv_dtype = p->kv_dtype;
     kp.prefault = true; /* the pool resident at start-up: no page faults in a step */
     cllm_status st = e->max_rows < e->max_seqs
                          ? CLLM_FAIL(CLLM_ERR_ARG, "max_batch_tokens %d is below max_seqs %d: every running "
@@ -146,6 +147,11 @@ cllm_status cllm_engine_submit_adapter(cllm_engine *e, const int32_t *ids, size_
     if (n > (size_t)e->max_pos)
         return CLLM_FAIL(CLLM_ERR_ARG, "the prompt has %zu tokens; a sequence holds at most %d positions", n,
                          e->max_pos);
+    const cllm_kv_dtype pool = cllm_kv_cache_is_bf16(e->kv) ? CLLM_KV_BF16 : CLLM_KV_FP32;
+    if (p->kv_dtype != CLLM_KV_AUTO && p->kv_dtype != pool)
+        return CLLM_FAIL(CLLM_ERR_ARG, "the request asks for a %s key/value cache; the engine's pool is %s",
+                         cllm_kv_dtype_name(p->kv_dtype) ? cllm_kv_dtype_name(p->kv_dtype) : "(invalid)",
+                         cllm_kv_dtype_name(pool));
     request *r = calloc(1, sizeof *r);
     if (!r) return CLLM_FAIL(CLLM_ERR_NOMEM, "out of memory");
     int pos = positions(e, n, p->max_new_tokens);

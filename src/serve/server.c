@@ -407,10 +407,10 @@ static void on_log(void *cls, const char *fmt, va_list ap) {
 
 /* Bytes of pool one cached position takes: keys and values of every layer
  * (over a tensor part, of its own heads). */
-static size_t pool_token_bytes(const cllm_model *m) {
+static size_t pool_token_bytes(const cllm_model *m, cllm_kv_dtype d) {
     const cllm_model_config *c = cllm_model_get_config(m);
     const int kvh = c->n_kv_head > 0 ? c->n_kv_head : c->n_head;
-    return 2 * (size_t)c->n_layer * (size_t)kvh * (size_t)c->head_dim * cllm_kv_cache_value_bytes(m);
+    return 2 * (size_t)c->n_layer * (size_t)kvh * (size_t)c->head_dim * cllm_kv_cache_value_bytes(m, d);
 }
 
 cllm_status cllm_server_fit_pool(cllm_server_params *q, size_t per_token, size_t avail, bool by_default) {
@@ -461,6 +461,8 @@ cllm_status cllm_server_init(cllm_server **out, cllm_model *m, const cllm_tokeni
              q->block_size < 0 || q->max_stop_sequences < 0 || q->max_top_n_tokens < 0 || q->max_n < 0 ||
              q->timeout_s < 0 || q->drain_s < 0)
         st = CLLM_FAIL(CLLM_ERR_ARG, "server limits must be >= 0 (0 = default)");
+    else if (!cllm_kv_dtype_name(q->kv_dtype))
+        st = CLLM_FAIL(CLLM_ERR_ARG, "kv_dtype %d: expected CLLM_KV_AUTO, CLLM_KV_FP32 or CLLM_KV_BF16", (int)q->kv_dtype);
     if (st) goto fail;
     if (!q->max_concurrent_requests) q->max_concurrent_requests = 128;
     if (!q->max_batch_size) q->max_batch_size = 16;
@@ -506,7 +508,7 @@ cllm_status cllm_server_init(cllm_server **out, cllm_model *m, const cllm_tokeni
         if (t < q->max_total_tokens) t = q->max_total_tokens;
         q->kv_cache_tokens = (int)t;
     }
-    if ((st = cllm_server_fit_pool(q, pool_token_bytes(m), cllm_mem_available(), p->kv_cache_tokens == 0)))
+    if ((st = cllm_server_fit_pool(q, pool_token_bytes(m, q->kv_dtype), cllm_mem_available(), p->kv_cache_tokens == 0)))
         goto fail;
     if (!q->max_batch_prefill_tokens) q->max_batch_prefill_tokens = 512;
     if (q->max_batch_prefill_tokens < q->max_batch_size) q->max_batch_prefill_tokens = q->max_batch_size;
@@ -527,7 +529,8 @@ cllm_status cllm_server_init(cllm_server **out, cllm_model *m, const cllm_tokeni
                              .block_size = q->block_size,
                              .n_blocks = (q->kv_cache_tokens + q->block_size - 1) / q->block_size,
                              .max_batch_tokens = q->max_batch_prefill_tokens,
-                             .adapters = q->adapters};
+                             .adapters = q->adapters,
+                             .kv_dtype = q->kv_dtype};
     size_t na = 1 + (size_t)cllm_lora_set_count(q->adapters);
     s->met.adapter_req = calloc(na, sizeof *s->met.adapter_req);
     s->met.adapter_tokens = calloc(na, sizeof *s->met.adapter_tokens);
@@ -552,7 +555,7 @@ fail:
 void cllm_server_pool(const cllm_server *s, int *tokens, size_t *bytes) {
     int blocks = (s->p.kv_cache_tokens + s->p.block_size - 1) / s->p.block_size;
     if (tokens) *tokens = blocks * s->p.block_size;
-    if (bytes) *bytes = (size_t)blocks * (size_t)s->p.block_size * pool_token_bytes(s->m);
+    if (bytes) *bytes = (size_t)blocks * (size_t)s->p.block_size * pool_token_bytes(s->m, s->p.kv_dtype);
 }
 
 cllm_status cllm_server_start(cllm_server *s) {

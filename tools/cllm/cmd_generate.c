@@ -106,7 +106,8 @@ static bool write_out(const char *s, size_t n) {
 }
 
 int cmd_generate(int argc, char **argv) {
-    const char *model_dir, *tok_dir, *prompt, *prompt_ids, *output, *weights, *adapter;
+    const char *model_dir, *tok_dir, *prompt, *prompt_ids, *output, *weights, *adapter, *kv_dtype_s;
+    cllm_kv_dtype kv_dtype = CLLM_KV_AUTO;
     int max_new, top_k, top_n, tensor;
     double temperature, top_p, rep, typical_p, freq_pen, pres_pen;
     long long seed;
@@ -122,6 +123,9 @@ int cmd_generate(int argc, char **argv) {
         {"tokenizer", ARG_STR, &tok_dir, NULL, false, "folder with tokenizer.json (default: the model folder)"},
         {"weights", ARG_STR, &weights, NULL, false, "fp32, bf16, int8 (Q8_0 blocks) or q4 (Q4_0 blocks) weights (default: as stored)"},
         {"max-new-tokens", ARG_INT, &max_new, "64", false, "stop after this many generated tokens"},
+        {"kv-cache-dtype", ARG_STR, &kv_dtype_s, "auto", false,
+         "how the KV cache stores keys and values: fp32, bf16, or auto (bf16 for bf16 / int8 / q4 weights, fp32 "
+         "for fp32)"},
         {"temperature", ARG_F64, &temperature, "1.0", false, "divide logits by this; 0 = greedy"},
         {"top-k", ARG_INT, &top_k, "0", false, "sample among the k most likely tokens; 0 = all"},
         {"top-p", ARG_F64, &top_p, "1.0", false, "nucleus sampling: smallest set with probability >= p; 1 = off"},
@@ -164,6 +168,7 @@ int cmd_generate(int argc, char **argv) {
     else if (top_n < 0 || top_n > CLLM_MAX_TOP_N) usage_err = "--top-n must be in [0, 20]";
     else if (strcmp(output, "auto") && strcmp(output, "text") && strcmp(output, "ids"))
         usage_err = "--output must be text, ids or auto";
+    else if (cllm_kv_dtype_parse(kv_dtype_s, &kv_dtype)) usage_err = "--kv-cache-dtype must be auto, fp32 or bf16";
     for (int i = 0; !usage_err && i < stops.n; i++)
         if (!stops.items[i][0]) usage_err = "--stop strings must not be empty";
     int32_t *bias_ids = NULL;
@@ -263,6 +268,7 @@ int cmd_generate(int argc, char **argv) {
                                      .presence_penalty = (float)pres_pen, .bias_ids = bias_ids,
                                      .bias_values = bias_vals, .n_bias = (size_t)bias.n};
     gp.top_n = top_n;
+    gp.kv_dtype = kv_dtype;
     gp.seed = (uint64_t)seed;
     gp.stop = (const char *const *)stops.items;
     gp.n_stop = (size_t)stops.n;

@@ -5,7 +5,8 @@
  *   cllm serve --model DIR [--tokenizer DIR] [--host 127.0.0.1] [--port 8080]
  *              [--model-id NAME] [--max-concurrent-requests 128]
  *              [--max-batch-size N] [--max-input-tokens N] [--max-total-tokens N]
- *              [--kv-cache-tokens N] [--api-key KEY] [--threads N]
+ *              [--kv-cache-tokens N] [--kv-cache-dtype auto|fp32|bf16]
+ *              [--api-key KEY] [--threads N]
  *              [--weights fp32|bf16|int8|q4] [--lora-adapters NAME=DIR,...]
  *
  * DIR is an HF folder, a checkpoint folder (either format) or a run folder
@@ -100,7 +101,7 @@ static int load_adapters(cllm_lora_set *set, const arg_list *l) {
 
 int cmd_serve(int argc, char **argv) {
     if (tool_signals_start()) return 1; /* before any thread exists */
-    const char *model_dir, *tok_dir, *host, *model_id, *api_key, *wfmt;
+    const char *model_dir, *tok_dir, *host, *model_id, *api_key, *wfmt, *kv_dtype_s;
     int port, max_conc, max_batch, max_prefill, max_in, max_total, kv_tokens, threads, drain, timeout, tensor;
     long long max_body;
     arg_list lora = {0};
@@ -120,6 +121,9 @@ int cmd_serve(int argc, char **argv) {
          "prompt + generated tokens per request (0: the model's position limit)"},
         {"kv-cache-tokens", ARG_INT, &kv_tokens, "0", false,
          "positions in the shared KV cache pool, resident from start-up (0: max-batch-size x max-total-tokens, at most 65536 and half the available memory)"},
+        {"kv-cache-dtype", ARG_STR, &kv_dtype_s, "auto", false,
+         "how the pool stores keys and values: fp32, bf16 (half the bytes), or auto (bf16 for bf16 / int8 / q4 "
+         "weights, fp32 for fp32)"},
         {"api-key", ARG_STR, &api_key, NULL, false, "require 'Authorization: Bearer KEY' on every route but /health"},
         {"threads", ARG_INT, &threads, "0", false, "compute threads (0: OpenMP's default)"},
         {"max-body-bytes", ARG_I64, &max_body, "1048576", false, "larger request bodies get 413"},
@@ -138,7 +142,9 @@ int cmd_serve(int argc, char **argv) {
         return rc == 1 ? 0 : 2;
     }
     const char *usage = NULL;
-    if (port < 0 || port > 65535) usage = "--port must be in [0, 65535]";
+    cllm_kv_dtype kv_dtype = CLLM_KV_AUTO;
+    if (cllm_kv_dtype_parse(kv_dtype_s, &kv_dtype)) usage = "--kv-cache-dtype must be auto, fp32 or bf16";
+    else if (port < 0 || port > 65535) usage = "--port must be in [0, 65535]";
     else if (max_conc < 1) usage = "--max-concurrent-requests must be >= 1";
     else if (max_batch < 1) usage = "--max-batch-size must be >= 1";
     else if (max_prefill < 1) usage = "--max-batch-prefill-tokens must be >= 1";
@@ -206,6 +212,7 @@ int cmd_serve(int argc, char **argv) {
                              .max_input_tokens = max_in,
                              .max_total_tokens = max_total,
                              .kv_cache_tokens = kv_tokens,
+                             .kv_dtype = kv_dtype,
                              .max_body_bytes = (size_t)max_body,
                              .timeout_s = timeout,
                              .drain_s = drain,
@@ -230,16 +237,17 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "cllm serve: %d tensor-parallel ranks; per rank %.1f MiB of weights and %.1f MiB of KV cache\n",
                 tensor, (double)cllm_model_held_bytes(m) / (1 << 20), (double)pool_bytes / (1 << 20));
     const char *shown_host = strchr(host, ':') ? NULL : host;
+    const char *pool_dtype = cllm_kv_cache_value_bytes(m, kv_dtype) == 2 ? "bf16" : "fp32";
     fprintf(stderr, "cllm serve: %s weights, %.1f MiB read per decode step\n", cllm_wfmt_name(cllm_model_weights(m)),
             (double)cllm_model_weight_bytes(m) / (1 << 20));
     if (shown_host)
-        fprintf(stderr, "cllm serve: %s: KV cache pool %d tokens (%.1f MiB)%s; listening on http://%s:%d\n",
-                sp.model_id, pool_tokens, (double)pool_bytes / (1 << 20), tmpl ? ", chat template" : "", host,
+        fprintf(stderr, "cllm serve: %s: KV cache pool %d tokens (%.1f MiB, %s)%s; listening on http://%s:%d\n",
+                sp.model_id, pool_tokens, (double)pool_bytes / (1 << 20), pool_dtype, tmpl ? ", chat template" : "", host,
                 cllm_server_port(srv));
     else
-        fprintf(stderr, "cllm serve: %s: KV cache pool %d tokens (%.1f MiB)%s; listening on http://[%s]:%d\n",
-                sp.model_id, pool_tokens, (double)pool_bytes / (1 << 20), tmpl ? ", chat template" : "", host,
-                cllm_server_port(srv));
+        fprintf(stderr, "cllm serve: %s: KV cache pool %d tokens (%.1f MiB, %s)%s; listening on http://[%s]:%d\n",
+                sp.model_id, pool_tokens, (double)pool_bytes / (1 << 20), pool_dtype, tmpl ? ", chat template" : "",
+                host, cllm_server_port(srv));
     fflush(stderr);
     while (sem_wait(&g_stop_sem) != 0) {
     }
