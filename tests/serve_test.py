@@ -246,7 +246,8 @@ def tgi_tests(cllm, model, port):
     # ---- info, health, models, metrics
     st, info, _, _ = req(port, "GET", "/info")
     check(st == 200 and info["model_id"] == "tiny" and info["max_total_tokens"] == 256 and
-          info["max_input_tokens"] == 255 and info["max_concurrent_requests"] == 6, f"/info {info}")
+          info["max_input_tokens"] == 255 and info["max_concurrent_requests"] == 6 and
+          info.get("kv_cache_dtype") == "fp32", f"/info {info}")
     check(req(port, "GET", "/health")[0] == 200, "/health")
     st, ms, _, _ = req(port, "GET", "/v1/models")
     check(st == 200 and ms["data"][0]["id"] == "tiny", f"/v1/models {ms}")
@@ -512,6 +513,10 @@ def kv_dtype_test(cllm, model):
                                {"inputs": p, "parameters": {"max_new_tokens": 12, "details": True}})
             got = [t["id"] for t in js["details"]["tokens"]] if st == 200 else js
             check(st == 200 and got[:len(want)] == want, f"bf16 cache: /generate {got} != cllm generate {want}")
+        st, info, _, _ = req(s.port, "GET", "/info")
+        check(st == 200 and info.get("kv_cache_dtype") == "bf16" and
+              info.get("rank_kv_cache_bytes") == 4096 * 2 * cfg["n_layer"] * cfg["n_embd"] * 2,
+              f"bf16 pool in /info: {info}")
         batching_test(s.port)
     finally:
         rc = s.stop()
