@@ -40,6 +40,13 @@ thread count on the scheduler thread that runs the model.
 --perf runs `perf record -g` on the server during one extra single-stream
 request and prints the top symbols, so that a shortfall can be attributed.
 
+--kv-dtypes fp32,bf16 measures the key/value pool's dtype instead (no
+torch): for each round and each dtype in turn (A B A B ...) a fresh server
+with --kv-cache-dtype D serves --kv-clients streaming clients (prompts of
+about --prompt-tokens tokens, --new-tokens new ones, --requests-per-client
+each); medians of the aggregate tokens/s, and each dtype's ratio to the
+first.
+
 --lora N measures LoRA serving instead (no torch): N PEFT adapters of rank
 --lora-r on every linear layer (random A and B written here) served with
 `--lora-adapters`, then --lora-clients streaming clients in three modes,
@@ -445,6 +452,37 @@ def lora_bench(a, model, tmp, extra, fit):
         print("| %s | %.1f | %.2fx | %.1f | %.1f |" % (m, med(v), med(v) / base, min(v), max(v)))
 
 
+def kv_dtype_bench(a, model, extra, fit):
+    dtypes = a.kv_dtypes.split(",")
+    tps = {d: [] for d in dtypes}
+    load0 = os.getloadavg()
+    for r in range(a.rounds):
+        for d in (dtypes if r % 2 == 0 else dtypes[::-1]):
+            srv = Server(a.cllm, model, a.threads, extra + ["--kv-cache-dtype", d], a.server_omp_env)
+            try:
+                prompt, ids = fit((BASE_PROMPT + " ") * (1 + a.prompt_tokens // 20), srv)
+                concurrency(a, srv, lambda ci, rq: prompt, levels=[1], quiet=True)  # warm-up
+                row = concurrency(a, srv, lambda ci, rq: "%d. %s" % (ci * 10 + rq, prompt), levels=[a.kv_clients],
+                                  quiet=True)[0]
+            finally:
+                srv.stop()
+            tps[d].append(row["tps"])
+            print("  round %d %-5s: %d requests, %d tokens in %.1f s = %.1f tok/s (prompt %d tokens)%s" % (
+                r + 1, d, row["requests"], row["tokens"], row["wall"], row["tps"], len(ids),
+                "  ERRORS: %s" % row["errors"][:2] if row["errors"] else ""), flush=True)
+    load1 = os.getloadavg()
+    print("\n" + machine.header(a.cllm))
+    print("\nkey/value pool dtype: %d streaming clients, prompts of about %d tokens, %d new tokens, %d request(s) "
+          "per client, %d thread(s); medians of %d interleaved rounds; load average %.1f -> %.1f" % (
+              a.kv_clients, a.prompt_tokens, a.new_tokens, a.requests_per_client, a.threads, a.rounds, load0[0],
+              load1[0]))
+    print("| --kv-cache-dtype | aggregate tok/s | vs %s | min | max |" % dtypes[0])
+    print("|---|---:|---:|---:|---:|")
+    base = med(tps[dtypes[0]])
+    for d, v in tps.items():
+        print("| %s | %.1f | %.2fx | %.1f | %.1f |" % (d, med(v), med(v) / base, min(v), max(v)))
+
+
 def perf_profile(a, srv, prompt, outdir):
     data = os.path.join(outdir, "perf.data")
     p = subprocess.Popen(["perf", "record", "-g", "-F", "999", "-o", data, "-p", str(srv.p.pid)],
@@ -484,6 +522,8 @@ def main():
     ap.add_argument("--server-omp-env", action=argparse.BooleanOptionalAction, default=True,
                     help="also set OMP_NUM_THREADS=N for the server (default); without it only --threads N")
     ap.add_argument("--workdir", help="keep the model here (default: a temporary folder)")
+    ap.add_argument("--kv-dtypes", help="compare these --kv-cache-dtype values, e.g. fp32,bf16 (see above)")
+    ap.add_argument("--kv-clients", type=int, default=16)
     ap.add_argument("--lora", type=int, default=0, help="measure N LoRA adapters served at once instead (see above)")
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--lora-clients", type=int, default=16)
@@ -508,6 +548,11 @@ def main():
         cut = text[:pieces[:a.prompt_tokens][-1]["stop"]]
         return cut, [p["id"] for p in post_json(srv.port, "/tokenize", {"inputs": cut})]
 
+    if a.kv_dtypes:
+        kv_dtype_bench(a, model, extra, fit)
+        if not a.workdir:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     if a.lora:
         lora_bench(a, model, tmp, extra, fit)
         if not a.workdir:

@@ -91,7 +91,10 @@ static void check_cache(const char *name, cllm_arch arch, const char *extra, int
  * model does not); its logits, prompt and decode steps, stay within 2% of
  * the largest logit of the same model over a forced fp32 cache (measured
  * at most 0.7%: gpt2 0.47%, llama 0.69%, bloom 0.40%), and differ from them (the values really are rounded). */
-static void check_bf16_cache(const char *name, cllm_arch arch, const char *extra) {
+/* bf16_weights: the model's weights in bf16 and its default (bf16) cache;
+ * else fp32 weights over a cache forced to bf16 (--kv-cache-dtype bf16).
+ * Either against a forced fp32 cache. */
+static void check_bf16_cache(const char *name, cllm_arch arch, const char *extra, bool bf16_weights) {
     enum { L = 14, PROMPT = 6 };
     cllm_model *m = tiny_model(arch, extra, 13);
     CHECK(m != NULL, "%s: model", name);
@@ -112,10 +115,16 @@ static void check_bf16_cache(const char *name, cllm_arch arch, const char *extra
               cllm_kv_dtype_parse("fp8", &d) == CLLM_ERR_ARG && strstr(cllm_last_error(), "'fp8'") &&
               !cllm_kv_dtype_name((cllm_kv_dtype)3) && !strcmp(cllm_kv_dtype_name(CLLM_KV_BF16), "bf16"),
           "%s: dtype bytes, names and parsing", name);
-    CHECK(cllm_model_set_weights(m, CLLM_WFMT_BF16) == CLLM_OK, "%s: bf16 weights: %s", name, cllm_last_error());
-    CHECK(cllm_kv_cache_init_paged(&kv16, m, &p) == CLLM_OK && cllm_kv_cache_is_bf16(kv16) &&
-              cllm_kv_cache_value_bytes(m, CLLM_KV_AUTO) == 2,
-          "%s: a bf16 model's cache is bf16 by default", name);
+    if (bf16_weights) {
+        CHECK(cllm_model_set_weights(m, CLLM_WFMT_BF16) == CLLM_OK, "%s: bf16 weights: %s", name, cllm_last_error());
+        CHECK(cllm_kv_cache_init_paged(&kv16, m, &p) == CLLM_OK && cllm_kv_cache_is_bf16(kv16) &&
+                  cllm_kv_cache_value_bytes(m, CLLM_KV_AUTO) == 2,
+              "%s: a bf16 model's cache is bf16 by default", name);
+    } else {
+        p.kv_dtype = CLLM_KV_BF16;
+        CHECK(cllm_kv_cache_init_paged(&kv16, m, &p) == CLLM_OK && cllm_kv_cache_is_bf16(kv16),
+              "%s: a bf16 cache forced over fp32 weights", name);
+    }
     p.kv_dtype = CLLM_KV_FP32;
     CHECK(cllm_kv_cache_init_paged(&kv32, m, &p) == CLLM_OK && !cllm_kv_cache_is_bf16(kv32), "%s: forced fp32", name);
     p.kv_dtype = (cllm_kv_dtype)7;
@@ -135,7 +144,8 @@ static void check_bf16_cache(const char *name, cllm_arch arch, const char *extra
     }
     CHECK(worst <= 0.02 && worst > 0, "%s: bf16 cache logits differ from the fp32 cache's by %.3g (relative)", name,
           worst);
-    printf("%-28s bf16 cache vs fp32 cache: max relative logit difference %.2e\n", name, worst);
+    printf("%-28s %s weights, bf16 cache vs fp32 cache: max relative logit difference %.2e\n", name,
+           bf16_weights ? "bf16" : "fp32", worst);
     free(a);
     free(b);
     cllm_kv_cache_free(kv16);
@@ -677,9 +687,12 @@ int main(int argc, char **argv) {
     check_ragged("llama GQA 4/2", CLLM_ARCH_LLAMA, "{\"initializer_range\": 0.2}");
     check_ragged("bloom", CLLM_ARCH_BLOOM, "{\"initializer_range\": 0.2}");
     test_cache_errors();
-    check_bf16_cache("gpt2", CLLM_ARCH_GPT2, "{\"initializer_range\": 0.2}");
-    check_bf16_cache("llama GQA 4/2", CLLM_ARCH_LLAMA, "{\"initializer_range\": 0.2}");
-    check_bf16_cache("bloom", CLLM_ARCH_BLOOM, "{\"initializer_range\": 0.2}");
+    check_bf16_cache("gpt2", CLLM_ARCH_GPT2, "{\"initializer_range\": 0.2}", true);
+    check_bf16_cache("gpt2", CLLM_ARCH_GPT2, "{\"initializer_range\": 0.2}", false);
+    check_bf16_cache("llama GQA 4/2", CLLM_ARCH_LLAMA, "{\"initializer_range\": 0.2}", true);
+    check_bf16_cache("llama GQA 4/2", CLLM_ARCH_LLAMA, "{\"initializer_range\": 0.2}", false);
+    check_bf16_cache("bloom", CLLM_ARCH_BLOOM, "{\"initializer_range\": 0.2}", true);
+    check_bf16_cache("bloom", CLLM_ARCH_BLOOM, "{\"initializer_range\": 0.2}", false);
     test_attention_kernel();
     test_sampler_probs();
     test_sampler_draws();
