@@ -295,12 +295,13 @@ cllm_status cllm_generate_prefill(cllm_generation *g, const int32_t *ids, size_t
     int cap = want > (1 << 30) ? 1 << 30 : (int)want;
     if (c->n_ctx > 0 && cap > c->n_ctx) cap = c->n_ctx;
 
-    if (n > ((size_t)1 << 28)) return CLLM_FAIL(CLLM_ERR_NOMEM, "cache of 1 x %d positions is too large", cap);
+    /* one sequence of cap positions, the whole prompt in one call */
     cllm_kv_cache_params kp = cllm_kv_cache_params_default();
     kp.max_pos = cap;
     kp.max_rows = (int)n;
     kp.kv_dtype = g->kv_dtype;
-    st = cllm_kv_cache_init_paged(&g->kv, g->m, &kp);
+    st = n > ((size_t)1 << 28) ? CLLM_FAIL(CLLM_ERR_NOMEM, "cache of 1 x %d positions is too large", cap)
+                               : cllm_kv_cache_init_paged(&g->kv, g->m, &kp);
     if (!st) st = prompt_setup(g, ids, n, cap, true);
     if (!st) {
         double t0 = cllm_time_sec();
