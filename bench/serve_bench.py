@@ -42,10 +42,11 @@ request and prints the top symbols, so that a shortfall can be attributed.
 
 --kv-dtypes fp32,bf16 measures the key/value pool's dtype instead (no
 torch): for each round and each dtype in turn (A B A B ...) a fresh server
-with --kv-cache-dtype D serves --kv-clients streaming clients (prompts of
-about --prompt-tokens tokens, --new-tokens new ones, --requests-per-client
-each); medians of the aggregate tokens/s, and each dtype's ratio to the
-first.
+with --kv-cache-dtype D serves one client (the requests one by one), then
+--kv-clients streaming clients (prompts of about --prompt-tokens tokens,
+--new-tokens new ones, --requests-per-client each); medians of the
+aggregate tokens/s, each dtype's ratio to the first, and the many-client
+rate over the one-client rate of the same dtype.
 
 --lora N measures LoRA serving instead (no torch): N PEFT adapters of rank
 --lora-r on every linear layer (random A and B written here) served with
@@ -455,6 +456,7 @@ def lora_bench(a, model, tmp, extra, fit):
 def kv_dtype_bench(a, model, extra, fit):
     dtypes = a.kv_dtypes.split(",")
     tps = {d: [] for d in dtypes}
+    one = {d: [] for d in dtypes}
     load0 = os.getloadavg()
     for r in range(a.rounds):
         for d in (dtypes if r % 2 == 0 else dtypes[::-1]):
@@ -462,25 +464,30 @@ def kv_dtype_bench(a, model, extra, fit):
             try:
                 prompt, ids = fit((BASE_PROMPT + " ") * (1 + a.prompt_tokens // 20), srv)
                 concurrency(a, srv, lambda ci, rq: prompt, levels=[1], quiet=True)  # warm-up
-                row = concurrency(a, srv, lambda ci, rq: "%d. %s" % (ci * 10 + rq, prompt), levels=[a.kv_clients],
-                                  quiet=True)[0]
+                solo, row = concurrency(a, srv, lambda ci, rq: "%d. %s" % (ci * 10 + rq, prompt),
+                                        levels=[1, a.kv_clients], quiet=True)
             finally:
                 srv.stop()
             tps[d].append(row["tps"])
-            print("  round %d %-5s: %d requests, %d tokens in %.1f s = %.1f tok/s (prompt %d tokens)%s" % (
-                r + 1, d, row["requests"], row["tokens"], row["wall"], row["tps"], len(ids),
-                "  ERRORS: %s" % row["errors"][:2] if row["errors"] else ""), flush=True)
+            one[d].append(solo["tps"])
+            errors = solo["errors"] + row["errors"]
+            print("  round %d %-5s: 1 client %.1f tok/s; %d clients: %d requests, %d tokens in %.1f s = %.1f tok/s "
+                  "(prompt %d tokens)%s" % (r + 1, d, solo["tps"], a.kv_clients, row["requests"], row["tokens"],
+                                            row["wall"], row["tps"], len(ids),
+                                            "  ERRORS: %s" % errors[:2] if errors else ""), flush=True)
     load1 = os.getloadavg()
     print("\n" + machine.header(a.cllm))
     print("\nkey/value pool dtype: %d streaming clients, prompts of about %d tokens, %d new tokens, %d request(s) "
           "per client, %d thread(s); medians of %d interleaved rounds; load average %.1f -> %.1f" % (
               a.kv_clients, a.prompt_tokens, a.new_tokens, a.requests_per_client, a.threads, a.rounds, load0[0],
               load1[0]))
-    print("| --kv-cache-dtype | aggregate tok/s | vs %s | min | max |" % dtypes[0])
-    print("|---|---:|---:|---:|---:|")
+    print("| --kv-cache-dtype | 1 client tok/s | %d clients tok/s | vs %s | min | max | %d clients / 1 |" % (
+        a.kv_clients, dtypes[0], a.kv_clients))
+    print("|---|---:|---:|---:|---:|---:|---:|")
     base = med(tps[dtypes[0]])
     for d, v in tps.items():
-        print("| %s | %.1f | %.2fx | %.1f | %.1f |" % (d, med(v), med(v) / base, min(v), max(v)))
+        print("| %s | %.1f | %.1f | %.2fx | %.1f | %.1f | %.2fx |" % (d, med(one[d]), med(v), med(v) / base, min(v),
+                                                                     max(v), med(v) / med(one[d])))
 
 
 def perf_profile(a, srv, prompt, outdir):
