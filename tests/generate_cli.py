@@ -135,6 +135,7 @@ def main():
             ["--model", m, "--prompt-ids", "1", "--max-new-tokens", "-1"],
             ["--model", m, "--prompt-ids", "1", "--max-new-tokens", "12x"],
             ["--model", m, "--prompt-ids", "1", "--output", "json"],
+            ["--model", m, "--prompt-ids", "1", "--kv-cache-dtype", "fp8"],
             ["--model", m, "--prompt-ids", "1", "--bogus"],
         ]
         for a in usage:

@@ -105,9 +105,11 @@ typedef struct {
 /* max_seqs 1, everything else the defaults above. */
 cllm_kv_cache_params cllm_kv_cache_params_default(void);
 
-/* Bytes of one cached key or value element that a cache of kv_dtype d
- * stores for m: 2 for CLLM_KV_BF16, 4 for CLLM_KV_FP32; CLLM_KV_AUTO gives
- * 2 (bf16) when m's weights are not fp32, else 4. */
+/* What a cache asked for kv_dtype d stores for m: d itself, or for
+ * CLLM_KV_AUTO CLLM_KV_BF16 when m's weights are not fp32, else
+ * CLLM_KV_FP32. */
+cllm_kv_dtype cllm_kv_cache_dtype_for(const cllm_model *m, cllm_kv_dtype d);
+/* Bytes of one cached key or value element of that dtype: 2 (bf16) or 4. */
 size_t cllm_kv_cache_value_bytes(const cllm_model *m, cllm_kv_dtype d);
 
 /* "auto", "fp32", "bf16": the names command lines use (--kv-cache-dtype);

@@ -187,7 +187,7 @@ cllm_status cllm_kv_cache_init_paged(cllm_kv_cache **out, const cllm_model *m, c
     kv->call_table = malloc(table_len * sizeof *kv->call_table);
     kv->n_lock = malloc(ns * sizeof *kv->n_lock);
     kv->free_list = malloc(n_blocks * sizeof *kv->free_list);
-    kv->kv_bf16 = p->kv_dtype == CLLM_KV_BF16 || (p->kv_dtype == CLLM_KV_AUTO && cllm_model_weights(m) != CLLM_WFMT_FP32);
+    kv->kv_bf16 = cllm_kv_cache_dtype_for(m, p->kv_dtype) == CLLM_KV_BF16;
     const size_t vb = kv->kv_bf16 ? sizeof(uint16_t) : sizeof(float);
     if (p->prefault) { /* every page written now: resident before the first step */
         kv->kc = cllm_calloc_huge(kv_floats, vb, "key cache");
@@ -291,9 +291,13 @@ void cllm_kv_cache_free(cllm_kv_cache *kv) {
 int cllm_kv_cache_pos(const cllm_kv_cache *kv) { return kv->past[0]; }
 bool cllm_kv_cache_is_bf16(const cllm_kv_cache *kv) { return kv->kv_bf16; }
 
+cllm_kv_dtype cllm_kv_cache_dtype_for(const cllm_model *m, cllm_kv_dtype d) {
+    if (d != CLLM_KV_AUTO) return d;
+    return cllm_model_weights(m) != CLLM_WFMT_FP32 ? CLLM_KV_BF16 : CLLM_KV_FP32;
+}
+
 size_t cllm_kv_cache_value_bytes(const cllm_model *m, cllm_kv_dtype d) {
-    if (d == CLLM_KV_AUTO) d = cllm_model_weights(m) != CLLM_WFMT_FP32 ? CLLM_KV_BF16 : CLLM_KV_FP32;
-    return d == CLLM_KV_BF16 ? sizeof(uint16_t) : sizeof(float);
+    return cllm_kv_cache_dtype_for(m, d) == CLLM_KV_BF16 ? sizeof(uint16_t) : sizeof(float);
 }
 
 static const char *const kv_dtype_names[] = {"auto", "fp32", "bf16"};

@@ -240,7 +240,7 @@ enum MHD_Result srv_tgi_info(cllm_server *s, struct MHD_Connection *c) {
         json_object_set_new(j, "rank_weight_bytes", json_integer((json_int_t)cllm_model_held_bytes(s->m)));
         json_object_set_new(j, "rank_kv_cache_bytes", json_integer((json_int_t)pool_bytes));
         json_object_set_new(j, "kv_cache_dtype",
-                            json_string(cllm_kv_cache_value_bytes(s->m, s->p.kv_dtype) == 2 ? "bf16" : "fp32"));
+                            json_string(cllm_kv_dtype_name(cllm_kv_cache_dtype_for(s->m, s->p.kv_dtype))));
         json_t *ad = json_array(); /* LoRA adapters: what a request's adapter_id may name */
         for (int i = 0; i < cllm_lora_set_count(s->p.adapters); i++) {
             const cllm_lora_config *lc = cllm_lora_set_config(s->p.adapters, i);

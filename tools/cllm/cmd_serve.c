@@ -237,7 +237,7 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "cllm serve: %d tensor-parallel ranks; per rank %.1f MiB of weights and %.1f MiB of KV cache\n",
                 tensor, (double)cllm_model_held_bytes(m) / (1 << 20), (double)pool_bytes / (1 << 20));
     const char *shown_host = strchr(host, ':') ? NULL : host;
-    const char *pool_dtype = cllm_kv_cache_value_bytes(m, kv_dtype) == 2 ? "bf16" : "fp32";
+    const char *pool_dtype = cllm_kv_dtype_name(cllm_kv_cache_dtype_for(m, kv_dtype));
     fprintf(stderr, "cllm serve: %s weights, %.1f MiB read per decode step\n", cllm_wfmt_name(cllm_model_weights(m)),
             (double)cllm_model_weight_bytes(m) / (1 << 20));
     if (shown_host)
